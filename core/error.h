@@ -1,0 +1,91 @@
+// strata/core/error.h: the error types and check macros every module uses.
+//
+// Example:
+//   STRATA_CHECK(bytes % align == 0, "chunk size ", bytes, " is not a multiple of ", align);
+//   int fd = ::open(path, O_RDONLY);
+//   STRATA_SYS_CHECK(fd >= 0, "open ", path);           // appends strerror(errno), raises IoError
+//   STRATA_CUDA_CHECK(cudaMemcpyAsync(...));            // raises BackendError with cudaGetErrorString
+//   throw strata::ConfigError("zero_optimization.stage: 4 is not one of 0, 1, 2, 3");
+//
+// Everything a user can cause or fix is a strata::Error subclass whose message says what happened, where,
+// and what to change. Library code never calls exit(); executables catch at main and exit non-zero.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace strata {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// A malformed or inconsistent configuration, or a bad command-line value.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A tier (device, pinned host, NVMe) cannot hold what was asked of it. The message lists capacity, in
+// use and requested bytes and names the setting to change.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
+// A file or block-device operation failed (names file, offset, length and the errno text).
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The device runtime (CUDA, NCCL, or the host backend) reported a failure.
+class BackendError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+// "file.cpp:42: `stmt` failed: detail" — the shape of every check failure.
+std::string check_message(const char* file, int line, const char* stmt, std::string_view detail);
+std::string errno_text(int err);
+
+[[noreturn]] void throw_check(const char* file, int line, const char* stmt, const std::string& detail);
+[[noreturn]] void throw_sys(const char* file, int line, const char* stmt, int err, const std::string& detail);
+
+}  // namespace detail
+
+// Human-readable byte counts ("1.50 GiB (1610612736 bytes)") for error messages and reports.
+std::string format_bytes(std::size_t bytes);
+
+}  // namespace strata
+
+// An internal invariant or a precondition on arguments; raises strata::Error.
+#define STRATA_CHECK(cond, ...)                                                               \
+  do {                                                                                        \
+    if (!(cond)) ::strata::detail::throw_check(__FILE__, __LINE__, #cond,                      \
+                                               ::strata::detail::cat("" __VA_OPT__(, ) __VA_ARGS__)); \
+  } while (0)
+
+// A system call that sets errno; raises strata::IoError with strerror(errno).
+#define STRATA_SYS_CHECK(cond, ...)                                                                 \
+  do {                                                                                              \
+    if (!(cond)) {                                                                                  \
+      int strata_err_ = errno;                                                                      \
+      ::strata::detail::throw_sys(__FILE__, __LINE__, #cond, strata_err_,                          \
+                                  ::strata::detail::cat("" __VA_OPT__(, ) __VA_ARGS__));            \
+    }                                                                                               \
+  } while (0)
+
+// CUDA and NCCL checks live in core/cuda_check.h so that CPU-only code need not include CUDA headers.

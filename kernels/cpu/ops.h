@@ -1,0 +1,187 @@
+// strata/kernels/cpu/ops.h: every compute op of the Llama-style decoder on the CPU, fp32. These are the
+// host backend's compute and the oracle every CUDA kernel (kernels/cuda/ops.h) is tested against.
+//
+// Example (one decoder block, forward then backward; B batch, T sequence, C model width, NH query heads,
+// NKV key/value heads, HD = C / NH head width, F feed-forward width; N = B * T rows):
+//   using namespace strata::kernels::cpu;
+//   set_blas_threads(2);                                       // match the runtime's thread count
+//   rope_cache(cos, sin, T, HD, 10000.0f);                     // once per (T, HD, theta)
+//   rmsnorm_forward(xn, rstd, x, w_norm, N, C, 1e-5f);
+//   linear_forward(q, xn, wq, N, C, NH * HD);                  // likewise k, v with NKV * HD outputs
+//   rope_forward(q, q, cos, sin, B, T, NH, HD);                // in place is allowed
+//   rope_forward(k, k, cos, sin, B, T, NKV, HD);
+//   attention_forward(y, att, q, k, v, B, T, NH, NKV, HD);
+//   linear_forward(o, y, wo, N, NH * HD, C);
+//   residual_forward(x2, x, o, size_t(N) * C);
+//   ...
+//   // backward: parameter gradients are ALWAYS accumulated (+=); zero them once per step. Whether an
+//   // input gradient is written (=) or accumulated (+=) is stated per function below.
+//   float loss = cross_entropy_forward_backward(dlogits, nullptr, logits, targets, N, V, 1.0f);
+//   linear_backward(dy, dwo, dout_o, y, wo, N, NH * HD, C);     // dy += ..., dwo += ...
+//   attention_backward(dq, dk, dv, scratch, dy, q, k, v, att, B, T, NH, NKV, HD);  // dq, dk, dv =
+//   rope_backward(dq, dq, cos, sin, B, T, NH, HD);
+//
+// Layouts are row-major and match Hugging Face's LlamaForCausalLM, so its weights load unchanged:
+//   linear weights are (out_features, in_features) as in nn.Linear (y = x W^T); q is (B, T, NH, HD) as
+//   q_proj's output before HF's view/transpose; k, v are (B, T, NKV, HD); query head h reads key/value
+//   head h / (NH / NKV) (HF's repeat_kv); rotary embedding uses HF's rotate_half convention (the two
+//   halves of each head, not interleaved pairs).
+// All pointers are fp32 unless marked bf16_t / fp16_t (raw 16-bit patterns) or int32_t (token ids).
+// Buffers must not overlap unless a function says it may alias.
+//
+// Threads: loops run on oneTBB, matrix products on OpenBLAS (its own pool, sized by set_blas_threads).
+// Every op is deterministic: the same inputs give bit-identical outputs whatever the thread count (work
+// is split into fixed blocks, and each output element is reduced in a fixed order). Matrix products are
+// deterministic for a fixed OpenBLAS thread count (see linear_forward).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace strata::kernels::cpu {
+
+using bf16_t = std::uint16_t;  // bfloat16 bit pattern (1 sign, 8 exponent, 7 mantissa bits)
+using fp16_t = std::uint16_t;  // IEEE binary16 bit pattern (1 sign, 5 exponent, 10 mantissa bits)
+
+// ---- threads ------------------------------------------------------------------------------------------
+
+// Sets OpenBLAS's thread count (openblas_set_num_threads) to the runtime's thread count; n >= 1.
+void set_blas_threads(int n);
+// OpenBLAS's current thread count.
+int blas_threads();
+
+// ---- embedding ---------------------------------------------------------------------------------------
+
+// out[i, :] = wte[tokens[i], :]. Throws strata::Error if a token is outside [0, V).
+void embedding_forward(float* out /*(N,C)*/, const std::int32_t* tokens /*(N)*/, const float* wte /*(V,C)*/,
+                       int N, int C, int V);
+// dwte[tokens[i], :] += dout[i, :]   (accumulates; rows are summed in token order, deterministic).
+void embedding_backward(float* dwte /*(V,C) +=*/, const float* dout /*(N,C)*/,
+                        const std::int32_t* tokens /*(N)*/, int N, int C, int V);
+
+// ---- RMSNorm (Llama): out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) ------------------------
+
+// rstd is saved for the backward pass.
+void rmsnorm_forward(float* out /*(N,C)*/, float* rstd /*(N)*/, const float* x /*(N,C)*/,
+                     const float* w /*(C)*/, int N, int C, float eps);
+// dx += d(out)/dx^T dout  (ACCUMULATES into dx: it is the residual stream's gradient);
+// dw += sum over rows of dout * x * rstd  (accumulates).
+void rmsnorm_backward(float* dx /*(N,C) +=*/, float* dw /*(C) +=*/, const float* dout /*(N,C)*/,
+                      const float* x /*(N,C)*/, const float* w /*(C)*/, const float* rstd /*(N)*/, int N,
+                      int C);
+
+// ---- linear (no bias, as in Llama): out = x W^T, through OpenBLAS cblas_sgemm --------------------------
+// Also the LM head: logits = linear_forward(x, W_head) with W_head (V, C); a tied head passes the
+// embedding table wte as W and its gradient dwte as dW, so both uses accumulate into one buffer.
+
+void linear_forward(float* out /*(N,OC)*/, const float* x /*(N,IC)*/, const float* w /*(OC,IC)*/, int N,
+                    int IC, int OC);
+// dx += dout W   (ACCUMULATES; pass dx = nullptr to skip it);  dw += dout^T x   (accumulates).
+void linear_backward(float* dx /*(N,IC) += or nullptr*/, float* dw /*(OC,IC) +=*/,
+                     const float* dout /*(N,OC)*/, const float* x /*(N,IC)*/, const float* w /*(OC,IC)*/,
+                     int N, int IC, int OC);
+
+// ---- rotary position embedding (HF rotate_half convention) -------------------------------------------
+// For head width HD (even), i in [0, HD/2), position t in [0, T):
+//   freq_i = theta^(-2i/HD), angle = t * freq_i  (computed in double, stored as fp32 cos/sin)
+//   out[i]        = x[i] * cos - x[i + HD/2] * sin
+//   out[i + HD/2] = x[i + HD/2] * cos + x[i] * sin
+// The position of row (b, t) is t: sequences start at position 0.
+
+void rope_cache(float* cos /*(T,HD/2)*/, float* sin /*(T,HD/2)*/, int T, int HD, float theta);
+// x is q (NH heads) or k (NKV heads): pass the head count as H. out may alias x.
+void rope_forward(float* out /*(B,T,H,HD)*/, const float* x /*(B,T,H,HD)*/, const float* cos /*(T,HD/2)*/,
+                  const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD);
+// dx = R^T dout  (WRITES dx; the inverse rotation). dx may alias dout.
+void rope_backward(float* dx /*(B,T,H,HD)*/, const float* dout /*(B,T,H,HD)*/, const float* cos /*(T,HD/2)*/,
+                   const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD);
+
+// ---- causal self-attention with grouped-query heads ----------------------------------------------------
+// att[b,h,t,s] = softmax_s<=t(q[b,t,h,:] . k[b,s,g,:] / sqrt(HD)), g = h / (NH / NKV); zero for s > t.
+// out[b,t,h,:] = sum_s att[b,h,t,s] v[b,s,g,:]. NH must be a multiple of NKV. O(T^2) memory for att.
+
+void attention_forward(float* out /*(B,T,NH,HD)*/, float* att /*(B,NH,T,T) saved for backward*/,
+                       const float* q /*(B,T,NH,HD)*/, const float* k /*(B,T,NKV,HD)*/,
+                       const float* v /*(B,T,NKV,HD)*/, int B, int T, int NH, int NKV, int HD);
+// WRITES dq, dk, dv (=). scratch is overwritten (it holds the score gradients); it may not alias att.
+void attention_backward(float* dq /*(B,T,NH,HD)*/, float* dk /*(B,T,NKV,HD)*/, float* dv /*(B,T,NKV,HD)*/,
+                        float* scratch /*(B,NH,T,T)*/, const float* dout /*(B,T,NH,HD)*/,
+                        const float* q /*(B,T,NH,HD)*/, const float* k /*(B,T,NKV,HD)*/,
+                        const float* v /*(B,T,NKV,HD)*/, const float* att /*(B,NH,T,T)*/, int B, int T,
+                        int NH, int NKV, int HD);
+
+// ---- SwiGLU: out = silu(gate) * up, silu(z) = z / (1 + exp(-z)) ------------------------------------
+
+void swiglu_forward(float* out /*(n)*/, const float* gate /*(n)*/, const float* up /*(n)*/, std::size_t n);
+// WRITES dgate and dup (=).
+void swiglu_backward(float* dgate /*(n)*/, float* dup /*(n)*/, const float* dout /*(n)*/,
+                     const float* gate /*(n)*/, const float* up /*(n)*/, std::size_t n);
+
+// ---- residual add: out = a + b ------------------------------------------------------------------------
+
+// out may alias a or b.
+void residual_forward(float* out /*(n)*/, const float* a /*(n)*/, const float* b /*(n)*/, std::size_t n);
+// da += dout; db += dout  (ACCUMULATES both; either may be nullptr to skip it).
+void residual_backward(float* da /*(n) +=*/, float* db /*(n) +=*/, const float* dout /*(n)*/, std::size_t n);
+
+// ---- cross-entropy fused with its logits gradient ------------------------------------------------------
+// Over the rows whose target is >= 0 (a target < 0, e.g. -1, is ignored: no loss, zero gradient), with
+// n_valid such rows:  loss = (1/n_valid) sum_i -log softmax(logits[i])[targets[i]].
+// If dlogits is not null it is WRITTEN: dlogits[i] = grad_scale * (softmax(logits[i]) - onehot) / n_valid
+// (zero rows for ignored targets); dlogits may alias logits to save the (N,V) buffer. grad_scale carries
+// a loss scale or 1/gradient_accumulation_steps. losses, if not null, gets each row's loss (0 if ignored).
+// Returns the mean loss (0 when n_valid is 0), summed in row order in double: deterministic.
+// Throws strata::Error if a target is >= V.
+float cross_entropy_forward_backward(float* dlogits /*(N,V) or nullptr*/, float* losses /*(N) or nullptr*/,
+                                     const float* logits /*(N,V)*/, const std::int32_t* targets /*(N)*/,
+                                     int N, int V, float grad_scale);
+
+// ---- runtime helpers ------------------------------------------------------------------------------------
+
+// fp32 -> 16-bit: round to nearest, ties to even; overflow gives +-inf; NaN stays NaN (sign kept, quiet
+// bit set); fp16 subnormals are produced exactly. 16-bit -> fp32 is exact.
+void cast_f32_to_bf16(bf16_t* out /*(n)*/, const float* in /*(n)*/, std::size_t n);
+void cast_bf16_to_f32(float* out /*(n)*/, const bf16_t* in /*(n)*/, std::size_t n);
+void cast_f32_to_f16(fp16_t* out /*(n)*/, const float* in /*(n)*/, std::size_t n);
+void cast_f16_to_f32(float* out /*(n)*/, const fp16_t* in /*(n)*/, std::size_t n);
+// Single-value forms of the same conversions (the oracle for the bulk forms and the CUDA kernels).
+bf16_t f32_to_bf16(float x);
+float bf16_to_f32(bf16_t x);
+fp16_t f32_to_f16(float x);
+float f16_to_f32(fp16_t x);
+
+// x *= s.
+void scale(float* x /*(n)*/, float s, std::size_t n);
+// True if any element is NaN or +-inf.
+bool has_nonfinite(const float* x /*(n)*/, std::size_t n);
+// sum of x[i]^2, accumulated in double over fixed blocks of 4096 elements whose partial sums are added
+// in block order: bit-identical whatever the thread count.
+double squared_norm(const float* x /*(n)*/, std::size_t n);
+
+// ---- AdamW (the arithmetic of DeepSpeed's CPU Adam; cpu_optim/ uses the same) ---------------------------
+// step is 1-based (the count including this update). With b1 = beta1, b2 = beta2, all in fp32 and in
+// this order for every element:
+//   if (!adamw_mode && weight_decay > 0) g = g + weight_decay * p        (L2, classic Adam)
+//   m = b1 * m + (1 - b1) * g
+//   v = b2 * v + (1 - b2) * g * g
+//   bc1 = 1 - b1^step,  bc2 = 1 / sqrt(1 - b2^step)     (both 1 when bias_correction is false)
+//   denom = sqrt(v) * bc2 + eps                          (= sqrt(v_hat) + eps)
+//   if (adamw_mode && weight_decay > 0) p = p + (-lr * weight_decay) * p    (decoupled)
+//   p = p + (-lr / bc1) * (m / denom)
+// i.e. p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p) in AdamW mode. bc1, bc2 and the two
+// step factors are computed once per call in double and rounded to fp32.
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool adamw_mode = true;  // decoupled weight decay (AdamW); false: L2 added to the gradient (Adam)
+  bool bias_correction = true;
+};
+// Updates p, m, v in place from g. If p_bf16 is not null it receives the new p cast to bf16 (the working
+// copy of the parameters).
+void adamw_update(float* p /*(n)*/, const float* g /*(n)*/, float* m /*(n)*/, float* v /*(n)*/,
+                  bf16_t* p_bf16 /*(n) or nullptr*/, std::size_t n, const AdamWParams& hp, std::int64_t step);
+
+}  // namespace strata::kernels::cpu

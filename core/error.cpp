@@ -1,7 +1,7 @@
 #include "core/error.h"
 
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 
 #include "core/log.h"
 

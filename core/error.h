@@ -72,20 +72,21 @@ std::string format_bytes(std::size_t bytes);
 }  // namespace strata
 
 // An internal invariant or a precondition on arguments; raises strata::Error.
-#define STRATA_CHECK(cond, ...)                                                               \
-  do {                                                                                        \
-    if (!(cond)) ::strata::detail::throw_check(__FILE__, __LINE__, #cond,                      \
-                                               ::strata::detail::cat("" __VA_OPT__(, ) __VA_ARGS__)); \
+#define STRATA_CHECK(cond, ...)                                                            \
+  do {                                                                                     \
+    if (!(cond))                                                                           \
+      ::strata::detail::throw_check(__FILE__, __LINE__, #cond,                             \
+                                    ::strata::detail::cat("" __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)
 
 // A system call that sets errno; raises strata::IoError with strerror(errno).
-#define STRATA_SYS_CHECK(cond, ...)                                                                 \
-  do {                                                                                              \
-    if (!(cond)) {                                                                                  \
-      int strata_err_ = errno;                                                                      \
-      ::strata::detail::throw_sys(__FILE__, __LINE__, #cond, strata_err_,                          \
-                                  ::strata::detail::cat("" __VA_OPT__(, ) __VA_ARGS__));            \
-    }                                                                                               \
+#define STRATA_SYS_CHECK(cond, ...)                                                      \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      int strata_err_ = errno;                                                           \
+      ::strata::detail::throw_sys(__FILE__, __LINE__, #cond, strata_err_,                \
+                                  ::strata::detail::cat("" __VA_OPT__(, ) __VA_ARGS__)); \
+    }                                                                                    \
   } while (0)
 
 // CUDA and NCCL checks live in core/cuda_check.h so that CPU-only code need not include CUDA headers.

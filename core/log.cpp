@@ -23,20 +23,32 @@ std::atomic<int> g_rank{-1};
 
 const char* name(Level l) {
   switch (l) {
-    case Level::debug: return "debug";
-    case Level::info: return "info";
-    case Level::warn: return "warn";
-    case Level::error: return "error";
+    case Level::debug:
+      return "debug";
+    case Level::info:
+      return "info";
+    case Level::warn:
+      return "warn";
+    case Level::error:
+      return "error";
   }
   return "?";
 }
 
 }  // namespace
 
-Level level() { return Level(g_level.load(std::memory_order_relaxed)); }
-void set_level(Level l) { g_level.store(int(l)); }
-void set_rank(int r) { g_rank.store(r); }
-int rank() { return g_rank.load(); }
+Level level() {
+  return Level(g_level.load(std::memory_order_relaxed));
+}
+void set_level(Level l) {
+  g_level.store(int(l));
+}
+void set_rank(int r) {
+  g_rank.store(r);
+}
+int rank() {
+  return g_rank.load();
+}
 
 Level parse_level(const std::string& s) {
   if (s == "debug") return Level::debug;

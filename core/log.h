@@ -26,22 +26,23 @@ Level parse_level(const std::string& s);
 void set_rank(int rank);
 int rank();
 void write(Level l, const std::string& msg);
-inline bool enabled(Level l) { return int(l) >= int(level()); }
+inline bool enabled(Level l) {
+  return int(l) >= int(level());
+}
 
 }  // namespace strata::log
 
-#define STRATA_LOG_AT(lvl, ...)                                                  \
-  do {                                                                           \
-    if (::strata::log::enabled(lvl))                                             \
-      ::strata::log::write(lvl, ::strata::detail::cat(__VA_ARGS__));             \
+#define STRATA_LOG_AT(lvl, ...)                                                                     \
+  do {                                                                                              \
+    if (::strata::log::enabled(lvl)) ::strata::log::write(lvl, ::strata::detail::cat(__VA_ARGS__)); \
   } while (0)
 #define STRATA_LOG_DEBUG(...) STRATA_LOG_AT(::strata::log::Level::debug, __VA_ARGS__)
 #define STRATA_LOG_INFO(...) STRATA_LOG_AT(::strata::log::Level::info, __VA_ARGS__)
 #define STRATA_LOG_WARN(...) STRATA_LOG_AT(::strata::log::Level::warn, __VA_ARGS__)
 #define STRATA_LOG_ERROR(...) STRATA_LOG_AT(::strata::log::Level::error, __VA_ARGS__)
 // Warns the first time this statement is reached in the process, never again.
-#define STRATA_WARN_ONCE(...)                                                    \
-  do {                                                                           \
-    static std::atomic<bool> strata_warned_{false};                              \
-    if (!strata_warned_.exchange(true)) STRATA_LOG_WARN(__VA_ARGS__);            \
+#define STRATA_WARN_ONCE(...)                                         \
+  do {                                                                \
+    static std::atomic<bool> strata_warned_{false};                   \
+    if (!strata_warned_.exchange(true)) STRATA_LOG_WARN(__VA_ARGS__); \
   } while (0)

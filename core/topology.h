@@ -15,7 +15,7 @@ namespace strata {
 
 struct NumaNode {
   int os_index = 0;
-  std::vector<int> cpus;        // OS processor ids in this node
+  std::vector<int> cpus;          // OS processor ids in this node
   unsigned long long memory = 0;  // bytes of local memory, 0 if unknown
 };
 
@@ -23,8 +23,8 @@ class Topology {
  public:
   static const Topology& get();
 
-  int cores() const { return cores_; }   // physical cores
-  int pus() const { return pus_; }       // logical processors (hardware threads)
+  int cores() const { return cores_; }  // physical cores
+  int pus() const { return pus_; }      // logical processors (hardware threads)
   const std::vector<NumaNode>& numa_nodes() const { return numa_; }
   std::vector<int> all_cpus() const;
   std::vector<int> cpus_of_numa(int os_index) const;  // all_cpus() when the node is unknown
@@ -36,7 +36,7 @@ class Topology {
   Topology();
   int cores_ = 0, pus_ = 0;
   std::vector<NumaNode> numa_;
-  std::vector<std::string> gpu_pci_;   // PCI bus ids by CUDA ordinal, filled lazily by gpu_numa_node
+  std::vector<std::string> gpu_pci_;  // PCI bus ids by CUDA ordinal, filled lazily by gpu_numa_node
 };
 
 // Binds the calling thread to the given OS cpu ids (empty: no-op). Throws BackendError when the kernel

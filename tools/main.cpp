@@ -20,8 +20,9 @@ Command::Command(std::string name, std::string help, Setup setup) {
 }  // namespace strata::cli
 
 int main(int argc, char** argv) {
-  CLI::App app{"Strata: train models larger than GPU memory by tiering state across GPU, pinned host "
-               "memory and NVMe"};
+  CLI::App app{
+      "Strata: train models larger than GPU memory by tiering state across GPU, pinned host "
+      "memory and NVMe"};
   app.require_subcommand(1);
   std::map<CLI::App*, std::function<int()>> actions;
   for (auto& c : strata::cli::registry()) {

@@ -1,5 +1,5 @@
-#include <cerrno>
 #include <gtest/gtest.h>
+#include <cerrno>
 
 #include "core/error.h"
 #include "core/log.h"

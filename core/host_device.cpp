@@ -1,0 +1,290 @@
+// The host backend: an accelerator made of host memory (DESIGN.md §1, §7).
+//
+// Note [host streams are threads]: each Stream owns one worker thread that runs its queue in order, so a
+// copy enqueued on a stream runs while the caller computes, exactly as on a GPU, and the same ordering
+// bugs show up without one. An event record is a queue entry that marks a fresh completion state; wait()
+// captures the state current at call time (CUDA semantics: the most recent record), so a later record of
+// the same event never changes what an earlier wait waits for.
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "core/device_impl.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace strata::detail {
+namespace {
+
+// One completion: set once by the stream that recorded it.
+struct Completion {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  void set() {
+    {
+      std::lock_guard<std::mutex> lk(m);
+      done = true;
+    }
+    cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lk(m);
+    cv.wait(lk, [&] { return done; });
+  }
+  bool ready() {
+    std::lock_guard<std::mutex> lk(m);
+    return done;
+  }
+};
+
+class HostEvent final : public Event {
+ public:
+  bool query() const override {
+    auto c = current();
+    return !c || c->ready();
+  }
+  void synchronize() const override {
+    if (auto c = current()) c->wait();
+  }
+  std::shared_ptr<Completion> current() const {
+    std::lock_guard<std::mutex> lk(m_);
+    return cur_;
+  }
+  void set_current(std::shared_ptr<Completion> c) {
+    std::lock_guard<std::mutex> lk(m_);
+    cur_ = std::move(c);
+  }
+
+ private:
+  mutable std::mutex m_;
+  std::shared_ptr<Completion> cur_;  // null: never recorded
+};
+
+class HostStream;
+
+// The live streams of one device, so Device::synchronize can reach them all.
+struct StreamSet {
+  std::mutex m;
+  std::unordered_map<HostStream*, bool> live;
+};
+
+class HostStream final : public Stream {
+ public:
+  HostStream(const std::string& name, std::shared_ptr<StreamSet> set)
+      : Stream(name), set_(std::move(set)), worker_([this] { run(); }) {
+    std::lock_guard<std::mutex> lk(set_->m);
+    set_->live[this] = true;
+  }
+  ~HostStream() override {
+    {
+      std::lock_guard<std::mutex> lk(set_->m);
+      set_->live.erase(this);
+    }
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();  // drains the queue first
+  }
+
+  void copy_async(void* dst, const void* src, std::size_t bytes, CopyKind) override {
+    if (bytes == 0) return;
+    STRATA_CHECK(dst && src, "copy_async on stream ", name(), ": null pointer");
+    enqueue([=] { std::memcpy(dst, src, bytes); });
+  }
+  void memset_async(void* dst, int value, std::size_t bytes) override {
+    if (bytes == 0) return;
+    STRATA_CHECK(dst, "memset_async on stream ", name(), ": null pointer");
+    enqueue([=] { std::memset(dst, value, bytes); });
+  }
+  void host_fn(std::function<void()> fn) override { enqueue(std::move(fn)); }
+  void record(Event& e) override {
+    auto c = std::make_shared<Completion>();
+    dynamic_cast<HostEvent&>(e).set_current(c);
+    enqueue([c] { c->set(); });
+  }
+  void wait(const Event& e) override {
+    if (auto c = dynamic_cast<const HostEvent&>(e).current()) enqueue([c] { c->wait(); });
+  }
+  void synchronize() override {
+    auto c = std::make_shared<Completion>();
+    enqueue([c] { c->set(); });
+    c->wait();
+    std::exception_ptr err;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      std::swap(err, error_);
+    }
+    if (err) std::rethrow_exception(err);
+  }
+  void* native_handle() override { return nullptr; }
+
+ private:
+  void enqueue(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      q_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+  void run() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+        if (q_.empty()) return;  // stop_ and drained
+        fn = std::move(q_.front());
+        q_.pop_front();
+      }
+      try {
+        fn();
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(m_);
+        if (!error_) error_ = std::current_exception();
+      }
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::shared_ptr<StreamSet> set_;
+  std::thread worker_;  // last: starts after the members it uses exist
+};
+
+constexpr std::size_t kDeviceAlign = 4096;  // page: device buffers can be O_DIRECT targets
+
+class HostDevice final : public Device {
+ public:
+  explicit HostDevice(const DeviceOptions& opts) {
+    caps_.backend = BackendKind::host;
+    caps_.name = "host";
+    caps_.ordinal = 0;
+    caps_.physical_bytes = physical_ram_bytes();
+    caps_.capacity = opts.memory_cap ? opts.memory_cap : caps_.physical_bytes;
+    caps_.host_addressable = true;
+  }
+  ~HostDevice() override {
+    for (auto& [p, n] : pinned_) release_pinned(p, n);
+    for (auto& [p, n] : live_) std::free(p);
+  }
+
+  const DeviceCaps& caps() const override { return caps_; }
+
+  void* allocate(std::size_t bytes, const char* what) override {
+    if (bytes == 0) bytes = 1;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      if (bytes > caps_.capacity - std::min(caps_.capacity, stats_.in_use))
+        throw OutOfMemory(device_oom_message(caps_, stats_.in_use, bytes, what, ""));
+      stats_.in_use += bytes;  // reserve before allocating outside the lock
+    }
+    void* p = std::aligned_alloc(kDeviceAlign, (bytes + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign);
+    std::lock_guard<std::mutex> lk(m_);
+    if (!p) {
+      stats_.in_use -= bytes;
+      throw OutOfMemory(device_oom_message(caps_, stats_.in_use, bytes, what,
+                                           "the host is out of memory (aligned_alloc failed)"));
+    }
+    live_[p] = bytes;
+    stats_.allocations = live_.size();
+    stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+    return p;
+  }
+  void deallocate(void* p) override {
+    if (!p) return;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      auto it = live_.find(p);
+      STRATA_CHECK(it != live_.end(), "deallocate of a pointer this device did not allocate");
+      stats_.in_use -= it->second;
+      live_.erase(it);
+      stats_.allocations = live_.size();
+    }
+    std::free(p);
+  }
+  DeviceMemoryStats memory_stats() const override {
+    std::lock_guard<std::mutex> lk(m_);
+    return stats_;
+  }
+
+  void* allocate_pinned(std::size_t bytes) override {
+    if (bytes == 0) bytes = 1;
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      throw OutOfMemory(cat("cannot allocate ", format_bytes(bytes),
+                            " of pinned host memory (mmap: ", errno_text(errno),
+                            "); lower offload buffer sizes (offload_param.buffer_size / buffer_count, "
+                            "offload_optimizer.buffer_count) or the model's host-resident state"));
+    if (::mlock(p, bytes) != 0) {
+      int err = errno;
+      struct rlimit rl {};
+      ::getrlimit(RLIMIT_MEMLOCK, &rl);
+      STRATA_WARN_ONCE("pinned host memory: mlock of ", format_bytes(bytes), " failed (", errno_text(err),
+                       "; RLIMIT_MEMLOCK ",
+                       rl.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : format_bytes(rl.rlim_cur),
+                       "); using unlocked memory instead. Raise the limit (ulimit -l unlimited, or "
+                       "memlock in /etc/security/limits.conf) to pin it.");
+    }
+    std::lock_guard<std::mutex> lk(m_);
+    pinned_[p] = bytes;
+    stats_.pinned_in_use += bytes;
+    return p;
+  }
+  void deallocate_pinned(void* p) override {
+    if (!p) return;
+    std::size_t n;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      auto it = pinned_.find(p);
+      STRATA_CHECK(it != pinned_.end(), "deallocate_pinned of a pointer this device did not allocate");
+      n = it->second;
+      stats_.pinned_in_use -= n;
+      pinned_.erase(it);
+    }
+    release_pinned(p, n);
+  }
+
+  std::unique_ptr<Stream> create_stream(const std::string& name) override {
+    return std::make_unique<HostStream>(name, streams_);
+  }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<HostEvent>(); }
+  void synchronize() override {
+    // Holding the set's lock keeps every listed stream alive while it drains.
+    std::lock_guard<std::mutex> lk(streams_->m);
+    for (auto& [s, _] : streams_->live) s->synchronize();
+  }
+
+ private:
+  static void release_pinned(void* p, std::size_t n) {
+    ::munlock(p, n);
+    ::munmap(p, n);
+  }
+
+  DeviceCaps caps_;
+  mutable std::mutex m_;
+  DeviceMemoryStats stats_;
+  std::unordered_map<void*, std::size_t> live_;
+  std::unordered_map<void*, std::size_t> pinned_;
+  std::shared_ptr<StreamSet> streams_ = std::make_shared<StreamSet>();
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_host_device(const DeviceOptions& opts) {
+  return std::make_unique<HostDevice>(opts);
+}
+
+}  // namespace strata::detail

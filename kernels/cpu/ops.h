@@ -83,7 +83,8 @@ void linear_backward(float* dx /*(N,IC) += or nullptr*/, float* dw /*(OC,IC) +=*
 
 // ---- rotary position embedding (HF rotate_half convention) -------------------------------------------
 // For head width HD (even), i in [0, HD/2), position t in [0, T):
-//   freq_i = theta^(-2i/HD), angle = t * freq_i  (computed in double, stored as fp32 cos/sin)
+//   inv_freq_i = fp32(theta^(-2i/HD)), angle = fp32(t * inv_freq_i)   (Hugging Face's fp32 rounding)
+//   cos, sin = cos(angle), sin(angle) evaluated in double, stored as fp32
 //   out[i]        = x[i] * cos - x[i + HD/2] * sin
 //   out[i + HD/2] = x[i + HD/2] * cos + x[i] * sin
 // The position of row (b, t) is t: sequences start at position 0.

@@ -1,0 +1,52 @@
+// strata/kernels/cpu/rmsnorm.cpp: Llama's RMSNorm, out = x * rstd * w.
+#include <cmath>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/parallel_impl.h"
+
+namespace strata::kernels::cpu {
+
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps) {
+  impl::parallel_for_each_index(std::size_t(N), 8, [&](std::size_t i) {
+    const float* xi = x + i * C;
+    double ss = 0.0;
+    for (int c = 0; c < C; ++c) ss += double(xi[c]) * xi[c];
+    const float r = float(1.0 / std::sqrt(ss / C + eps));
+    float* oi = out + i * C;
+    for (int c = 0; c < C; ++c) oi[c] = xi[c] * r * w[c];
+    rstd[i] = r;
+  });
+}
+
+// With r = rstd: out_c = x_c r w_c and dr/dx_k = -r^3 x_k / C, so
+//   dx_k = r (dout_k w_k - x_k r^2 (1/C) sum_c dout_c w_c x_c).
+void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                      const float* rstd, int N, int C) {
+  impl::parallel_for_each_index(std::size_t(N), 8, [&](std::size_t i) {
+    const float* xi = x + i * C;
+    const float* gi = dout + i * C;
+    const float r = rstd[i];
+    double dot = 0.0;
+    for (int c = 0; c < C; ++c) dot += double(gi[c]) * w[c] * xi[c];
+    const float k = float(dot / C) * r * r;
+    float* dxi = dx + i * C;
+    for (int c = 0; c < C; ++c) dxi[c] += r * (gi[c] * w[c] - xi[c] * k);
+  });
+  // dw: one task per block of channels, rows summed in order (Note [deterministic CPU ops]).
+  constexpr int kBlock = 64;
+  const std::size_t blocks = (std::size_t(C) + kBlock - 1) / kBlock;
+  impl::parallel_for_each_index(blocks, 1, [&](std::size_t b) {
+    const int c0 = int(b) * kBlock;
+    const int c1 = c0 + kBlock < C ? c0 + kBlock : C;
+    float acc[kBlock] = {};
+    for (int i = 0; i < N; ++i) {
+      const float* xi = x + std::size_t(i) * C;
+      const float* gi = dout + std::size_t(i) * C;
+      const float r = rstd[i];
+      for (int c = c0; c < c1; ++c) acc[c - c0] += gi[c] * xi[c] * r;
+    }
+    for (int c = c0; c < c1; ++c) dw[c] += acc[c - c0];
+  });
+}
+
+}  // namespace strata::kernels::cpu

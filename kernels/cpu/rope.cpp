@@ -1,0 +1,60 @@
+// strata/kernels/cpu/rope.cpp: rotary position embedding, Hugging Face's rotate_half convention.
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/parallel_impl.h"
+
+namespace strata::kernels::cpu {
+namespace {
+
+// Rotates every head of every row by +angle (sign = 1) or -angle (sign = -1).
+void rotate(float* out, const float* x, const float* cos, const float* sin, int B, int T, int H, int HD,
+            float sign) {
+  STRATA_CHECK(HD % 2 == 0, "rotary embedding: head width ", HD, " must be even");
+  const int half = HD / 2;
+  impl::parallel_for_each_index(std::size_t(B) * T, 4, [&](std::size_t bt) {
+    const std::size_t t = bt % std::size_t(T);
+    const float* ct = cos + t * half;
+    const float* st = sin + t * half;
+    for (int h = 0; h < H; ++h) {
+      const float* xh = x + (bt * H + h) * HD;
+      float* oh = out + (bt * H + h) * HD;
+      for (int i = 0; i < half; ++i) {
+        const float x1 = xh[i], x2 = xh[i + half];
+        const float s = sign * st[i];
+        oh[i] = x1 * ct[i] - x2 * s;
+        oh[i + half] = x2 * ct[i] + x1 * s;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void rope_cache(float* cos, float* sin, int T, int HD, float theta) {
+  STRATA_CHECK(HD % 2 == 0, "rope_cache: head width ", HD, " must be even");
+  STRATA_CHECK(theta > 0.0f, "rope_cache: rope_theta ", theta, " must be positive");
+  const int half = HD / 2;
+  for (int i = 0; i < half; ++i) {
+    // As Hugging Face computes it: inv_freq in fp32, the angle t * inv_freq rounded to fp32.
+    const float inv_freq = float(1.0 / std::pow(double(theta), double(2 * i) / HD));
+    for (int t = 0; t < T; ++t) {
+      const float angle = float(t) * inv_freq;
+      cos[std::size_t(t) * half + i] = float(std::cos(double(angle)));
+      sin[std::size_t(t) * half + i] = float(std::sin(double(angle)));
+    }
+  }
+}
+
+void rope_forward(float* out, const float* x, const float* cos, const float* sin, int B, int T, int H,
+                  int HD) {
+  rotate(out, x, cos, sin, B, T, H, HD, 1.0f);
+}
+
+void rope_backward(float* dx, const float* dout, const float* cos, const float* sin, int B, int T, int H,
+                   int HD) {
+  rotate(dx, dout, cos, sin, B, T, H, HD, -1.0f);
+}
+
+}  // namespace strata::kernels::cpu

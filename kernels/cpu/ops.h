@@ -30,9 +30,10 @@
 // Buffers must not overlap unless a function says it may alias.
 //
 // Threads: loops run on oneTBB, matrix products on OpenBLAS (its own pool, sized by set_blas_threads).
-// Every op is deterministic: the same inputs give bit-identical outputs whatever the thread count (work
-// is split into fixed blocks, and each output element is reduced in a fixed order). Matrix products are
-// deterministic for a fixed OpenBLAS thread count (see linear_forward).
+// Every op is deterministic: the same inputs give bit-identical outputs whatever the oneTBB thread count
+// (work is split into fixed blocks, and each output element is reduced in a fixed order). Matrix
+// products (linear_*) are bit-identical for a fixed OpenBLAS thread count only: OpenBLAS's blocking
+// changes with its thread count, so across counts they agree to fp32 rounding (Note in linear.cpp).
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,151 @@
+// tests/kernels/reference.h: float64 re-implementations of the CPU ops' forward passes, written as plain
+// loops straight from the definitions (independent of kernels/cpu), and the helpers the tests share.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace strata::kernels::test {
+
+using Vec = std::vector<double>;
+
+inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+inline Vec to_double(const std::vector<float>& v) {
+  return Vec(v.begin(), v.end());
+}
+
+// ||a - b|| / ||b||; infinity if anything is NaN, so a NaN never passes a bound.
+template <typename A, typename B>
+double rel_l2(const A& a, const B& b) {
+  double num = 0.0, den = 0.0;
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double x = double(a[i]), y = double(b[i]);
+    if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<double>::infinity();
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+// The gradient of L(x) = sum_j dout[j] * f(x)[j] with respect to input tensor `which`, by central
+// differences in float64.
+inline Vec fd_grad(const std::function<Vec(const std::vector<Vec>&)>& f, std::vector<Vec> inputs,
+                   std::size_t which, const Vec& dout, double h = 1e-6) {
+  Vec g(inputs[which].size());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const double x0 = inputs[which][i];
+    inputs[which][i] = x0 + h;
+    const Vec up = f(inputs);
+    inputs[which][i] = x0 - h;
+    const Vec down = f(inputs);
+    inputs[which][i] = x0;
+    double s = 0.0;
+    for (std::size_t j = 0; j < dout.size(); ++j) s += dout[j] * (up[j] - down[j]);
+    g[i] = s / (2 * h);
+  }
+  return g;
+}
+
+// ---- float64 forwards -------------------------------------------------------------------------------
+
+inline Vec ref_rmsnorm(const Vec& x, const Vec& w, int N, int C, double eps) {
+  Vec out(x.size());
+  for (int i = 0; i < N; ++i) {
+    double ms = 0.0;
+    for (int c = 0; c < C; ++c) ms += x[i * C + c] * x[i * C + c];
+    const double r = 1.0 / std::sqrt(ms / C + eps);
+    for (int c = 0; c < C; ++c) out[i * C + c] = x[i * C + c] * r * w[c];
+  }
+  return out;
+}
+
+// out (N,OC) = x (N,IC) W^T, W (OC,IC).
+inline Vec ref_linear(const Vec& x, const Vec& w, int N, int IC, int OC) {
+  Vec out(std::size_t(N) * OC, 0.0);
+  for (int i = 0; i < N; ++i)
+    for (int o = 0; o < OC; ++o)
+      for (int c = 0; c < IC; ++c) out[i * OC + o] += x[i * IC + c] * w[o * IC + c];
+  return out;
+}
+
+// Hugging Face's apply_rotary_pos_emb on a (B,T,H,HD) tensor: x * cos + rotate_half(x) * sin with
+// rotate_half(x) = cat(-x2, x1) and cos/sin = cat(freqs, freqs).
+inline Vec ref_rope(const Vec& x, int B, int T, int H, int HD, double theta) {
+  Vec out(x.size());
+  const int half = HD / 2;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        const double* xh = &x[((std::size_t(b) * T + t) * H + h) * HD];
+        double* oh = &out[((std::size_t(b) * T + t) * H + h) * HD];
+        for (int d = 0; d < HD; ++d) {
+          const double freq = std::pow(theta, -double(2 * (d % half)) / HD);
+          const double rot = d < half ? -xh[d + half] : xh[d - half];
+          oh[d] = xh[d] * std::cos(t * freq) + rot * std::sin(t * freq);
+        }
+      }
+  return out;
+}
+
+// Causal softmax attention; query head h reads key/value head h / (NH / NKV) (HF's repeat_kv).
+inline Vec ref_attention(const Vec& q, const Vec& k, const Vec& v, int B, int T, int NH, int NKV, int HD) {
+  Vec out(q.size(), 0.0);
+  const int rep = NH / NKV;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const int g = h / rep;
+        Vec s(t + 1);
+        double mx = -1e300;
+        for (int u = 0; u <= t; ++u) {
+          double d = 0.0;
+          for (int e = 0; e < HD; ++e)
+            d += q[((std::size_t(b) * T + t) * NH + h) * HD + e] *
+                 k[((std::size_t(b) * T + u) * NKV + g) * HD + e];
+          s[u] = d / std::sqrt(double(HD));
+          mx = std::max(mx, s[u]);
+        }
+        double z = 0.0;
+        for (auto& x : s) z += (x = std::exp(x - mx));
+        for (int u = 0; u <= t; ++u)
+          for (int e = 0; e < HD; ++e)
+            out[((std::size_t(b) * T + t) * NH + h) * HD + e] +=
+                s[u] / z * v[((std::size_t(b) * T + u) * NKV + g) * HD + e];
+      }
+  return out;
+}
+
+inline Vec ref_swiglu(const Vec& gate, const Vec& up) {
+  Vec out(gate.size());
+  for (std::size_t i = 0; i < gate.size(); ++i) out[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+  return out;
+}
+
+// Mean over rows with target >= 0 of -log softmax(logits)[target].
+inline double ref_cross_entropy(const Vec& logits, const std::vector<std::int32_t>& targets, int N, int V) {
+  double total = 0.0;
+  int n_valid = 0;
+  for (int i = 0; i < N; ++i) {
+    if (targets[i] < 0) continue;
+    double mx = -1e300, z = 0.0;
+    for (int j = 0; j < V; ++j) mx = std::max(mx, logits[i * V + j]);
+    for (int j = 0; j < V; ++j) z += std::exp(logits[i * V + j] - mx);
+    total += std::log(z) - (logits[i * V + targets[i]] - mx);
+    ++n_valid;
+  }
+  return n_valid ? total / n_valid : 0.0;
+}
+
+}  // namespace strata::kernels::test

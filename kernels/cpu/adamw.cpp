@@ -8,7 +8,7 @@
 namespace strata::kernels::cpu {
 
 void adamw_update(float* p, const float* g, float* m, float* v, bf16_t* p_bf16, std::size_t n,
-                  const AdamWParams& hp, std::int64_t step) {
+                  const AdamWParams& hp, std::int64_t step, float grad_scale) {
   STRATA_CHECK(step >= 1, "adamw_update: step ", step, " must be at least 1 (it counts this update)");
   const double bc1 = hp.bias_correction ? 1.0 - std::pow(double(hp.beta1), double(step)) : 1.0;
   const double bc2 =
@@ -17,11 +17,11 @@ void adamw_update(float* p, const float* g, float* m, float* v, bf16_t* p_bf16, 
   const float bias2 = float(bc2);
   const float w_decay = float(-double(hp.lr) * hp.weight_decay);
   const float b1 = hp.beta1, b2 = hp.beta2, one_minus_b1 = 1.0f - b1, one_minus_b2 = 1.0f - b2, eps = hp.eps;
-  const bool l2 = !hp.adamw_mode && hp.weight_decay > 0.0f;
-  const bool decoupled = hp.adamw_mode && hp.weight_decay > 0.0f;
+  const bool l2 = !hp.adamw_mode && hp.weight_decay != 0.0f;
+  const bool decoupled = hp.adamw_mode && hp.weight_decay != 0.0f;
   impl::parallel_for_range(n, impl::kElementGrain, [&](std::size_t i0, std::size_t i1) {
     for (std::size_t i = i0; i < i1; ++i) {
-      float grad = g[i], param = p[i];
+      float grad = g[i] * grad_scale, param = p[i];
       if (l2) grad = param * hp.weight_decay + grad;
       const float mi = b1 * m[i] + one_minus_b1 * grad;
       const float vi = b2 * v[i] + one_minus_b2 * (grad * grad);

@@ -160,18 +160,19 @@ bool has_nonfinite(const float* x /*(n)*/, std::size_t n);
 // in block order: bit-identical whatever the thread count.
 double squared_norm(const float* x /*(n)*/, std::size_t n);
 
-// ---- AdamW (the arithmetic of DeepSpeed's CPU Adam; cpu_optim/ uses the same) ---------------------------
-// step is 1-based (the count including this update). With b1 = beta1, b2 = beta2, all in fp32 and in
-// this order for every element:
-//   if (!adamw_mode && weight_decay > 0) g = g + weight_decay * p        (L2, classic Adam)
+// ---- AdamW (the arithmetic of DeepSpeed's CPU Adam; cpu_optim/ uses the same, bit for bit) ------------
+// step is 1-based (the count including this update). With b1 = beta1, b2 = beta2, every element in fp32,
+// in this order, with only correctly rounded operations (no FMA contraction):
+//   g = grad * grad_scale
+//   if (!adamw_mode && weight_decay != 0) g = p * weight_decay + g          (L2, classic Adam)
 //   m = b1 * m + (1 - b1) * g
-//   v = b2 * v + (1 - b2) * g * g
-//   bc1 = 1 - b1^step,  bc2 = 1 / sqrt(1 - b2^step)     (both 1 when bias_correction is false)
-//   denom = sqrt(v) * bc2 + eps                          (= sqrt(v_hat) + eps)
-//   if (adamw_mode && weight_decay > 0) p = p + (-lr * weight_decay) * p    (decoupled)
-//   p = p + (-lr / bc1) * (m / denom)
-// i.e. p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p) in AdamW mode. bc1, bc2 and the two
-// step factors are computed once per call in double and rounded to fp32.
+//   v = b2 * v + (1 - b2) * (g * g)
+//   u = m / (sqrt(v) * bc2 + eps)            bc2 = 1 / sqrt(1 - b2^step), so the denominator is sqrt(v_hat) +
+//   eps if (adamw_mode && weight_decay != 0) p = p + w_decay * p                w_decay = -lr * weight_decay
+//   p = p + step_size * u                    step_size = -lr / bc1,  bc1 = 1 - b1^step
+// i.e. p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p) in AdamW mode. bc1 = bc2 = 1 without
+// bias correction; bc2, step_size and w_decay are computed once per call in double and rounded to fp32;
+// (1 - b1) and (1 - b2) are computed in fp32.
 struct AdamWParams {
   float lr = 1e-3f;
   float beta1 = 0.9f;
@@ -181,9 +182,10 @@ struct AdamWParams {
   bool adamw_mode = true;  // decoupled weight decay (AdamW); false: L2 added to the gradient (Adam)
   bool bias_correction = true;
 };
-// Updates p, m, v in place from g. If p_bf16 is not null it receives the new p cast to bf16 (the working
-// copy of the parameters).
+// Updates p, m, v in place from g * grad_scale (grad_scale folds loss-scale unscaling and clipping). If
+// p_bf16 is not null it receives the new p rounded to bf16 (the working copy of the parameters).
 void adamw_update(float* p /*(n)*/, const float* g /*(n)*/, float* m /*(n)*/, float* v /*(n)*/,
-                  bf16_t* p_bf16 /*(n) or nullptr*/, std::size_t n, const AdamWParams& hp, std::int64_t step);
+                  bf16_t* p_bf16 /*(n) or nullptr*/, std::size_t n, const AdamWParams& hp, std::int64_t step,
+                  float grad_scale = 1.0f);
 
 }  // namespace strata::kernels::cpu

@@ -1,0 +1,119 @@
+#include "model/chunk.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numbers>
+
+#include "core/error.h"
+
+namespace strata::model {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Element i of a standard normal stream keyed by `key` (counter-based: any order, any thread).
+float normal_at(uint64_t key, uint64_t i) {
+  uint64_t pair = i / 2;
+  uint64_t a = splitmix64(key ^ splitmix64(2 * pair));
+  uint64_t b = splitmix64(key ^ splitmix64(2 * pair + 1));
+  double u1 = (double(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  double u2 = double(b >> 11) * 0x1.0p-53;          // [0, 1)
+  double r = std::sqrt(-2.0 * std::log(u1));
+  double t = 2.0 * std::numbers::pi * u2;
+  return float(i % 2 == 0 ? r * std::cos(t) : r * std::sin(t));
+}
+
+float* alloc_floats(size_t n) {
+  size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
+  if (!p)
+    throw OutOfMemory(
+        detail::cat("InMemoryChunks: cannot allocate ", format_bytes(bytes), " of host memory"));
+  std::memset(p, 0, bytes);
+  return static_cast<float*>(p);
+}
+
+}  // namespace
+
+void init_chunk(const ModelLayout& layout, int id, uint64_t seed, float* data) {
+  const ChunkLayout& c = layout.chunk(id);
+  std::memset(data, 0, c.padded_numel * sizeof(float));
+  const float std_dev = 0.02f;
+  const float resid_std = std_dev / std::sqrt(2.0f * float(layout.config().n_layers));
+  for (size_t t = 0; t < c.tensors.size(); ++t) {
+    const TensorSpec& spec = c.tensors[t];
+    float* dst = data + spec.offset;
+    if (spec.shape.size() == 1) {  // norm weights
+      for (size_t i = 0; i < spec.numel; ++i) dst[i] = 1.0f;
+      continue;
+    }
+    bool resid = c.kind == ChunkKind::block && (int(t) == kWo || int(t) == kWDown);
+    float s = resid ? resid_std : std_dev;
+    uint64_t key = splitmix64(seed ^ splitmix64((uint64_t(id) << 8) | t));
+    for (size_t i = 0; i < spec.numel; ++i) dst[i] = s * normal_at(key, i);
+  }
+}
+
+InMemoryChunks::InMemoryChunks(ModelLayout layout)
+    : layout_(std::move(layout)),
+      held_(size_t(layout_.num_chunks()), 0),
+      grads_held_(size_t(layout_.num_chunks()), 0) {
+  params_ = alloc_floats(layout_.total_padded_numel());
+  try {
+    grads_ = alloc_floats(layout_.total_padded_numel());
+  } catch (...) {
+    std::free(params_);
+    throw;
+  }
+}
+
+InMemoryChunks::~InMemoryChunks() {
+  std::free(params_);
+  std::free(grads_);
+}
+
+ChunkView InMemoryChunks::acquire(int id) {
+  const ChunkLayout& c = layout_.chunk(id);
+  STRATA_CHECK(!held_[size_t(id)], "chunk ", id, " (", c.name, ") acquired while already held");
+  held_[size_t(id)] = 1;
+  calls_.push_back({Op::acquire, id});
+  return ChunkView{&c, params_ + c.flat_offset};
+}
+
+void InMemoryChunks::release(int id) {
+  const ChunkLayout& c = layout_.chunk(id);
+  STRATA_CHECK(held_[size_t(id)], "chunk ", id, " (", c.name, ") released but not held");
+  held_[size_t(id)] = 0;
+  calls_.push_back({Op::release, id});
+}
+
+float* InMemoryChunks::acquire_grads(int id) {
+  const ChunkLayout& c = layout_.chunk(id);
+  STRATA_CHECK(!grads_held_[size_t(id)], "gradients of chunk ", id, " (", c.name, ") acquired while held");
+  grads_held_[size_t(id)] = 1;
+  calls_.push_back({Op::acquire_grads, id});
+  return grads_ + c.flat_offset;
+}
+
+void InMemoryChunks::release_grads(int id) {
+  const ChunkLayout& c = layout_.chunk(id);
+  STRATA_CHECK(grads_held_[size_t(id)], "gradients of chunk ", id, " (", c.name, ") released but not held");
+  grads_held_[size_t(id)] = 0;
+  calls_.push_back({Op::release_grads, id});
+}
+
+void InMemoryChunks::init(uint64_t seed) {
+  for (int c = 0; c < layout_.num_chunks(); ++c) init_chunk(layout_, c, seed, params(c));
+}
+
+void InMemoryChunks::zero_grads() {
+  std::memset(grads_, 0, layout_.total_padded_numel() * sizeof(float));
+}
+
+}  // namespace strata::model

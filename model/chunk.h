@@ -1,0 +1,100 @@
+// strata/model/chunk.h: how the model reaches its parameters and hands back its gradients.
+//
+// Example (what LlamaModel does for each chunk; the engine implements ChunkProvider):
+//   ChunkView p = chunks.acquire(id);             // may block until the gathered params are resident
+//   const float* wq = p.tensor(kWq);              // (Hq*D, C) fp32, read-only, valid until release
+//   ... forward ...
+//   chunks.release(id);
+//   // backward, reverse order:
+//   p = chunks.acquire(id);
+//   float* g = chunks.acquire_grads(id);          // (padded_numel) fp32; backward only adds into it
+//   ... recompute, backward ...
+//   chunks.release_grads(id);                     // hand the chunk's gradients back (reduce, D2H, free)
+//   chunks.release(id);
+//
+// Note [Chunk protocol]: a chunk is acquired and released in pairs, never held twice at once. The model
+// holds at most two chunks at a time (the head and, with tied embeddings, the embedding chunk). Gradients:
+// acquire_grads returns a buffer of padded_numel floats and the model only ever ADDS its contribution
+// (+=), so an implementation may hand out either a zeroed buffer (the engine: reduce-scatter and
+// accumulate into the fp32 shard on release_grads) or its running accumulator (InMemoryChunks). A chunk's
+// gradients may be acquired more than once per step — with tied embeddings the head adds into chunk 0
+// before the embedding's own backward does — and every hand-back must be accumulated. The padding stays
+// zero: the model never writes outside the tensors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/layout.h"
+
+namespace strata::model {
+
+struct ChunkView {
+  const ChunkLayout* layout = nullptr;
+  const float* data = nullptr;  // (padded_numel) fp32, read-only
+
+  const float* tensor(int index) const { return data + layout->tensors[size_t(index)].offset; }
+};
+
+class ChunkProvider {
+ public:
+  virtual ~ChunkProvider() = default;
+
+  virtual const ModelLayout& layout() const = 0;
+  // Gathered parameters of chunk `id`, valid until release(id). May block waiting on a prefetch.
+  virtual ChunkView acquire(int id) = 0;
+  virtual void release(int id) = 0;
+  // Gradient buffer of chunk `id` (padded_numel fp32) that backward adds into; valid until
+  // release_grads(id), which hands this contribution back (see Note [Chunk protocol]).
+  virtual float* acquire_grads(int id) = 0;
+  virtual void release_grads(int id) = 0;
+};
+
+// Fills chunk `id` (padded_numel floats) with the initial parameters: weight matrices N(0, 0.02), the
+// residual output projections (wo, w_down) N(0, 0.02 / sqrt(2 n_layers)), norm weights 1, padding 0.
+// Each value depends only on (seed, chunk id, tensor index, element index), so any implementation of
+// ChunkProvider, sharded or not, initialises bit-identically.
+void init_chunk(const ModelLayout& layout, int id, uint64_t seed, float* data);
+
+// Every chunk in ordinary memory: parameters and gradient accumulators laid end to end (chunk c at
+// layout.chunk(c).flat_offset), 64-byte aligned. The reference ChunkProvider for tests and the CPU path.
+// Records the sequence of calls so tests can check the protocol; misuse (acquiring a held chunk,
+// releasing one not held) throws strata::Error. Not thread-safe.
+class InMemoryChunks final : public ChunkProvider {
+ public:
+  enum class Op { acquire, release, acquire_grads, release_grads };
+  struct Call {
+    Op op;
+    int id;
+  };
+
+  explicit InMemoryChunks(ModelLayout layout);
+  ~InMemoryChunks() override;
+
+  const ModelLayout& layout() const override { return layout_; }
+  ChunkView acquire(int id) override;
+  void release(int id) override;
+  float* acquire_grads(int id) override;
+  void release_grads(int id) override;
+
+  void init(uint64_t seed);  // init_chunk on every chunk
+  float* params(int id) { return params_ + layout_.chunk(id).flat_offset; }
+  const float* params(int id) const { return params_ + layout_.chunk(id).flat_offset; }
+  float* grads(int id) { return grads_ + layout_.chunk(id).flat_offset; }
+  float* all_params() { return params_; }  // (total_padded_numel)
+  float* all_grads() { return grads_; }    // (total_padded_numel)
+  void zero_grads();
+
+  const std::vector<Call>& calls() const { return calls_; }
+  void clear_calls() { calls_.clear(); }
+
+ private:
+  ModelLayout layout_;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  std::vector<uint8_t> held_, grads_held_;
+  std::vector<Call> calls_;
+};
+
+}  // namespace strata::model

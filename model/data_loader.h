@@ -1,0 +1,91 @@
+// strata/model/data_loader.h: B×T batches from a token file, shuffled by (seed, epoch) and sharded by rank
+// the way PyTorch's DistributedSampler shards.
+//
+// Example:
+//   auto file = strata::model::TokenFile::open("train.bin");
+//   strata::model::DataLoader loader(file, {.batch_size = 8, .seq_len = 256, .rank = r, .world = w,
+//                                           .seed = 1234, .vocab_size = cfg.vocab_size});
+//   strata::model::Batch b = loader.next();         // b.inputs, b.targets: (b.rows, T) int32
+//   nlohmann::json pos = loader.position().to_json(); // into a checkpoint's meta.json
+//   loader.set_position(strata::model::DataPosition::from_json(pos));  // resume exactly there
+//
+// Note [Samples and sharding]: sample s is the window of T + 1 tokens starting at token s*T (inputs are
+// its first T tokens, targets its last T), so the file holds N = (tokens - 1) / T samples. Each epoch
+// the sample ids are permuted by a Fisher–Yates shuffle driven by a counter-based generator keyed on
+// (seed, epoch) — identical on every rank and every platform. As DistributedSampler with its default
+// drop_last=False, the permuted list is padded by wrapping around to total = ceil(N / world) * world and
+// rank r takes positions r, r + world, r + 2*world, ...; so every sample is seen at least once per epoch
+// across ranks and exactly once when world divides N. drop_last=true instead truncates to
+// floor(N / world) * world. A rank's list is cut into batches of batch_size rows; the last batch of an
+// epoch has fewer rows unless drop_last_batch. After the last batch, next() starts the next epoch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "model/token_file.h"
+
+namespace strata::model {
+
+struct DataOptions {
+  int batch_size = 1;            // rows per batch (B), >= 1
+  int seq_len = 1;               // tokens per row (T), >= 1
+  int rank = 0;                  // this rank, in [0, world)
+  int world = 1;                 // number of ranks, >= 1
+  uint64_t seed = 0;             // with the epoch, decides the permutation
+  bool shuffle = true;           // false: samples in file order
+  bool drop_last = false;        // DistributedSampler's: truncate instead of padding to a multiple of world
+  bool drop_last_batch = false;  // skip a final batch with fewer than batch_size rows
+  int64_t vocab_size = 0;        // > 0: every token read is checked to be below it
+};
+
+struct Batch {
+  int rows = 0;  // <= batch_size; fewer only for the last batch of an epoch
+  int seq_len = 0;
+  std::vector<int32_t> inputs;      // (rows, seq_len)
+  std::vector<int32_t> targets;     // (rows, seq_len): inputs shifted left by one token
+  std::vector<int64_t> sample_ids;  // (rows)
+  int64_t epoch = 0;
+};
+
+// Where a loader stands: the next batch it returns is the one at `sample` in this rank's list of `epoch`.
+struct DataPosition {
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  int64_t sample = 0;  // samples of this rank's epoch list already returned
+  int world = 1;
+  int seq_len = 1;
+
+  nlohmann::json to_json() const;
+  static DataPosition from_json(const nlohmann::json& j);  // ConfigError naming a missing/bad key
+};
+
+class DataLoader {
+ public:
+  // Throws ConfigError when an option is out of range or the file holds fewer than one sample per rank.
+  DataLoader(const TokenFile& file, DataOptions opts);
+
+  int64_t num_samples() const { return num_samples_; }    // N, in the whole file
+  int64_t samples_per_rank() const { return per_rank_; }  // per epoch
+  int64_t batches_per_epoch() const;
+  // This rank's sample ids for `epoch`, in the order they are returned.
+  std::vector<int64_t> epoch_samples(int64_t epoch) const;
+
+  Batch next();
+
+  DataPosition position() const;
+  // Throws ConfigError when the position was saved with another seed, world or seq_len, or is past
+  // the end of its epoch.
+  void set_position(const DataPosition& pos);
+
+ private:
+  const TokenFile& file_;
+  DataOptions opts_;
+  int64_t num_samples_ = 0, per_rank_ = 0;
+  int64_t epoch_ = 0, cursor_ = 0;
+  std::vector<int64_t> order_;  // epoch_samples(epoch_)
+};
+
+}  // namespace strata::model

@@ -1,0 +1,105 @@
+// strata/model/layout.h: where every parameter tensor lives inside its chunk (DESIGN.md §2).
+//
+// Example:
+//   strata::model::ModelLayout layout(cfg, {.tensor_align = 16, .chunk_multiple = world * 16});
+//   const auto& blk = layout.chunk(layout.block_chunk(3));
+//   const auto& wq = blk.tensors[strata::model::kWq];     // hf_name "model.layers.3.self_attn.q_proj.weight"
+//   float* q_weight = chunk_buffer + wq.offset;             // (q_dim, d_model) row-major
+//
+// One table serves the model (which reaches tensors by index), the engine (which moves whole chunks of
+// padded_numel elements and shards them), and safetensors I/O (which maps hf_name <-> offset and shape).
+//
+// Chunks, in forward order:
+//   0          embedding   tok_embeddings (V, C)
+//   1 + l      block l     attn_norm (C), wq (Hq*D, C), wk (Hkv*D, C), wv (Hkv*D, C), wo (C, Hq*D),
+//                          ffn_norm (C), w_gate (F, C), w_up (F, C), w_down (C, F)
+//   L + 1      head        final_norm (C), lm_head (V, C) — lm_head absent when tie_embeddings, the head
+//                          then reads tok_embeddings from chunk 0
+// Matrices are PyTorch nn.Linear weights, (out_features, in_features) row-major, as in Hugging Face files.
+// Tensor offsets are multiples of tensor_align elements; the gaps and the tail padding are zero and their
+// gradients stay zero.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/config.h"
+
+namespace strata::model {
+
+enum class ChunkKind { embedding, block, head };
+
+// Tensor indices inside each kind of chunk.
+enum EmbeddingTensor : int { kTokEmbeddings = 0 };
+enum BlockTensor : int {
+  kAttnNorm = 0,
+  kWq,
+  kWk,
+  kWv,
+  kWo,
+  kFfnNorm,
+  kWGate,
+  kWUp,
+  kWDown,
+  kNumBlockTensors
+};
+enum HeadTensor : int { kFinalNorm = 0, kLmHead };
+
+struct TensorSpec {
+  std::string name;            // short name: "wq", "tok_embeddings", ...
+  std::string hf_name;         // Hugging Face Llama name: "model.layers.3.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // row-major
+  size_t offset = 0;           // elements from the start of the chunk
+  size_t numel = 0;
+};
+
+struct ChunkLayout {
+  int id = 0;
+  ChunkKind kind = ChunkKind::embedding;
+  int layer = -1;    // block index for ChunkKind::block, else -1
+  std::string name;  // "embedding", "block.3", "head"
+  std::vector<TensorSpec> tensors;
+  size_t numel = 0;         // parameters, without padding
+  size_t padded_numel = 0;  // buffer length in elements (multiple of chunk_multiple)
+  size_t flat_offset = 0;   // where this chunk starts when all chunks are laid end to end
+
+  // Throws strata::Error naming the chunk and its tensors when `name` is not one of them.
+  const TensorSpec& tensor(std::string_view name) const;
+};
+
+struct LayoutOptions {
+  size_t tensor_align = 16;    // elements; every tensor offset is a multiple (16 fp32 = 64 bytes)
+  size_t chunk_multiple = 16;  // elements; padded_numel is a multiple (the engine passes world × alignment)
+};
+
+class ModelLayout {
+ public:
+  explicit ModelLayout(const ModelConfig& cfg, LayoutOptions opts = {});
+
+  const ModelConfig& config() const { return cfg_; }
+  const LayoutOptions& options() const { return opts_; }
+  int num_chunks() const { return int(chunks_.size()); }
+  const ChunkLayout& chunk(int id) const;
+  const std::vector<ChunkLayout>& chunks() const { return chunks_; }
+
+  int embedding_chunk() const { return 0; }
+  int block_chunk(int layer) const { return 1 + layer; }
+  int head_chunk() const { return int(cfg_.n_layers) + 1; }
+
+  size_t total_numel() const { return total_numel_; }                // parameters, no padding
+  size_t total_padded_numel() const { return total_padded_numel_; }  // sum of padded_numel
+
+  // The tensor with this Hugging Face name, or nullptr; `chunk_id` receives its chunk.
+  const TensorSpec* find_hf(std::string_view hf_name, int* chunk_id = nullptr) const;
+
+ private:
+  ModelConfig cfg_;
+  LayoutOptions opts_;
+  std::vector<ChunkLayout> chunks_;
+  size_t total_numel_ = 0, total_padded_numel_ = 0;
+};
+
+}  // namespace strata::model

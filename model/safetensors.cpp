@@ -1,0 +1,319 @@
+#include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace strata::model {
+namespace {
+
+using json = nlohmann::json;
+
+// Hugging Face's reader refuses headers above 100 MB; so do we (a larger one is a corrupt file).
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+std::string shape_str(std::span<const int64_t> s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::string dir_of(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+size_t SafetensorsEntry::numel() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  return n;
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  STRATA_SYS_CHECK(fd >= 0, "open safetensors file ", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    detail::throw_sys(__FILE__, __LINE__, "fstat", err, "safetensors file " + path);
+  }
+  map_bytes_ = size_t(st.st_size);
+  if (map_bytes_ < 8) {
+    ::close(fd);
+    throw ConfigError(detail::cat("safetensors file ", path, ": ", map_bytes_,
+                                  " bytes is too short for the 8-byte header length"));
+  }
+  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  int err = errno;
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    detail::throw_sys(__FILE__, __LINE__, "mmap", err, "safetensors file " + path);
+  }
+  try {
+    const auto* bytes = static_cast<const unsigned char*>(map_);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
+    if (n > kMaxHeaderBytes || n > map_bytes_ - 8)
+      throw ConfigError(detail::cat("safetensors file ", path, ": header length ", n, " does not fit the ",
+                                    map_bytes_, "-byte file; it is truncated or not a safetensors file"));
+    json header;
+    try {
+      header = json::parse(bytes + 8, bytes + 8 + n);
+    } catch (const json::parse_error& e) {
+      throw ConfigError(detail::cat("safetensors file ", path, ": header is not valid JSON: ", e.what()));
+    }
+    if (!header.is_object())
+      throw ConfigError(detail::cat("safetensors file ", path, ": header is not a JSON object"));
+    data_ = bytes + 8 + n;
+    const uint64_t data_bytes = map_bytes_ - 8 - n;
+    for (const auto& [name, v] : header.items()) {
+      if (name == "__metadata__") {
+        if (!v.is_object())
+          throw ConfigError(detail::cat("safetensors file ", path, ": __metadata__ is not an object"));
+        for (const auto& [k, s] : v.items()) metadata_[k] = s.is_string() ? s.get<std::string>() : s.dump();
+        continue;
+      }
+      auto bad = [&](const std::string& why) {
+        return ConfigError(detail::cat("safetensors file ", path, ": tensor '", name, "' ", why));
+      };
+      if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+        throw bad("needs dtype, shape and data_offsets");
+      SafetensorsEntry e;
+      e.name = name;
+      if (!v["dtype"].is_string()) throw bad("has a non-string dtype");
+      e.dtype_name = v["dtype"].get<std::string>();
+      e.dtype_known = parse_dtype(e.dtype_name, &e.dtype);
+      if (!v["shape"].is_array()) throw bad("has a shape that is not an array");
+      for (const json& d : v["shape"]) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0)
+          throw bad("has a negative or non-integer dimension");
+        e.shape.push_back(d.get<int64_t>());
+      }
+      const json& off = v["data_offsets"];
+      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+        throw bad("has data_offsets that are not two non-negative integers");
+      e.begin = off[0].get<uint64_t>();
+      e.end = off[1].get<uint64_t>();
+      if (e.begin > e.end || e.end > data_bytes)
+        throw bad(detail::cat("has data_offsets [", e.begin, ", ", e.end, "] outside the ", data_bytes,
+                              "-byte data section"));
+      if (e.dtype_known && e.end - e.begin != e.numel() * dtype_size(e.dtype))
+        throw bad(detail::cat("has shape ", shape_str(e.shape), " of ", e.dtype_name, " (",
+                              e.numel() * dtype_size(e.dtype), " bytes) but ", e.end - e.begin,
+                              " bytes of data"));
+      entries_.push_back(std::move(e));
+    }
+  } catch (...) {
+    ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (map_) ::munmap(map_, map_bytes_);
+}
+
+const SafetensorsEntry* SafetensorsReader::find(std::string_view name) const {
+  for (const SafetensorsEntry& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+void SafetensorsReader::read_f32(std::string_view name, std::span<const int64_t> expected_shape, float* dst,
+                                 std::string_view context) const {
+  std::string ctx = context.empty() ? std::string() : detail::cat(" (", context, ")");
+  const SafetensorsEntry* e = find(name);
+  if (!e)
+    throw ConfigError(detail::cat("safetensors file ", path_, " has no tensor '", name, "'", ctx,
+                                  "; the model expects shape ", shape_str(expected_shape),
+                                  ". Check that the file matches the model config"));
+  if (!std::equal(e->shape.begin(), e->shape.end(), expected_shape.begin(), expected_shape.end()))
+    throw ConfigError(detail::cat("tensor '", name, "' in ", path_, " has shape ", shape_str(e->shape),
+                                  ", the model", ctx, " expects ", shape_str(expected_shape),
+                                  "; the model config does not match the checkpoint"));
+  if (!e->dtype_known)
+    throw ConfigError(detail::cat("tensor '", name, "' in ", path_, " is ", e->dtype_name,
+                                  "; only F32, BF16 and F16 weights can be loaded"));
+  convert_to_f32(e->dtype, data(*e), e->numel(), dst);
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Decl> decls,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), tmp_(path + ".tmp"), decls_(std::move(decls)) {
+  json header = json::object();
+  json meta = json::object();
+  meta["format"] = "pt";
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  header["__metadata__"] = meta;
+  uint64_t offset = 0;
+  std::set<std::string> seen;
+  for (const Decl& d : decls_) {
+    STRATA_CHECK(seen.insert(d.name).second, "safetensors file ", path, ": tensor '", d.name,
+                 "' declared twice");
+    size_t numel = 1;
+    for (int64_t s : d.shape) numel *= size_t(s);
+    uint64_t bytes = numel * dtype_size(d.dtype);
+    header[d.name] = {
+        {"dtype", dtype_name(d.dtype)}, {"shape", d.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  STRATA_SYS_CHECK(fd_ >= 0, "create ", tmp_);
+  put(len, 8);
+  put(text.data(), text.size());
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void SafetensorsWriter::put(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t w = ::write(fd_, p, bytes);
+    if (w < 0 && errno == EINTR) continue;
+    STRATA_SYS_CHECK(w > 0, "write ", bytes, " bytes to ", tmp_);
+    p += w;
+    bytes -= size_t(w);
+  }
+}
+
+void SafetensorsWriter::write_f32(std::string_view name, const float* src) {
+  STRATA_CHECK(next_ < decls_.size() && decls_[next_].name == name, "safetensors file ", path_, ": wrote '",
+               name, "' but the next declared tensor is '",
+               next_ < decls_.size() ? decls_[next_].name : std::string("(none)"), "'");
+  const Decl& d = decls_[next_++];
+  size_t numel = 1;
+  for (int64_t s : d.shape) numel *= size_t(s);
+  constexpr size_t kBlock = size_t(1) << 20;  // elements converted per write
+  std::vector<unsigned char> buf(std::min(numel, kBlock) * dtype_size(d.dtype));
+  for (size_t i = 0; i < numel; i += kBlock) {
+    size_t n = std::min(kBlock, numel - i);
+    convert_from_f32(d.dtype, src + i, n, buf.data());
+    put(buf.data(), n * dtype_size(d.dtype));
+  }
+}
+
+void SafetensorsWriter::finish() {
+  STRATA_CHECK(next_ == decls_.size(), "safetensors file ", path_, ": finish() after ", next_, " of ",
+               decls_.size(), " declared tensors were written");
+  STRATA_SYS_CHECK(::fsync(fd_) == 0, "fsync ", tmp_);
+  int fd = fd_;
+  fd_ = -1;
+  STRATA_SYS_CHECK(::close(fd) == 0, "close ", tmp_);
+  STRATA_SYS_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, "rename ", tmp_, " to ", path_);
+}
+
+void save_weights(const std::string& path, ChunkProvider& chunks, DType dtype,
+                  const std::map<std::string, std::string>& metadata) {
+  const ModelLayout& layout = chunks.layout();
+  std::vector<SafetensorsWriter::Decl> decls;
+  for (const ChunkLayout& c : layout.chunks())
+    for (const TensorSpec& t : c.tensors) decls.push_back({t.hf_name, dtype, t.shape});
+  std::map<std::string, std::string> meta = metadata;
+  meta["strata.model_config"] = layout.config().to_json().dump();
+  SafetensorsWriter w(path, std::move(decls), meta);
+  for (const ChunkLayout& c : layout.chunks()) {
+    ChunkView v = chunks.acquire(c.id);
+    try {
+      for (size_t t = 0; t < c.tensors.size(); ++t) w.write_f32(c.tensors[t].hf_name, v.tensor(int(t)));
+    } catch (...) {
+      chunks.release(c.id);
+      throw;
+    }
+    chunks.release(c.id);
+  }
+  w.finish();
+}
+
+void load_weights(const std::string& path, const ModelLayout& layout,
+                  const std::function<void(int chunk_id, const float* data)>& sink) {
+  // Which file holds each tensor: one file, or the shards a Hugging Face index names.
+  std::vector<std::unique_ptr<SafetensorsReader>> readers;
+  std::map<std::string, const SafetensorsReader*> where;
+  if (ends_with(path, ".index.json")) {
+    std::ifstream in(path);
+    if (!in) detail::throw_sys(__FILE__, __LINE__, "open", errno, "safetensors index " + path);
+    json idx;
+    try {
+      idx = json::parse(in);
+    } catch (const json::parse_error& e) {
+      throw ConfigError(detail::cat("safetensors index ", path, " is not valid JSON: ", e.what()));
+    }
+    if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
+      throw ConfigError(detail::cat("safetensors index ", path, " has no \"weight_map\" object"));
+    std::map<std::string, const SafetensorsReader*> by_file;
+    for (const auto& [tensor, file] : idx["weight_map"].items()) {
+      if (!file.is_string())
+        throw ConfigError(
+            detail::cat("safetensors index ", path, ": weight_map[\"", tensor, "\"] is not a file name"));
+      std::string f = file.get<std::string>();
+      if (!by_file.count(f)) {
+        readers.push_back(std::make_unique<SafetensorsReader>(dir_of(path) + "/" + f));
+        by_file[f] = readers.back().get();
+      }
+      where[tensor] = by_file[f];
+    }
+  } else {
+    readers.push_back(std::make_unique<SafetensorsReader>(path));
+    for (const SafetensorsEntry& e : readers.back()->entries()) where[e.name] = readers.back().get();
+  }
+
+  std::set<std::string> used;
+  std::vector<float> buf;
+  for (const ChunkLayout& c : layout.chunks()) {
+    buf.assign(c.padded_numel, 0.0f);
+    for (const TensorSpec& t : c.tensors) {
+      auto it = where.find(t.hf_name);
+      std::string ctx = detail::cat("chunk ", c.id, " ", c.name, ", tensor ", t.name);
+      if (it == where.end())
+        throw ConfigError(
+            detail::cat("safetensors ", path, " has no tensor '", t.hf_name, "' (", ctx, ", shape ",
+                        shape_str(t.shape), "); check that the file matches the model config",
+                        layout.config().tie_embeddings ? "" : " (untied embeddings need lm_head.weight)"));
+      it->second->read_f32(t.hf_name, t.shape, buf.data() + t.offset, ctx);
+      used.insert(t.hf_name);
+    }
+    sink(c.id, buf.data());
+  }
+  for (const auto& [name, reader] : where)
+    if (!used.count(name))
+      STRATA_LOG_WARN("safetensors ", reader->path(), ": tensor '", name,
+                      "' is not part of the model; skipped");
+}
+
+void load_weights(const std::string& path, InMemoryChunks& chunks) {
+  load_weights(path, chunks.layout(), [&](int id, const float* data) {
+    std::memcpy(chunks.params(id), data, chunks.layout().chunk(id).padded_numel * sizeof(float));
+  });
+}
+
+}  // namespace strata::model

@@ -1,0 +1,260 @@
+// Safetensors: the format on disk, bit-exact round trips in F32/BF16/F16, and the errors a mismatched
+// checkpoint gets.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/ops.h"
+#include "model/safetensors.h"
+#include "model_test_util.h"
+
+namespace strata::model {
+namespace {
+
+using json = nlohmann::json;
+
+std::vector<unsigned char> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<unsigned char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Rounds every parameter through `t` so that a write in `t` must read back bit-exactly.
+void make_representable(InMemoryChunks& ch, DType t) {
+  const size_t n = ch.layout().total_padded_numel();
+  std::vector<uint16_t> tmp(n);
+  if (t == DType::BF16) {
+    kernels::cpu::cast_f32_to_bf16(tmp.data(), ch.all_params(), n);
+    kernels::cpu::cast_bf16_to_f32(ch.all_params(), tmp.data(), n);
+  } else if (t == DType::F16) {
+    kernels::cpu::cast_f32_to_f16(tmp.data(), ch.all_params(), n);
+    kernels::cpu::cast_f16_to_f32(ch.all_params(), tmp.data(), n);
+  }
+}
+
+class WeightsRoundTrip : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
+
+TEST_P(WeightsRoundTrip, SaveThenLoadIsBitExact) {
+  auto [dtype, tied] = GetParam();
+  ModelConfig cfg = ModelConfig::preset("tiny");
+  cfg.tie_embeddings = tied;
+  InMemoryChunks src{ModelLayout(cfg, {16, 64})};
+  src.init(21);
+  make_representable(src, dtype);
+  std::string path = testing::scratch_path(std::string("weights_") + dtype_name(dtype) +
+                                           (tied ? "_tied" : "") + ".safetensors");
+  save_weights(path, src, dtype, {{"step", "12"}});
+
+  // Into a layout with other alignment: tensors land at other offsets, values must be identical.
+  InMemoryChunks dst{ModelLayout(cfg, {1, 1})};
+  load_weights(path, dst);
+  for (const ChunkLayout& c : src.layout().chunks())
+    for (size_t t = 0; t < c.tensors.size(); ++t) {
+      const TensorSpec& a = c.tensors[t];
+      const TensorSpec& b = dst.layout().chunk(c.id).tensors[t];
+      ASSERT_EQ(std::memcmp(src.params(c.id) + a.offset, dst.params(c.id) + b.offset, a.numel * 4), 0)
+          << a.hf_name;
+    }
+
+  SafetensorsReader r(path);
+  EXPECT_EQ(r.metadata().at("format"), "pt");
+  EXPECT_EQ(r.metadata().at("step"), "12");
+  EXPECT_EQ(ModelConfig::from_json(json::parse(r.metadata().at("strata.model_config"))), cfg);
+  EXPECT_EQ(r.entries().size(), size_t(tied ? 1 + 9 * cfg.n_layers + 1 : 1 + 9 * cfg.n_layers + 2));
+  EXPECT_EQ(r.find("lm_head.weight") != nullptr, !tied);
+  EXPECT_EQ(r.find("model.layers.1.self_attn.k_proj.weight")->dtype_name, dtype_name(dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, WeightsRoundTrip,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16, DType::F16),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_tied" : "_untied");
+                         });
+
+// The bytes on disk follow the format: 8-byte LE length, JSON header padded to 8, tensors back to back.
+TEST(Safetensors, FileLayoutFollowsTheFormat) {
+  std::string path = testing::scratch_path("layout.safetensors");
+  std::vector<float> a = {1.0f, -2.0f, 3.5f}, b = {0.25f, 8.0f};
+  SafetensorsWriter w(path, {{"a", DType::F32, {3}}, {"b", DType::BF16, {1, 2}}});
+  w.write_f32("a", a.data());
+  w.write_f32("b", b.data());
+  w.finish();
+  std::vector<unsigned char> bytes = file_bytes(path);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[size_t(i)];
+  EXPECT_EQ(n % 8, 0u);
+  ASSERT_EQ(bytes.size(), 8 + n + 12 + 4);
+  json h = json::parse(bytes.begin() + 8, bytes.begin() + 8 + long(n));
+  EXPECT_EQ(h["a"]["dtype"], "F32");
+  EXPECT_EQ(h["a"]["data_offsets"], json::array({0, 12}));
+  EXPECT_EQ(h["b"]["shape"], json::array({1, 2}));
+  EXPECT_EQ(h["b"]["data_offsets"], json::array({12, 16}));
+  float a0;
+  std::memcpy(&a0, bytes.data() + 8 + n, 4);
+  EXPECT_EQ(a0, 1.0f);
+  uint16_t b1;
+  std::memcpy(&b1, bytes.data() + 8 + n + 12 + 2, 2);
+  EXPECT_EQ(b1, 0x4100);  // 8.0 in bf16
+}
+
+// A file assembled by hand (not by our writer), with an odd-length header and an unsupported dtype.
+TEST(Safetensors, ReadsAFileWrittenByHand) {
+  json h = {{"x", {{"dtype", "F16"}, {"shape", {2}}, {"data_offsets", {0, 4}}}},
+            {"ids", {{"dtype", "I64"}, {"shape", {1}}, {"data_offsets", {4, 12}}}}};
+  std::string text = h.dump() + " ";  // not a multiple of 8: readers must not assume padding
+  std::vector<unsigned char> bytes(8);
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = static_cast<unsigned char>(n >> (8 * i));
+  bytes.insert(bytes.end(), text.begin(), text.end());
+  const uint16_t halves[2] = {0x3C00, 0xC000};  // 1.0, -2.0
+  const auto* hp = reinterpret_cast<const unsigned char*>(halves);
+  bytes.insert(bytes.end(), hp, hp + 4);
+  bytes.insert(bytes.end(), 8, 0);
+  std::string path = testing::scratch_path("by_hand.safetensors");
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+
+  SafetensorsReader r(path);
+  ASSERT_EQ(r.entries().size(), 2u);
+  float x[2];
+  const int64_t shape[] = {2};
+  r.read_f32("x", shape, x);
+  EXPECT_EQ(x[0], 1.0f);
+  EXPECT_EQ(x[1], -2.0f);
+  EXPECT_FALSE(r.find("ids")->dtype_known);
+  const int64_t one[] = {1};
+  try {
+    r.read_f32("ids", one, x);
+    FAIL() << "no throw";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("is I64"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Safetensors, MissingTensorErrorNamesTheTensorAndTheFile) {
+  ModelConfig untied = ModelConfig::preset("tiny"), tied = untied;
+  tied.tie_embeddings = true;
+  InMemoryChunks src{ModelLayout(tied)};
+  src.init(1);
+  std::string path = testing::scratch_path("tied_only.safetensors");
+  save_weights(path, src, DType::F32);
+  InMemoryChunks dst{ModelLayout(untied)};
+  try {
+    load_weights(path, dst);
+    FAIL() << "no throw";
+  } catch (const ConfigError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("no tensor 'lm_head.weight'"), std::string::npos) << m;
+    EXPECT_NE(m.find(path), std::string::npos) << m;
+    EXPECT_NE(m.find("[256, 32]"), std::string::npos) << m;
+  }
+}
+
+TEST(Safetensors, WrongShapeErrorNamesBothShapes) {
+  ModelConfig cfg = ModelConfig::preset("tiny"), wider = cfg;
+  wider.ffn_dim = 96;
+  InMemoryChunks src{ModelLayout(wider)};
+  src.init(1);
+  std::string path = testing::scratch_path("wider.safetensors");
+  save_weights(path, src, DType::BF16);
+  InMemoryChunks dst{ModelLayout(cfg)};
+  try {
+    load_weights(path, dst);
+    FAIL() << "no throw";
+  } catch (const ConfigError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("'model.layers.0.mlp.gate_proj.weight'"), std::string::npos) << m;
+    EXPECT_NE(m.find("has shape [96, 32]"), std::string::npos) << m;
+    EXPECT_NE(m.find("expects [64, 32]"), std::string::npos) << m;
+  }
+}
+
+TEST(Safetensors, TiedModelSkipsAnUntiedHead) {
+  ModelConfig untied = ModelConfig::preset("tiny"), tied = untied;
+  tied.tie_embeddings = true;
+  InMemoryChunks src{ModelLayout(untied)};
+  src.init(3);
+  std::string path = testing::scratch_path("untied_for_tied.safetensors");
+  save_weights(path, src, DType::F32);
+  InMemoryChunks dst{ModelLayout(tied)};
+  EXPECT_NO_THROW(load_weights(path, dst));
+  const TensorSpec& e = dst.layout().chunk(0).tensors[kTokEmbeddings];
+  EXPECT_EQ(std::memcmp(dst.params(0) + e.offset, src.params(0) + e.offset, e.numel * 4), 0);
+}
+
+// Hugging Face's sharded layout: model.safetensors.index.json naming the shard of every tensor.
+TEST(Safetensors, LoadsAShardedCheckpointThroughItsIndex) {
+  ModelConfig cfg = ModelConfig::preset("tiny");
+  InMemoryChunks src{ModelLayout(cfg)};
+  src.init(8);
+  const ModelLayout& layout = src.layout();
+  std::string dir = testing::scratch_path("sharded");
+  std::filesystem::create_directories(dir);
+  json weight_map = json::object();
+  for (int shard = 0; shard < 2; ++shard) {
+    std::vector<SafetensorsWriter::Decl> decls;
+    std::vector<const float*> data;
+    for (const ChunkLayout& c : layout.chunks())
+      for (const TensorSpec& t : c.tensors)
+        if ((c.id % 2) == shard) {
+          decls.push_back({t.hf_name, DType::F32, t.shape});
+          data.push_back(src.params(c.id) + t.offset);
+        }
+    std::string file = "model-0000" + std::to_string(shard + 1) + "-of-00002.safetensors";
+    SafetensorsWriter w(dir + "/" + file, decls);
+    for (size_t i = 0; i < decls.size(); ++i) {
+      w.write_f32(decls[i].name, data[i]);
+      weight_map[decls[i].name] = file;
+    }
+    w.finish();
+  }
+  std::ofstream(dir + "/model.safetensors.index.json")
+      << json{{"metadata", json::object()}, {"weight_map", weight_map}}.dump();
+  InMemoryChunks dst{ModelLayout(cfg)};
+  load_weights(dir + "/model.safetensors.index.json", dst);
+  EXPECT_EQ(std::memcmp(dst.all_params(), src.all_params(), layout.total_padded_numel() * 4), 0);
+}
+
+TEST(Safetensors, CorruptFilesAreRejected) {
+  std::string path = testing::scratch_path("corrupt.safetensors");
+  const unsigned char huge[8] = {0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0};
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(huge), 8);
+  EXPECT_THROW(SafetensorsReader r(path), ConfigError);
+
+  json h = {{"x", {{"dtype", "F32"}, {"shape", {4}}, {"data_offsets", {0, 8}}}}};  // 4 floats need 16 bytes
+  std::string text = h.dump();
+  std::vector<unsigned char> bytes(8);
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
+  bytes.insert(bytes.end(), text.begin(), text.end());
+  bytes.insert(bytes.end(), 8, 0);
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+  try {
+    SafetensorsReader r(path);
+    FAIL() << "no throw";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'x'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Safetensors, WriterRefusesOutOfOrderTensorsAndLeavesNoFile) {
+  std::string path = testing::scratch_path("unfinished.safetensors");
+  std::filesystem::remove(path);
+  std::vector<float> v(4, 1.0f);
+  {
+    SafetensorsWriter w(path, {{"a", DType::F32, {4}}, {"b", DType::F32, {4}}});
+    EXPECT_THROW(w.write_f32("b", v.data()), Error);
+    w.write_f32("a", v.data());
+    EXPECT_THROW(w.finish(), Error);
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+}
+
+}  // namespace
+}  // namespace strata::model

@@ -1,0 +1,580 @@
+// Config parsing: aliases, the key walk, "auto" and command-line overrides, batch-size inference and
+// the checks that span keys. Types and ranges of single keys live in config_values.cpp; the keys
+// themselves in config_schema.cpp.
+#include "core/config.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "core/config_impl.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace strata {
+
+using namespace config_detail;
+
+namespace {
+
+nlohmann::json* find_path(nlohmann::json& root, std::string_view path) {
+  nlohmann::json* cur = &root;
+  std::size_t start = 0;
+  while (true) {
+    std::size_t dot = path.find('.', start);
+    std::string part(
+        path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+    if (!cur->is_object()) return nullptr;
+    auto it = cur->find(part);
+    if (it == cur->end()) return nullptr;
+    cur = &*it;
+    if (dot == std::string_view::npos) return cur;
+    start = dot + 1;
+  }
+}
+
+// Sets root[a][b]...; false when an intermediate exists and is not an object (the walk reports it).
+bool set_path(nlohmann::json& root, std::string_view path, const nlohmann::json& v) {
+  nlohmann::json* cur = &root;
+  std::size_t start = 0;
+  while (true) {
+    std::size_t dot = path.find('.', start);
+    std::string part(
+        path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+    if (dot == std::string_view::npos) {
+      (*cur)[part] = v;
+      return true;
+    }
+    nlohmann::json& next = (*cur)[part];
+    if (next.is_null()) next = nlohmann::json::object();
+    if (!next.is_object()) return false;
+    cur = &next;
+    start = dot + 1;
+  }
+}
+
+void erase_path(nlohmann::json& root, std::string_view path) {
+  std::string parent = parent_of(path);
+  nlohmann::json* p = parent.empty() ? &root : find_path(root, parent);
+  if (p && p->is_object()) p->erase(leaf_of(path));
+}
+
+const std::set<std::string, std::less<>>& sections() {
+  static const std::set<std::string, std::less<>> s = [] {
+    std::set<std::string, std::less<>> out;
+    for (const auto& o : options())
+      for (std::string p = parent_of(o.path); !p.empty(); p = parent_of(p)) out.insert(p);
+    return out;
+  }();
+  return s;
+}
+
+const Ignored* find_ignored(std::string_view path) {
+  for (const auto& ig : ignored())
+    if (path == ig.path) return &ig;
+  return nullptr;
+}
+
+std::string join(const std::vector<std::string>& v, std::string_view sep = ", ") {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? std::string(sep) : "") + v[i];
+  return s;
+}
+
+}  // namespace
+
+// Locking: none; a parser lives on one thread for one parse() call.
+struct ConfigParser {
+  const Overrides& overrides;
+  std::string origin;
+  Config cfg;
+  nlohmann::json doc;
+  std::vector<std::string> errors;
+  std::vector<bool> given;    // per option: a value from the file (directly or through an alias)
+  std::vector<bool> is_auto;  // per option: the file says "auto"
+  std::map<std::string, std::string> via_alias;  // target key or section -> the alias that set it
+  std::set<std::string, std::less<>> sections_given;
+  std::set<std::string, std::less<>> overrides_used;
+  std::optional<std::uint64_t> hidden_size;
+
+  ConfigParser(const Overrides& ov, std::string_view org)
+      : overrides(ov), origin(org), given(options().size()), is_auto(options().size()) {
+    cfg.sources_.assign(options().size(), "");
+  }
+
+  void warn(std::string msg) {
+    STRATA_LOG_WARN(origin, ": ", msg);
+    cfg.warnings_.push_back(std::move(msg));
+  }
+  void error(std::string msg) { errors.push_back(std::move(msg)); }
+  template <class F>
+  void attempt(F&& f) {
+    try {
+      f();
+    } catch (const ConfigError& e) {
+      errors.push_back(e.what());
+    }
+  }
+  void throw_if_errors() {
+    if (errors.empty()) return;
+    if (errors.size() == 1) throw ConfigError(detail::cat(origin, ": ", errors[0]));
+    throw ConfigError(detail::cat(origin, ": ", errors.size(), " problems:\n  ", join(errors, "\n  ")));
+  }
+
+  // The name the user wrote: the alias path when the value came through one.
+  std::string shown_key(std::string_view path) const {
+    for (std::string p(path); !p.empty(); p = parent_of(p)) {
+      auto it = via_alias.find(p);
+      if (it != via_alias.end()) return it->second + std::string(path.substr(p.size()));
+    }
+    return std::string(path);
+  }
+  std::string alias_source(std::string_view path) const {
+    for (std::string p(path); !p.empty(); p = parent_of(p)) {
+      auto it = via_alias.find(p);
+      if (it != via_alias.end()) return "alias " + it->second;
+    }
+    return "file";
+  }
+
+  const nlohmann::json* override_value(const char* name) {
+    if (!name) return nullptr;
+    auto it = overrides.find(name);
+    if (it == overrides.end()) return nullptr;
+    overrides_used.insert(name);
+    return &it->second;
+  }
+
+  // world_size and hidden_size: whole numbers from 1 to `max` (hidden_size² must fit in 64 bits).
+  static std::uint64_t positive_override(const char* name, const nlohmann::json& v, std::uint64_t max) {
+    double d = v.is_number() ? v.get<double>() : 0.0;
+    if (!v.is_number() || d < 1 || d > double(max) || std::floor(d) != d)
+      throw ConfigError(detail::cat("override ", name, ": ", show(v), " is not an integer from 1 to ", max));
+    return v.is_number_float() ? std::uint64_t(d) : v.get<std::uint64_t>();
+  }
+
+  void check_override_names(int world_size) {
+    std::vector<std::string> names;
+    for (const auto& n : override_names()) names.push_back(n.name);
+    for (const auto& [name, v] : overrides) {
+      std::string near = nearest(name, names);
+      if (std::find(names.begin(), names.end(), name) == names.end())
+        error(near.empty() ? detail::cat("override ", name, ": unknown; known overrides: ", join(names))
+                           : detail::cat("override ", name, ": unknown; did you mean ", near, "?"));
+    }
+    cfg.world_size = world_size;
+    attempt([&] {
+      if (auto it = overrides.find("world_size"); it != overrides.end())
+        cfg.world_size = int(positive_override("world_size", it->second, 1u << 24));
+      else if (world_size < 1)
+        throw ConfigError(detail::cat("world_size: ", world_size, " is not an integer >= 1"));
+    });
+    attempt([&] {
+      if (auto it = overrides.find("hidden_size"); it != overrides.end())
+        hidden_size = positive_override("hidden_size", it->second, 1u << 31);
+    });
+  }
+
+  void apply_static_defaults() {
+    for (std::size_t i = 0; i < options().size(); ++i) {
+      const Option& o = options()[i];
+      if (!o.def.is_null()) store(o, cfg, o.def, o.path);
+      cfg.sources_[i] = "default";  // batch sizes are replaced by infer_batch(), unset paths show "(unset)"
+    }
+  }
+
+  // DeepSpeed still reads "zero_optimization": true|false as stage 1|0.
+  void legacy_zero_flag() {
+    auto it = doc.find("zero_optimization");
+    if (it == doc.end() || !it->is_boolean()) return;
+    bool on = it->get<bool>();
+    warn(detail::cat("zero_optimization: ", on ? "true" : "false",
+                     " is deprecated; write \"zero_optimization\": {\"stage\": ", on ? 1 : 0, "}"));
+    *it = nlohmann::json{{"stage", on ? 1 : 0}};
+  }
+
+  void apply_aliases() {
+    for (const Alias& a : aliases()) {
+      nlohmann::json* found = find_path(doc, a.path);
+      if (!found) continue;
+      nlohmann::json v = *found;
+      erase_path(doc, a.path);
+      if (a.deprecated) warn(detail::cat(a.path, ": deprecated; ", a.note));
+      std::vector<std::pair<std::string, nlohmann::json>> targets;
+      if (a.target) {
+        targets.emplace_back(a.target, v);
+      } else if (!v.is_boolean()) {
+        error(detail::cat(a.path, ": ", show(v), " is not a boolean (true or false)"));
+      } else if (v.get<bool>()) {
+        targets = a.when_true;
+      }
+      for (const auto& [target, value] : targets) {
+        if (find_path(doc, target)) {
+          error(detail::cat(a.path, " and ", target, " are both given; keep only ", target));
+          continue;
+        }
+        if (set_path(doc, target, value)) via_alias[target] = a.path;
+      }
+    }
+  }
+
+  void walk(const nlohmann::json& obj, const std::string& section) {
+    for (const auto& [k, v] : obj.items()) {
+      std::string p = section.empty() ? k : section + "." + k;
+      if (const Ignored* ig = find_ignored(p)) {
+        warn(detail::cat(shown_key(p), ": ignored; ", ig->reason));
+        continue;
+      }
+      int idx = option_index(p);
+      if (idx >= 0) {
+        take(std::size_t(idx), v);
+      } else if (sections().count(p)) {
+        if (v.is_null()) continue;
+        if (!v.is_object()) {
+          error(detail::cat(shown_key(p), ": ", show(v), " is not an object; expected a section with keys ",
+                            join(children(p))));
+          continue;
+        }
+        sections_given.insert(p);
+        walk(v, p);
+      } else {
+        unknown(p, section);
+      }
+    }
+  }
+
+  void take(std::size_t i, const nlohmann::json& v) {
+    const Option& o = options()[i];
+    std::string key = shown_key(o.path);
+    if (v.is_null()) return;  // null: not given (DeepSpeed's None)
+    if (o.auto_allowed() && v.is_string() && v.get_ref<const std::string&>() == "auto") {
+      is_auto[i] = true;
+      return;
+    }
+    attempt([&] {
+      store(o, cfg, v, key);
+      given[i] = true;
+      cfg.sources_[i] = alias_source(o.path);
+    });
+  }
+
+  std::vector<std::string> children(std::string_view section) const {
+    std::vector<std::string> out;
+    auto add = [&](std::string_view path) {
+      if (parent_of(path) != section) return;
+      std::string leaf = leaf_of(path);
+      if (std::find(out.begin(), out.end(), leaf) == out.end()) out.push_back(leaf);
+    };
+    for (const auto& o : options()) add(o.path);
+    for (const auto& s : sections()) add(s);
+    return out;
+  }
+
+  void unknown(const std::string& path, const std::string& section) {
+    std::vector<std::string> names = children(section);
+    std::vector<std::string> candidates = names;
+    for (const auto& a : aliases())
+      if (parent_of(a.path) == section) candidates.push_back(leaf_of(a.path));
+    std::string key = shown_key(path);
+    std::string near = nearest(leaf_of(path), candidates);
+    if (!near.empty()) {
+      error(detail::cat(key, ": unknown key; did you mean ", near, "?"));
+    } else {
+      error(detail::cat(key, ": unknown key; known keys ",
+                        section.empty() ? "at the top level" : "in " + section, ": ", join(names)));
+    }
+  }
+
+  // The key whose value decides where a type-dependent key applies.
+  static const char* controlling_key(std::string_view path) {
+    if (path.rfind("optimizer.", 0) == 0) return "optimizer.type";
+    if (path.rfind("scheduler.", 0) == 0) return "scheduler.type";
+    return nullptr;
+  }
+
+  void check_applicability() {
+    for (std::size_t i = 0; i < options().size(); ++i) {
+      const Option& o = options()[i];
+      if (!o.applies || o.applies(cfg)) continue;
+      cfg.sources_[i].clear();
+      if (!given[i] && !is_auto[i]) continue;
+      std::string why;
+      if (const char* c = controlling_key(o.path))
+        why = detail::cat(" with ", c, " ", show(read(options()[std::size_t(option_index(c))], cfg)));
+      error(
+          detail::cat(shown_key(o.path), ": does not apply", why, "; it is a parameter of ", o.applies_note));
+    }
+    for (const char* section : {"optimizer", "scheduler"}) {
+      std::string type_key = detail::cat(section, ".type");
+      if (sections_given.count(section) && !given[std::size_t(option_index(type_key))])
+        error(detail::cat(type_key, ": required when a \"", section, "\" section is given; ",
+                          allowed_text(options()[std::size_t(option_index(type_key))])));
+    }
+  }
+
+  void apply_dynamic_defaults() {
+    for (std::size_t i = 0; i < options().size(); ++i) {
+      const Option& o = options()[i];
+      if (o.dynamic_default && !given[i] && !is_auto[i]) store(o, cfg, o.dynamic_default(cfg), o.path);
+    }
+  }
+
+  // "auto" values and command-line overrides, in table order (Note [order] in config_schema.cpp).
+  void resolve_overrides_and_auto() {
+    for (std::size_t i = 0; i < options().size(); ++i) {
+      const Option& o = options()[i];
+      if (o.applies && !o.applies(cfg)) continue;
+      const nlohmann::json* ov = override_value(o.override_name);
+      std::string ov_key =
+          detail::cat("override ", o.override_name ? o.override_name : "", " (for ", o.path, ")");
+      if (given[i]) {
+        if (ov) check_agrees(o, *ov, ov_key);
+        continue;
+      }
+      attempt([&] {
+        if (ov) {
+          store(o, cfg, *ov, ov_key);
+          cfg.sources_[i] = detail::cat(is_auto[i] ? "auto→" : "", "override ", o.override_name);
+          return;
+        }
+        if (!is_auto[i]) return;
+        if (o.auto_fallback) {
+          AutoValue av = o.auto_fallback(AutoContext{cfg, hidden_size});
+          if (!av.value.is_null()) store(o, cfg, av.value, o.path);
+          cfg.sources_[i] = av.source;
+          return;
+        }
+        nlohmann::json def = o.dynamic_default ? o.dynamic_default(cfg) : o.def;
+        if (def.is_null())
+          throw ConfigError(detail::cat(shown_key(o.path), ": \"auto\" needs the ", o.override_name,
+                                        " override from the command line, and none was given"));
+        store(o, cfg, def, o.path);
+        cfg.sources_[i] = "auto→default";
+      });
+    }
+    for (const auto& [name, v] : overrides)
+      if (!overrides_used.count(name) && name != "hidden_size" && name != "world_size")
+        warn(detail::cat("override ", name, ": not used; the keys it sets are not in force in this config"));
+  }
+
+  // Hugging Face's rule: an override that contradicts an explicit file value is an error, not a silent pick.
+  void check_agrees(const Option& o, const nlohmann::json& ov, const std::string& ov_key) {
+    attempt([&] {
+      Config scratch = cfg;
+      store(o, scratch, ov, ov_key);
+      nlohmann::json mine = read(o, cfg), theirs = read(o, scratch);
+      if (mine != theirs)
+        throw ConfigError(
+            detail::cat(shown_key(o.path), ": the file sets ", show(mine), " but the command line (override ",
+                        o.override_name, ") gives ", show(theirs),
+                        "; set the key to \"auto\" to take the command-line value, or drop the override"));
+    });
+  }
+
+  void infer_batch();
+  void check_cross_keys();
+  void check_nvme_path(const char* device_key, const char* path_key, const std::string& path);
+};
+
+// DeepSpeed's _set_batch_related_parameters and _batch_assertion: any two of train, micro and
+// accumulation determine the third (integer division, as DeepSpeed does), one alone sets accumulation 1.
+void ConfigParser::infer_batch() {
+  const std::size_t i_tb = std::size_t(option_index("train_batch_size"));
+  const std::size_t i_mb = std::size_t(option_index("train_micro_batch_size_per_gpu"));
+  const std::size_t i_ga = std::size_t(option_index("gradient_accumulation_steps"));
+  std::int64_t& tb = cfg.train_batch_size;
+  std::int64_t& mb = cfg.train_micro_batch_size_per_gpu;
+  std::int64_t& ga = cfg.gradient_accumulation_steps;
+  const std::int64_t w = cfg.world_size;
+  auto inferred = [&](std::size_t i) { return is_auto[i] ? "auto→inferred" : "inferred"; };
+  std::string note;
+  if (!tb && !mb) {
+    if (!is_auto[i_tb] && !is_auto[i_mb]) {
+      error(
+          "train_batch_size, train_micro_batch_size_per_gpu: neither is given; set at least one of them "
+          "(gradient_accumulation_steps alone does not determine the batch)");
+      return;
+    }
+    mb = 1;  // all "auto" and nothing on the command line: the smallest batch
+    cfg.sources_[i_mb] = "auto→default (1)";
+  }
+  if (tb && mb && ga) {
+    // all three given: only the check below
+  } else if (tb && mb) {
+    ga = tb / mb / w;
+    cfg.sources_[i_ga] = inferred(i_ga);
+    note =
+        detail::cat(" (gradient_accumulation_steps inferred as ", tb, " / ", mb, " / ", w, ", rounded down)");
+  } else if (tb && ga) {
+    mb = tb / w / ga;
+    cfg.sources_[i_mb] = inferred(i_mb);
+    note = detail::cat(" (train_micro_batch_size_per_gpu inferred as ", tb, " / ", w, " / ", ga,
+                       ", rounded down)");
+  } else if (mb && ga) {
+    tb = mb * ga * w;
+    cfg.sources_[i_tb] = inferred(i_tb);
+  } else if (tb) {
+    ga = 1;
+    mb = tb / w;
+    cfg.sources_[i_ga] = inferred(i_ga);
+    cfg.sources_[i_mb] = inferred(i_mb);
+    note = detail::cat(" (train_micro_batch_size_per_gpu inferred as ", tb, " / ", w, ", rounded down)");
+  } else {
+    ga = 1;
+    tb = mb * w;
+    cfg.sources_[i_ga] = inferred(i_ga);
+    cfg.sources_[i_tb] = inferred(i_tb);
+  }
+  if (mb <= 0 || ga <= 0) {
+    error(detail::cat("train_batch_size ", tb, " is too small: it must be at least world_size ", w,
+                      " × gradient_accumulation_steps ", std::max<std::int64_t>(ga, 1), note));
+  } else if (tb != mb * ga * w) {
+    error(detail::cat(
+        "train_batch_size ", tb, " != train_micro_batch_size_per_gpu ", mb, " × gradient_accumulation_steps ",
+        ga, " × world_size ", w, " = ", mb * ga * w, note,
+        "; make train_batch_size = micro batch × accumulation steps × world size, or give only two of "
+        "the three"));
+  }
+}
+
+void ConfigParser::check_nvme_path(const char* device_key, const char* path_key, const std::string& path) {
+  std::string key = shown_key(path_key);
+  if (path.empty()) {
+    error(detail::cat(key, ": required when ", device_key,
+                      " is \"nvme\"; set it to a directory on an NVMe drive"));
+    return;
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    int err = errno;
+    error(detail::cat(key, ": \"", path, "\" ", err == ENOENT ? "does not exist" : "cannot be used", " (",
+                      detail::errno_text(err), "); create the directory or point ", key,
+                      " at an existing one"));
+    return;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    error(detail::cat(key, ": \"", path, "\" is not a directory; point ", key,
+                      " at a directory on an NVMe drive"));
+    return;
+  }
+  // Try a real file: access(W_OK) says yes to root on a read-only mount and does not see quotas.
+  std::string probe = path + "/.strata-write-probe-XXXXXX";
+  int fd = ::mkstemp(probe.data());
+  if (fd < 0) {
+    error(detail::cat(key, ": \"", path, "\" is not writable (", detail::errno_text(errno),
+                      "); choose a directory this user can write"));
+    return;
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+void ConfigParser::check_cross_keys() {
+  const auto& z = cfg.zero_optimization;
+  if (cfg.fp16.enabled && cfg.bf16.enabled)
+    error("fp16.enabled and bf16.enabled are both true; enable at most one of them");
+  auto device_name = [](OffloadDevice d) { return d == OffloadDevice::cpu ? "\"cpu\"" : "\"nvme\""; };
+  if (z.offload_param.device != OffloadDevice::none && z.stage != 3)
+    error(detail::cat(shown_key("zero_optimization.offload_param.device"), ": ",
+                      device_name(z.offload_param.device), " needs zero_optimization.stage 3 (stage is ",
+                      z.stage, ")"));
+  if (z.offload_optimizer.device == OffloadDevice::nvme && z.stage != 3)
+    error(detail::cat(shown_key("zero_optimization.offload_optimizer.device"),
+                      ": \"nvme\" needs zero_optimization.stage 3 (stage is ", z.stage, ")"));
+  if (z.offload_optimizer.device == OffloadDevice::cpu && z.stage == 0)
+    error(detail::cat(shown_key("zero_optimization.offload_optimizer.device"),
+                      ": \"cpu\" needs zero_optimization.stage 1, 2 or 3 (stage is 0)"));
+  if (z.offload_optimizer.device != OffloadDevice::none && z.offload_optimizer.ratio < 1.0 && z.stage != 3)
+    error(detail::cat("zero_optimization.offload_optimizer.ratio: ", format_number(z.offload_optimizer.ratio),
+                      " (partial offload) needs zero_optimization.stage 3 (stage is ", z.stage, ")"));
+  if (z.offload_param.device == OffloadDevice::nvme)
+    check_nvme_path("zero_optimization.offload_param.device", "zero_optimization.offload_param.nvme_path",
+                    z.offload_param.nvme_path);
+  if (z.offload_optimizer.device == OffloadDevice::nvme)
+    check_nvme_path("zero_optimization.offload_optimizer.device",
+                    "zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_path);
+
+  const auto& s = cfg.scheduler;
+  if ((s.type == SchedulerType::WarmupDecayLR || s.type == SchedulerType::WarmupCosineLR) &&
+      s.total_num_steps > 0 && s.total_num_steps < s.warmup_num_steps)
+    warn(detail::cat("scheduler.params.total_num_steps ", s.total_num_steps,
+                     " is less than warmup_num_steps ", s.warmup_num_steps,
+                     "; the schedule never leaves warmup"));
+  if ((s.type == SchedulerType::WarmupDecayLR || s.type == SchedulerType::WarmupCosineLR) &&
+      s.total_num_steps == 0 &&
+      !is_auto[std::size_t(
+          option_index("scheduler.params.total_num_steps"))])  // "auto" reported its own error
+    error(detail::cat("scheduler.params.total_num_steps: required by scheduler.type ",
+                      show(read(options()[std::size_t(option_index("scheduler.type"))], cfg)),
+                      "; set it to the run's optimizer steps (or \"auto\" with the total_steps override)"));
+  if (cfg.optimizer.type == OptimizerType::AdamW && !cfg.optimizer.adam_w_mode)
+    warn(
+        "optimizer.params.adam_w_mode: false has no effect with AdamW (always decoupled); use type Adam for "
+        "L2 weight decay");
+  if (cfg.optimizer.torch_adam)
+    warn("optimizer.params.torch_adam: true has no effect; Strata has one Adam implementation");
+  if (cfg.aio.use_gds) warn("aio.use_gds: true has no effect; GPUDirect Storage is not implemented");
+}
+
+Config Config::parse(const nlohmann::json& doc, const Overrides& overrides, int world_size,
+                     std::string_view origin) {
+  ConfigParser p(overrides, origin);
+  p.check_override_names(world_size);
+  p.throw_if_errors();
+  if (!doc.is_object())
+    throw ConfigError(
+        detail::cat(origin, ": the top level is ", show(doc), ", not a JSON object of settings"));
+  p.apply_static_defaults();
+  p.doc = doc;
+  p.legacy_zero_flag();
+  p.apply_aliases();
+  p.walk(p.doc, "");
+  p.throw_if_errors();  // type errors first: the checks below assume well-typed values
+  p.apply_dynamic_defaults();
+  p.check_applicability();
+  p.resolve_overrides_and_auto();
+  p.infer_batch();
+  p.check_cross_keys();
+  p.throw_if_errors();
+  return std::move(p.cfg);
+}
+
+Config Config::load(const std::string& path, const Overrides& overrides, int world_size) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw ConfigError(
+        detail::cat(path, ": cannot read the config file (", detail::errno_text(errno), "); check the path"));
+  if (S_ISDIR(st.st_mode)) throw ConfigError(detail::cat(path, ": is a directory, not a JSON config file"));
+  std::ifstream in(path);
+  if (!in)
+    throw ConfigError(detail::cat(path, ": cannot open the config file (", detail::errno_text(errno), ")"));
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.what(): "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error ..."
+    std::string what = e.what();
+    if (auto close = what.find("] "); what.rfind("[json.exception", 0) == 0 && close != std::string::npos)
+      what = what.substr(close + 2);
+    throw ConfigError(detail::cat(path, ": malformed JSON: ", what));
+  }
+  return parse(doc, overrides, world_size, path);
+}
+
+std::string Config::source(std::string_view key) const {
+  int i = option_index(key);
+  if (i < 0) throw ConfigError(detail::cat(key, ": not a config key (see docs/config.md)"));
+  return sources_.empty() ? std::string() : sources_[std::size_t(i)];
+}
+
+}  // namespace strata

@@ -1,0 +1,203 @@
+// strata/core/config.h: the run configuration, read from a DeepSpeed-style ds_config.json.
+//
+// Example:
+//   strata::Overrides cli{{"lr", 3e-4}, {"micro_batch", 4}, {"hidden_size", 4096}};
+//   strata::Config cfg = strata::Config::load("ds_config.json", cli, /*world_size=*/1);
+//   if (cfg.zero_optimization.offload_optimizer.device == strata::OffloadDevice::nvme) ...
+//   std::fputs(cfg.resolved_table().c_str(), stdout);   // key | value | source
+//   nlohmann::json header = cfg.to_json();               // checkpoints, memprof traces
+//
+// Every key, with its JSON path, type, default, allowed values and meaning, is declared once in the schema
+// table (core/config_schema.cpp). Parsing, defaults, validation, "did you mean" suggestions, the resolved
+// table, to_json() and docs/config.md (config_reference_markdown()) are all driven by that table; the
+// structs below only give the values a typed home. Field names are DeepSpeed's key names.
+//
+// Bad input raises strata::ConfigError naming the key path, the value and what is allowed, e.g.
+//   zero_optimization.offload_optimizer.device: "gpu" is not one of none, cpu, nvme
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/log.h"
+
+namespace strata {
+
+// Where a ZeRO offload keeps its tensors (DeepSpeed's OffloadDeviceEnum).
+enum class OffloadDevice { none, cpu, nvme };
+enum class OptimizerType { Adam, AdamW, Adagrad, Lion };
+// none: no "scheduler" section; the learning rate stays at optimizer.params.lr.
+enum class SchedulerType { none, WarmupLR, WarmupDecayLR, WarmupCosineLR };
+enum class WarmupType { log, linear };
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::Adam;
+  double lr = 1e-3;
+  std::array<double, 2> betas = {0.9, 0.999};  // (beta1, beta2); Adam, AdamW, Lion
+  double eps = 1e-8;                           // Adam, AdamW, Adagrad
+  double weight_decay = 0.0;
+  bool adam_w_mode = true;      // Adam only: decoupled weight decay (AdamW is always decoupled)
+  bool torch_adam = false;      // Adam, AdamW: accepted; Strata has one Adam implementation
+  bool bias_correction = true;  // Adam, AdamW
+};
+
+struct SchedulerConfig {
+  SchedulerType type = SchedulerType::none;
+  double warmup_min_lr = 0.0;   // WarmupLR, WarmupDecayLR
+  double warmup_max_lr = 1e-3;  // WarmupLR, WarmupDecayLR
+  std::int64_t warmup_num_steps = 1000;
+  WarmupType warmup_type = WarmupType::log;
+  std::int64_t total_num_steps = 0;  // WarmupDecayLR, WarmupCosineLR (required there)
+  double warmup_min_ratio = 0.0;     // WarmupCosineLR
+  double cos_min_ratio = 1e-4;       // WarmupCosineLR
+  std::int64_t last_batch_iteration = -1;
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  bool auto_cast = false;
+  double loss_scale = 0.0;  // 0: dynamic loss scaling
+  std::int64_t initial_scale_power = 16;
+  std::int64_t loss_scale_window = 1000;
+  std::int64_t hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+};
+
+struct Bf16Config {
+  bool enabled = false;
+};
+
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::none;
+  std::string nvme_path;  // "" when unset; must be a writable directory when device is nvme
+  bool pin_memory = false;
+  std::int64_t buffer_count = 5;
+  std::uint64_t buffer_size = 100000000;  // elements per buffer
+  std::uint64_t max_in_cpu = 1000000000;  // elements kept in host memory when device is nvme
+};
+
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::none;
+  std::string nvme_path;
+  bool pin_memory = false;
+  std::int64_t buffer_count = 4;
+  bool pipeline_read = false;
+  bool pipeline_write = false;
+  bool fast_init = false;
+  double ratio = 1.0;  // fraction of optimizer states offloaded (< 1 needs stage 3)
+};
+
+struct ZeroConfig {
+  std::int64_t stage = 0;
+  OffloadParamConfig offload_param;
+  OffloadOptimizerConfig offload_optimizer;
+  // All sizes below count elements (parameters), not bytes, as in DeepSpeed.
+  std::uint64_t stage3_prefetch_bucket_size = 50000000;
+  std::uint64_t stage3_max_live_parameters = 1000000000;
+  std::uint64_t stage3_max_reuse_distance = 1000000000;
+  std::uint64_t stage3_param_persistence_threshold = 100000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  std::uint64_t sub_group_size = 1000000000;
+  std::uint64_t reduce_bucket_size = 500000000;
+  std::uint64_t allgather_bucket_size = 500000000;
+  bool allgather_partitions = true;
+  bool overlap_comm = false;  // default true at stage 3 (DeepSpeed's rule)
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  bool round_robin_gradients = false;
+};
+
+struct AioConfig {
+  std::uint64_t block_size = 1048576;  // bytes
+  std::int64_t queue_depth = 8;
+  std::int64_t intra_op_parallelism = 1;
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
+};
+
+// Strata's own knobs, under "strata" in the file.
+struct StrataConfig {
+  enum class Backend { automatic, host, cuda };
+  enum class AioBackend { automatic, io_uring, libaio, psync };
+  struct Aio {
+    AioBackend backend = AioBackend::automatic;
+  };
+  struct Memprof {
+    std::string path;  // "" = memprof off
+    std::int64_t sample_interval_ms = 10;
+  };
+  struct CpuOptim {
+    std::string simd = "auto";  // "auto" or a Highway target name (AVX2, AVX3, NEON, ...)
+    bool pin_threads = true;
+  };
+  Backend backend = Backend::automatic;
+  std::int64_t device = 0;
+  std::uint64_t device_memory_cap = 0;  // bytes; 0 = the whole device
+  Aio aio;
+  Memprof memprof;
+  std::int64_t threads = 0;  // 0 = all cores
+  CpuOptim cpu_optim;
+  log::Level log_level = log::Level::info;
+  std::int64_t seed = 1234;  // for weight init, data order and dropout; same seed, same losses
+};
+
+// Values the command line supplies for keys the file sets to "auto" (as Hugging Face's DeepSpeed
+// integration writes them), plus hidden_size and world_size. Names and types: docs/config.md.
+using Overrides = std::map<std::string, nlohmann::json>;
+
+struct Config {
+  std::int64_t train_batch_size = 0;
+  std::int64_t train_micro_batch_size_per_gpu = 0;
+  std::int64_t gradient_accumulation_steps = 0;
+  int world_size = 1;  // not a file key: from the launcher (or the "world_size" override)
+
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  double gradient_clipping = 0.0;
+  ZeroConfig zero_optimization;
+  AioConfig aio;
+  std::int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  bool memory_breakdown = false;
+  StrataConfig strata;
+
+  // Reads and parses a JSON file. A missing/unreadable file, malformed JSON (with line and column) and
+  // every invalid key raise ConfigError whose message starts with the file path.
+  static Config load(const std::string& path, const Overrides& overrides = {}, int world_size = 1);
+  // Parses an already-read document; `origin` prefixes error messages (a path or "config").
+  static Config parse(const nlohmann::json& doc, const Overrides& overrides = {}, int world_size = 1,
+                      std::string_view origin = "config");
+
+  // key | value | source, one row per key in force (source: file, default, auto→..., alias ..., inferred).
+  std::string resolved_table() const;
+  // The resolved configuration as a DeepSpeed-style document; Config::parse(to_json()) gives it back.
+  nlohmann::json to_json() const;
+  // Where a key's value came from, as in resolved_table(); throws ConfigError for an unknown key.
+  std::string source(std::string_view key) const;
+  // The warnings parsing produced (ignored sections, deprecated aliases, no-effect settings); each was
+  // also logged once.
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+ private:
+  friend struct ConfigParser;
+  std::vector<std::string> sources_;  // indexed like the schema; "" = not in force
+  std::vector<std::string> warnings_;
+};
+
+// docs/config.md, generated from the schema (strata_config_doc prints it).
+std::string config_reference_markdown();
+
+// Sizes as the config accepts them: 1048576, 5e8, "512MB" (10^6), "2GiB" (2^30), "1.5G" (SI, = 1.5e9),
+// "64Ki". The result must be a whole number. `key` names the setting in the ConfigError message.
+std::uint64_t parse_byte_size(std::string_view text, std::string_view key = "size");
+
+}  // namespace strata

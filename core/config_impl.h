@@ -1,0 +1,146 @@
+// strata/core/config_impl.h: the config schema's types, shared by core/config*.cpp. Not a public header.
+//
+// One Option per key (core/config_schema.cpp; other names in config_names.cpp) holds everything the rest
+// needs: JSON path, kind, default, range or allowed values, how "auto" resolves, a one-line meaning and where
+// the value lives in Config. Parsing (config.cpp), value conversion (config_values.cpp), the resolved table,
+// to_json() and the markdown reference (config_print.cpp) all read this table and nothing else.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "core/config.h"
+
+namespace strata::config_detail {
+
+enum class Kind {
+  boolean,    // true | false
+  integer,    // whole number (5e8 accepted when exact)
+  count,      // whole number of elements >= 0: 5e8, "500M", "64Ki" (no byte units)
+  bytes,      // whole number of bytes >= 0: 5e8, "512MB", "2GiB", "1.5G"
+  real,       // any finite number within the range
+  choice,     // one string out of `choices`
+  path,       // a filesystem path (null or "" = unset)
+  real_pair,  // [a, b], each within the range (betas)
+};
+
+// A typed pointer to one Config field. Enumerations are stored by their index in Option::choices, so an
+// enum's enumerators must be declared in the same order as its choices.
+struct EnumRef {
+  void* p;
+  int (*get)(const void*);
+  void (*set)(void*, int);
+};
+using FieldRef = std::variant<bool*, std::int64_t*, std::uint64_t*, double*, std::string*,
+                              std::array<double, 2>*, EnumRef>;
+
+template <class E>
+EnumRef enum_ref(E& e) {
+  return {&e, [](const void* p) { return int(*static_cast<const E*>(p)); },
+          [](void* p, int v) { *static_cast<E*>(p) = static_cast<E>(v); }};
+}
+
+// What an "auto" value sees when it falls back (no command-line override for it).
+struct AutoContext {
+  const Config& config;  // keys earlier in the schema are already resolved
+  std::optional<std::uint64_t> hidden_size;
+};
+// value null: leave the key to be inferred (batch sizes). source: shown in the resolved table.
+struct AutoValue {
+  nlohmann::json value;
+  std::string source;
+};
+
+inline constexpr double kUnbounded = std::numeric_limits<double>::infinity();
+
+struct Option {
+  const char* path;  // "zero_optimization.offload_param.device"
+  Kind kind;
+  nlohmann::json def;   // the default; null = none (required where it applies, or inferred)
+  const char* meaning;  // one line, for docs/config.md
+  FieldRef (*field)(Config&);
+  double min = -kUnbounded;  // numeric kinds: allowed range
+  double max = kUnbounded;
+  bool min_exclusive = false;
+  bool max_exclusive = false;
+  std::uint64_t multiple_of = 0;              // integer/count/bytes: value must be a multiple (0: any)
+  std::vector<std::string> choices = {};      // choice: allowed values (canonical spelling)
+  std::vector<std::string> unsupported = {};  // choice: DeepSpeed values Strata knowingly does not implement
+  bool case_insensitive = false;              // choice: matched ignoring case (stored canonical)
+  // "auto": the command-line override consulted first (also checked against an explicit file value) ...
+  const char* override_name = nullptr;
+  // ... and what "auto" becomes without one. "auto" is rejected when both are null.
+  AutoValue (*auto_fallback)(const AutoContext&) = nullptr;
+  const char* auto_note = nullptr;  // docs: what "auto" resolves to
+  // A default that depends on other keys (evaluated after the file is read) and its docs text.
+  nlohmann::json (*dynamic_default)(const Config&) = nullptr;
+  const char* default_note = nullptr;
+  // Whether the key is in force for this configuration (e.g. betas only for Adam, AdamW, Lion). A key
+  // given in the file where it does not apply is an error; applies_note names where it does.
+  bool (*applies)(const Config&) = nullptr;
+  const char* applies_note = nullptr;
+
+  bool auto_allowed() const { return override_name != nullptr || auto_fallback != nullptr; }
+};
+
+// An alternative or deprecated spelling. Either `target` receives the alias's value unchanged, or (flag
+// aliases) each of `when_true` is set when the alias is true. A target also given in the file is an error.
+struct Alias {
+  const char* path;
+  const char* target;  // copy alias; nullptr for flag aliases
+  std::vector<std::pair<std::string, nlohmann::json>> when_true;
+  bool deprecated;
+  const char* note;
+};
+
+// A DeepSpeed key or section Strata knowingly does not implement: one warning, then ignored.
+struct Ignored {
+  const char* path;
+  const char* reason;
+};
+
+// A name the command line may pass in Overrides.
+struct OverrideName {
+  const char* name;
+  Kind kind;
+  const char* meaning;
+};
+
+const std::vector<Option>& options();
+const std::vector<Alias>& aliases();
+const std::vector<Ignored>& ignored();
+const std::vector<OverrideName>& override_names();
+int option_index(std::string_view path);  // -1 when unknown
+
+// --- values (config_values.cpp) ---
+
+// Converts `v` to the option's type and stores it; throws ConfigError "key: <value> is not ...".
+// `key` is the name shown (the alias path when the value came through an alias).
+void store(const Option& opt, Config& cfg, const nlohmann::json& v, std::string_view key);
+// The field's current value as JSON (enums as their choice string, unset paths as null).
+nlohmann::json read(const Option& opt, Config& cfg);
+// A value as the user wrote it: strings quoted, numbers in shortest round-trip form.
+std::string show(const nlohmann::json& v);
+std::string format_number(double d);
+// "one of none, cpu, nvme", "an integer from 0 to 3", "a number >= 0", ... for errors and docs.
+std::string allowed_text(const Option& opt);
+std::string kind_name(Kind k);
+// Sizes: `bytes` selects whether B/KB/KiB units are allowed (else only K/M/Ki multipliers).
+std::uint64_t parse_size(std::string_view text, bool bytes, std::string_view key);
+std::uint64_t size_from_json(const nlohmann::json& v, bool bytes, std::string_view key);
+
+// --- names ---
+
+std::size_t edit_distance(std::string_view a, std::string_view b);
+// The candidate closest to `key` (case differences, typos, a missing suffix), or "" if none is close.
+std::string nearest(std::string_view key, const std::vector<std::string>& candidates);
+std::string parent_of(std::string_view path);  // "a.b.c" -> "a.b"; "a" -> ""
+std::string leaf_of(std::string_view path);    // "a.b.c" -> "c"
+
+}  // namespace strata::config_detail

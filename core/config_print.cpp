@@ -1,0 +1,194 @@
+// Config output: the resolved table, the resolved JSON and the markdown reference, all from the schema.
+#include <algorithm>
+
+#include "core/config.h"
+#include "core/config_impl.h"
+#include "core/error.h"
+
+namespace strata {
+
+using namespace config_detail;
+
+namespace {
+
+std::string value_text(const Option& o, Config& cfg) {
+  nlohmann::json v = read(o, cfg);
+  if (v.is_null()) return "(unset)";
+  if (o.kind == Kind::bytes && v.get<std::uint64_t>() >= 1024) return format_bytes(v.get<std::uint64_t>());
+  if (v.is_string()) return v.get<std::string>();
+  return show(v);
+}
+
+std::string default_text(const Option& o) {
+  if (o.default_note) return o.default_note;
+  if (o.def.is_null()) return "unset";
+  if (o.kind == Kind::bytes && o.def.get<std::uint64_t>() >= 1024) {
+    std::string human = format_bytes(o.def.get<std::uint64_t>());
+    return detail::cat(o.def.get<std::uint64_t>(), " (", human.substr(0, human.find(" (")), ")");
+  }
+  if (o.def.is_string()) return o.def.get<std::string>();
+  return show(o.def);
+}
+
+void set_in(nlohmann::json& root, std::string_view path, const nlohmann::json& v) {
+  nlohmann::json* cur = &root;
+  std::size_t start = 0;
+  for (std::size_t dot; (dot = path.find('.', start)) != std::string_view::npos; start = dot + 1)
+    cur = &(*cur)[std::string(path.substr(start, dot - start))];
+  (*cur)[std::string(path.substr(start))] = v;
+}
+
+std::string pad(std::string s, std::size_t width) {
+  // Widths count code points so that "→" and "²" in sources line up.
+  std::size_t cps = 0;
+  for (unsigned char c : s) cps += (c & 0xC0) != 0x80;
+  if (cps < width) s.append(width - cps, ' ');
+  return s;
+}
+
+}  // namespace
+
+std::string Config::resolved_table() const {
+  Config copy = *this;  // read() takes a mutable Config; the copy keeps this method const
+  std::vector<std::array<std::string, 3>> rows;
+  rows.push_back({"key", "value", "source"});
+  for (std::size_t i = 0; i < options().size(); ++i) {
+    if (i >= sources_.size() || sources_[i].empty()) continue;
+    rows.push_back({options()[i].path, value_text(options()[i], copy), sources_[i]});
+  }
+  std::size_t w0 = 0, w1 = 0;
+  for (const auto& r : rows) {
+    w0 = std::max(w0, r[0].size());
+    w1 = std::max(w1, r[1].size());
+  }
+  std::string out = detail::cat("resolved config (world_size ", world_size, ")\n");
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    out += pad(rows[i][0], w0) + "  " + pad(rows[i][1], w1) + "  " + rows[i][2] + "\n";
+    if (i == 0) out += std::string(w0, '-') + "  " + std::string(w1, '-') + "  " + std::string(6, '-') + "\n";
+  }
+  return out;
+}
+
+nlohmann::json Config::to_json() const {
+  Config copy = *this;
+  nlohmann::json out = nlohmann::json::object();
+  for (std::size_t i = 0; i < options().size(); ++i) {
+    if (i >= sources_.size() || sources_[i].empty()) continue;
+    set_in(out, options()[i].path, read(options()[i], copy));
+  }
+  return out;
+}
+
+std::string config_reference_markdown() {
+  std::string md;
+  md += "# Configuration reference\n\n";
+  md +=
+      "<!-- Generated from core/config_schema.cpp and core/config_names.cpp; do not edit by hand.\n"
+      "     Regenerate: build/tests/config/strata_config_doc > docs/config.md (test_config checks it). "
+      "-->\n\n";
+  md +=
+      "Strata reads one JSON file in DeepSpeed's `ds_config.json` format, with DeepSpeed's code defaults, so "
+      "an\n"
+      "existing DeepSpeed config means the same thing here. Strata's own settings live under `\"strata\"`.\n"
+      "Examples: `configs/zero3_none.json`, `configs/zero3_cpu.json`, `configs/zero3_nvme.json`.\n\n";
+  md += "## How values are read\n\n";
+  md +=
+      "- **Errors** name the key path, the value and what is allowed, e.g.\n"
+      "  `zero_optimization.offload_optimizer.device: \"gpu\" is not one of none, cpu, nvme`. All problems "
+      "in a\n"
+      "  file are reported together.\n";
+  md +=
+      "- **Unknown keys** are errors that suggest the nearest known key of the same section\n"
+      "  (`zero_optimization.stage3_prefetch_bucket: unknown key; did you mean "
+      "stage3_prefetch_bucket_size?`).\n"
+      "  DeepSpeed keys Strata knowingly does not implement are listed below: each gives one warning and is\n"
+      "  ignored.\n";
+  md +=
+      "- **Sizes.** `count` keys are numbers of elements and `bytes` keys numbers of bytes, as in "
+      "DeepSpeed.\n"
+      "  Both take an integer, an exact float (`5e8`) or a string with a multiplier: `K M G T P` are powers\n"
+      "  of 1000 and `Ki Mi Gi Ti Pi` powers of 1024, ignoring case (`\"1.5G\"` = 1500000000, `\"64Ki\"` =\n"
+      "  65536). `bytes` keys also accept a trailing `B` (`\"512MB\"` = 512000000, `\"2GiB\"` = "
+      "2147483648);\n"
+      "  on a `count` key a `B` is an error. A value that is not a whole number (`\"1.0001KB\"`) is an "
+      "error,\n"
+      "  never rounded.\n";
+  md += "- **Integers** accept exact floats (`1e9`); booleans must be JSON `true`/`false`.\n";
+  md += "- **null** means \"not given\" (the default applies), as DeepSpeed's `None`.\n";
+  md +=
+      "- **\"auto\"** (as Hugging Face's DeepSpeed integration writes it) is accepted where the \"auto\"\n"
+      "  column says what it becomes: the command-line override named there when one is given, else the\n"
+      "  rule shown. A command-line override also fills a key the file leaves out; an override that\n"
+      "  contradicts an explicit value in the file is an error.\n";
+  md +=
+      "- **Batch sizes.** `train_batch_size = train_micro_batch_size_per_gpu × gradient_accumulation_steps "
+      "×\n"
+      "  world_size`. Any two determine the third (integer division, as DeepSpeed); only\n"
+      "  `train_batch_size` or only the micro batch sets accumulation to 1; inconsistent values are an "
+      "error\n"
+      "  that shows the arithmetic.\n";
+  md +=
+      "- **NVMe.** When `offload_param` or `offload_optimizer` has `device: \"nvme\"`, its `nvme_path` must "
+      "be an\n"
+      "  existing, writable directory when the config is loaded.\n";
+  md +=
+      "- **Resolved config.** `Config::resolved_table()` prints every key in force with its value and "
+      "source\n"
+      "  (`file`, `default`, `alias ...`, `override ...`, `auto→...`, `inferred`); `Config::to_json()` is "
+      "the\n"
+      "  same as a document (checkpoints and memprof traces carry it).\n\n";
+
+  md += "## Keys\n";
+  std::string group = "\x01";
+  for (const Option& o : options()) {
+    std::string parent = parent_of(o.path);
+    if (parent != group) {
+      group = parent;
+      md += detail::cat("\n### ", parent.empty() ? "top level" : "`" + parent + "`", "\n\n");
+      md += "| key | type | default | allowed | \"auto\" | meaning |\n|---|---|---|---|---|---|\n";
+    }
+    std::string meaning = o.meaning;
+    if (o.applies_note) meaning += detail::cat(" Only for ", o.applies_note, ".");
+    md +=
+        detail::cat("| `", o.path, "` | ", kind_name(o.kind), " | ", default_text(o), " | ", allowed_text(o),
+                    " | ", o.auto_note ? o.auto_note : (o.auto_fallback || o.override_name ? "yes" : ""),
+                    " | ", meaning, " |\n");
+  }
+
+  md += "\n## Alternative and deprecated spellings\n\n";
+  md +=
+      "A deprecated key gives one warning. Giving both a spelling and the key it stands for is an error.\n\n";
+  md += "| key | stands for | deprecated | note |\n|---|---|---|---|\n";
+  for (const Alias& a : aliases()) {
+    std::string target;
+    if (a.target) {
+      target = detail::cat("`", a.target, "`");
+    } else {
+      for (const auto& [k, v] : a.when_true)
+        target += detail::cat(target.empty() ? "" : ", ", "`", k, ": ", v.dump(), "`");
+      target = "when true: " + target;
+    }
+    md +=
+        detail::cat("| `", a.path, "` | ", target, " | ", a.deprecated ? "yes" : "no", " | ", a.note, " |\n");
+  }
+  md +=
+      "| `\"zero_optimization\": true` | `\"zero_optimization\": {\"stage\": 1}` (false: stage 0) | yes | "
+      "DeepSpeed's oldest form |\n";
+
+  md += "\n## DeepSpeed keys accepted and ignored\n\n";
+  md += "Each gives one warning naming the reason; its value is not read.\n\n";
+  md += "| key | why |\n|---|---|\n";
+  for (const Ignored& ig : ignored()) md += detail::cat("| `", ig.path, "` | ", ig.reason, " |\n");
+
+  md += "\n## Command-line overrides\n\n";
+  md +=
+      "`Config::load(path, overrides, world_size)` takes a map of these names (the `strata` command line "
+      "fills\n"
+      "it). An unknown name is an error; a name that sets nothing in force gives a warning.\n\n";
+  md += "| name | type | sets |\n|---|---|---|\n";
+  for (const OverrideName& n : override_names())
+    md += detail::cat("| `", n.name, "` | ", kind_name(n.kind), " | ", n.meaning, " |\n");
+  return md;
+}
+
+}  // namespace strata

@@ -1,0 +1,676 @@
+// The config schema: every key Strata reads, with its type, default, allowed values and meaning.
+//
+// This table is the single source of truth (STYLE.md item 13). Defaults are DeepSpeed's code defaults
+// (runtime/constants.py, runtime/zero/config.py, runtime/zero/offload_config.py, the fp16/bf16 and aio
+// constants, lr_schedules.py, and the CPU optimizers' constructor defaults), so an existing ds_config.json
+// means the same thing here. docs/config.md is generated from it; a test fails when the two drift.
+//
+// Note [order]: keys are resolved in table order, so a key whose "auto" or default depends on another
+// (scheduler.params.warmup_max_lr on optimizer.params.lr) must come after it.
+#include <map>
+#include <type_traits>
+
+#include "core/config_impl.h"
+
+namespace strata::config_detail {
+namespace {
+
+FieldRef ref(bool& v) {
+  return &v;
+}
+FieldRef ref(std::int64_t& v) {
+  return &v;
+}
+FieldRef ref(std::uint64_t& v) {
+  return &v;
+}
+FieldRef ref(double& v) {
+  return &v;
+}
+FieldRef ref(std::string& v) {
+  return &v;
+}
+FieldRef ref(std::array<double, 2>& v) {
+  return &v;
+}
+template <class E>
+requires std::is_enum_v<E> FieldRef ref(E& e) {
+  return enum_ref(e);
+}
+
+#define STRATA_FIELD(member) [](Config& c) -> FieldRef { return ref(c.member); }
+
+using OT = OptimizerType;
+using ST = SchedulerType;
+
+bool adam_like(const Config& c) {
+  return c.optimizer.type == OT::Adam || c.optimizer.type == OT::AdamW;
+}
+bool has_betas(const Config& c) {
+  return c.optimizer.type != OT::Adagrad;
+}
+bool has_eps(const Config& c) {
+  return c.optimizer.type != OT::Lion;
+}
+bool sched_any(const Config& c) {
+  return c.scheduler.type != ST::none;
+}
+bool sched_lr(const Config& c) {
+  return c.scheduler.type == ST::WarmupLR || c.scheduler.type == ST::WarmupDecayLR;
+}
+bool sched_total(const Config& c) {
+  return c.scheduler.type == ST::WarmupDecayLR || c.scheduler.type == ST::WarmupCosineLR;
+}
+bool sched_cos(const Config& c) {
+  return c.scheduler.type == ST::WarmupCosineLR;
+}
+
+// DeepSpeedCPUAdagrad's defaults differ from the Adam family's.
+nlohmann::json lr_default(const Config& c) {
+  return c.optimizer.type == OT::Adagrad ? 1e-2 : 1e-3;
+}
+nlohmann::json eps_default(const Config& c) {
+  return c.optimizer.type == OT::Adagrad ? 1e-10 : 1e-8;
+}
+// DeepSpeed's overlap_comm_valid: unset means true at stage 3, false otherwise.
+nlohmann::json overlap_default(const Config& c) {
+  return c.zero_optimization.stage == 3;
+}
+
+// Batch sizes left "auto" without an override are inferred from the other two (DeepSpeed's rules).
+AutoValue batch_inferred(const AutoContext&) {
+  return {nullptr, "auto→inferred"};
+}
+// Hugging Face's rule: the learning-rate peak is the optimizer's learning rate.
+AutoValue peak_is_lr(const AutoContext& c) {
+  return {c.config.optimizer.lr, "auto→optimizer.params.lr"};
+}
+// Hugging Face's hidden-size rules for ZeRO buckets; DeepSpeed's default when hidden_size is unknown.
+AutoValue hidden_squared(const AutoContext& c) {
+  if (!c.hidden_size) return {500000000u, "auto→default (no hidden_size)"};
+  return {*c.hidden_size * *c.hidden_size, "auto→hidden_size²"};
+}
+AutoValue hidden_squared_09(const AutoContext& c) {
+  if (!c.hidden_size) return {50000000u, "auto→default (no hidden_size)"};
+  return {*c.hidden_size * *c.hidden_size * 9 / 10, "auto→0.9·hidden_size²"};
+}
+AutoValue hidden_times_10(const AutoContext& c) {
+  if (!c.hidden_size) return {100000u, "auto→default (no hidden_size)"};
+  return {*c.hidden_size * 10, "auto→10·hidden_size"};
+}
+
+const std::vector<std::string> kDevices = {"none", "cpu", "nvme"};
+const char* const kHidden = "hidden_size² (override hidden_size), else the default";
+
+std::vector<Option> build_options() {
+  std::vector<Option> o;
+  // ---- batch ----
+  o.push_back({.path = "train_batch_size",
+               .kind = Kind::integer,
+               .def = nullptr,
+               .meaning = "Samples per optimizer step over all ranks: micro batch × accumulation steps × "
+                          "world size. Any two of the three batch keys determine the third.",
+               .field = STRATA_FIELD(train_batch_size),
+               .min = 1,
+               .override_name = "train_batch",
+               .auto_fallback = batch_inferred,
+               .auto_note = "override train_batch, else inferred",
+               .default_note = "inferred"});
+  o.push_back({.path = "train_micro_batch_size_per_gpu",
+               .kind = Kind::integer,
+               .def = nullptr,
+               .meaning = "Samples per forward/backward pass on each rank.",
+               .field = STRATA_FIELD(train_micro_batch_size_per_gpu),
+               .min = 1,
+               .override_name = "micro_batch",
+               .auto_fallback = batch_inferred,
+               .auto_note = "override micro_batch, else inferred (1 if nothing determines it)",
+               .default_note = "inferred"});
+  o.push_back({.path = "gradient_accumulation_steps",
+               .kind = Kind::integer,
+               .def = nullptr,
+               .meaning = "Micro batches accumulated before each optimizer step.",
+               .field = STRATA_FIELD(gradient_accumulation_steps),
+               .min = 1,
+               .override_name = "grad_accum",
+               .auto_fallback = batch_inferred,
+               .auto_note = "override grad_accum, else inferred",
+               .default_note = "inferred (1 if only one batch key is given)"});
+  o.push_back({.path = "steps_per_print",
+               .kind = Kind::integer,
+               .def = 10,
+               .meaning = "Log progress every this many optimizer steps.",
+               .field = STRATA_FIELD(steps_per_print),
+               .min = 1});
+  o.push_back({.path = "wall_clock_breakdown",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Log forward/backward/step wall-clock times each print interval.",
+               .field = STRATA_FIELD(wall_clock_breakdown)});
+  o.push_back({.path = "memory_breakdown",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Log per-tier memory use each print interval.",
+               .field = STRATA_FIELD(memory_breakdown)});
+  o.push_back({.path = "gradient_clipping",
+               .kind = Kind::real,
+               .def = 0.0,
+               .meaning = "Clip the global gradient norm to this value; 0 disables clipping.",
+               .field = STRATA_FIELD(gradient_clipping),
+               .min = 0,
+               .override_name = "grad_clip",
+               .auto_note = "override grad_clip, else the default"});
+
+  // ---- optimizer ----
+  o.push_back(
+      {.path = "optimizer.type",
+       .kind = Kind::choice,
+       .def = "Adam",
+       .meaning = "Optimizer run on the fp32 master weights (matched ignoring case, as DeepSpeed does). "
+                  "Adam with adam_w_mode true (the default) decays weights like AdamW.",
+       .field = STRATA_FIELD(optimizer.type),
+       .choices = {"Adam", "AdamW", "Adagrad", "Lion"},
+       .unsupported = {"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW", "MuSGD"},
+       .case_insensitive = true});
+  o.push_back({.path = "optimizer.params.lr",
+               .kind = Kind::real,
+               .def = 1e-3,
+               .meaning = "Learning rate.",
+               .field = STRATA_FIELD(optimizer.lr),
+               .min = 0,
+               .override_name = "lr",
+               .auto_note = "override lr, else the default",
+               .dynamic_default = lr_default,
+               .default_note = "0.001 (Adagrad: 0.01)"});
+  o.push_back({.path = "optimizer.params.betas",
+               .kind = Kind::real_pair,
+               .def = {0.9, 0.999},
+               .meaning = "Decay rates of the first and second moment estimates (Lion: update and momentum "
+                          "interpolation).",
+               .field = STRATA_FIELD(optimizer.betas),
+               .min = 0,
+               .max = 1,
+               .max_exclusive = true,
+               .override_name = "betas",
+               .auto_note = "override betas, else the default",
+               .applies = has_betas,
+               .applies_note = "Adam, AdamW, Lion"});
+  o.push_back({.path = "optimizer.params.eps",
+               .kind = Kind::real,
+               .def = 1e-8,
+               .meaning = "Term added to the denominator for numerical stability.",
+               .field = STRATA_FIELD(optimizer.eps),
+               .min = 0,
+               .override_name = "eps",
+               .auto_note = "override eps, else the default",
+               .dynamic_default = eps_default,
+               .default_note = "1e-08 (Adagrad: 1e-10)",
+               .applies = has_eps,
+               .applies_note = "Adam, AdamW, Adagrad"});
+  o.push_back({.path = "optimizer.params.weight_decay",
+               .kind = Kind::real,
+               .def = 0.0,
+               .meaning = "Weight decay coefficient.",
+               .field = STRATA_FIELD(optimizer.weight_decay),
+               .min = 0,
+               .override_name = "weight_decay",
+               .auto_note = "override weight_decay, else the default"});
+  o.push_back({.path = "optimizer.params.adam_w_mode",
+               .kind = Kind::boolean,
+               .def = true,
+               .meaning = "Decoupled weight decay (AdamW); false applies weight decay as L2 in the gradient. "
+                          "AdamW always decouples.",
+               .field = STRATA_FIELD(optimizer.adam_w_mode),
+               .applies = adam_like,
+               .applies_note = "Adam, AdamW"});
+  o.push_back({.path = "optimizer.params.torch_adam",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "DeepSpeed: use PyTorch's Adam. Accepted; Strata has one Adam implementation.",
+               .field = STRATA_FIELD(optimizer.torch_adam),
+               .applies = adam_like,
+               .applies_note = "Adam, AdamW"});
+  o.push_back({.path = "optimizer.params.bias_correction",
+               .kind = Kind::boolean,
+               .def = true,
+               .meaning = "Correct the moment estimates for their zero initialisation.",
+               .field = STRATA_FIELD(optimizer.bias_correction),
+               .applies = adam_like,
+               .applies_note = "Adam, AdamW"});
+
+  // ---- scheduler ----
+  o.push_back({.path = "scheduler.type",
+               .kind = Kind::choice,
+               .def = "none",
+               .meaning = "Learning-rate schedule; none keeps optimizer.params.lr constant.",
+               .field = STRATA_FIELD(scheduler.type),
+               .choices = {"none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"},
+               .unsupported = {"OneCycle", "LRRangeTest"}});
+  o.push_back({.path = "scheduler.params.warmup_min_lr",
+               .kind = Kind::real,
+               .def = 0.0,
+               .meaning = "Learning rate at the start of warmup.",
+               .field = STRATA_FIELD(scheduler.warmup_min_lr),
+               .min = 0,
+               .override_name = "warmup_min_lr",
+               .auto_note = "override warmup_min_lr, else the default",
+               .applies = sched_lr,
+               .applies_note = "WarmupLR, WarmupDecayLR"});
+  o.push_back({.path = "scheduler.params.warmup_max_lr",
+               .kind = Kind::real,
+               .def = 1e-3,
+               .meaning = "Learning rate at the end of warmup.",
+               .field = STRATA_FIELD(scheduler.warmup_max_lr),
+               .min = 0,
+               .override_name = "lr",
+               .auto_fallback = peak_is_lr,
+               .auto_note = "override lr, else optimizer.params.lr",
+               .applies = sched_lr,
+               .applies_note = "WarmupLR, WarmupDecayLR"});
+  o.push_back({.path = "scheduler.params.warmup_num_steps",
+               .kind = Kind::integer,
+               .def = 1000,
+               .meaning = "Optimizer steps spent warming up.",
+               .field = STRATA_FIELD(scheduler.warmup_num_steps),
+               .min = 0,
+               .override_name = "warmup_steps",
+               .auto_note = "override warmup_steps, else the default",
+               .applies = sched_any,
+               .applies_note = "every scheduler"});
+  o.push_back({.path = "scheduler.params.warmup_type",
+               .kind = Kind::choice,
+               .def = "log",
+               .meaning = "Shape of the warmup ramp.",
+               .field = STRATA_FIELD(scheduler.warmup_type),
+               .choices = {"log", "linear"},
+               .applies = sched_any,
+               .applies_note = "every scheduler"});
+  o.push_back({.path = "scheduler.params.total_num_steps",
+               .kind = Kind::integer,
+               .def = nullptr,
+               .meaning = "Optimizer steps in the whole run; the decay ends here.",
+               .field = STRATA_FIELD(scheduler.total_num_steps),
+               .min = 1,
+               .override_name = "total_steps",
+               .auto_note = "override total_steps (required)",
+               .default_note = "required",
+               .applies = sched_total,
+               .applies_note = "WarmupDecayLR, WarmupCosineLR"});
+  o.push_back({.path = "scheduler.params.warmup_min_ratio",
+               .kind = Kind::real,
+               .def = 0.0,
+               .meaning = "Warmup starts at this fraction of optimizer.params.lr.",
+               .field = STRATA_FIELD(scheduler.warmup_min_ratio),
+               .min = 0,
+               .max = 1,
+               .applies = sched_cos,
+               .applies_note = "WarmupCosineLR"});
+  o.push_back({.path = "scheduler.params.cos_min_ratio",
+               .kind = Kind::real,
+               .def = 1e-4,
+               .meaning = "Cosine decay ends at this fraction of optimizer.params.lr.",
+               .field = STRATA_FIELD(scheduler.cos_min_ratio),
+               .min = 0,
+               .max = 1,
+               .applies = sched_cos,
+               .applies_note = "WarmupCosineLR"});
+  o.push_back({.path = "scheduler.params.last_batch_iteration",
+               .kind = Kind::integer,
+               .def = -1,
+               .meaning = "Index of the last step already taken; -1 starts the schedule fresh.",
+               .field = STRATA_FIELD(scheduler.last_batch_iteration),
+               .min = -1,
+               .applies = sched_any,
+               .applies_note = "every scheduler"});
+
+  // ---- mixed precision ----
+  o.push_back({.path = "fp16.enabled",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "fp16 working weights with loss scaling (not together with bf16.enabled).",
+               .field = STRATA_FIELD(fp16.enabled),
+               .override_name = "fp16",
+               .auto_note = "override fp16, else false"});
+  o.push_back({.path = "fp16.auto_cast",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Cast the model's inputs to fp16.",
+               .field = STRATA_FIELD(fp16.auto_cast)});
+  o.push_back({.path = "fp16.loss_scale",
+               .kind = Kind::real,
+               .def = 0.0,
+               .meaning = "Static loss scale; 0 selects dynamic loss scaling.",
+               .field = STRATA_FIELD(fp16.loss_scale),
+               .min = 0});
+  o.push_back({.path = "fp16.initial_scale_power",
+               .kind = Kind::integer,
+               .def = 16,
+               .meaning = "Dynamic loss scaling starts at 2^initial_scale_power.",
+               .field = STRATA_FIELD(fp16.initial_scale_power),
+               .min = 0,
+               .max = 64});
+  o.push_back({.path = "fp16.loss_scale_window",
+               .kind = Kind::integer,
+               .def = 1000,
+               .meaning = "Steps without overflow before the dynamic loss scale doubles.",
+               .field = STRATA_FIELD(fp16.loss_scale_window),
+               .min = 1});
+  o.push_back({.path = "fp16.hysteresis",
+               .kind = Kind::integer,
+               .def = 2,
+               .meaning = "Overflows tolerated before the dynamic loss scale halves.",
+               .field = STRATA_FIELD(fp16.hysteresis),
+               .min = 1});
+  o.push_back({.path = "fp16.consecutive_hysteresis",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Refill the hysteresis count after each step without overflow.",
+               .field = STRATA_FIELD(fp16.consecutive_hysteresis)});
+  o.push_back({.path = "fp16.min_loss_scale",
+               .kind = Kind::real,
+               .def = 1.0,
+               .meaning = "Floor of the dynamic loss scale.",
+               .field = STRATA_FIELD(fp16.min_loss_scale),
+               .min = 0,
+               .min_exclusive = true});
+  o.push_back({.path = "bf16.enabled",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "bf16 working weights, fp32 master weights and accumulation (no loss scaling).",
+               .field = STRATA_FIELD(bf16.enabled),
+               .override_name = "bf16",
+               .auto_note = "override bf16, else false"});
+
+  // ---- ZeRO ----
+  o.push_back({.path = "zero_optimization.stage",
+               .kind = Kind::integer,
+               .def = 0,
+               .meaning = "ZeRO stage: 0 off, 1 optimizer states, 2 + gradients, 3 + parameters partitioned.",
+               .field = STRATA_FIELD(zero_optimization.stage),
+               .min = 0,
+               .max = 3});
+  o.push_back(
+      {.path = "zero_optimization.offload_param.device",
+       .kind = Kind::choice,
+       .def = "none",
+       .meaning = "Home of the working parameters: device memory, pinned host memory or NVMe (stage 3).",
+       .field = STRATA_FIELD(zero_optimization.offload_param.device),
+       .choices = kDevices,
+       .unsupported = {"hpu"}});
+  o.push_back(
+      {.path = "zero_optimization.offload_param.nvme_path",
+       .kind = Kind::path,
+       .def = nullptr,
+       .meaning = "Directory for parameter swap files; must exist and be writable when device is nvme.",
+       .field = STRATA_FIELD(zero_optimization.offload_param.nvme_path)});
+  o.push_back({.path = "zero_optimization.offload_param.pin_memory",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Keep offloaded parameters in page-locked host memory.",
+               .field = STRATA_FIELD(zero_optimization.offload_param.pin_memory)});
+  o.push_back({.path = "zero_optimization.offload_param.buffer_count",
+               .kind = Kind::integer,
+               .def = 5,
+               .meaning = "Buffers in the pool that stages NVMe parameter reads.",
+               .field = STRATA_FIELD(zero_optimization.offload_param.buffer_count),
+               .min = 0});
+  o.push_back({.path = "zero_optimization.offload_param.buffer_size",
+               .kind = Kind::count,
+               .def = 100000000u,
+               .meaning = "Elements per NVMe parameter buffer.",
+               .field = STRATA_FIELD(zero_optimization.offload_param.buffer_size)});
+  o.push_back({.path = "zero_optimization.offload_param.max_in_cpu",
+               .kind = Kind::count,
+               .def = 1000000000u,
+               .meaning = "Parameter elements kept in host memory when parameters live on NVMe.",
+               .field = STRATA_FIELD(zero_optimization.offload_param.max_in_cpu)});
+  o.push_back({.path = "zero_optimization.offload_optimizer.device",
+               .kind = Kind::choice,
+               .def = "none",
+               .meaning = "Home of the fp32 master weights and optimizer states; cpu and nvme also run the "
+                          "optimizer on the CPU (nvme: stage 3).",
+               .field = STRATA_FIELD(zero_optimization.offload_optimizer.device),
+               .choices = kDevices,
+               .unsupported = {"hpu"}});
+  o.push_back(
+      {.path = "zero_optimization.offload_optimizer.nvme_path",
+       .kind = Kind::path,
+       .def = nullptr,
+       .meaning = "Directory for optimizer-state swap files; must exist and be writable when device is nvme.",
+       .field = STRATA_FIELD(zero_optimization.offload_optimizer.nvme_path)});
+  o.push_back({.path = "zero_optimization.offload_optimizer.pin_memory",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Keep offloaded optimizer states and gradients in page-locked host memory.",
+               .field = STRATA_FIELD(zero_optimization.offload_optimizer.pin_memory)});
+  o.push_back({.path = "zero_optimization.offload_optimizer.buffer_count",
+               .kind = Kind::integer,
+               .def = 4,
+               .meaning = "Buffers for NVMe optimizer-state swapping (at least the states per parameter).",
+               .field = STRATA_FIELD(zero_optimization.offload_optimizer.buffer_count),
+               .min = 0});
+  o.push_back({.path = "zero_optimization.offload_optimizer.pipeline_read",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Read the next sub-group's states from NVMe while the current one is updated.",
+               .field = STRATA_FIELD(zero_optimization.offload_optimizer.pipeline_read)});
+  o.push_back({.path = "zero_optimization.offload_optimizer.pipeline_write",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Write the previous sub-group's states to NVMe while the current one is updated.",
+               .field = STRATA_FIELD(zero_optimization.offload_optimizer.pipeline_write)});
+  o.push_back({.path = "zero_optimization.offload_optimizer.fast_init",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Initialise NVMe-resident optimizer states without a read-modify-write pass.",
+               .field = STRATA_FIELD(zero_optimization.offload_optimizer.fast_init)});
+  o.push_back({.path = "zero_optimization.offload_optimizer.ratio",
+               .kind = Kind::real,
+               .def = 1.0,
+               .meaning = "Fraction of the optimizer states offloaded; below 1 needs stage 3.",
+               .field = STRATA_FIELD(zero_optimization.offload_optimizer.ratio),
+               .min = 0,
+               .max = 1});
+  o.push_back({.path = "zero_optimization.stage3_prefetch_bucket_size",
+               .kind = Kind::count,
+               .def = 50000000u,
+               .meaning = "Parameter elements fetched ahead of use (bounds the prefetcher).",
+               .field = STRATA_FIELD(zero_optimization.stage3_prefetch_bucket_size),
+               .auto_fallback = hidden_squared_09,
+               .auto_note = "0.9·hidden_size² (override hidden_size), else the default"});
+  o.push_back({.path = "zero_optimization.stage3_max_live_parameters",
+               .kind = Kind::count,
+               .def = 1000000000u,
+               .meaning = "Gathered parameter elements allowed on the device before chunks are released.",
+               .field = STRATA_FIELD(zero_optimization.stage3_max_live_parameters)});
+  o.push_back({.path = "zero_optimization.stage3_max_reuse_distance",
+               .kind = Kind::count,
+               .def = 1000000000u,
+               .meaning = "Keep a gathered chunk if it is used again within this many parameter elements.",
+               .field = STRATA_FIELD(zero_optimization.stage3_max_reuse_distance)});
+  o.push_back({.path = "zero_optimization.stage3_param_persistence_threshold",
+               .kind = Kind::count,
+               .def = 100000u,
+               .meaning = "Parameters smaller than this stay gathered (not partitioned).",
+               .field = STRATA_FIELD(zero_optimization.stage3_param_persistence_threshold),
+               .auto_fallback = hidden_times_10,
+               .auto_note = "10·hidden_size (override hidden_size), else the default"});
+  o.push_back({.path = "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Gather the full 16-bit weights when the model is saved.",
+               .field = STRATA_FIELD(zero_optimization.stage3_gather_16bit_weights_on_model_save)});
+  o.push_back({.path = "zero_optimization.sub_group_size",
+               .kind = Kind::count,
+               .def = 1000000000u,
+               .meaning = "Elements per optimizer sub-group (the unit of the NVMe swap pipeline).",
+               .field = STRATA_FIELD(zero_optimization.sub_group_size)});
+  o.push_back({.path = "zero_optimization.reduce_bucket_size",
+               .kind = Kind::count,
+               .def = 500000000u,
+               .meaning = "Gradient elements reduced at a time.",
+               .field = STRATA_FIELD(zero_optimization.reduce_bucket_size),
+               .auto_fallback = hidden_squared,
+               .auto_note = kHidden});
+  o.push_back({.path = "zero_optimization.allgather_bucket_size",
+               .kind = Kind::count,
+               .def = 500000000u,
+               .meaning = "Parameter elements all-gathered at a time.",
+               .field = STRATA_FIELD(zero_optimization.allgather_bucket_size)});
+  o.push_back({.path = "zero_optimization.allgather_partitions",
+               .kind = Kind::boolean,
+               .def = true,
+               .meaning = "All-gather updated partitions (false: a series of broadcasts).",
+               .field = STRATA_FIELD(zero_optimization.allgather_partitions)});
+  o.push_back({.path = "zero_optimization.overlap_comm",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Overlap gradient reduction with backward computation.",
+               .field = STRATA_FIELD(zero_optimization.overlap_comm),
+               .dynamic_default = overlap_default,
+               .default_note = "true at stage 3, else false"});
+  o.push_back({.path = "zero_optimization.contiguous_gradients",
+               .kind = Kind::boolean,
+               .def = true,
+               .meaning = "Copy gradients into one contiguous buffer as they are produced.",
+               .field = STRATA_FIELD(zero_optimization.contiguous_gradients)});
+  o.push_back({.path = "zero_optimization.reduce_scatter",
+               .kind = Kind::boolean,
+               .def = true,
+               .meaning = "Reduce-scatter gradients to their owners instead of all-reducing them.",
+               .field = STRATA_FIELD(zero_optimization.reduce_scatter)});
+  o.push_back({.path = "zero_optimization.round_robin_gradients",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Spread gradient copies to host memory across ranks (stages 1 and 2 with offload).",
+               .field = STRATA_FIELD(zero_optimization.round_robin_gradients)});
+
+  // ---- aio ----
+  o.push_back({.path = "aio.block_size",
+               .kind = Kind::bytes,
+               .def = 1048576u,
+               .meaning = "Bytes per NVMe request (O_DIRECT: a multiple of 4096).",
+               .field = STRATA_FIELD(aio.block_size),
+               .min = 4096,
+               .multiple_of = 4096});
+  o.push_back({.path = "aio.queue_depth",
+               .kind = Kind::integer,
+               .def = 8,
+               .meaning = "NVMe requests in flight per I/O thread.",
+               .field = STRATA_FIELD(aio.queue_depth),
+               .min = 1,
+               .max = 32768});
+  o.push_back({.path = "aio.intra_op_parallelism",
+               .kind = Kind::integer,
+               .def = 1,
+               .meaning = "I/O threads that split each large read or write.",
+               .field = STRATA_FIELD(aio.intra_op_parallelism),
+               .min = 1,
+               .max = 1024});
+  o.push_back({.path = "aio.single_submit",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Submit requests one at a time instead of in batches.",
+               .field = STRATA_FIELD(aio.single_submit)});
+  o.push_back({.path = "aio.overlap_events",
+               .kind = Kind::boolean,
+               .def = true,
+               .meaning = "Submit new requests while earlier completions are being reaped.",
+               .field = STRATA_FIELD(aio.overlap_events)});
+  o.push_back(
+      {.path = "aio.use_gds",
+       .kind = Kind::boolean,
+       .def = false,
+       .meaning = "GPUDirect Storage. Accepted; not implemented (NVMe data goes through pinned host memory).",
+       .field = STRATA_FIELD(aio.use_gds)});
+
+  // ---- strata (ours) ----
+  o.push_back(
+      {.path = "strata.backend",
+       .kind = Kind::choice,
+       .def = "auto",
+       .meaning = "Device backend: cuda when a GPU is visible (auto), or host memory acting as the device.",
+       .field = STRATA_FIELD(strata.backend),
+       .choices = {"auto", "host", "cuda"}});
+  o.push_back({.path = "strata.device",
+               .kind = Kind::integer,
+               .def = 0,
+               .meaning = "Device ordinal on this rank.",
+               .field = STRATA_FIELD(strata.device),
+               .min = 0});
+  o.push_back({.path = "strata.device_memory_cap",
+               .kind = Kind::bytes,
+               .def = 0u,
+               .meaning = "Bytes of device memory Strata may use (a large GPU acts as a small one); 0 = all.",
+               .field = STRATA_FIELD(strata.device_memory_cap)});
+  o.push_back({.path = "strata.aio.backend",
+               .kind = Kind::choice,
+               .def = "auto",
+               .meaning = "NVMe I/O engine; auto picks io_uring, then libaio, then psync.",
+               .field = STRATA_FIELD(strata.aio.backend),
+               .choices = {"auto", "io_uring", "libaio", "psync"}});
+  o.push_back({.path = "strata.memprof.path",
+               .kind = Kind::path,
+               .def = nullptr,
+               .meaning = "File the memprof trace is written to; unset = no trace.",
+               .field = STRATA_FIELD(strata.memprof.path)});
+  o.push_back({.path = "strata.memprof.sample_interval_ms",
+               .kind = Kind::integer,
+               .def = 10,
+               .meaning = "Milliseconds between memprof samples.",
+               .field = STRATA_FIELD(strata.memprof.sample_interval_ms),
+               .min = 1,
+               .max = 3600000});
+  o.push_back({.path = "strata.threads",
+               .kind = Kind::integer,
+               .def = 0,
+               .meaning = "CPU threads for the optimizer and CPU kernels; 0 = all cores.",
+               .field = STRATA_FIELD(strata.threads),
+               .min = 0});
+  o.push_back({.path = "strata.cpu_optim.simd",
+               .kind = Kind::choice,
+               .def = "auto",
+               .meaning = "SIMD target of the CPU optimizer (ignoring case); auto = the best this CPU runs.",
+               .field = STRATA_FIELD(strata.cpu_optim.simd),
+               .choices = {"auto", "AVX3_DL", "AVX3", "AVX2", "SSE4", "SVE2_128", "SVE_256", "SVE2", "SVE",
+                           "NEON", "PPC8", "WASM", "WASM_EMU256", "RVV", "EMU128", "SCALAR"},
+               .case_insensitive = true});
+  o.push_back({.path = "strata.cpu_optim.pin_threads",
+               .kind = Kind::boolean,
+               .def = true,
+               .meaning = "Pin CPU optimizer threads to cores (NUMA-local to the device).",
+               .field = STRATA_FIELD(strata.cpu_optim.pin_threads)});
+  o.push_back({.path = "strata.log_level",
+               .kind = Kind::choice,
+               .def = "info",
+               .meaning = "Log level; the STRATA_LOG environment variable, when set, wins.",
+               .field = STRATA_FIELD(strata.log_level),
+               .choices = {"debug", "info", "warn", "error"}});
+  o.push_back(
+      {.path = "strata.seed",
+       .kind = Kind::integer,
+       .def = 1234,
+       .meaning = "Seed for initialisation, data order and dropout; the same seed gives the same losses.",
+       .field = STRATA_FIELD(strata.seed),
+       .min = 0});
+  return o;
+}
+
+}  // namespace
+
+const std::vector<Option>& options() {
+  static const std::vector<Option> table = build_options();
+  return table;
+}
+
+int option_index(std::string_view path) {
+  static const std::map<std::string, int, std::less<>> index = [] {
+    std::map<std::string, int, std::less<>> m;
+    for (std::size_t i = 0; i < options().size(); ++i) m.emplace(options()[i].path, int(i));
+    return m;
+  }();
+  auto it = index.find(path);
+  return it == index.end() ? -1 : it->second;
+}
+
+}  // namespace strata::config_detail

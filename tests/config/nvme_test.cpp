@@ -1,0 +1,68 @@
+// An nvme offload needs an existing, writable nvme_path; both offloads are checked the same way.
+#include <sys/stat.h>
+
+#include "config_test_util.h"
+
+namespace strata {
+namespace {
+
+// Which offload section the test body exercises.
+class NvmePath : public ::testing::TestWithParam<const char*> {
+ protected:
+  nlohmann::json doc(const nlohmann::json& path) const {
+    nlohmann::json off = {{"device", "nvme"}};
+    if (!path.is_null()) off["nvme_path"] = path;
+    return {{"train_batch_size", 8}, {"zero_optimization", {{"stage", 3}, {GetParam(), off}}}};
+  }
+  std::string key() const { return std::string("zero_optimization.") + GetParam() + ".nvme_path"; }
+};
+
+TEST_P(NvmePath, WritableDirectoryIsAccepted) {
+  std::string dir = testing::scratch_dir(std::string("nvme-ok-") + GetParam());
+  Config c = Config::parse(doc(dir));
+  EXPECT_EQ(std::string(GetParam()) == "offload_param" ? c.zero_optimization.offload_param.nvme_path
+                                                       : c.zero_optimization.offload_optimizer.nvme_path,
+            dir);
+}
+
+TEST_P(NvmePath, MissingKeyIsRequired) {
+  std::string msg = testing::parse_error(doc(nullptr));
+  EXPECT_TRUE(testing::contains(
+      msg, key() + ": required when zero_optimization." + GetParam() + ".device is \"nvme\""))
+      << msg;
+}
+
+TEST_P(NvmePath, NonexistentDirectoryIsNamed) {
+  std::string dir = testing::scratch_dir(std::string("nvme-missing-") + GetParam()) + "/not/here";
+  std::string msg = testing::parse_error(doc(dir));
+  EXPECT_TRUE(testing::contains(msg, key() + ": \"" + dir + "\" does not exist")) << msg;
+}
+
+TEST_P(NvmePath, RegularFileIsNotADirectory) {
+  std::string file = testing::scratch_dir(std::string("nvme-file-") + GetParam()) + "/swap";
+  testing::write_file(file, "x");
+  std::string msg = testing::parse_error(doc(file));
+  EXPECT_TRUE(testing::contains(msg, key() + ": \"" + file + "\" is not a directory")) << msg;
+}
+
+TEST_P(NvmePath, PathBelowAFileCannotBeUsed) {
+  std::string file = testing::scratch_dir(std::string("nvme-below-") + GetParam()) + "/swap";
+  testing::write_file(file, "x");
+  std::string msg = testing::parse_error(doc(file + "/dir"));
+  EXPECT_TRUE(testing::contains(msg, key() + ": \"" + file + "/dir\" cannot be used")) << msg;
+  EXPECT_TRUE(testing::contains(msg, "Not a directory")) << msg;
+}
+
+TEST_P(NvmePath, ReadOnlyDirectoryIsNotWritable) {
+  if (::geteuid() == 0) GTEST_SKIP() << "running as root: permission bits do not deny root writes";
+  std::string dir = testing::scratch_dir(std::string("nvme-ro-") + GetParam());
+  ASSERT_EQ(::chmod(dir.c_str(), 0555), 0);
+  std::string msg = testing::parse_error(doc(dir));
+  ::chmod(dir.c_str(), 0755);
+  EXPECT_TRUE(testing::contains(msg, key() + ": \"" + dir + "\" is not writable")) << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(Config, NvmePath, ::testing::Values("offload_param", "offload_optimizer"));
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,146 @@
+// strata/kernels/cuda/ops.h: the ops of kernels/cpu/ops.h on a CUDA device: bf16 storage, fp32
+// accumulation, matrix products through cuBLASLt. Built only when STRATA_WITH_CUDA. kernels/cpu is the
+// oracle: tests/kernels compares every op here with it.
+//
+// Example (one block's attention half, forward and backward, on stream s; shapes as in kernels/cpu/ops.h):
+//   namespace kc = strata::kernels::cuda;
+//   kc::Gemm gemm;                                        // cuBLASLt handle + workspace, one per stream
+//   kc::rope_cache(cos, sin, T, HD, 10000.0f, s);         // device tables, the CPU's values
+//   kc::rmsnorm_forward(xn, rstd, x, w_norm, N, C, 1e-5f, s);
+//   kc::linear_forward(gemm, q, xn, wq, N, C, NH * HD, s);
+//   kc::rope_forward(q, q, cos, sin, B, T, NH, HD, s);
+//   kc::attention_forward(y, att, q, k, v, B, T, NH, NKV, HD, s);
+//   ...
+//   kc::attention_backward(dq, dk, dv, scratch, dy, q, k, v, att, B, T, NH, NKV, HD, s);
+//   kc::linear_backward(gemm, dxn, dwq, dq, xn, wq, N, C, NH * HD, s);   // dxn +=, dwq += (fp32)
+//
+// Conventions (the CPU header's, with these dtypes):
+//   - activations, weights and activation gradients are bf16 (`bf16*`); every sum is accumulated in fp32;
+//   - parameter gradients are fp32 and ACCUMULATED (+=), so micro-batches add into one buffer;
+//   - input gradients are written or accumulated exactly as the CPU function of the same name says;
+//   - saved statistics (rstd, attention probabilities, score gradients) and losses are fp32;
+//   - every pointer is device memory unless it says otherwise; all work is queued on `stream` and
+//     nothing synchronises the host except rope_cache. Every launch is checked (STRATA_KERNEL_CHECK) and
+//     raises strata::BackendError on failure.
+// Token ids and targets are not validated on the device: a token outside [0, V) gives a NaN embedding
+// row (so the loss and the overflow check show it) and a target >= V gives a NaN loss.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/cpu/ops.h"
+
+namespace strata::kernels::cuda {
+
+using bf16 = __nv_bfloat16;  // bf16 storage
+using fp16 = __half;         // fp16 storage (casts only)
+using AdamWParams = strata::kernels::cpu::AdamWParams;
+
+// A cuBLASLt handle and its workspace. Use one per stream (a call may run concurrently with calls on
+// other Gemm objects, not with another call on the same one). Throws BackendError if cuBLASLt fails.
+class Gemm {
+ public:
+  explicit Gemm(std::size_t workspace_bytes = std::size_t(32) << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- embedding ---------------------------------------------------------------------------------------
+void embedding_forward(bf16* out /*(N,C)*/, const std::int32_t* tokens /*(N)*/, const bf16* wte /*(V,C)*/,
+                       int N, int C, int V, cudaStream_t stream);
+// dwte[tokens[i], :] += dout[i, :] (fp32, accumulates; rows summed in position order: deterministic).
+void embedding_backward(float* dwte /*(V,C) +=*/, const bf16* dout /*(N,C)*/,
+                        const std::int32_t* tokens /*(N)*/, int N, int C, int V, cudaStream_t stream);
+
+// ---- RMSNorm --------------------------------------------------------------------------------------------
+void rmsnorm_forward(bf16* out /*(N,C)*/, float* rstd /*(N)*/, const bf16* x /*(N,C)*/, const bf16* w /*(C)*/,
+                     int N, int C, float eps, cudaStream_t stream);
+// dx += (bf16, accumulates), dw += (fp32, accumulates; deterministic).
+void rmsnorm_backward(bf16* dx /*(N,C) +=*/, float* dw /*(C) +=*/, const bf16* dout /*(N,C)*/,
+                      const bf16* x /*(N,C)*/, const bf16* w /*(C)*/, const float* rstd /*(N)*/, int N, int C,
+                      cudaStream_t stream);
+
+// ---- linear (no bias): out = x W^T, cuBLASLt, fp32 accumulation -------------------------------------------
+void linear_forward(Gemm& gemm, bf16* out /*(N,OC)*/, const bf16* x /*(N,IC)*/, const bf16* w /*(OC,IC)*/,
+                    int N, int IC, int OC, cudaStream_t stream);
+// dx += dout W (bf16, accumulates; nullptr skips it); dw += dout^T x (fp32, accumulates).
+void linear_backward(Gemm& gemm, bf16* dx /*(N,IC) += or nullptr*/, float* dw /*(OC,IC) +=*/,
+                     const bf16* dout /*(N,OC)*/, const bf16* x /*(N,IC)*/, const bf16* w /*(OC,IC)*/, int N,
+                     int IC, int OC, cudaStream_t stream);
+
+// ---- rotary position embedding (Hugging Face rotate_half) ----------------------------------------------
+// Fills device tables with kernels/cpu's rope_cache values (computed on the host, copied, and waited for).
+void rope_cache(float* cos /*(T,HD/2)*/, float* sin /*(T,HD/2)*/, int T, int HD, float theta,
+                cudaStream_t stream);
+// out may alias x.
+void rope_forward(bf16* out /*(B,T,H,HD)*/, const bf16* x /*(B,T,H,HD)*/, const float* cos /*(T,HD/2)*/,
+                  const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD, cudaStream_t stream);
+// dx = R^T dout (writes; may alias dout).
+void rope_backward(bf16* dx /*(B,T,H,HD)*/, const bf16* dout /*(B,T,H,HD)*/, const float* cos /*(T,HD/2)*/,
+                   const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD, cudaStream_t stream);
+
+// ---- causal self-attention, grouped-query heads (O(T^2) fp32 scores) ------------------------------------
+void attention_forward(bf16* out /*(B,T,NH,HD)*/, float* att /*(B,NH,T,T) saved*/,
+                       const bf16* q /*(B,T,NH,HD)*/, const bf16* k /*(B,T,NKV,HD)*/,
+                       const bf16* v /*(B,T,NKV,HD)*/, int B, int T, int NH, int NKV, int HD,
+                       cudaStream_t stream);
+// Writes dq, dk, dv; scratch is overwritten.
+void attention_backward(bf16* dq /*(B,T,NH,HD)*/, bf16* dk /*(B,T,NKV,HD)*/, bf16* dv /*(B,T,NKV,HD)*/,
+                        float* scratch /*(B,NH,T,T)*/, const bf16* dout /*(B,T,NH,HD)*/,
+                        const bf16* q /*(B,T,NH,HD)*/, const bf16* k /*(B,T,NKV,HD)*/,
+                        const bf16* v /*(B,T,NKV,HD)*/, const float* att /*(B,NH,T,T)*/, int B, int T, int NH,
+                        int NKV, int HD, cudaStream_t stream);
+
+// ---- SwiGLU and residual add ---------------------------------------------------------------------------
+void swiglu_forward(bf16* out /*(n)*/, const bf16* gate /*(n)*/, const bf16* up /*(n)*/, std::size_t n,
+                    cudaStream_t stream);
+// Writes dgate, dup.
+void swiglu_backward(bf16* dgate /*(n)*/, bf16* dup /*(n)*/, const bf16* dout /*(n)*/,
+                     const bf16* gate /*(n)*/, const bf16* up /*(n)*/, std::size_t n, cudaStream_t stream);
+// out may alias a or b.
+void residual_forward(bf16* out /*(n)*/, const bf16* a /*(n)*/, const bf16* b /*(n)*/, std::size_t n,
+                      cudaStream_t stream);
+// da += dout; db += dout (either may be nullptr).
+void residual_backward(bf16* da /*(n) +=*/, bf16* db /*(n) +=*/, const bf16* dout /*(n)*/, std::size_t n,
+                       cudaStream_t stream);
+
+// ---- cross-entropy fused with its logits gradient --------------------------------------------------------
+// The CPU definition (targets < 0 ignored, mean over the others, dlogits = grad_scale (softmax - onehot) /
+// n_valid). losses (fp32, per row, 0 if ignored) is required; mean_loss receives the mean, summed in a
+// fixed order (deterministic). dlogits may be nullptr (forward only) or alias logits.
+void cross_entropy_forward_backward(bf16* dlogits /*(N,V) or nullptr*/, float* losses /*(N)*/,
+                                    float* mean_loss /*(1)*/, const bf16* logits /*(N,V)*/,
+                                    const std::int32_t* targets /*(N)*/, int N, int V, float grad_scale,
+                                    cudaStream_t stream);
+
+// ---- runtime helpers ------------------------------------------------------------------------------------
+// The CPU's conversions bit for bit (round to nearest even; NaN stays NaN with its sign).
+void cast_f32_to_bf16(bf16* out /*(n)*/, const float* in /*(n)*/, std::size_t n, cudaStream_t stream);
+void cast_bf16_to_f32(float* out /*(n)*/, const bf16* in /*(n)*/, std::size_t n, cudaStream_t stream);
+void cast_f32_to_f16(fp16* out /*(n)*/, const float* in /*(n)*/, std::size_t n, cudaStream_t stream);
+void cast_f16_to_f32(float* out /*(n)*/, const fp16* in /*(n)*/, std::size_t n, cudaStream_t stream);
+// x *= s (fp32).
+void scale(float* x /*(n)*/, float s, std::size_t n, cudaStream_t stream);
+// *found = 1 if any x is NaN or +-inf, else 0 (written, not accumulated).
+void nonfinite_check(int* found /*(1)*/, const float* x /*(n)*/, std::size_t n, cudaStream_t stream);
+// *out = sum x^2 in double over fixed blocks of 4096 elements added in block order: deterministic (the
+// CPU's grouping, though each block's inner order differs). Uses a stream-ordered temporary allocation.
+void squared_norm(double* out /*(1)*/, const float* x /*(n)*/, std::size_t n, cudaStream_t stream);
+// The CPU AdamW (kernels/cpu/ops.h), same fp32 operations with no FMA contraction: bit-identical to it.
+void adamw_update(float* p /*(n)*/, const float* g /*(n)*/, float* m /*(n)*/, float* v /*(n)*/,
+                  bf16* p_bf16 /*(n) or nullptr*/, std::size_t n, const AdamWParams& hp, std::int64_t step,
+                  float grad_scale, cudaStream_t stream);
+
+}  // namespace strata::kernels::cuda

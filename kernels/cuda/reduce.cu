@@ -1,0 +1,67 @@
+// strata/kernels/cuda/reduce.cu: scaling, the non-finite check and the squared L2 norm.
+#include "kernels/cuda/common_impl.cuh"
+
+namespace strata::kernels::cuda {
+namespace {
+
+constexpr std::size_t kNormBlock = 4096;  // elements per partial sum, as on the CPU
+
+__global__ void scale_kernel(float* x, float s, std::size_t n) {
+  const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= s;
+}
+
+__global__ void nonfinite_kernel(int* found, const float* x, std::size_t n) {
+  const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n && (__float_as_uint(x[i]) & 0x7F800000u) == 0x7F800000u) *found = 1;  // every writer writes 1
+}
+
+// Block b sums elements [b * kNormBlock, (b + 1) * kNormBlock) in double, in a fixed order.
+__global__ void norm_partial_kernel(double* partial, const float* x, std::size_t n) {
+  __shared__ double shared[impl::kThreads];
+  const std::size_t i0 = std::size_t(blockIdx.x) * kNormBlock, i1 = min(n, i0 + kNormBlock);
+  double s = 0.0;
+  for (std::size_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) s += double(x[i]) * double(x[i]);
+  s = impl::block_sum(s, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void norm_total_kernel(double* out, const double* partial, std::size_t blocks) {
+  __shared__ double shared[impl::kThreads];
+  double s = 0.0;
+  for (std::size_t b = threadIdx.x; b < blocks; b += blockDim.x) s += partial[b];
+  s = impl::block_sum(s, shared);
+  if (threadIdx.x == 0) *out = s;
+}
+
+}  // namespace
+
+void scale(float* x, float s, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_kernel<<<impl::blocks_for(n), impl::kThreads, 0, stream>>>(x, s, n);
+  STRATA_KERNEL_CHECK();
+}
+
+void nonfinite_check(int* found, const float* x, std::size_t n, cudaStream_t stream) {
+  STRATA_CUDA_CHECK(cudaMemsetAsync(found, 0, sizeof(int), stream));
+  if (n == 0) return;
+  nonfinite_kernel<<<impl::blocks_for(n), impl::kThreads, 0, stream>>>(found, x, n);
+  STRATA_KERNEL_CHECK();
+}
+
+void squared_norm(double* out, const float* x, std::size_t n, cudaStream_t stream) {
+  if (n == 0) {
+    STRATA_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream));
+    return;
+  }
+  const std::size_t blocks = (n + kNormBlock - 1) / kNormBlock;
+  void* partial = nullptr;
+  STRATA_CUDA_CHECK(cudaMallocAsync(&partial, blocks * sizeof(double), stream));
+  norm_partial_kernel<<<unsigned(blocks), impl::kThreads, 0, stream>>>(static_cast<double*>(partial), x, n);
+  STRATA_KERNEL_CHECK();
+  norm_total_kernel<<<1, impl::kThreads, 0, stream>>>(out, static_cast<double*>(partial), blocks);
+  STRATA_KERNEL_CHECK();
+  STRATA_CUDA_CHECK(cudaFreeAsync(partial, stream));
+}
+
+}  // namespace strata::kernels::cuda

@@ -58,6 +58,13 @@ TEST(ModelConfig, JsonRoundTripsEveryPreset) {
   }
 }
 
+TEST(ModelConfig, PresetFilesMatchTheBuiltInPresets) {
+  for (const std::string& name : ModelConfig::preset_names()) {
+    std::string path = std::string(STRATA_SOURCE_DIR) + "/configs/models/" + name + ".json";
+    EXPECT_EQ(ModelConfig::from_file(path), ModelConfig::preset(name)) << path;
+  }
+}
+
 TEST(ModelConfig, ReadsHuggingFaceConfigJson) {
   json hf = {{"architectures", {"LlamaForCausalLM"}},
              {"model_type", "llama"},

@@ -65,6 +65,12 @@ std::string cuda_version(int v) {
   return cat(v / 1000, ".", (v % 1000) / 10);
 }
 
+#ifdef STRATA_WITH_CUDA
+std::string cuda_version(int v) {
+  return cat(v / 1000, ".", (v % 1000) / 10);
+}
+#endif
+
 void cuda_rows() {
 #ifdef STRATA_WITH_CUDA
   int rt = 0, drv = 0;

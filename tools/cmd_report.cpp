@@ -61,10 +61,6 @@ Row build_row() {
           cat("strata ", STRATA_VERSION, ", ", type, ", ", STRATA_COMPILER, " C++", __cplusplus / 100)};
 }
 
-std::string cuda_version(int v) {
-  return cat(v / 1000, ".", (v % 1000) / 10);
-}
-
 #ifdef STRATA_WITH_CUDA
 std::string cuda_version(int v) {
   return cat(v / 1000, ".", (v % 1000) / 10);

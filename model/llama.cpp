@@ -287,16 +287,17 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
     throw ConfigError(detail::cat("LlamaModel::forward: B = ", B, ", T = ", T,
                                   "; B must be >= 1 and T in [1, ", cfg_.max_seq_len,
                                   "] (max_seq_len of model '", cfg_.name, "')"));
-  STRATA_CHECK(int64_t(B) * T * std::max(cfg_.vocab_size, cfg_.ffn_dim) <= INT32_MAX * int64_t(64),
-               "B*T = ", int64_t(B) * T, " is too large for one step");
+  if (int64_t(B) * T > INT32_MAX)
+    throw ConfigError(detail::cat("LlamaModel::forward: B * T = ", int64_t(B) * T,
+                                  " tokens do not fit the ops' int row count; use a smaller batch"));
   B_ = B, T_ = T;
   ckpt_ = opts_.checkpoint_activations;
   ensure_buffers(B, T);
   const int N = B * T, C = int(cfg_.d_model), V = int(cfg_.vocab_size), L = int(cfg_.n_layers);
   const ModelLayout& layout = chunks.layout();
   inputs_.assign(inputs, inputs + N);
-  have_targets_ = targets != nullptr;
-  if (have_targets_) targets_.assign(targets, targets + N);
+  have_targets_ = false;  // set on success only: a forward that throws leaves nothing to backward
+  if (targets) targets_.assign(targets, targets + N);
   auto resid = [&](int l) { return resid_.data() + size_t(l) * N * C; };
 
   {
@@ -324,12 +325,13 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
     } else {
       head_forward_logits(h.view().tensor(kLmHead), xf_.data());
     }
-    if (have_targets_)
+    if (targets)
       timed("cross_entropy", Phase::forward, 0, [&] {
         loss =
             kc::cross_entropy_forward_backward(nullptr, nullptr, logits_.data(), targets_.data(), N, V, 1.0f);
       });
   }
+  have_targets_ = targets != nullptr;
   return loss;
 }
 
@@ -343,6 +345,7 @@ void LlamaModel::head_forward_logits(const float* w_head, const float* x) {
 void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
   STRATA_CHECK(B_ > 0 && have_targets_, "LlamaModel::backward needs a forward with targets first");
   check_layout(chunks);
+  have_targets_ = false;  // the logits become dlogits below; a second backward needs a new forward
   const int B = B_, T = T_, N = B * T, C = int(cfg_.d_model), V = int(cfg_.vocab_size),
             L = int(cfg_.n_layers);
   const ModelLayout& layout = chunks.layout();
@@ -400,7 +403,6 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
                              inputs_.data(), N, C, V);
     });
   }
-  have_targets_ = false;  // the logits now hold dlogits; a second backward needs a new forward
 }
 
 }  // namespace strata::model

@@ -200,3 +200,23 @@ TEST(LlamaModel, RejectsSequencesLongerThanMaxSeqLen) {
 
 }  // namespace
 }  // namespace strata::model
+
+namespace strata::model {
+namespace {
+
+TEST(LlamaModel, BackwardNeedsAForwardWithTargetsEachTime) {
+  ModelConfig cfg = ModelConfig::preset("tiny");
+  InMemoryChunks ch{ModelLayout(cfg)};
+  ch.init(1);
+  LlamaModel model(cfg);
+  std::vector<int32_t> in(8, 1), tgt(8, 2);
+  EXPECT_THROW(model.backward(ch), Error);
+  model.forward(ch, in.data(), nullptr, 1, 8);
+  EXPECT_THROW(model.backward(ch), Error);
+  model.forward(ch, in.data(), tgt.data(), 1, 8);
+  EXPECT_NO_THROW(model.backward(ch));
+  EXPECT_THROW(model.backward(ch), Error);  // the logits were consumed
+}
+
+}  // namespace
+}  // namespace strata::model

@@ -1,7 +1,9 @@
 // Model config: presets, parameter counts, JSON parsing and its errors.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -58,10 +60,34 @@ TEST(ModelConfig, JsonRoundTripsEveryPreset) {
   }
 }
 
+// The bundle for GPU machines sets STRATA_SOURCE_DIR to its copy of the sources' data files.
+std::string source_root() {
+  const char* env = std::getenv("STRATA_SOURCE_DIR");
+  return env && *env ? env : STRATA_SOURCE_DIR;
+}
+
 TEST(ModelConfig, PresetFilesMatchTheBuiltInPresets) {
   for (const std::string& name : ModelConfig::preset_names()) {
-    std::string path = std::string(STRATA_SOURCE_DIR) + "/configs/models/" + name + ".json";
+    std::string path = source_root() + "/configs/models/" + name + ".json";
     EXPECT_EQ(ModelConfig::from_file(path), ModelConfig::preset(name)) << path;
+  }
+}
+
+// docs/model.md's preset table ends each row with the parameter count, digits grouped by commas.
+TEST(ModelConfig, DocsTableStatesEveryPresetsParameterCount) {
+  std::ifstream in(source_root() + "/docs/model.md");
+  ASSERT_TRUE(in.good());
+  std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const std::string& name : ModelConfig::preset_names()) {
+    std::string digits = std::to_string(ModelConfig::preset(name).num_parameters()), grouped;
+    for (size_t i = 0; i < digits.size(); ++i) {
+      if (i > 0 && (digits.size() - i) % 3 == 0) grouped += ',';
+      grouped += digits[i];
+    }
+    size_t row = doc.find("\n| " + name + " |");
+    ASSERT_NE(row, std::string::npos) << name << " has no row in docs/model.md";
+    std::string line = doc.substr(row + 1, doc.find('\n', row + 1) - row - 1);
+    EXPECT_NE(line.find("| " + grouped + " |"), std::string::npos) << line << " should state " << grouped;
   }
 }
 

@@ -90,7 +90,9 @@ std::string config_reference_markdown() {
       "Strata reads one JSON file in DeepSpeed's `ds_config.json` format, with DeepSpeed's code defaults, so "
       "an\n"
       "existing DeepSpeed config means the same thing here. Strata's own settings live under `\"strata\"`.\n"
-      "Examples: `configs/zero3_none.json`, `configs/zero3_cpu.json`, `configs/zero3_nvme.json`.\n\n";
+      "Examples: `configs/zero3_none.json`, `configs/zero3_cpu.json`, `configs/zero3_nvme.json` (it names\n"
+      "DeepSpeed's customary `/local_nvme`; point both `nvme_path` keys at a directory on your NVMe "
+      "drive).\n\n";
   md += "## How values are read\n\n";
   md +=
       "- **Errors** name the key path, the value and what is allowed, e.g.\n"

@@ -65,6 +65,7 @@ struct DataPosition {
 class DataLoader {
  public:
   // Throws ConfigError when an option is out of range or the file holds fewer than one sample per rank.
+  // `file` is read on every next() and must outlive the loader.
   DataLoader(const TokenFile& file, DataOptions opts);
 
   int64_t num_samples() const { return num_samples_; }    // N, in the whole file

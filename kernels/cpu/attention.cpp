@@ -1,6 +1,13 @@
 // strata/kernels/cpu/attention.cpp: causal self-attention with grouped-query heads, O(T^2) scores.
+//
+// Each (batch, head) pair is a handful of matrix products over strided views of q, k, v (OpenBLAS, run
+// one after another so that OpenBLAS threads each) and a row-wise softmax or softmax gradient (oneTBB).
+// The products cover the full T x T square; the causal mask is applied by the row pass, which writes
+// exact zeros above the diagonal, so the products that follow add nothing from masked positions.
+#include <cblas.h>
+
 #include <cmath>
-#include <vector>
+#include <cstring>
 
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
@@ -15,10 +22,15 @@ void check_heads(const char* op, int NH, int NKV, int HD) {
   STRATA_CHECK(HD > 0, op, ": head width ", HD, " must be positive");
 }
 
-float dot(const float* a, const float* b, int n) {
-  float s = 0.0f;
-  for (int i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
+// Views of one (b, h) pair: the head's rows of q / dout (leading dimension NH * HD), its key/value
+// head's rows of k / v (leading dimension NKV * HD), and its (T, T) block of att / scratch.
+struct Head {
+  std::size_t q, kv, att;  // element offsets
+};
+
+Head head(std::size_t b, std::size_t h, int T, int NH, int NKV, int HD) {
+  const std::size_t g = h / std::size_t(NH / NKV);
+  return Head{b * T * NH * HD + h * HD, b * T * NKV * HD + g * HD, (b * NH + h) * std::size_t(T) * T};
 }
 
 }  // namespace
@@ -26,22 +38,21 @@ float dot(const float* a, const float* b, int n) {
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
                        int NH, int NKV, int HD) {
   check_heads("attention_forward", NH, NKV, HD);
-  const int group = NH / NKV;
   const float scale = float(1.0 / std::sqrt(double(HD)));
-  const std::size_t qrow = std::size_t(NH) * HD, kvrow = std::size_t(NKV) * HD;
-  // One task per (b, h, t) query row.
+  const int ldq = NH * HD, ldkv = NKV * HD;
+  // Scores: att (T,T) = scale * q_h (T,HD) k_g^T.
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      const Head x = head(b, h, T, NH, NKV, HD);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HD, scale, q + x.q, ldq, k + x.kv, ldkv,
+                  0.0f, att + x.att, T);
+    }
+  // Causal softmax, one task per row; zeros above the diagonal.
   impl::parallel_for_each_index(std::size_t(B) * NH * T, 8, [&](std::size_t row) {
-    const std::size_t t = row % T, h = (row / T) % NH, b = row / (std::size_t(T) * NH);
-    const std::size_t g = h / group;
-    const float* qt = q + (b * T + t) * qrow + h * HD;
-    const float* kb = k + b * T * kvrow + g * HD;
-    const float* vb = v + b * T * kvrow + g * HD;
+    const std::size_t t = row % T;
     float* a = att + row * T;
     float maxv = -INFINITY;
-    for (std::size_t s = 0; s <= t; ++s) {
-      a[s] = dot(qt, kb + s * kvrow, HD) * scale;
-      if (a[s] > maxv) maxv = a[s];
-    }
+    for (std::size_t s = 0; s <= t; ++s) maxv = a[s] > maxv ? a[s] : maxv;
     float sum = 0.0f;
     for (std::size_t s = 0; s <= t; ++s) {
       a[s] = std::exp(a[s] - maxv);
@@ -50,67 +61,55 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
     const float inv = 1.0f / sum;
     for (std::size_t s = 0; s <= t; ++s) a[s] *= inv;
     for (std::size_t s = t + 1; s < std::size_t(T); ++s) a[s] = 0.0f;
-    float* ot = out + (b * T + t) * qrow + h * HD;
-    for (int d = 0; d < HD; ++d) ot[d] = 0.0f;
-    for (std::size_t s = 0; s <= t; ++s) {
-      const float* vs = vb + s * kvrow;
-      for (int d = 0; d < HD; ++d) ot[d] += a[s] * vs[d];
-    }
   });
+  // out_h (T,HD) = att (T,T) v_g (T,HD).
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      const Head x = head(b, h, T, NH, NKV, HD);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, HD, T, 1.0f, att + x.att, T, v + x.kv, ldkv,
+                  0.0f, out + x.q, ldq);
+    }
 }
 
-// With a = att, p = pre-softmax scores: da_s = dout . v_s, dp_s = a_s (da_s - sum_s' a_s' da_s'),
-// dq = scale sum_s dp_s k_s, dk_s = scale sum_(h in group, t >= s) dp_ts q_t, dv_s = sum a_ts dout_t.
+// With a = att and p the scaled scores: da = dout_h v_g^T, dp = a (da - rowsum(a da)) (then * scale for
+// the unscaled q.k), dq_h = dp k_g, dk_g = sum over the group's heads of dp^T q_h, dv_g likewise a^T dout_h.
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
                         const float* k, const float* v, const float* att, int B, int T, int NH, int NKV,
                         int HD) {
   check_heads("attention_backward", NH, NKV, HD);
-  const int group = NH / NKV;
   const float scale = float(1.0 / std::sqrt(double(HD)));
-  const std::size_t qrow = std::size_t(NH) * HD, kvrow = std::size_t(NKV) * HD;
-  // Pass 1, one task per query row: the scaled score gradients (into scratch) and dq.
+  const int ldq = NH * HD, ldkv = NKV * HD;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      const Head x = head(b, h, T, NH, NKV, HD);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HD, 1.0f, dout + x.q, ldq, v + x.kv, ldkv,
+                  0.0f, scratch + x.att, T);
+    }
   impl::parallel_for_each_index(std::size_t(B) * NH * T, 8, [&](std::size_t row) {
-    const std::size_t t = row % T, h = (row / T) % NH, b = row / (std::size_t(T) * NH);
-    const std::size_t g = h / group;
-    const float* gt = dout + (b * T + t) * qrow + h * HD;
-    const float* kb = k + b * T * kvrow + g * HD;
-    const float* vb = v + b * T * kvrow + g * HD;
+    const std::size_t t = row % T;
     const float* a = att + row * T;
     float* dp = scratch + row * T;
     float adot = 0.0f;
-    for (std::size_t s = 0; s <= t; ++s) {
-      dp[s] = dot(gt, vb + s * kvrow, HD);
-      adot += a[s] * dp[s];
-    }
+    for (std::size_t s = 0; s <= t; ++s) adot += a[s] * dp[s];
     for (std::size_t s = 0; s <= t; ++s) dp[s] = a[s] * (dp[s] - adot) * scale;
     for (std::size_t s = t + 1; s < std::size_t(T); ++s) dp[s] = 0.0f;
-    float* dqt = dq + (b * T + t) * qrow + h * HD;
-    for (int d = 0; d < HD; ++d) dqt[d] = 0.0f;
-    for (std::size_t s = 0; s <= t; ++s) {
-      const float* ks = kb + s * kvrow;
-      for (int d = 0; d < HD; ++d) dqt[d] += dp[s] * ks[d];
-    }
   });
-  // Pass 2, one task per key/value row (b, s, g): sums over the group's heads, then t >= s, in order.
-  impl::parallel_for_each_index(std::size_t(B) * NKV * T, 8, [&](std::size_t row) {
-    const std::size_t s = row % T, g = (row / T) % NKV, b = row / (std::size_t(T) * NKV);
-    float* dks = dk + (b * T + s) * kvrow + g * HD;
-    float* dvs = dv + (b * T + s) * kvrow + g * HD;
-    for (int d = 0; d < HD; ++d) dks[d] = dvs[d] = 0.0f;
-    for (std::size_t h = g * group; h < (g + 1) * group; ++h) {
-      const std::size_t head_rows = (b * NH + h) * T;
-      for (std::size_t t = s; t < std::size_t(T); ++t) {
-        const float dp = scratch[(head_rows + t) * T + s];
-        const float a = att[(head_rows + t) * T + s];
-        const float* qt = q + (b * T + t) * qrow + h * HD;
-        const float* gt = dout + (b * T + t) * qrow + h * HD;
-        for (int d = 0; d < HD; ++d) {
-          dks[d] += dp * qt[d];
-          dvs[d] += a * gt[d];
-        }
-      }
+  // dk and dv are written: clear them, then add each head of the group in head order.
+  impl::parallel_for_range(std::size_t(B) * T * NKV * HD, impl::kElementGrain,
+                           [&](std::size_t i0, std::size_t i1) {
+                             std::memset(dk + i0, 0, (i1 - i0) * sizeof(float));
+                             std::memset(dv + i0, 0, (i1 - i0) * sizeof(float));
+                           });
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      const Head x = head(b, h, T, NH, NKV, HD);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, HD, T, 1.0f, scratch + x.att, T, k + x.kv,
+                  ldkv, 0.0f, dq + x.q, ldq);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, HD, T, 1.0f, scratch + x.att, T, q + x.q, ldq,
+                  1.0f, dk + x.kv, ldkv);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, HD, T, 1.0f, att + x.att, T, dout + x.q, ldq,
+                  1.0f, dv + x.kv, ldkv);
     }
-  });
 }
 
 }  // namespace strata::kernels::cpu

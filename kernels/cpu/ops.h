@@ -31,9 +31,10 @@
 //
 // Threads: loops run on oneTBB, matrix products on OpenBLAS (its own pool, sized by set_blas_threads).
 // Every op is deterministic: the same inputs give bit-identical outputs whatever the oneTBB thread count
-// (work is split into fixed blocks, and each output element is reduced in a fixed order). Matrix
-// products (linear_*) are bit-identical for a fixed OpenBLAS thread count only: OpenBLAS's blocking
-// changes with its thread count, so across counts they agree to fp32 rounding (Note in linear.cpp).
+// (work is split into fixed blocks, and each output element is reduced in a fixed order). The ops built
+// on matrix products (linear_*, attention_*) are bit-identical for a fixed OpenBLAS thread count only:
+// OpenBLAS's blocking changes with its thread count, so across counts they agree to fp32 rounding (Note
+// [OpenBLAS determinism] in linear.cpp). Keep set_blas_threads() fixed for a run.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
-// Every oneTBB-threaded CPU op gives bit-identical results whatever the thread count, on shapes large
-// enough that the work is split into many tasks. Matrix products (OpenBLAS) are bit-identical at a fixed
-// OpenBLAS thread count and agree to fp32 rounding across counts (Note [OpenBLAS determinism]).
+// Every CPU op gives bit-identical results whatever the oneTBB thread count, on shapes large enough that
+// the work is split into many tasks. The ops built on OpenBLAS (linear, attention) are bit-identical at a
+// fixed OpenBLAS thread count and agree to fp32 rounding across counts (Note [OpenBLAS determinism]).
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
@@ -121,6 +121,7 @@ Outputs run_norm_and_adamw() {
 const std::vector<OpCase>& cases() {
   static const std::vector<OpCase> c = {
       {"rmsnorm", run_rmsnorm},
+      {"linear", run_linear},
       {"embedding", run_embedding},
       {"rope", run_rope},
       {"attention", run_attention},
@@ -165,22 +166,30 @@ TEST_P(Determinism, BitIdenticalAcrossThreadCounts) {
 INSTANTIATE_TEST_SUITE_P(CpuOps, Determinism, ::testing::Range(std::size_t{0}, cases().size()),
                          [](const auto& info) { return std::string(cases()[info.param].name); });
 
-TEST(Determinism, LinearBitIdenticalAtFixedBlasThreads) {
+class BlasDeterminism : public ::testing::TestWithParam<const char*> {
+ protected:
+  static std::function<Outputs()> op(const std::string& name) {
+    return name == "linear" ? run_linear : run_attention;
+  }
+};
+
+TEST_P(BlasDeterminism, BitIdenticalAtAFixedBlasThreadCount) {
   for (int threads : {1, 2}) {
-    const Outputs first = run_with_threads(run_linear, threads, true);
-    const Outputs again = run_with_threads(run_linear, threads, true);
+    const Outputs first = run_with_threads(op(GetParam()), threads, true);
+    const Outputs again = run_with_threads(op(GetParam()), threads, true);
     for (std::size_t i = 0; i < first.size(); ++i)
-      EXPECT_TRUE(bit_identical(first[i], again[i]))
-          << "linear output " << i << " with " << threads << " threads";
+      EXPECT_TRUE(bit_identical(first[i], again[i])) << "output " << i << " with " << threads << " threads";
   }
 }
 
-TEST(Determinism, LinearCloseAcrossBlasThreads) {
-  const Outputs one = run_with_threads(run_linear, 1, true);
-  const Outputs two = run_with_threads(run_linear, 2, true);
-  for (std::size_t i = 0; i < one.size(); ++i)
-    EXPECT_LE(rel_l2(two[i], one[i]), 1e-6) << "linear output " << i;
+TEST_P(BlasDeterminism, CloseAcrossBlasThreadCounts) {
+  const Outputs one = run_with_threads(op(GetParam()), 1, true);
+  const Outputs two = run_with_threads(op(GetParam()), 2, true);
+  for (std::size_t i = 0; i < one.size(); ++i) EXPECT_LE(rel_l2(two[i], one[i]), 1e-6) << "output " << i;
 }
+
+INSTANTIATE_TEST_SUITE_P(CpuOps, BlasDeterminism, ::testing::Values("linear", "attention"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace strata::kernels::test

@@ -1,0 +1,321 @@
+#include "zero3/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "zero3/checksum.h"
+
+namespace strata::zero3 {
+namespace {
+
+namespace fs = std::filesystem;
+using detail::cat;
+
+constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'K'};
+constexpr std::uint64_t kHeaderBytes = 4096;
+constexpr std::uint64_t kAlign = 4096;
+constexpr std::size_t kHeaderUsed = 48;  // magic 8, version/rank/world/reserved 16, offset/bytes 16, crcs 8
+
+std::uint64_t align_up(std::uint64_t x) {
+  return (x + kAlign - 1) / kAlign * kAlign;
+}
+
+void put32(unsigned char* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+void put64(unsigned char* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+std::uint32_t get32(const unsigned char* p) {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+std::uint64_t get64(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+void write_all(int fd, const void* data, std::uint64_t bytes, std::uint64_t offset, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    std::size_t n = std::size_t(std::min<std::uint64_t>(bytes, 1ull << 30));
+    ssize_t w = ::pwrite(fd, p, n, off_t(offset));
+    if (w < 0 && errno == EINTR) continue;
+    STRATA_SYS_CHECK(w > 0, "write ", n, " bytes at offset ", offset, " of checkpoint file ", path);
+    p += w;
+    bytes -= std::uint64_t(w);
+    offset += std::uint64_t(w);
+  }
+}
+
+void read_all(int fd, void* data, std::uint64_t bytes, std::uint64_t offset, const std::string& path,
+              std::string_view what) {
+  auto* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    std::size_t n = std::size_t(std::min<std::uint64_t>(bytes, 1ull << 30));
+    ssize_t r = ::pread(fd, p, n, off_t(offset));
+    if (r < 0 && errno == EINTR) continue;
+    STRATA_SYS_CHECK(r >= 0, "read ", what, " (", n, " bytes at offset ", offset, ") from ", path);
+    if (r == 0)
+      throw IoError(cat("checkpoint file ", path, " is truncated: ", what, " needs ", bytes,
+                        " more bytes at offset ", offset,
+                        "; the checkpoint is incomplete, load another tag"));
+    p += r;
+    bytes -= std::uint64_t(r);
+    offset += std::uint64_t(r);
+  }
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
+  STRATA_SYS_CHECK(fd >= 0, "open ", path, " to fsync it");
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  errno = err;
+  STRATA_SYS_CHECK(rc == 0, "fsync ", path);
+}
+
+void write_small_file(const std::string& path, const std::string& text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  STRATA_SYS_CHECK(fd >= 0, "create ", path);
+  try {
+    write_all(fd, text.data(), text.size(), 0, path);
+    STRATA_SYS_CHECK(::fsync(fd) == 0, "fsync ", path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+}
+
+std::string read_small_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  if (!in)
+    throw IoError(cat("cannot read ", what, " ", path, " (", detail::errno_text(errno),
+                      "); is this a Strata checkpoint directory?"));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void check_tag(const std::string& tag) {
+  if (tag.empty() || tag == "." || tag == ".." || tag == "latest" || tag.find('/') != std::string::npos ||
+      tag.ends_with(".tmp") || tag.ends_with(".old"))
+    throw ConfigError(cat("checkpoint tag '", tag,
+                          "' is not usable: it must be a plain file name, not 'latest', without '/' and not "
+                          "ending in .tmp or .old"));
+}
+
+std::string shard_name(int rank) {
+  return cat("rank", rank, ".shard");
+}
+
+}  // namespace
+
+std::string step_tag(std::int64_t step) {
+  return cat("global_step", step);
+}
+
+std::string latest_tag(const std::string& dir) {
+  std::string text = read_small_file(dir + "/latest", "the checkpoint pointer");
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  if (text.empty()) throw IoError(cat(dir, "/latest is empty; name a tag to load explicitly"));
+  return text;
+}
+
+// ---------------------------------------------------------------------------------------------- writer
+
+CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, int rank, int world)
+    : dir_(std::move(dir)), tag_(std::move(tag)), rank_(rank), world_(world) {
+  check_tag(tag_);
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec)
+    throw IoError(cat("cannot create checkpoint directory ", dir_, " (", ec.message(),
+                      "); choose a writable --save directory"));
+  tmp_ = dir_ + "/" + tag_ + ".tmp";
+  if (rank_ == 0) {
+    fs::remove_all(tmp_, ec);
+    fs::create_directory(tmp_, ec);
+    if (ec) throw IoError(cat("cannot create ", tmp_, " (", ec.message(), ")"));
+  }
+  file_ = tmp_ + "/" + shard_name(rank_);
+  fd_ = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  STRATA_SYS_CHECK(fd_ >= 0, "create checkpoint file ", file_);
+  end_ = kHeaderBytes;
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) {
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);
+  }
+}
+
+void CheckpointWriter::add(TensorRecord rec, const void* data) {
+  STRATA_CHECK(!committed_, "CheckpointWriter::add after commit");
+  for (const TensorRecord& r : table_)
+    STRATA_CHECK(r.name != rec.name, "tensor ", rec.name, " added twice to checkpoint ", file_);
+  rec.offset = align_up(end_);
+  rec.crc32c = crc32c(data, rec.bytes);
+  write_all(fd_, data, rec.bytes, rec.offset, file_);
+  end_ = rec.offset + rec.bytes;
+  table_.push_back(std::move(rec));
+}
+
+std::string CheckpointWriter::commit(nlohmann::json meta) {
+  STRATA_CHECK(!committed_, "CheckpointWriter::commit called twice");
+  nlohmann::json table = nlohmann::json::array();
+  for (const TensorRecord& r : table_)
+    table.push_back({{"name", r.name},
+                     {"dtype", r.dtype},
+                     {"bytes", r.bytes},
+                     {"offset", r.offset},
+                     {"crc32c", r.crc32c}});
+  const std::string table_text = table.dump();
+  const std::uint64_t table_offset = align_up(end_);
+  write_all(fd_, table_text.data(), table_text.size(), table_offset, file_);
+  const std::uint32_t table_crc = crc32c(table_text.data(), table_text.size());
+
+  unsigned char h[kHeaderBytes] = {};
+  std::memcpy(h, kMagic, 8);
+  put32(h + 8, kCheckpointVersion);
+  put32(h + 12, std::uint32_t(rank_));
+  put32(h + 16, std::uint32_t(world_));
+  put64(h + 24, table_offset);
+  put64(h + 32, table_text.size());
+  put32(h + 40, table_crc);
+  put32(h + 44, crc32c(h, 44));
+  write_all(fd_, h, kHeaderBytes, 0, file_);
+  STRATA_SYS_CHECK(::fsync(fd_) == 0, "fsync ", file_);
+  ::close(fd_);
+  fd_ = -1;
+
+  // World size 1 here: rank 0 writes meta.json and moves the directory into place. (With more ranks,
+  // every rank's file must be complete first: a barrier of the communicator before this point.)
+  meta["format"] = kCheckpointFormat;
+  meta["version"] = kCheckpointVersion;
+  meta["world_size"] = world_;
+  meta["files"] = nlohmann::json::array({{{"rank", rank_},
+                                          {"file", shard_name(rank_)},
+                                          {"bytes", table_offset + table_text.size()},
+                                          {"tensors", table_.size()},
+                                          {"table_crc32c", table_crc}}});
+  write_small_file(tmp_ + "/meta.json", meta.dump(2) + "\n");
+  fsync_path(tmp_, true);
+
+  const std::string final_dir = dir_ + "/" + tag_, old = final_dir + ".old";
+  std::error_code ec;
+  fs::remove_all(old, ec);
+  if (fs::exists(final_dir)) {
+    fs::rename(final_dir, old, ec);
+    if (ec) throw IoError(cat("cannot move the previous ", final_dir, " aside (", ec.message(), ")"));
+  }
+  fs::rename(tmp_, final_dir, ec);
+  if (ec) throw IoError(cat("cannot rename ", tmp_, " to ", final_dir, " (", ec.message(), ")"));
+  const std::string latest_tmp = dir_ + "/latest.tmp";
+  write_small_file(latest_tmp, tag_ + "\n");
+  fs::rename(latest_tmp, dir_ + "/latest", ec);
+  if (ec) throw IoError(cat("cannot update ", dir_, "/latest (", ec.message(), ")"));
+  fsync_path(dir_, true);
+  fs::remove_all(old, ec);
+  committed_ = true;
+  return final_dir;
+}
+
+// ---------------------------------------------------------------------------------------------- reader
+
+CheckpointReader::CheckpointReader(const std::string& dir, const std::string& tag, int rank) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw IoError(cat("checkpoint directory ", dir, " does not exist; check --load"));
+  tag_ = tag.empty() ? latest_tag(dir) : tag;
+  path_ = dir + "/" + tag_;
+  if (!fs::is_directory(path_, ec))
+    throw IoError(cat("checkpoint ", path_, " does not exist",
+                      tag.empty() ? " (named by " + dir + "/latest)" : std::string()));
+  const std::string meta_path = path_ + "/meta.json";
+  try {
+    meta_ = nlohmann::json::parse(read_small_file(meta_path, "checkpoint metadata"));
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(cat(meta_path, " is not valid JSON (", e.what(), "); the checkpoint is damaged"));
+  }
+  if (!meta_.is_object() || meta_.value("format", std::string()) != kCheckpointFormat)
+    throw ConfigError(
+        cat(meta_path, " is not a Strata checkpoint (format is not \"", kCheckpointFormat, "\")"));
+  int version = meta_.value("version", 0);
+  if (version < 1 || version > kCheckpointVersion)
+    throw ConfigError(cat(meta_path, ": checkpoint format version ", version,
+                          " is not supported (this build reads ", kCheckpointVersion,
+                          "); load it with a newer Strata"));
+
+  file_ = path_ + "/" + shard_name(rank);
+  fd_ = ::open(file_.c_str(), O_RDONLY | O_CLOEXEC);
+  STRATA_SYS_CHECK(fd_ >= 0, "open checkpoint file ", file_);
+  try {
+    unsigned char h[kHeaderUsed];
+    read_all(fd_, h, kHeaderUsed, 0, file_, "the header");
+    if (std::memcmp(h, kMagic, 8) != 0)
+      throw IoError(cat(file_, " does not start with the Strata checkpoint magic; the file is damaged"));
+    if (get32(h + 44) != crc32c(h, 44))
+      throw IoError(cat(file_, ": header checksum mismatch; the file is damaged, load another tag"));
+    if (int(get32(h + 12)) != rank)
+      throw IoError(cat(file_, " holds rank ", get32(h + 12), ", expected rank ", rank));
+    const std::uint64_t toff = get64(h + 24), tbytes = get64(h + 32);
+    const std::uint32_t tcrc = get32(h + 40);
+    if (tbytes > (1ull << 32)) throw IoError(cat(file_, ": implausible table size ", tbytes));
+    std::string text(tbytes, '\0');
+    read_all(fd_, text.data(), tbytes, toff, file_, "the tensor table");
+    std::uint32_t got = crc32c(text.data(), text.size());
+    if (got != tcrc)
+      throw IoError(cat(file_, ": tensor table checksum mismatch (stored ", tcrc, ", computed ", got,
+                        "); the file is damaged, load another tag"));
+    for (const auto& e : nlohmann::json::parse(text))
+      table_.push_back({e.at("name").get<std::string>(), e.at("dtype").get<std::string>(),
+                        e.at("bytes").get<std::uint64_t>(), e.at("offset").get<std::uint64_t>(),
+                        e.at("crc32c").get<std::uint32_t>()});
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+CheckpointReader::~CheckpointReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const TensorRecord* CheckpointReader::find(std::string_view name) const {
+  for (const TensorRecord& r : table_)
+    if (r.name == name) return &r;
+  return nullptr;
+}
+
+void CheckpointReader::read(std::string_view name, void* dst, std::uint64_t bytes) const {
+  const TensorRecord* r = find(name);
+  if (!r)
+    throw IoError(
+        cat(file_, " has no tensor ", name, "; the checkpoint was saved by another model or config"));
+  if (r->bytes != bytes)
+    throw IoError(cat(file_, ": tensor ", name, " has ", r->bytes, " bytes, expected ", bytes,
+                      "; the checkpoint was saved with another model or dtype"));
+  read_all(fd_, dst, bytes, r->offset, file_, name);
+  std::uint32_t got = crc32c(dst, bytes);
+  if (got != r->crc32c)
+    throw IoError(cat(file_, ": checksum mismatch in tensor ", name, " (stored ", r->crc32c, ", computed ",
+                      got, "); the checkpoint is damaged, load another tag"));
+}
+
+}  // namespace strata::zero3

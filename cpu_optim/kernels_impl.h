@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "hwy/targets.h"
+
 namespace strata::cpu_optim::impl {
 
 // The scalars of one update call, already in the form the kernels use (see cpu_optim.h's formulas).
@@ -52,17 +54,22 @@ struct StatsTable {
   SumSqFn fn[3] = {};  // by grad dtype
 };
 
-// Searches a Highway dispatch table (HWY_DISPATCH_TABLE of an exported function returning a table) for
-// the entry of `target`. Entry 0 of a multi-target table is Highway's own chooser and is skipped; the
-// others are null for targets not compiled in.
+// The entry of `target` in a Highway dispatch table (HWY_DISPATCH_TABLE of an exported function that
+// returns a table), or null when that target is not compiled in. Only that entry is called: calling
+// another target's function could execute instructions this CPU lacks. The index follows Highway's
+// layout (hwy/targets.h): entry 0 is its own chooser, then one entry per dynamic target in bit order,
+// the fallback (EMU128 or SCALAR) last; a single-target build has just one entry.
 template <class Table, std::size_t N>
 const Table* find_table(const Table* (*const (&fns)[N])(), std::int64_t target) {
-  for (std::size_t i = N > 1 ? 1 : 0; i < N; ++i) {
-    if (fns[i] == nullptr) continue;
-    const Table* t = fns[i]();
-    if (t->target == target) return t;
+  std::size_t index = 0;
+  if constexpr (N > 1) {
+    std::int64_t mask = HWY_CHOSEN_TARGET_SHIFT(target);
+    if (mask == 0) mask = HWY_CHOSEN_TARGET_MASK_SCALAR;
+    index = std::size_t(__builtin_ctzll(std::uint64_t(mask)));
   }
-  return nullptr;
+  if (index >= N || fns[index] == nullptr) return nullptr;
+  const Table* t = fns[index]();
+  return t->target == target ? t : nullptr;
 }
 
 // The table of `target` (a Highway target bit), or null when that target is not compiled in.

@@ -57,7 +57,7 @@ int blas_threads();
 // out[i, :] = wte[tokens[i], :]. Throws strata::Error if a token is outside [0, V).
 void embedding_forward(float* out /*(N,C)*/, const std::int32_t* tokens /*(N)*/, const float* wte /*(V,C)*/,
                        int N, int C, int V);
-// dwte[tokens[i], :] += dout[i, :]   (accumulates; rows are summed in token order, deterministic).
+// dwte[tokens[i], :] += dout[i, :]   (accumulates; each row sums its positions in order: deterministic).
 void embedding_backward(float* dwte /*(V,C) +=*/, const float* dout /*(N,C)*/,
                         const std::int32_t* tokens /*(N)*/, int N, int C, int V);
 

@@ -135,8 +135,9 @@ void cast_f16_to_f32(float* out /*(n)*/, const fp16* in /*(n)*/, std::size_t n, 
 void scale(float* x /*(n)*/, float s, std::size_t n, cudaStream_t stream);
 // *found = 1 if any x is NaN or +-inf, else 0 (written, not accumulated).
 void nonfinite_check(int* found /*(1)*/, const float* x /*(n)*/, std::size_t n, cudaStream_t stream);
-// *out = sum x^2 in double over fixed blocks of 4096 elements added in block order: deterministic (the
-// CPU's grouping, though each block's inner order differs). Uses a stream-ordered temporary allocation.
+// *out = sum x^2 in double: fixed blocks of 4096 elements, each reduced in a fixed tree, then the block
+// sums in a fixed tree. Deterministic run to run; equal to the CPU's value to double rounding, not bit
+// for bit (the order differs). Uses a stream-ordered temporary allocation (cudaMallocAsync).
 void squared_norm(double* out /*(1)*/, const float* x /*(n)*/, std::size_t n, cudaStream_t stream);
 // The CPU AdamW (kernels/cpu/ops.h), same fp32 operations with no FMA contraction: bit-identical to it.
 void adamw_update(float* p /*(n)*/, const float* g /*(n)*/, float* m /*(n)*/, float* v /*(n)*/,

@@ -95,6 +95,7 @@ class Worker {
   void handle(const detail::Completion& c);
   void release(std::uint32_t slot);
   void finish_part(std::list<Part>::iterator it);
+  void flush_finished();
   void fail_everything(const std::string& why);
 
   AioEngine::Impl& engine_;
@@ -116,7 +117,8 @@ class Worker {
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_slots_;
   std::uint32_t in_flight_ = 0;
-  bool unsubmitted_ = false;  // pieces staged since the last submit()
+  bool unsubmitted_ = false;                        // pieces staged since the last submit()
+  std::vector<std::shared_ptr<Request>> finished_;  // completed, callers not yet woken
 
   std::thread thread_;
 };

@@ -114,7 +114,7 @@ void Worker::loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      while (incoming_.empty() && in_flight_ == 0 && cursor_ == parts_.end()) {
+      while (incoming_.empty() && in_flight_ == 0 && cursor_ == parts_.end() && finished_.empty()) {
         if (stop_) return;
         idle_ = true;
         cv_.wait(lock);
@@ -136,6 +136,9 @@ void Worker::loop() {
       unsubmitted_ = false;
       queue_->submit();
     }
+    // Waking the callers of finished requests comes after the next pieces are in the kernel: on a busy
+    // machine the woken thread may take this core, and the drive should not idle meanwhile.
+    flush_finished();
     if (in_flight_ > 0) {
       std::size_t n = queue_->reap(overlap_ ? 1 : in_flight_, done.data(), done.size());
       for (std::size_t i = 0; i < n; ++i) handle(done[i]);
@@ -294,7 +297,12 @@ void Worker::finish_part(std::list<Part>::iterator it) {
   if (it == cursor_) ++cursor_;
   std::shared_ptr<Request> r = std::move(it->req);
   parts_.erase(it);
-  if (r->parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) engine_.complete(*r);
+  if (r->parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) finished_.push_back(std::move(r));
+}
+
+void Worker::flush_finished() {
+  for (auto& r : finished_) engine_.complete(*r);
+  finished_.clear();
 }
 
 void Worker::fail_everything(const std::string& why) {
@@ -309,6 +317,7 @@ void Worker::fail_everything(const std::string& why) {
     incoming.swap(incoming_);
   }
   STRATA_LOG_ERROR(broken_why_);
+  flush_finished();
   for (auto& p : incoming) parts_.push_back(std::move(*p));
   for (Part& p : parts_) {
     p.req->fail(broken_why_);

@@ -1,0 +1,280 @@
+// nvme_bench: sequential and random read/write GB/s of the engine per backend, block size and queue
+// depth, each next to fio's figure for the same settings on the same file in the same run.
+//
+//   nvme_bench --dir /local_nvme            # full sweep (about 2-3 minutes)
+//   nvme_bench --dir /local_nvme --quick    # 1 MiB blocks, depths 1 and 32
+//
+// Prints a table and one JSON line. The headline re-measures the best io_uring sequential read and
+// write points several times, alternating engine and fio, and compares the medians.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "nvme/nvme.h"
+
+namespace {
+
+using namespace strata::nvme;
+
+struct Point {
+  Backend backend;
+  Pattern pattern;
+  std::size_t block;
+  int depth;
+  double ours = 0, fio = 0;
+  double ratio() const { return fio > 0 ? ours / fio : 0; }
+};
+
+const char* fio_engine(Backend b) {
+  switch (b) {
+    case Backend::io_uring:
+      return "io_uring";
+    case Backend::libaio:
+      return "libaio";
+    default:
+      return "psync";
+  }
+}
+
+const char* fio_rw(Pattern p) {
+  switch (p) {
+    case Pattern::seq_read:
+      return "read";
+    case Pattern::seq_write:
+      return "write";
+    case Pattern::rand_read:
+      return "randread";
+    case Pattern::rand_write:
+      return "randwrite";
+  }
+  return "read";
+}
+
+std::string run_capture(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[8192];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
+bool fio_available(std::string* version) {
+  *version = run_capture("fio --version 2>/dev/null");
+  while (!version->empty() && (version->back() == '\n' || version->back() == '\r')) version->pop_back();
+  return version->rfind("fio", 0) == 0;
+}
+
+// fio on the same file with the same block size, depth, engine and O_DIRECT setting: the ceiling.
+double run_fio(const std::string& path, std::uint64_t bytes, Backend b, Pattern p, std::size_t block,
+               int depth, double seconds, bool direct) {
+  std::string cmd = strata::detail::cat(
+      "fio --name=strata --filename='", path, "' --size=", bytes, " --bs=", block,
+      " --iodepth=", b == Backend::psync ? 1 : depth, " --ioengine=", fio_engine(b),
+      " --direct=", direct ? 1 : 0, " --rw=", fio_rw(p), " --time_based=1 --runtime=", int(seconds * 1000),
+      "ms --norandommap --randrepeat=0 --fallocate=none", " --output-format=json 2>/dev/null");
+  std::string out = run_capture(cmd);
+  auto j = nlohmann::json::parse(out.substr(std::min(out.find('{'), out.size())), nullptr, false);
+  if (j.is_discarded() || !j.contains("jobs") || j["jobs"].empty()) return 0;
+  const auto& job = j["jobs"][0];
+  const char* dir = is_write(p) ? "write" : "read";
+  return job[dir]["bw_bytes"].get<double>() / 1e9;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+std::string human(std::size_t bytes) {
+  return bytes >= (1u << 20) ? std::to_string(bytes >> 20) + "M" : std::to_string(bytes >> 10) + "K";
+}
+
+class Runner {
+ public:
+  Runner(const ScratchFile& file, void* buf, std::size_t buf_bytes, bool direct)
+      : file_(file), buf_(buf), buf_bytes_(buf_bytes), direct_(direct) {}
+
+  double ours(AioEngine& engine, Pattern p, double seconds) {
+    return measure(engine, file_.file(), file_.bytes(), p, seconds, buf_, buf_bytes_).gbps;
+  }
+  double fio(Backend b, Pattern p, std::size_t block, int depth, double seconds) {
+    return run_fio(file_.path(), file_.bytes(), b, p, block, depth, seconds, direct_);
+  }
+  std::unique_ptr<AioEngine> engine(Backend b, std::size_t block, int depth) {
+    AioOptions o;
+    o.backend = b;
+    o.block_size = block;
+    o.queue_depth = depth;
+    o.use_direct = direct_;
+    auto e = std::make_unique<AioEngine>(o);
+    e->register_buffers(buf_, buf_bytes_);  // as the runtime registers its pinned pool
+    return e;
+  }
+
+ private:
+  const ScratchFile& file_;
+  void* buf_;
+  std::size_t buf_bytes_;
+  bool direct_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"nvme_bench: engine GB/s per backend, block size and depth against fio on the same file"};
+  std::string dir = ".";
+  std::uint64_t file_mib = 1024;
+  double seconds = 0.4, headline_seconds = 1.0;
+  int reps = 7;
+  bool quick = false, buffered = false;
+  app.add_option("--dir", dir, "Directory on the drive to measure (a scratch file is created and removed)");
+  app.add_option("--file-mib", file_mib, "Scratch file size in MiB")->check(CLI::Range(64, 1 << 20));
+  CLI::Option* o_seconds =
+      app.add_option("--seconds", seconds, "Seconds per sweep point, for the engine and for fio each");
+  CLI::Option* o_reps =
+      app.add_option("--reps", reps, "Alternating engine/fio repetitions of the headline points")
+          ->check(CLI::Range(1, 50));
+  CLI::Option* o_hsec =
+      app.add_option("--headline-seconds", headline_seconds, "Seconds per headline repetition");
+  app.add_flag("--quick", quick, "Small sweep: 1 MiB blocks, depths 1 and 32, shorter runs");
+  app.add_flag("--buffered", buffered, "Without O_DIRECT (both the engine and fio)");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<std::size_t> blocks = {256u << 10, 1u << 20, 8u << 20};
+  std::vector<int> depths = {1, 8, 32, 64};
+  if (quick) {
+    blocks = {1u << 20};
+    depths = {1, 32};
+    if (!o_seconds->count()) seconds = 0.3;
+    if (!o_hsec->count()) headline_seconds = 0.6;
+    if (!o_reps->count()) reps = 3;
+  }
+  const bool direct = !buffered;
+  try {
+    std::string fio_version;
+    const bool have_fio = fio_available(&fio_version);
+    if (!have_fio)
+      std::fprintf(stderr,
+                   "nvme_bench: fio not found; the ceiling column stays empty (install the fio package)\n");
+    std::vector<Backend> backends;
+    for (Backend b : {Backend::io_uring, Backend::libaio, Backend::psync}) {
+      std::string why;
+      if (backend_available(b, &why))
+        backends.push_back(b);
+      else
+        std::fprintf(stderr, "nvme_bench: skipping %s: %s\n", to_string(b), why.c_str());
+    }
+
+    ScratchFile scratch(dir, file_mib << 20, direct);
+    std::size_t buf_bytes = 64u << 20;
+    void* buf = nullptr;
+    if (posix_memalign(&buf, 4096, buf_bytes) != 0) throw strata::OutOfMemory("nvme_bench: 64 MiB buffer");
+    std::unique_ptr<void, decltype(&std::free)> owner(buf, &std::free);
+    std::memset(buf, 0x5a, buf_bytes);
+    for (std::size_t i = 0; i < buf_bytes; i += 64)
+      static_cast<unsigned char*>(buf)[i] = std::uint8_t(i * 131 >> 6);
+    Runner run(scratch, buf, buf_bytes, direct);
+
+    std::printf("nvme_bench: %s, file %s (%llu MiB, %s), %s, %.2f s per point\n", cpu_model().c_str(),
+                scratch.path().c_str(), (unsigned long long)file_mib, direct ? "O_DIRECT" : "buffered",
+                have_fio ? fio_version.c_str() : "no fio", seconds);
+    std::printf("%-9s %-10s %6s %5s %10s %10s %7s\n", "backend", "pattern", "block", "depth", "engine", "fio",
+                "ratio");
+
+    std::vector<Point> points;
+    for (Backend b : backends)
+      for (std::size_t bs : blocks)
+        for (int d : depths) {
+          if (b == Backend::psync && d != depths.front()) continue;  // no queue: depth changes nothing
+          auto engine = run.engine(b, bs, d);
+          for (Pattern p : {Pattern::seq_read, Pattern::seq_write, Pattern::rand_read, Pattern::rand_write}) {
+            Point pt{b, p, bs, b == Backend::psync ? 1 : d};
+            pt.ours = run.ours(*engine, p, seconds);
+            if (have_fio) pt.fio = run.fio(b, p, bs, d, seconds);
+            std::printf("%-9s %-10s %6s %5d %8.3f GB/s %6.3f GB/s %6.0f%%\n", to_string(b), to_string(p),
+                        human(bs).c_str(), pt.depth, pt.ours, pt.fio, pt.ratio() * 100);
+            std::fflush(stdout);
+            points.push_back(pt);
+          }
+        }
+
+    // Headline: the best io_uring sequential read and write points, re-measured alternately.
+    nlohmann::ordered_json headline = nlohmann::ordered_json::object();
+    if (std::find(backends.begin(), backends.end(), Backend::io_uring) != backends.end() && have_fio) {
+      std::printf("\nheadline: best io_uring sequential points, %d alternating runs of %.1f s, medians\n",
+                  reps, headline_seconds);
+      for (Pattern p : {Pattern::seq_read, Pattern::seq_write}) {
+        const Point* best = nullptr;
+        for (const Point& pt : points)
+          if (pt.backend == Backend::io_uring && pt.pattern == p && (!best || pt.ours > best->ours))
+            best = &pt;
+        if (!best) continue;
+        auto engine = run.engine(Backend::io_uring, best->block, best->depth);
+        std::vector<double> ours, fio;
+        for (int r = 0; r < reps; ++r) {
+          if (r % 2 == 0) {
+            ours.push_back(run.ours(*engine, p, headline_seconds));
+            fio.push_back(run.fio(Backend::io_uring, p, best->block, best->depth, headline_seconds));
+          } else {
+            fio.push_back(run.fio(Backend::io_uring, p, best->block, best->depth, headline_seconds));
+            ours.push_back(run.ours(*engine, p, headline_seconds));
+          }
+        }
+        double mo = median(ours), mf = median(fio);
+        std::printf("io_uring  %-10s %6s %5d %8.3f GB/s %6.3f GB/s %6.0f%%   (engine runs:", to_string(p),
+                    human(best->block).c_str(), best->depth, mo, mf, mf > 0 ? 100 * mo / mf : 0);
+        for (double v : ours) std::printf(" %.3f", v);
+        std::printf("; fio runs:");
+        for (double v : fio) std::printf(" %.3f", v);
+        std::printf(")\n");
+        headline[to_string(p)] = {
+            {"block", best->block},          {"depth", best->depth}, {"engine_gbps", mo}, {"fio_gbps", mf},
+            {"ratio", mf > 0 ? mo / mf : 0}, {"engine_runs", ours},  {"fio_runs", fio}};
+      }
+    }
+
+    nlohmann::ordered_json j;
+    j["bench"] = "nvme";
+    j["cpu"] = cpu_model();
+    j["file_bytes"] = scratch.bytes();
+    j["direct"] = direct;
+    j["fio"] = have_fio ? fio_version : "";
+    j["seconds_per_point"] = seconds;
+    j["headline"] = headline;
+    nlohmann::ordered_json pts = nlohmann::ordered_json::array();
+    for (const Point& pt : points)
+      pts.push_back({{"backend", to_string(pt.backend)},
+                     {"pattern", to_string(pt.pattern)},
+                     {"block", pt.block},
+                     {"depth", pt.depth},
+                     {"engine_gbps", pt.ours},
+                     {"fio_gbps", pt.fio},
+                     {"ratio", pt.ratio()}});
+    j["points"] = pts;
+    std::printf("%s\n", j.dump().c_str());
+  } catch (const strata::Error& e) {
+    std::fprintf(stderr, "nvme_bench: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

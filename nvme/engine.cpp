@@ -88,7 +88,10 @@ Backend choose(Backend requested) {
   return b;
 }
 
+std::atomic<detail::QueueFactory> g_queue_factory{nullptr};
+
 std::unique_ptr<detail::Queue> make_queue(Backend b, const AioOptions& o) {
+  if (detail::QueueFactory f = g_queue_factory.load()) return f(unsigned(o.queue_depth));
   switch (b) {
     case Backend::io_uring:
       return detail::make_uring_queue(unsigned(o.queue_depth), o.sqpoll);
@@ -104,6 +107,10 @@ std::uint64_t round_down(std::uint64_t v, std::uint64_t a) {
 }
 
 }  // namespace
+
+detail::QueueFactory detail::exchange_queue_factory(QueueFactory factory) {
+  return g_queue_factory.exchange(factory);
+}
 
 // ---- engine ---------------------------------------------------------------------------------------
 

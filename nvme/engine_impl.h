@@ -109,7 +109,8 @@ class Worker {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Part>> incoming_;                             // guarded by mu_
   bool idle_ = false, stop_ = false, wake_sent_ = false, broken_ = false;  // guarded by mu_
-  std::string broken_why_;                                                 // guarded by mu_
+  bool wants_work_ = false;  // guarded by mu_: blocked on completions with a free slot
+  std::string broken_why_;   // guarded by mu_
 
   // Worker-thread state.
   std::list<Part> parts_;             // in arrival order; finished parts are erased

@@ -70,6 +70,11 @@ std::unique_ptr<Queue> make_uring_queue(unsigned depth, bool sqpoll);
 std::unique_ptr<Queue> make_libaio_queue(unsigned depth);
 std::unique_ptr<Queue> make_psync_queue(unsigned depth);
 
+// Test seam: while set, every new engine worker takes its queue from `factory` instead of its backend
+// (tests inject EINTR, EAGAIN and short transfers this way). Returns the previous one; nullptr resets.
+using QueueFactory = std::unique_ptr<Queue> (*)(unsigned depth);
+QueueFactory exchange_queue_factory(QueueFactory factory);
+
 // "" when the interface works here, else why not (errno text and the likely cause).
 std::string probe_uring();
 std::string probe_libaio();

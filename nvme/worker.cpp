@@ -84,7 +84,7 @@ void Worker::enqueue(std::unique_ptr<Part> part) {
   if (idle_) {
     lock.unlock();
     cv_.notify_one();
-  } else if (!wake_sent_) {
+  } else if (wants_work_ && !wake_sent_) {
     // The worker may be blocked waiting for completions; one wake-up per batch of new parts is enough
     // (it clears wake_sent_ when it takes them).
     wake_sent_ = true;
@@ -140,6 +140,14 @@ void Worker::loop() {
     // machine the woken thread may take this core, and the drive should not idle meanwhile.
     flush_finished();
     if (in_flight_ > 0) {
+      {
+        // A wake-up is worth its system calls only while a slot is free to take new work; with every
+        // slot busy, the next completion brings the worker back anyway.
+        std::lock_guard<std::mutex> lock(mu_);
+        const bool can_issue = overlap_ && !free_slots_.empty();
+        if (can_issue && !incoming_.empty()) continue;  // arrived since the top of the loop
+        wants_work_ = can_issue;
+      }
       std::size_t n = queue_->reap(overlap_ ? 1 : in_flight_, done.data(), done.size());
       for (std::size_t i = 0; i < n; ++i) handle(done[i]);
     }

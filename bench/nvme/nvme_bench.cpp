@@ -144,8 +144,8 @@ int main(int argc, char** argv) {
   CLI::App app{"nvme_bench: engine GB/s per backend, block size and depth against fio on the same file"};
   std::string dir = ".";
   std::uint64_t file_mib = 1024;
-  double seconds = 0.4, headline_seconds = 1.0;
-  int reps = 7;
+  double seconds = 0.3, headline_seconds = 1.0;
+  int reps = 5;
   bool quick = false, buffered = false;
   app.add_option("--dir", dir, "Directory on the drive to measure (a scratch file is created and removed)");
   app.add_option("--file-mib", file_mib, "Scratch file size in MiB")->check(CLI::Range(64, 1 << 20));

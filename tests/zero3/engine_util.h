@@ -1,0 +1,86 @@
+// Helpers for the engine tests: configs for each offload placement, a token file to train on, and short
+// training runs that return their per-step losses.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "kernels/cpu/ops.h"
+#include "model/model.h"
+#include "test_util.h"
+#include "zero3/engine.h"
+
+namespace strata::zero3::test {
+
+inline const char* name(OffloadDevice d) {
+  return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
+}
+
+// A ZeRO-3 config with the given offload targets (NVMe under `nvme_dir`), small sub-groups so that the
+// swap pipeline has several, bf16 by default; `extra` is merged over it.
+inline Config make_config(OffloadDevice param, OffloadDevice optim, const std::string& nvme_dir,
+                          const nlohmann::json& extra = nlohmann::json::object()) {
+  nlohmann::json j = {
+      {"train_micro_batch_size_per_gpu", 2},
+      {"gradient_accumulation_steps", 2},
+      {"gradient_clipping", 1.0},
+      {"bf16", {{"enabled", true}}},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}}},
+      {"zero_optimization",
+       {{"stage", 3},
+        {"sub_group_size", 20000},
+        {"stage3_prefetch_bucket_size", 20000},
+        {"stage3_param_persistence_threshold", 0},
+        {"offload_param", {{"device", name(param)}}},
+        {"offload_optimizer",
+         {{"device", name(optim)}, {"pipeline_read", true}, {"pipeline_write", true}, {"buffer_count", 9}}}}},
+      {"strata", {{"backend", "host"}, {"seed", 7}, {"cpu_optim", {{"pin_threads", false}}}}},
+  };
+  if (param == OffloadDevice::nvme) j["zero_optimization"]["offload_param"]["nvme_path"] = nvme_dir;
+  if (optim == OffloadDevice::nvme) j["zero_optimization"]["offload_optimizer"]["nvme_path"] = nvme_dir;
+  j.merge_patch(extra);
+  // Through text: core's size keys accept only JSON's unsigned integers, which a document built in C++
+  // with int literals does not have (they are signed until dumped and parsed again).
+  return Config::parse(nlohmann::json::parse(j.dump()));
+}
+
+// A token file of byte-level "text" with structure a model can learn (repeated phrases).
+inline std::string make_tokens(const ScratchDir& d, std::size_t n = 20000) {
+  const std::string phrase = "the quick brown fox jumps over the lazy dog. strata trains big models. ";
+  std::vector<std::uint32_t> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = std::uint8_t(phrase[(i * 7 / 5 + i / 97) % phrase.size()]);
+  const std::string path = d / "tokens.bin";
+  model::write_token_file(path, t, model::TokenType::u16);
+  return path;
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<bool> applied;
+};
+
+// `steps` optimizer steps of `mcfg` under `cfg` from a fresh engine.
+inline Run train(const Config& cfg, const model::ModelConfig& mcfg, const std::string& tokens, int steps,
+                 int seq_len = 32, EngineOptions opts = {}) {
+  kernels::cpu::set_blas_threads(1);  // one fixed thread count: matrix products are then bit-reproducible
+  Engine engine(cfg, mcfg, opts);
+  model::TokenFile file = model::TokenFile::open(tokens);
+  model::DataLoader data(
+      file,
+      {.batch_size = engine.micro_batch(), .seq_len = seq_len, .seed = 3, .vocab_size = mcfg.vocab_size});
+  model::LlamaModel m(mcfg, {.checkpoint_activations = true});
+  Run r;
+  for (int i = 0; i < steps; ++i) {
+    StepResult s = engine.train_batch(m, data);
+    r.losses.push_back(s.loss);
+    r.applied.push_back(s.applied);
+  }
+  return r;
+}
+
+}  // namespace strata::zero3::test

@@ -1,0 +1,443 @@
+// The engine's construction: the memory plan and the up-front checks, the device, NVMe store and tier
+// manager, and the registration and initialisation of every chunk. Also the thin public wrappers.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/log.h"
+#include "kernels/cpu/ops.h"
+#include "zero3/engine_impl.h"
+
+namespace strata::zero3 {
+namespace {
+
+using detail::cat;
+
+Tier tier_of(OffloadDevice d) {
+  return d == OffloadDevice::none ? Tier::device : d == OffloadDevice::cpu ? Tier::pinned : Tier::nvme;
+}
+
+const char* offload_name(OffloadDevice d) {
+  return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
+}
+
+// "512.0 KiB", "3.25 GiB": short sizes for log lines and messages.
+std::string gib(std::uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(b);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) v /= 1024.0, ++u;
+  char s[32];
+  std::snprintf(s, sizeof s, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return s;
+}
+
+std::uint64_t physical_memory() {
+  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? std::uint64_t(pages) * std::uint64_t(page) : 0;
+}
+
+DeviceOptions device_options(const Config& cfg, const EngineOptions& opts) {
+  DeviceOptions d;
+  if (!opts.backend.empty()) {
+    d.backend = opts.backend;
+  } else {
+    d.backend = cfg.strata.backend == StrataConfig::Backend::host   ? "host"
+                : cfg.strata.backend == StrataConfig::Backend::cuda ? "cuda"
+                                                                    : "auto";
+  }
+  d.ordinal = int(cfg.strata.device);
+  d.memory_cap = opts.device_memory_cap ? opts.device_memory_cap : cfg.strata.device_memory_cap;
+  return d;
+}
+
+nvme::AioOptions aio_options(const Config& cfg) {
+  nvme::AioOptions a;
+  switch (cfg.strata.aio.backend) {
+    case StrataConfig::AioBackend::automatic:
+      a.backend = nvme::Backend::auto_select;
+      break;
+    case StrataConfig::AioBackend::io_uring:
+      a.backend = nvme::Backend::io_uring;
+      break;
+    case StrataConfig::AioBackend::libaio:
+      a.backend = nvme::Backend::libaio;
+      break;
+    case StrataConfig::AioBackend::psync:
+      a.backend = nvme::Backend::psync;
+      break;
+  }
+  a.block_size = std::size_t(cfg.aio.block_size);
+  a.queue_depth = int(cfg.aio.queue_depth);
+  a.intra_op_parallelism = int(cfg.aio.intra_op_parallelism);
+  a.single_submit = cfg.aio.single_submit;
+  a.overlap_events = cfg.aio.overlap_events;
+  return a;
+}
+
+}  // namespace
+
+std::size_t Engine::Impl::wd_bytes() const {
+  return std::size_t(tiering::dtype_bytes(wd));
+}
+
+Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOptions& o)
+    : cfg(c),
+      mcfg(m),
+      layout((m.validate("model"), m),
+             {.tensor_align = 16, .chunk_multiple = std::size_t(c.world_size) * 64}),
+      opts(o),
+      scaler(c.fp16),
+      sched(c.scheduler, c.optimizer.lr) {
+  if (cfg.world_size != 1)
+    throw ConfigError(cat("world_size ", cfg.world_size,
+                          ": this engine trains on one process (the single-rank communicator); run with "
+                          "world_size 1"));
+  comm = make_single_rank();
+  wd = cfg.bf16.enabled   ? tiering::Dtype::bf16
+       : cfg.fp16.enabled ? tiering::Dtype::fp16
+                          : tiering::Dtype::fp32;
+  const auto& z = cfg.zero_optimization;
+  homes = tiering::shard_homes(tier_of(z.offload_param.device), tier_of(z.offload_optimizer.device));
+  n_states = cfg.optimizer.type == OptimizerType::Adam || cfg.optimizer.type == OptimizerType::AdamW ? 2 : 1;
+  if (z.offload_optimizer.device != OffloadDevice::none && z.offload_optimizer.ratio < 1.0)
+    STRATA_WARN_ONCE("zero_optimization.offload_optimizer.ratio ", z.offload_optimizer.ratio,
+                     " (partial offload) is not implemented; every optimizer state is offloaded");
+
+  slots.resize(std::size_t(layout.num_chunks()));
+  for (int i = 0; i < layout.num_chunks(); ++i) {
+    ChunkSlot& s = slots[std::size_t(i)];
+    const model::ChunkLayout& cl = layout.chunk(i);
+    s.id = i;
+    s.name = cl.name;
+    s.numel = cl.padded_numel;
+    s.shard = shard_range(cl.padded_numel, comm->world_size(), comm->rank());
+    s.persistent = cl.numel < z.stage3_param_persistence_threshold;
+  }
+  // Optimizer sub-groups: consecutive chunks whose shards add up to at most sub_group_size elements; a
+  // chunk larger than that is a sub-group of its own (transfers move whole shards).
+  std::size_t acc = 0;
+  for (const ChunkSlot& s : slots) {
+    if (groups.empty() || acc + s.shard.numel > z.sub_group_size) {
+      groups.emplace_back();
+      acc = 0;
+    }
+    groups.back().push_back(s.id);
+    acc += s.shard.numel;
+  }
+
+  dev = open_device(device_options(cfg, opts));
+  if (!dev->caps().host_addressable)
+    throw BackendError(cat("the ", to_string(dev->caps().backend), " backend (", dev->caps().name,
+                           ") cannot train here: the model's forward and backward run on the CPU ops "
+                           "(kernels/cpu), which need device memory the CPU can address. Use --backend host "
+                           "(strata.backend: \"host\")"));
+  plan_memory();
+  check_fits();
+  open_tiers();
+
+  prefetch::PrefetchOptions po;
+  po.bucket_numel = z.stage3_prefetch_bucket_size;
+  po.max_live_numel = z.stage3_max_live_parameters;
+  po.max_reuse_distance = z.stage3_max_reuse_distance;
+  pf = std::make_unique<prefetch::Prefetcher>(*this, po);
+  opt = std::make_unique<cpu_optim::Optimizer>(cpu_optim::Options{.simd = cfg.strata.cpu_optim.simd,
+                                                                  .threads = int(cfg.strata.threads),
+                                                                  .pin = cfg.strata.cpu_optim.pin_threads});
+  gather_stream = dev->create_stream("zero3-gather");
+  grad_stream = dev->create_stream("zero3-grads");
+  init_chunks();
+}
+
+Engine::Impl::~Impl() {
+  try {
+    if (grad_stream) grad_stream->synchronize();
+    if (gather_stream) gather_stream->synchronize();
+  } catch (const std::exception& e) {
+    STRATA_LOG_WARN("zero3: a transfer failed while shutting down: ", e.what());
+  }
+  if (trace) {
+    try {
+      trace->close();
+    } catch (const std::exception& e) {
+      STRATA_LOG_WARN("zero3: memprof trace: ", e.what());
+    }
+  }
+}
+
+void Engine::Impl::plan_memory() {
+  const auto& z = cfg.zero_optimization;
+  std::uint64_t largest = 0, second = 0, total = 0, largest_group = 0;
+  for (const ChunkSlot& s : slots) {
+    total += s.shard.numel;
+    if (s.numel > largest) {
+      second = largest;
+      largest = s.numel;
+    } else if (s.numel > second) {
+      second = s.numel;
+    }
+  }
+  for (const auto& g : groups) {
+    std::uint64_t n = 0;
+    for (int c : g) n += slots[std::size_t(c)].shard.numel;
+    largest_group = std::max(largest_group, n);
+  }
+  auto add = [&](Tier t, std::uint64_t b) {
+    (t == Tier::device ? plan.device_state : t == Tier::pinned ? plan.pinned_state : plan.nvme_state) += b;
+  };
+  add(homes.param, total * wd_bytes());
+  add(homes.grad, total * 4);
+  add(homes.master, total * 4);
+  add(homes.optim, total * 4 * std::uint64_t(n_states));
+  // The model holds at most two chunks at once (the head and, tied, the embedding), each with its
+  // gradient buffer: fp32 gathered params + fp32 gradients.
+  plan.device_working_set = (largest + second) * 8;
+
+  std::uint64_t staging = 0;
+  if (homes.param == Tier::nvme) {
+    const std::uint64_t buf = std::min<std::uint64_t>(z.offload_param.buffer_size, largest);
+    staging += std::uint64_t(std::max<std::int64_t>(1, z.offload_param.buffer_count)) * buf * wd_bytes();
+    staging += std::min<std::uint64_t>(z.offload_param.max_in_cpu, total) * wd_bytes();
+  }
+  if (homes.master == Tier::nvme) {
+    group_window =
+        std::max<std::size_t>(1, std::size_t(z.offload_optimizer.buffer_count) / std::size_t(1 + n_states));
+    staging += group_window * largest_group * 4 * std::uint64_t(1 + n_states);
+  }
+  if (homes.param != Tier::pinned && homes.master != Tier::device)
+    staging += largest_group * wd_bytes();  // new working params on their way home
+  plan.pinned_staging = staging;
+  const std::uint64_t slab = 64ull << 20;
+  plan.pinned_budget = plan.pinned_state + staging + 2 * slab + (staging + plan.pinned_state) / 16;
+}
+
+void Engine::Impl::check_fits() const {
+  const auto& z = cfg.zero_optimization;
+  // Configuration limits first: they fail whatever the machine.
+  std::uint64_t largest = 0;
+  std::string largest_name;
+  for (const ChunkSlot& s : slots)
+    if (s.shard.numel > largest) largest = s.shard.numel, largest_name = s.name;
+  if (homes.param == Tier::nvme) {
+    if (z.offload_param.buffer_count < 1)
+      throw ConfigError(cat("zero_optimization.offload_param.buffer_count: ", z.offload_param.buffer_count,
+                            "; NVMe parameter reads need at least 1 buffer"));
+    if (z.offload_param.buffer_size < largest)
+      throw ConfigError(cat("zero_optimization.offload_param.buffer_size: ", z.offload_param.buffer_size,
+                            " elements is smaller than chunk '", largest_name, "' (", largest,
+                            " elements); NVMe parameter reads go through buffers of this size, so raise "
+                            "buffer_size to at least ",
+                            largest));
+  }
+  if (homes.master == Tier::nvme && z.offload_optimizer.buffer_count < 1 + n_states)
+    throw ConfigError(
+        cat("zero_optimization.offload_optimizer.buffer_count: ", z.offload_optimizer.buffer_count,
+            " is fewer than the ", 1 + n_states,
+            " tensors per parameter the optimizer swaps "
+            "(fp32 master and ",
+            n_states, " state", n_states > 1 ? "s" : "", "); raise it to at least ", 1 + n_states, " (",
+            3 * (1 + n_states), " lets reads, updates and writes of three sub-groups overlap)"));
+
+  const DeviceCaps& caps = dev->caps();
+  const std::uint64_t need = plan.device_state + plan.device_working_set;
+  if (need > caps.capacity) {
+    throw OutOfMemory(cat(
+        "the model does not fit the device: ", mcfg.name, " (", mcfg.num_parameters(), " parameters) keeps ",
+        gib(plan.device_state),
+        " of state on the device with offload_param.device = ", offload_name(z.offload_param.device),
+        " and offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ", and a step needs ",
+        gib(plan.device_working_set), " more for gathered chunks and gradients; the device has ",
+        gib(caps.capacity), " (", caps.name,
+        "). Set zero_optimization.offload_optimizer.device and offload_param.device to \"cpu\" or \"nvme\" "
+        "(configs/zero3_cpu.json, configs/zero3_nvme.json), or raise strata.device_memory_cap "
+        "(--device-memory-cap)"));
+  }
+  // On the host backend the device is host memory too.
+  const std::uint64_t ram = physical_memory();
+  const std::uint64_t host = plan.pinned_state + plan.pinned_staging +
+                             (caps.backend == BackendKind::host ? std::min(caps.capacity, need) : 0);
+  if (ram && host > ram / 10 * 9)
+    throw OutOfMemory(
+        cat("the model does not fit host memory: ", gib(plan.pinned_state),
+            " of state in pinned host memory (offload_param.device = ", offload_name(z.offload_param.device),
+            ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ") plus ",
+            gib(plan.pinned_staging), " of NVMe staging buffers",
+            caps.backend == BackendKind::host ? " and the host device" : "", " need ", gib(host),
+            "; this machine has ", gib(ram),
+            ". Set zero_optimization.offload_optimizer.device (and offload_param.device) to \"nvme\", "
+            "or lower sub_group_size / offload_param.max_in_cpu"));
+}
+
+void Engine::Impl::open_tiers() {
+  const auto& z = cfg.zero_optimization;
+  if (plan.nvme_state > 0) {
+    const std::string& path = z.offload_optimizer.device == OffloadDevice::nvme
+                                  ? z.offload_optimizer.nvme_path
+                                  : z.offload_param.nvme_path;
+    if (z.offload_optimizer.device == OffloadDevice::nvme && z.offload_param.device == OffloadDevice::nvme &&
+        z.offload_param.nvme_path != z.offload_optimizer.nvme_path)
+      STRATA_WARN_ONCE("offload_param.nvme_path (", z.offload_param.nvme_path,
+                       ") differs from offload_optimizer.nvme_path (", z.offload_optimizer.nvme_path,
+                       "); both parameters and optimizer states are swapped under the latter");
+    aio = std::make_unique<nvme::AioEngine>(aio_options(cfg));
+    nvme::SwapOptions so;
+    so.nvme_path = path;
+    so.capacity = plan.nvme_state + plan.nvme_state / 16 + (64ull << 20);
+    so.name = "zero3";
+    swap = std::make_unique<nvme::SwapStore>(*aio, so);
+  }
+  tiering::TierOptions to;
+  to.pinned_budget = plan.pinned_budget;
+  tm = std::make_unique<tiering::TierManager>(*dev, to, swap.get());
+  if (!cfg.strata.memprof.path.empty())
+    trace = std::make_unique<tiering::TraceWriter>(
+        *tm, tiering::TraceOptions{.path = cfg.strata.memprof.path,
+                                   .sample_interval_ms = cfg.strata.memprof.sample_interval_ms,
+                                   .config = cfg.to_json()});
+}
+
+tiering::Move Engine::Impl::put(tiering::TensorId id, Tier home, const void* src, std::size_t bytes) {
+  if (home == Tier::nvme) {
+    void* p = tm->allocate(id, Tier::pinned);
+    std::memcpy(p, src, bytes);
+    tm->mark_written(id, Tier::pinned);
+    return tm->evict(id, Tier::pinned, Tier::nvme);
+  }
+  void* p = tm->allocate(id, home);
+  std::memcpy(p, src, bytes);
+  tm->mark_written(id, home);
+  return {};
+}
+
+void Engine::Impl::init_chunks() {
+  namespace kc = kernels::cpu;
+  const std::uint64_t seed = std::uint64_t(cfg.strata.seed);
+  std::vector<float> full, zeros;
+  std::vector<std::uint16_t> half;
+  std::vector<tiering::Move> writes;
+  for (ChunkSlot& s : slots) {
+    const std::size_t n = s.shard.numel;
+    s.t = tm->register_shard(
+        {.prefix = s.name, .chunk = s.id, .shard = comm->rank(), .numel = n, .working = wd, .homes = homes});
+    full.assign(s.numel, 0.0f);
+    model::init_chunk(layout, s.id, seed, full.data());
+    const float* mine = full.data() + s.shard.offset;
+    writes.push_back(put(s.t.master, homes.master, mine, n * 4));
+    if (wd == tiering::Dtype::fp32) {
+      writes.push_back(put(s.t.param, homes.param, mine, n * 4));
+    } else {
+      half.resize(n);
+      if (wd == tiering::Dtype::bf16)
+        kc::cast_f32_to_bf16(half.data(), mine, n);
+      else
+        kc::cast_f32_to_f16(half.data(), mine, n);
+      writes.push_back(put(s.t.param, homes.param, half.data(), n * 2));
+    }
+    zeros.assign(n, 0.0f);
+    for (tiering::TensorId st : optimizer_tensors(s))
+      if (st != s.t.master) writes.push_back(put(st, homes.optim, zeros.data(), n * 4));
+    tm->allocate(s.t.grad, homes.grad);
+    // Tensors at home on the device or in pinned memory stay there (their addresses are used directly);
+    // NVMe-resident ones come and go through pinned memory.
+    for (tiering::TensorId id : {s.t.param, s.t.grad, s.t.master, s.t.exp_avg, s.t.exp_avg_sq}) {
+      const tiering::TensorInfo info = tm->info(id);
+      if (info.desc.home != Tier::nvme && info.allocated) tm->pin(id);
+    }
+    if (homes.param != Tier::nvme) s.param_home = tm->data(s.t.param, homes.param);
+    s.grad = static_cast<float*>(tm->data(s.t.grad, homes.grad));
+    if (homes.master != Tier::nvme) {
+      s.master = static_cast<float*>(tm->data(s.t.master, homes.master));
+      if (cfg.optimizer.type != OptimizerType::Adagrad)
+        s.exp_avg = static_cast<float*>(tm->data(s.t.exp_avg, homes.optim));
+      if (cfg.optimizer.type != OptimizerType::Lion)
+        s.exp_avg_sq = static_cast<float*>(tm->data(s.t.exp_avg_sq, homes.optim));
+    }
+    for (const tiering::Move& w : writes) w.wait();
+    writes.clear();
+  }
+  STRATA_LOG_INFO("zero3: ", mcfg.name, " (", mcfg.num_parameters(), " parameters, ", slots.size(),
+                  " chunks, ", groups.size(), " optimizer sub-group", groups.size() > 1 ? "s" : "", ") on ",
+                  dev->caps().name, ": state ", gib(plan.device_state), " device, ", gib(plan.pinned_state),
+                  " pinned host, ", gib(plan.nvme_state), " NVMe");
+}
+
+std::vector<tiering::TensorId> Engine::Impl::optimizer_tensors(const ChunkSlot& s) const {
+  switch (cfg.optimizer.type) {
+    case OptimizerType::Adagrad:
+      return {s.t.master, s.t.exp_avg_sq};
+    case OptimizerType::Lion:
+      return {s.t.master, s.t.exp_avg};
+    default:
+      return {s.t.master, s.t.exp_avg, s.t.exp_avg_sq};
+  }
+}
+
+// ------------------------------------------------------------------------------------------ public API
+
+Engine::Engine(const Config& cfg, const model::ModelConfig& mcfg, EngineOptions opts)
+    : impl_(std::make_unique<Impl>(cfg, mcfg, opts)) {}
+
+Engine::~Engine() = default;
+
+const model::ModelLayout& Engine::layout() const {
+  return impl_->layout;
+}
+model::ChunkView Engine::acquire(int id) {
+  return impl_->acquire(id);
+}
+void Engine::release(int id) {
+  impl_->release(id);
+}
+float* Engine::acquire_grads(int id) {
+  return impl_->acquire_grads(id);
+}
+void Engine::release_grads(int id) {
+  impl_->release_grads(id);
+}
+StepResult Engine::step() {
+  return impl_->step();
+}
+std::string Engine::save_checkpoint(const std::string& dir, const nlohmann::json& client_state,
+                                    const model::DataLoader* data, const std::string& tag) {
+  return impl_->save(dir, client_state, data, tag);
+}
+nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string& tag,
+                                       model::DataLoader* data) {
+  return impl_->load(dir, tag, data);
+}
+std::int64_t Engine::global_step() const {
+  return impl_->global_step;
+}
+std::int64_t Engine::skipped_steps() const {
+  return impl_->skipped;
+}
+double Engine::loss_scale() const {
+  return impl_->scaler.scale();
+}
+double Engine::lr() const {
+  return impl_->sched.lr();
+}
+int Engine::micro_batch() const {
+  return int(impl_->cfg.train_micro_batch_size_per_gpu);
+}
+int Engine::accumulation_steps() const {
+  return int(impl_->cfg.gradient_accumulation_steps);
+}
+const Config& Engine::config() const {
+  return impl_->cfg;
+}
+const MemoryPlan& Engine::plan() const {
+  return impl_->plan;
+}
+const prefetch::PrefetchStats& Engine::prefetch_stats() const {
+  return impl_->pf->stats();
+}
+tiering::TierManager& Engine::tiers() {
+  return *impl_->tm;
+}
+Device& Engine::device() {
+  return *impl_->dev;
+}
+
+}  // namespace strata::zero3

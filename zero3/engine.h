@@ -1,0 +1,160 @@
+// strata/zero3/engine.h: the ZeRO-3 offload engine — owns the model's chunks in their tiers, makes them
+// resident on the device for the model (model::ChunkProvider), takes gradients off the device as each
+// chunk's backward ends, and runs the optimizer step where the config puts the optimizer states.
+//
+// Example:
+//   strata::Config cfg = strata::Config::load("configs/zero3_cpu.json");
+//   auto mcfg = strata::model::ModelConfig::preset("10m");
+//   strata::zero3::Engine engine(cfg, mcfg, {.backend = "host", .device_memory_cap = 1ull << 30});
+//   strata::model::LlamaModel model(mcfg, {.checkpoint_activations = true});
+//   strata::model::DataLoader data(file, {.batch_size = engine.micro_batch(), .seq_len = 256, ...});
+//   for (int i = 0; i < 100; ++i) {
+//     strata::zero3::StepResult r = engine.train_batch(model, data);  // accumulation steps + optimizer
+//     std::printf("step %lld loss %.4f\n", (long long)r.step, r.loss);
+//   }
+//   engine.save_checkpoint("ckpt", {{"epoch", 1}}, &data);           // ckpt/global_step100, ckpt/latest
+//   strata::model::save_weights("model.safetensors", engine, strata::model::DType::BF16);
+//
+// Where each tensor of a chunk's shard lives (DESIGN.md §2), from zero_optimization:
+//   working params  offload_param none: device | cpu: pinned host | nvme: NVMe (up to max_in_cpu elements
+//                   cached in pinned host memory)
+//   fp32 gradient   offload_optimizer none: device | cpu, nvme: pinned host
+//   fp32 master, optimizer states   offload_optimizer none: device | cpu: pinned host | nvme: NVMe
+// The working dtype is bf16 (bf16.enabled), fp16 (fp16.enabled) or fp32 (neither).
+//
+// Note [Compute on the host backend]: the model's ops are the CPU kernels (kernels/cpu), so the engine
+// needs a device whose memory the CPU can address: the host backend. Gathering a chunk (its working params
+// widened to the fp32 the ops read) runs as one pass on the gather copy stream — on the host backend the
+// host-to-device copy and the widening are the same pass over the bytes. The device memory cap counts
+// everything the engine places on the device (gathered chunks, gradient buffers, device-resident state);
+// the model's activations are its own host memory and are not counted.
+//
+// Note [Same losses in every placement]: the arithmetic never depends on where a tensor lives. Every
+// placement initialises the same fp32 master and rounds it to the working dtype the same way; gradients
+// reach their fp32 shard through the same copy-or-add; the global norm is summed chunk by chunk in double;
+// the optimizer is cpu_optim over whole chunks (results independent of the split into calls and threads);
+// and the new working params are cpu_optim's rounding of the new master. So on the host backend the same
+// seed gives bit-identical losses for every offload_param × offload_optimizer combination (a test checks
+// all nine).
+//
+// Threads: acquire/release/step and the rest are called from one training thread. The engine's copy
+// streams and the tier manager's movers run alongside it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/config.h"
+#include "core/device.h"
+#include "model/chunk.h"
+#include "model/config.h"
+#include "model/data_loader.h"
+#include "model/llama.h"
+#include "prefetch/prefetch.h"
+#include "tiering/manager.h"
+
+namespace strata::zero3 {
+
+struct EngineOptions {
+  // Command-line overrides of strata.backend ("auto", "host", "cuda"; "" keeps the config's) and of
+  // strata.device_memory_cap (bytes; 0 keeps the config's).
+  std::string backend;
+  std::uint64_t device_memory_cap = 0;
+};
+
+// Seconds of one optimizer step (its accumulation micro-steps included). `wait` is the part of the
+// others spent blocked on transfers: acquires waiting for gathers, the optimizer waiting for NVMe reads
+// and writes, gradients still being copied off the device.
+struct StepTimes {
+  double forward = 0, backward = 0, optimizer = 0, wait = 0, total = 0;
+};
+
+struct StepResult {
+  std::int64_t step = 0;  // optimizer steps taken so far, skipped ones included (DeepSpeed's global_steps)
+  double loss = 0;        // mean of the micro-batches' losses
+  bool applied = true;    // false: skipped (fp16 overflow, or non-finite gradients)
+  double grad_norm = 0;   // global L2 norm of the unscaled gradients
+  double lr = 0;          // the rate this step used
+  double loss_scale = 1;  // the scale its gradients were computed with
+  std::int64_t tokens = 0;
+  StepTimes times;
+};
+
+// Bytes of model state per tier, from the config (what the engine registers), and the device working set.
+struct MemoryPlan {
+  std::uint64_t device_state = 0, pinned_state = 0, nvme_state = 0;
+  std::uint64_t device_working_set = 0;  // the fewest gathered/gradient bytes a step needs on the device
+  std::uint64_t pinned_staging = 0;      // NVMe swap buffers (parameters and optimizer sub-groups)
+  std::uint64_t pinned_budget = 0;       // what the tier manager's pinned pool may take
+  std::uint64_t total_state() const { return device_state + pinned_state + nvme_state; }
+};
+
+class Engine final : public model::ChunkProvider {
+ public:
+  // Opens the device (backend and cap from cfg.strata unless `opts` overrides them), the NVMe store when
+  // an offload targets nvme, and the tier manager; registers and initialises every chunk from
+  // cfg.strata.seed. Everything a bad config can get wrong fails here, before training: ConfigError
+  // (unsupported combination, buffer sizes), OutOfMemory naming the offload settings (state and working
+  // set do not fit the device, or the host), IoError (nvme_path).
+  Engine(const Config& cfg, const model::ModelConfig& mcfg, EngineOptions opts = {});
+  ~Engine() override;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // ---- model::ChunkProvider ----
+  const model::ModelLayout& layout() const override;
+  model::ChunkView acquire(int id) override;
+  void release(int id) override;
+  float* acquire_grads(int id) override;
+  void release_grads(int id) override;
+
+  // ---- training ----
+  // One micro-batch: forward and backward (loss scaled by the loss scale / accumulation steps).
+  // Returns the loss.
+  float forward_backward(model::LlamaModel& model, const model::Batch& batch);
+  // The optimizer step over the gradients accumulated since the last one.
+  StepResult step();
+  // gradient_accumulation_steps micro-batches from `data`, then step().
+  StepResult train_batch(model::LlamaModel& model, model::DataLoader& data);
+  // For a model other than LlamaModel: its acquires between begin_pass and end_pass form one pass (the
+  // unit the prefetcher records and replays). forward_backward brackets its pass this way.
+  void begin_pass();
+  void end_pass();
+
+  // ---- checkpoints (DESIGN.md §6); call between steps ----
+  // Writes DIR/TAG (default global_step<N>) and points DIR/latest at it: working params, fp32 master and
+  // optimizer states wherever they live (NVMe included), step counters, loss scale, schedule, the data
+  // position of `data` (if given), the seed and `client_state`. Returns DIR/TAG.
+  std::string save_checkpoint(const std::string& dir, const nlohmann::json& client_state = {},
+                              const model::DataLoader* data = nullptr, const std::string& tag = "");
+  // Loads DIR/TAG (default: DIR/latest), verifying every checksum, into the tiers of this engine's config
+  // (which may differ from the one that saved it: offload targets are free to change). Moves `data` (if
+  // given) to the saved position. Returns the client_state. ConfigError when the model, working dtype or
+  // optimizer differ; IoError on damage (the engine's state is then undefined: construct a new one).
+  nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag = "",
+                                 model::DataLoader* data = nullptr);
+
+  // ---- state ----
+  std::int64_t global_step() const;
+  std::int64_t skipped_steps() const;
+  double loss_scale() const;
+  double lr() const;
+  int micro_batch() const;
+  int accumulation_steps() const;
+  const Config& config() const;
+  const MemoryPlan& plan() const;
+  const prefetch::PrefetchStats& prefetch_stats() const;
+  tiering::TierManager& tiers();
+  Device& device();
+  // The fp32 master parameters of chunk `id` (padded_numel), copied out wherever they live.
+  std::vector<float> master_params(int id);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::zero3

@@ -1,0 +1,177 @@
+// Internal to zero3: the engine's state. One training thread calls every method; the gather and gradient
+// streams run host functions that touch only the buffers they were handed and the error slots below.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cpu_optim/cpu_optim.h"
+#include "nvme/engine.h"
+#include "nvme/swap_store.h"
+#include "tiering/trace_writer.h"
+#include "zero3/communicator.h"
+#include "zero3/engine.h"
+#include "zero3/loss_scaler.h"
+#include "zero3/lr_schedule.h"
+
+namespace strata::zero3 {
+
+using tiering::Tier;
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// One chunk: its shard's five tensors in the tier manager, its gathered copy on the device, its gradient
+// buffer, its optimizer step counter.
+struct ChunkSlot {
+  int id = 0;
+  std::string name;         // "block.3"
+  std::size_t numel = 0;    // gathered elements (padded_numel)
+  ShardRange shard;         // this rank's slice of the chunk
+  tiering::ShardTensors t;  // param (working dtype), grad, master, exp_avg, exp_avg_sq (fp32)
+  bool persistent = false;  // below stage3_param_persistence_threshold: stays gathered across passes
+
+  // Stable addresses of the tensors whose home is the device or pinned host memory (pinned in the tier
+  // manager, so never moved); null for NVMe-resident ones.
+  void* param_home = nullptr;  // (shard.numel) working dtype
+  float* grad = nullptr;       // (shard.numel) fp32 accumulator
+  float* master = nullptr;     // (shard.numel) fp32
+  float* exp_avg = nullptr;    // (shard.numel) fp32
+  float* exp_avg_sq = nullptr;
+
+  // The gathered working params, widened to fp32, on the device.
+  enum class Gather : std::uint8_t { absent, in_flight, ready, held };
+  Gather g = Gather::absent;
+  tiering::TensorId gathered = 0;
+  float* gptr = nullptr;          // (numel) fp32
+  std::unique_ptr<Event> ready;   // recorded on the gather stream after the widening pass
+  std::exception_ptr error;       // set by that pass before `ready` completes
+  bool pins_param = false;        // the gather holds a pin on the param's pinned copy (NVMe home)
+  bool counts_nvme_read = false;  // the gather occupies one of offload_param.buffer_count buffers
+  std::uint64_t last_use = 0;
+
+  // The gradient buffer handed to the model (device, fp32, numel), between acquire_grads and release.
+  tiering::TensorId gradbuf = 0;
+  float* gbuf = nullptr;
+  bool grads_fresh = true;  // the fp32 gradient shard holds nothing yet this step
+
+  cpu_optim::ShardStep opt;
+};
+
+struct Engine::Impl final : prefetch::FetchTarget {
+  Impl(const Config& cfg, const model::ModelConfig& mcfg, const EngineOptions& opts);
+  ~Impl() override;
+
+  // ---- construction (engine.cpp) ----
+  void plan_memory();
+  void check_fits() const;
+  void open_tiers();
+  void init_chunks();
+  // Places `bytes` from `src` as the valid copy of `id` in its home tier (through pinned memory for NVMe).
+  tiering::Move put(tiering::TensorId id, Tier home, const void* src, std::size_t bytes);
+  std::size_t wd_bytes() const;
+
+  // ---- chunks on the device (engine_chunks.cpp) ----
+  std::uint64_t numel(int c) const override;
+  prefetch::Residency residency(int c) override;
+  bool start_fetch(int c, bool demand) override;
+  void wait_fetch(int c) override;
+  std::uint64_t live_numel() const override;
+  void finish_fetch(ChunkSlot& s);
+  void drop_gathered(ChunkSlot& s);
+  void drop_all_gathered();
+  // Frees device room for `bytes` by dropping gathered chunks that are not held (those used last, or
+  // never again, first). A prefetch (demand false) drops only chunks this pass does not use again.
+  bool make_room(std::uint64_t bytes, bool demand);
+  void* device_alloc(tiering::TensorId id, std::uint64_t bytes, bool demand);
+  void trim_param_cache();
+  model::ChunkView acquire(int c);
+  void release(int c);
+  float* acquire_grads(int c);
+  void release_grads(int c);
+  void sync_grads();
+
+  // ---- the step (engine_step.cpp) ----
+  StepResult step();
+  void update_group(const std::vector<int>& group, double lr, float grad_factor, std::int64_t step_no,
+                    std::vector<tiering::Move>& writes);
+  void update_chunk(ChunkSlot& s, float* master, float* m, float* v, void* out, double lr, float factor,
+                    std::int64_t step_no);
+  void* param_out(ChunkSlot& s);
+  void param_written(ChunkSlot& s, std::vector<tiering::Move>& writes);
+  std::vector<tiering::TensorId> optimizer_tensors(const ChunkSlot& s) const;
+
+  // ---- checkpoints (engine_checkpoint.cpp) ----
+  std::string save(const std::string& dir, const nlohmann::json& client_state, const model::DataLoader* data,
+                   const std::string& tag);
+  nlohmann::json load(const std::string& dir, const std::string& tag, model::DataLoader* data);
+  // Calls fn(ptr) with a host-readable copy of tensor `id` (fetched from NVMe into pinned memory if that is
+  // the only copy, and dropped again after).
+  template <typename Fn>
+  void with_host_copy(tiering::TensorId id, Fn&& fn) {
+    const tiering::TierMask valid = tm->info(id).valid;
+    if (tiering::has(valid, Tier::pinned)) return fn(static_cast<const void*>(tm->data(id, Tier::pinned)));
+    if (tiering::has(valid, Tier::device)) return fn(static_cast<const void*>(tm->data(id, Tier::device)));
+    tm->pin(id);
+    try {
+      tm->fetch(id, Tier::pinned).wait();
+      fn(static_cast<const void*>(tm->data(id, Tier::pinned)));
+    } catch (...) {
+      tm->unpin(id);
+      throw;
+    }
+    tm->unpin(id);
+    tm->evict(id, Tier::pinned, Tier::nvme);  // the NVMe copy is still valid: the pinned one is dropped
+  }
+
+  Config cfg;
+  model::ModelConfig mcfg;
+  model::ModelLayout layout;
+  EngineOptions opts;
+  tiering::Dtype wd = tiering::Dtype::bf16;  // working dtype
+  tiering::ShardHomes homes;
+  int n_states = 2;  // optimizer state tensors per parameter besides the master (Adam 2, Adagrad 1, Lion 1)
+
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<nvme::AioEngine> aio;
+  std::unique_ptr<nvme::SwapStore> swap;
+  std::unique_ptr<tiering::TierManager> tm;
+  std::unique_ptr<tiering::TraceWriter> trace;
+  std::unique_ptr<Stream> gather_stream, grad_stream;
+  std::unique_ptr<prefetch::Prefetcher> pf;
+  std::unique_ptr<cpu_optim::Optimizer> opt;
+  LossScaler scaler;
+  LrSchedule sched;
+  MemoryPlan plan;
+
+  std::vector<ChunkSlot> slots;
+  std::vector<std::vector<int>> groups;  // optimizer sub-groups: consecutive chunks, <= sub_group_size
+  std::size_t group_window = 1;          // NVMe sub-groups whose states may be in pinned memory at once
+
+  // NVMe-resident parameters: reads in flight (<= offload_param.buffer_count) and the pinned copies kept
+  // as a cache (<= offload_param.max_in_cpu elements), least recently used first.
+  int nvme_param_reads = 0;
+  std::deque<int> param_cache;
+  std::uint64_t param_cache_numel = 0;
+
+  std::mutex grad_mu;  // guards grad_error (written by the gradient stream)
+  std::exception_ptr grad_error;
+
+  std::int64_t global_step = 0, applied_steps = 0, skipped = 0;
+  bool in_pass = false;
+  std::uint64_t use_clock = 0;
+  // The step in progress.
+  int micro_steps = 0;
+  double loss_sum = 0;
+  std::int64_t tokens = 0;
+  StepTimes times;
+};
+
+}  // namespace strata::zero3

@@ -1,0 +1,285 @@
+// The training loop pieces: one micro-batch's forward and backward, and the optimizer step.
+//
+// Note [The optimizer step]: step() (1) waits for the gradients still travelling off the device, (2) sums
+// the squared norm and checks for overflow chunk by chunk (cpu_optim::grad_stats; the sum is all-reduced
+// across ranks), (3) lets the loss scaler decide whether the step applies, (4) updates the optimizer
+// sub-groups — in place where the master and states live in addressable memory (the device on the host
+// backend, or pinned host memory), or through the NVMe swap pipeline — writing the new working params
+// to their home, and (5) drops the gathered chunks, now stale.
+//
+// Note [NVMe swap pipeline]: with offload_optimizer nvme, sub-group i's states (fp32 master and the
+// optimizer's moments) are read into pinned memory by the tier manager, updated, marked written and
+// evicted back to NVMe (an asynchronous write that frees the pinned blocks when done). pipeline_read
+// issues the reads of sub-group i + 1 before updating i; pipeline_write lets the writes of i run while
+// i + 1 is updated (otherwise each write is waited for). At most `group_window` = buffer_count / (tensors
+// per parameter) sub-groups hold pinned buffers at once; the oldest write is waited for to make room.
+//
+// Overlap with backward (a later change): update_group() needs only its chunks' gradients, the gradient
+// scale and the learning rate. Without clipping and without fp16 (no global norm, no overflow check
+// needed before updating) a sub-group could be updated as soon as release_grads of its last chunk has
+// run; the gradient stream's completion per chunk is where that would hook in.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/log.h"
+#include "zero3/engine_impl.h"
+
+namespace strata::zero3 {
+
+using detail::cat;
+
+// ----------------------------------------------------------------------------------------- the update
+
+void Engine::Impl::update_chunk(ChunkSlot& s, float* master, float* m, float* v, void* out, double lr,
+                                float factor, std::int64_t step_no) {
+  const std::size_t n = s.shard.numel;
+  cpu_optim::Shard sh;
+  sh.params = master;
+  sh.grads = s.grad;
+  sh.exp_avg = m;
+  sh.exp_avg_sq = v;
+  sh.out = wd == tiering::Dtype::fp32 ? nullptr : out;
+  sh.n = n;
+  sh.out_dtype = wd == tiering::Dtype::fp16 ? cpu_optim::DType::f16 : cpu_optim::DType::bf16;
+  const OptimizerConfig& o = cfg.optimizer;
+  switch (o.type) {
+    case OptimizerType::Adam:
+    case OptimizerType::AdamW:
+      opt->adam(s.opt,
+                {.lr = float(lr),
+                 .beta1 = float(o.betas[0]),
+                 .beta2 = float(o.betas[1]),
+                 .eps = float(o.eps),
+                 .weight_decay = float(o.weight_decay),
+                 .adamw = o.type == OptimizerType::AdamW || o.adam_w_mode,
+                 .bias_correction = o.bias_correction},
+                step_no, sh, factor);
+      break;
+    case OptimizerType::Adagrad:
+      opt->adagrad(s.opt, {.lr = float(lr), .eps = float(o.eps), .weight_decay = float(o.weight_decay)},
+                   step_no, sh, factor);
+      break;
+    case OptimizerType::Lion:
+      opt->lion(s.opt,
+                {.lr = float(lr),
+                 .beta1 = float(o.betas[0]),
+                 .beta2 = float(o.betas[1]),
+                 .weight_decay = float(o.weight_decay)},
+                step_no, sh, factor);
+      break;
+  }
+  if (wd == tiering::Dtype::fp32) std::memcpy(out, master, n * sizeof(float));
+}
+
+void* Engine::Impl::param_out(ChunkSlot& s) {
+  if (homes.param != Tier::nvme) return s.param_home;  // device (host-addressable) or pinned: in place
+  tm->pin(s.t.param);
+  return tm->allocate(s.t.param, Tier::pinned);
+}
+
+void Engine::Impl::param_written(ChunkSlot& s, std::vector<tiering::Move>& writes) {
+  if (homes.param != Tier::nvme) return;
+  tm->mark_written(s.t.param, Tier::pinned);
+  tm->unpin(s.t.param);
+  auto it = std::find(param_cache.begin(), param_cache.end(), s.id);
+  const bool cached = it != param_cache.end();
+  if (cached) param_cache.erase(it);
+  const std::uint64_t others = param_cache_numel - (cached ? s.shard.numel : 0);
+  if (others + s.shard.numel <= cfg.zero_optimization.offload_param.max_in_cpu) {
+    writes.push_back(tm->fetch(s.t.param, Tier::nvme));  // write through; the pinned copy stays a cache
+    param_cache.push_back(s.id);
+    param_cache_numel = others + s.shard.numel;
+  } else {
+    writes.push_back(tm->evict(s.t.param, Tier::pinned, Tier::nvme));
+    param_cache_numel = others;
+  }
+}
+
+void Engine::Impl::update_group(const std::vector<int>& group, double lr, float factor, std::int64_t step_no,
+                                std::vector<tiering::Move>& writes) {
+  for (int c : group) {
+    ChunkSlot& s = slots[std::size_t(c)];
+    float *master = s.master, *m = s.exp_avg, *v = s.exp_avg_sq;
+    if (homes.master == Tier::nvme) {  // the pipeline has read them into pinned memory
+      master = static_cast<float*>(tm->data(s.t.master, Tier::pinned));
+      if (cfg.optimizer.type != OptimizerType::Adagrad)
+        m = static_cast<float*>(tm->data(s.t.exp_avg, Tier::pinned));
+      if (cfg.optimizer.type != OptimizerType::Lion)
+        v = static_cast<float*>(tm->data(s.t.exp_avg_sq, Tier::pinned));
+    }
+    void* out = param_out(s);
+    update_chunk(s, master, m, v, out, lr, factor, step_no);
+    param_written(s, writes);
+  }
+}
+
+StepResult Engine::Impl::step() {
+  STRATA_CHECK(!in_pass, "zero3: step() inside a forward/backward pass");
+  const auto t0 = Clock::now();
+  sync_grads();
+  tm->set_step(global_step + 1, tiering::Phase::optimizer);
+
+  // Global norm and overflow, chunk by chunk in a fixed order.
+  double sum_sq = 0;
+  bool finite = true;
+  for (ChunkSlot& s : slots) {
+    if (s.grads_fresh) {  // no gradients reached this chunk this step
+      std::memset(s.grad, 0, s.shard.numel * sizeof(float));
+      s.grads_fresh = false;
+      continue;
+    }
+    const cpu_optim::GradStats st = opt->grad_stats(s.grad, cpu_optim::DType::f32, s.shard.numel, 1.0f);
+    sum_sq += st.sum_sq;
+    finite = finite && st.finite;
+  }
+  sum_sq = comm->all_reduce_sum(sum_sq);
+  finite = comm->all_reduce_and(finite);
+
+  StepResult r;
+  r.loss_scale = scaler.scale();
+  r.lr = sched.lr();
+  bool applied;
+  if (scaler.enabled()) {
+    applied = scaler.update(!finite);
+  } else {
+    applied = finite;
+    if (!finite)
+      STRATA_LOG_WARN("zero3: non-finite gradients at step ", global_step + 1,
+                      "; the step is skipped (lower the learning rate or enable gradient_clipping)");
+  }
+  if (applied) {
+    const GradScale gs = grad_scale(sum_sq, r.loss_scale, cfg.gradient_clipping);
+    r.grad_norm = gs.norm;
+    const std::int64_t step_no = applied_steps + 1;
+    if (homes.master != Tier::nvme) {
+      std::vector<tiering::Move> writes;
+      for (const auto& g : groups) update_group(g, r.lr, gs.factor, step_no, writes);
+      const auto tw = Clock::now();
+      for (const tiering::Move& m : writes) m.wait();
+      times.wait += seconds_since(tw);
+    } else {
+      const auto& oo = cfg.zero_optimization.offload_optimizer;
+      const std::size_t G = groups.size();
+      std::vector<std::vector<tiering::Move>> reads(G), writes(G);
+      std::vector<bool> issued(G, false);
+      std::size_t oldest = 0;  // the oldest sub-group whose writes have not been waited for
+      auto wait_all = [&](std::vector<tiering::Move>& moves) {
+        const auto tw = Clock::now();
+        for (const tiering::Move& m : moves) m.wait();
+        moves.clear();
+        times.wait += seconds_since(tw);
+      };
+      auto read = [&](std::size_t i) {
+        for (int c : groups[i])
+          for (tiering::TensorId id : optimizer_tensors(slots[std::size_t(c)])) {
+            tm->pin(id);
+            reads[i].push_back(tm->fetch(id, Tier::pinned));
+          }
+        issued[i] = true;
+      };
+      for (std::size_t i = 0; i < G; ++i) {
+        while (!issued[i] && i - oldest + 1 > group_window && oldest < i) wait_all(writes[oldest++]);
+        if (!issued[i]) read(i);
+        if (oo.pipeline_read && i + 1 < G) {
+          while (i + 2 - oldest > group_window && oldest < i) wait_all(writes[oldest++]);
+          if (i + 2 - oldest <= group_window) read(i + 1);
+        }
+        wait_all(reads[i]);
+        std::vector<tiering::Move> param_writes;
+        update_group(groups[i], r.lr, gs.factor, step_no, param_writes);
+        for (int c : groups[i])
+          for (tiering::TensorId id : optimizer_tensors(slots[std::size_t(c)])) {
+            tm->mark_written(id, Tier::pinned);
+            tm->unpin(id);
+            writes[i].push_back(tm->evict(id, Tier::pinned, Tier::nvme));
+          }
+        for (tiering::Move& m : param_writes) writes[i].push_back(std::move(m));
+        if (!oo.pipeline_write) {
+          while (oldest <= i) wait_all(writes[oldest++]);
+        }
+      }
+      while (oldest < G) wait_all(writes[oldest++]);
+    }
+    ++applied_steps;
+    sched.step();
+    drop_all_gathered();
+  } else {
+    r.grad_norm = finite ? std::sqrt(sum_sq) / r.loss_scale : std::numeric_limits<double>::infinity();
+    ++skipped;
+  }
+  for (ChunkSlot& s : slots) s.grads_fresh = true;
+  ++global_step;
+
+  times.optimizer += seconds_since(t0);
+  r.step = global_step;
+  r.applied = applied;
+  r.loss = micro_steps > 0 ? loss_sum / micro_steps : 0.0;
+  r.tokens = tokens;
+  r.times = times;
+  r.times.total = times.forward + times.backward + times.optimizer;
+  micro_steps = 0;
+  loss_sum = 0;
+  tokens = 0;
+  times = {};
+  tm->set_step(global_step, tiering::Phase::idle);
+  return r;
+}
+
+// ------------------------------------------------------------------------------------------ public API
+
+void Engine::begin_pass() {
+  Impl& im = *impl_;
+  STRATA_CHECK(!im.in_pass, "zero3: begin_pass inside a pass");
+  im.tm->set_step(im.global_step + 1, tiering::Phase::forward);
+  im.in_pass = true;
+  im.pf->begin_pass();
+}
+
+void Engine::end_pass() {
+  Impl& im = *impl_;
+  STRATA_CHECK(im.in_pass, "zero3: end_pass without begin_pass");
+  im.in_pass = false;
+  im.pf->end_pass();
+}
+
+float Engine::forward_backward(model::LlamaModel& model, const model::Batch& batch) {
+  Impl& im = *impl_;
+  begin_pass();
+  float loss = 0;
+  try {
+    auto t0 = Clock::now();
+    loss = model.forward(*this, batch.inputs.data(), batch.targets.data(), batch.rows, batch.seq_len);
+    im.times.forward += seconds_since(t0);
+    im.tm->set_step(im.global_step + 1, tiering::Phase::backward);
+    t0 = Clock::now();
+    model.backward(*this, float(im.scaler.scale() / double(im.cfg.gradient_accumulation_steps)));
+    im.times.backward += seconds_since(t0);
+  } catch (...) {
+    end_pass();
+    throw;
+  }
+  end_pass();
+  im.loss_sum += loss;
+  ++im.micro_steps;
+  im.tokens += std::int64_t(batch.rows) * batch.seq_len;
+  return loss;
+}
+
+StepResult Engine::train_batch(model::LlamaModel& model, model::DataLoader& data) {
+  for (std::int64_t i = 0; i < impl_->cfg.gradient_accumulation_steps; ++i)
+    forward_backward(model, data.next());
+  return step();
+}
+
+std::vector<float> Engine::master_params(int id) {
+  Impl& im = *impl_;
+  const ChunkSlot& s = im.slots.at(std::size_t(id));
+  std::vector<float> out(s.shard.numel);
+  im.with_host_copy(s.t.master,
+                    [&](const void* p) { std::memcpy(out.data(), p, out.size() * sizeof(float)); });
+  return out;
+}
+
+}  // namespace strata::zero3

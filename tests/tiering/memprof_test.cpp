@@ -1,0 +1,176 @@
+// memprof: the summary of a scripted sequence reports exactly the sizes the script moved; the estimate
+// reproduces DeepSpeed's ZeRO-3 formulas and DESIGN.md §2's bytes per parameter.
+#include <gtest/gtest.h>
+
+#include "tests/tiering/tiering_fixture.h"
+#include "tiering/memprof.h"
+#include "tiering/trace_writer.h"
+
+namespace strata::tiering {
+namespace {
+
+using test::random_bytes;
+using test::TieringTest;
+
+constexpr std::uint64_t MiB = 1 << 20;
+
+class Memprof : public TieringTest {};
+
+// The script (sizes chosen so that every figure is known):
+//   param 1 MiB: written pinned, evicted to NVMe, fetched to the device (through 1 MiB of staging)
+//   grad 4 MiB: written on the device, evicted to pinned
+//   master, exp_avg, exp_avg_sq 2 MiB each: written pinned (all three at once), evicted to NVMe
+//   huge 64 MiB on an 8 MiB device: drops the param from the device, then OutOfMemory
+TEST_P(Memprof, SummaryOfAScriptedSequenceReportsTheKnownSizes) {
+  make({.device_budget = 8 << 20,
+        .pinned_budget = 32 << 20,
+        .pinned_slab = 4 << 20,
+        .nvme_capacity = 64 << 20});
+  std::string path = dir.file("run.memprof.jsonl");
+  {
+    TraceWriter w(*tm, {.path = path, .sample_interval_ms = 1});
+    tm->set_step(0, Phase::forward);
+    TensorId p = tm->register_tensor({.name = "layers.0.param",
+                                      .kind = Kind::param,
+                                      .dtype = Dtype::bf16,
+                                      .bytes = 1 * MiB,
+                                      .home = Tier::nvme});
+    write(p, Tier::pinned, random_bytes(1 * MiB, 1));
+    tm->evict(p, Tier::pinned, Tier::nvme).wait();
+    tm->fetch(p, Tier::device).wait();
+    tm->set_step(0, Phase::backward);
+    TensorId g = tm->register_tensor(
+        {.name = "layers.0.grad", .kind = Kind::grad, .bytes = 4 * MiB, .home = Tier::pinned});
+    write(g, Tier::device, random_bytes(4 * MiB, 2));
+    tm->evict(g, Tier::device, Tier::pinned).wait();
+    tm->set_step(0, Phase::optimizer);
+    std::vector<TensorId> states;
+    for (Kind k : {Kind::master, Kind::exp_avg, Kind::exp_avg_sq}) {
+      states.push_back(tm->register_tensor({.name = std::string("layers.0.") + to_string(k),
+                                            .kind = k,
+                                            .bytes = 2 * MiB,
+                                            .home = Tier::nvme}));
+      write(states.back(), Tier::pinned, random_bytes(2 * MiB, 3 + states.size()));
+    }
+    for (TensorId s : states) tm->evict(s, Tier::pinned, Tier::nvme).wait();
+    tm->set_step(1, Phase::forward);
+    TensorId huge = tm->register_tensor({.name = "huge", .kind = Kind::param, .bytes = 64 * MiB});
+    EXPECT_THROW(tm->allocate(huge, Tier::device), OutOfMemory);
+    tm->synchronize();
+  }
+  Summary s = summarize(read_trace(path));
+  EXPECT_TRUE(s.exact);
+  const std::uint64_t want[kTierCount][kKindCount] = {
+      // param    grad     master   exp_avg  exp_avg_sq staging
+      {1 * MiB, 4 * MiB, 0, 0, 0, 0},                          // device
+      {1 * MiB, 4 * MiB, 2 * MiB, 2 * MiB, 2 * MiB, 1 * MiB},  // pinned
+      {1 * MiB, 0, 2 * MiB, 2 * MiB, 2 * MiB, 0},              // nvme
+  };
+  for (int t = 0; t < kTierCount; ++t)
+    for (int k = 0; k < kKindCount; ++k)
+      EXPECT_EQ(s.peak[t][k], want[t][k]) << to_string(Tier(t)) << " / " << to_string(Kind(k));
+  EXPECT_EQ(s.peak_total[int(Tier::device)], 5 * MiB);
+  EXPECT_EQ(s.peak_total[int(Tier::pinned)], 10 * MiB) << "grad + the three states at once";
+  EXPECT_EQ(s.peak_total[int(Tier::nvme)], 7 * MiB);
+  EXPECT_EQ(s.moves[direction(Tier::pinned, Tier::nvme)].count, 4u);
+  EXPECT_EQ(s.moves[direction(Tier::pinned, Tier::nvme)].bytes, 7 * MiB);
+  EXPECT_EQ(s.moves[direction(Tier::nvme, Tier::device)].bytes, 1 * MiB);
+  EXPECT_EQ(s.moves[direction(Tier::device, Tier::pinned)].bytes, 4 * MiB);
+  for (int d : {direction(Tier::pinned, Tier::device), direction(Tier::nvme, Tier::pinned),
+                direction(Tier::device, Tier::nvme)})
+    EXPECT_EQ(s.moves[d].count, 0u) << direction_name(d);
+  EXPECT_EQ(s.evictions, 1u);
+  EXPECT_EQ(s.evicted_bytes, 1 * MiB);
+  EXPECT_EQ(s.ooms, 1u);
+  ASSERT_EQ(s.oom_events.size(), 1u);
+  EXPECT_EQ(s.oom_events[0].bytes, 64 * MiB);
+  EXPECT_EQ(s.oom_events[0].step, 1);
+  EXPECT_EQ(s.first_step, 0);
+  EXPECT_EQ(s.last_step, 1);
+  ASSERT_GE(s.largest.size(), 2u);
+  EXPECT_EQ(s.largest[0].name, "huge");
+  EXPECT_EQ(s.largest[1].name, "layers.0.grad");
+  std::string text = format_summary(s);
+  EXPECT_NE(text.find("10.00 MiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("pinned_to_nvme"), std::string::npos) << text;
+  EXPECT_EQ(summary_json(s)["tiers"]["pinned"]["peak"]["staging"], 1 * MiB);
+}
+
+TEST_P(Memprof, ReplayedPeaksEqualTheManagersOwnCounters) {
+  make({.device_budget = 4 << 20,
+        .pinned_budget = 6 << 20,
+        .pinned_slab = 2 << 20,
+        .nvme_capacity = 64 << 20});
+  std::string path = dir.file("run.memprof.jsonl");
+  {
+    TraceWriter w(*tm, {.path = path, .sample_interval_ms = 2});
+    std::mt19937_64 rng(77);
+    std::vector<TensorId> ids;
+    for (int i = 0; i < 10; ++i) {
+      ids.push_back(add(test::label("t", i), 100'000 + rng() % 900'000, Tier(rng() % 3), Kind(rng() % 5)));
+      write(ids.back(), Tier::pinned, random_bytes(tm->info(ids.back()).desc.bytes, i));
+    }
+    for (int op = 0; op < 150; ++op) {
+      TensorId id = ids[rng() % ids.size()];
+      Tier to = Tier(rng() % 3);
+      Tier from = Tier((int(to) + 1 + rng() % 2) % 3);
+      (rng() % 2 ? tm->fetch(id, to) : tm->evict(id, from, to)).wait();
+    }
+    tm->synchronize();
+  }
+  Trace tr = read_trace(path);
+  Summary s = summarize(tr);
+  ASSERT_TRUE(tr.final_snapshot);
+  for (int t = 0; t < kTierCount; ++t) {
+    for (int k = 0; k < kKindCount; ++k)
+      EXPECT_EQ(s.peak[t][k], tr.final_snapshot->tiers[t].by_kind[k].peak) << to_string(Tier(t)) << "/" << k;
+    EXPECT_EQ(s.peak_total[t], tr.final_snapshot->tiers[t].total.peak) << to_string(Tier(t));
+  }
+  EXPECT_EQ(s.moves, tr.final_snapshot->moves);
+  EXPECT_EQ(s.evictions, tr.final_snapshot->evictions);
+}
+
+STRATA_TIERING_BACKENDS(Memprof);
+
+TEST(MemprofEstimate, DeepSpeedColumnsFollowItsZero3Formulas) {
+  EstimateInput in{.params = 1'000'000'000, .largest_layer = 100'000'000};
+  std::vector<EstimateRow> rows = estimate(in);
+  auto row = [&](Tier param, Tier optim) {
+    for (const EstimateRow& r : rows)
+      if (r.param_home == param && r.optim_home == optim) return r;
+    ADD_FAILURE() << "no row for " << to_string(param) << "/" << to_string(optim);
+    return EstimateRow{};
+  };
+  EstimateRow none = row(Tier::device, Tier::device), opt = row(Tier::device, Tier::pinned),
+              both = row(Tier::pinned, Tier::pinned);
+  EXPECT_EQ(none.ds_gpu, 18'400'000'000u);  // 4 M + 18 P
+  EXPECT_EQ(none.ds_cpu_zero_init, 600'000'000u);
+  EXPECT_EQ(none.ds_cpu, 6'000'000'000u);
+  EXPECT_EQ(opt.ds_gpu, 2'400'000'000u);  // 4 M + 2 P
+  EXPECT_EQ(opt.ds_cpu_zero_init, 24'000'000'000u);
+  EXPECT_EQ(both.ds_gpu, 400'000'000u);  // 4 M
+  EXPECT_EQ(both.ds_cpu_zero_init, 27'000'000'000u);
+  // Ours: 18 B/param where the state lives, plus 6 B x M of device working set.
+  EXPECT_EQ(none.device, 18'600'000'000u);
+  EXPECT_EQ(both.device, 600'000'000u);
+  EXPECT_EQ(both.host, 18'000'000'000u);
+  EstimateRow infinity = row(Tier::nvme, Tier::nvme);
+  EXPECT_EQ(infinity.nvme, 14'000'000'000u);
+  EXPECT_EQ(infinity.host, 4'000'000'000ull + 400'000'000ull + 12'000'000'000ull)
+      << "grads + param staging + one sub-group (the whole shard at sub_group_size 1e9)";
+}
+
+TEST(MemprofEstimate, ManyGpusAndNodesScaleAsDeepSpeedDoes) {
+  EstimateInput in{.params = 1'000'000'000, .largest_layer = 100'000'000, .world = 4, .nodes = 2};
+  std::vector<EstimateRow> rows = estimate(in);
+  EXPECT_EQ(rows[0].ds_gpu, 400'000'000u + 4'500'000'000u);  // no offload: 4 M + 18 P / 4
+  EXPECT_EQ(rows[0].ds_cpu, 12'000'000'000u);                // 4 x 2 GPUs per node x P x 1.5
+  EXPECT_EQ(rows[2].ds_cpu_zero_init, 13'500'000'000u);      // 18 P / 2 nodes x 1.5
+  EXPECT_EQ(rows[0].device, 600'000'000u + 4'500'000'000u);  // 18 B x P / 4 + 6 B x M
+  EXPECT_EQ(rows[2].host, 2u * 4'500'000'000u) << "host is per node: 2 ranks of 18 B x P / 4";
+  EXPECT_THROW(estimate({.params = 10, .largest_layer = 20}), ConfigError);
+  EXPECT_THROW(estimate({.params = 10, .largest_layer = 5, .world = 3, .nodes = 2}), ConfigError);
+}
+
+}  // namespace
+}  // namespace strata::tiering

@@ -1,0 +1,39 @@
+// strata/tiering/tiering.h: the tier manager — where every byte of model state lives (device memory,
+// pinned host memory, NVMe), how it moves, and what it costs; plus the memprof trace and its reader.
+//
+// Example:
+//   #include "tiering/tiering.h"
+//   strata::nvme::AioEngine engine(aio_options);
+//   strata::nvme::SwapStore swap(engine, {.nvme_path = "/local_nvme", .capacity = 64ull << 30});
+//   strata::tiering::TierManager tm(*dev, {.device_budget = 20ull << 30, .pinned_budget = 8ull << 30},
+//   &swap); strata::tiering::TraceWriter trace(tm, {.path = "run.memprof.jsonl"});   // strata.memprof.path
+//   auto s = tm.register_shard({.prefix = "layers.3", .chunk = 3, .numel = n,
+//                               .homes = strata::tiering::shard_homes(Tier::nvme, Tier::nvme)});
+//   tm.set_step(0, Phase::forward);
+//   tm.pin(s.param);
+//   tm.fetch(s.param, Tier::device).enqueue_wait(*compute);  // NVMe -> pinned staging -> device
+//   ...
+//   tm.unpin(s.param);
+//   std::cout << tm.snapshot().to_json().dump(2);            // {"schema": "strata.memprof", ...}
+//
+// One concern per header:
+//   tiering/types.h              Tier, Kind, Dtype, State, Phase, Stat
+//   tiering/fence.h              Fence: when freed memory may be reused (EventFence, Flag)
+//   tiering/caching_allocator.h  PyTorch-style caching allocator; device and pinned-slab flavours
+//   tiering/pool.h               TierPool: one interface for device, pinned and NVMe memory
+//   tiering/accounting.h         per tier x kind bytes, moves per direction, the event ring
+//   tiering/manager.h            TierManager: registry, moves, eviction, OutOfMemory
+//   tiering/snapshot.h           Snapshot and its versioned JSON
+//   tiering/trace_writer.h       TraceWriter: the memprof trace file
+//   tiering/memprof.h            reading traces: replay, summary; the memory estimate
+#pragma once
+
+#include "tiering/accounting.h"
+#include "tiering/caching_allocator.h"
+#include "tiering/fence.h"
+#include "tiering/manager.h"
+#include "tiering/memprof.h"
+#include "tiering/pool.h"
+#include "tiering/snapshot.h"
+#include "tiering/trace_writer.h"
+#include "tiering/types.h"

@@ -78,15 +78,16 @@ Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_byte
   const bool seq = pattern == Pattern::seq_read || pattern == Pattern::seq_write;
   const bool wr = is_write(pattern);
   // Sequential requests span many blocks (the engine cuts them into block_size pieces); random ones are
-  // one block each. Enough requests stay outstanding that every queue holds queue_depth pieces with as
-  // many again waiting, so the engine never idles while this thread reacts to a completion.
+  // one block each. Outstanding requests cover every queue's queue_depth pieces plus a little more, so
+  // that the engine never idles while this thread reacts to a completion, yet little is left to drain
+  // after the deadline.
+  const std::uint64_t slots = std::uint64_t(o.queue_depth) * std::uint64_t(o.intra_op_parallelism);
   std::uint64_t req = bs;
   if (seq)
     req = std::min<std::uint64_t>(
         std::max<std::uint64_t>(bs, std::min(buffer_bytes, measure_buffer_bytes(o)) / bs * bs), span);
-  const std::uint64_t queued = 2 * std::uint64_t(o.queue_depth) * std::uint64_t(o.intra_op_parallelism) * bs;
-  const std::size_t outstanding =
-      std::size_t(std::max<std::uint64_t>(2, (queued + req - 1) / req + (seq ? 1 : 0)));
+  const std::size_t outstanding = seq ? std::size_t((slots * bs + req - 1) / req + 1)
+                                      : std::size_t(slots + std::max<std::uint64_t>(2, slots / 4));
 
   std::mt19937_64 rng(0x10ad);
   std::uint64_t pos = 0;

@@ -89,8 +89,12 @@ class Prefetcher {
   bool keep_after_release(int c) const;
   void end_pass();
 
-  // The next position in this pass at which `c` is acquired, or -1 (unknown or not again this pass).
+  // The next position in this pass at which `c` is acquired again after its current (or last) acquire,
+  // or -1 (unknown, or not again this pass).
   std::int64_t next_use(int c) const;
+  // The position of the next acquire of `c` not yet made in this pass (what a fetch started now is for),
+  // or -1 (unknown, or none left).
+  std::int64_t upcoming(int c) const { return trace_.upcoming(c); }
   const Trace& trace() const { return trace_; }
   const PrefetchStats& stats() const { return stats_; }
   const PrefetchOptions& options() const { return opts_; }

@@ -62,3 +62,14 @@ std::int64_t Trace::next_use(int chunk, std::size_t after) const {
 }
 
 }  // namespace strata::prefetch
+
+namespace strata::prefetch {
+
+std::int64_t Trace::upcoming(int chunk) const {
+  if (mode_ != Mode::replaying) return -1;
+  for (std::size_t q = pos_; q < trace_.size(); ++q)
+    if (trace_[q] == chunk) return std::int64_t(q);
+  return -1;
+}
+
+}  // namespace strata::prefetch

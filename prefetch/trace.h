@@ -42,6 +42,8 @@ class Trace {
   const std::vector<int>& entries() const { return trace_; }
   // The first position > `after` where the trace acquires `chunk`, or -1 (none, or not replaying).
   std::int64_t next_use(int chunk, std::size_t after) const;
+  // The first position >= position() (not yet acquired in this pass) where `chunk` is acquired, or -1.
+  std::int64_t upcoming(int chunk) const;
   std::uint64_t divergences() const { return divergences_; }
   std::uint64_t recordings() const { return recordings_; }  // passes recorded and kept as the trace
 

@@ -80,16 +80,21 @@ prefetch::Residency Engine::Impl::residency(int c) {
   }
 }
 
-bool Engine::Impl::make_room(std::uint64_t bytes, bool demand) {
+bool Engine::Impl::evictable(const ChunkSlot& s, bool demand, std::int64_t for_position) const {
+  if (s.g != ChunkSlot::Gather::ready || s.id == acquiring) return false;
+  if (demand || !in_pass) return true;
+  const std::int64_t next = pf->next_use(s.id);
+  return next < 0 || (for_position >= 0 && next > for_position);
+}
+
+bool Engine::Impl::make_room(std::uint64_t bytes, bool demand, std::int64_t for_position) {
   const tiering::PoolStats ps = tm->pool_stats(Tier::device);
   std::uint64_t used = ps.used.current;
   if (ps.capacity == 0 || used + bytes <= ps.capacity) return true;
-  // Candidates: gathered, not held, not in flight. A prefetch may only drop chunks not used again this pass.
   std::vector<std::pair<std::int64_t, ChunkSlot*>> cands;
   for (ChunkSlot& s : slots) {
-    if (s.g != ChunkSlot::Gather::ready) continue;
-    std::int64_t next = in_pass ? pf->next_use(s.id) : -1;
-    if (!demand && next >= 0) continue;
+    if (!evictable(s, demand, for_position)) continue;
+    const std::int64_t next = in_pass ? pf->next_use(s.id) : -1;
     cands.push_back({next < 0 ? std::numeric_limits<std::int64_t>::max() : next, &s});
   }
   std::sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) {
@@ -103,19 +108,18 @@ bool Engine::Impl::make_room(std::uint64_t bytes, bool demand) {
   return demand || used + bytes <= ps.capacity;
 }
 
-void* Engine::Impl::device_alloc(tiering::TensorId id, std::uint64_t bytes, bool demand) {
-  if (!make_room(bytes, demand)) return nullptr;
+void* Engine::Impl::device_alloc(tiering::TensorId id, std::uint64_t bytes, bool demand,
+                                 std::int64_t for_position) {
+  if (!make_room(bytes, demand, for_position)) return nullptr;
   for (;;) {
     try {
       return tm->allocate(id, Tier::device);
     } catch (const OutOfMemory&) {
       // The caching allocator's rounding can refuse what the byte count allowed: drop one more gathered
-      // chunk that is not held and retry; with none left, a prefetch declines and a demand fails.
+      // chunk and retry; with none left, a prefetch declines and a demand fails.
       ChunkSlot* victim = nullptr;
       for (ChunkSlot& s : slots)
-        if (s.g == ChunkSlot::Gather::ready && (demand || !in_pass || pf->next_use(s.id) < 0) &&
-            (!victim || s.last_use < victim->last_use))
-          victim = &s;
+        if (evictable(s, demand, for_position) && (!victim || s.last_use < victim->last_use)) victim = &s;
       if (!victim) {
         if (!demand) return nullptr;
         throw;
@@ -143,7 +147,7 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
                                     .chunk = s.id,
                                     .shard = -1});
   tm->pin(s.gathered);
-  void* g = device_alloc(s.gathered, bytes, demand);
+  void* g = device_alloc(s.gathered, bytes, demand, in_pass ? pf->upcoming(c) : -1);
   if (!g) {
     tm->unpin(s.gathered);
     tm->unregister_tensor(s.gathered);
@@ -256,13 +260,24 @@ model::ChunkView Engine::Impl::acquire(int c) {
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.g != ChunkSlot::Gather::held, "zero3: chunk ", s.name, " acquired while already held");
   auto t0 = Clock::now();
-  if (in_pass) {
-    pf->acquire(c);
-  } else {  // outside training (weight export): on demand
-    if (residency(c) == prefetch::Residency::absent) start_fetch(c, true);
-    if (s.g == ChunkSlot::Gather::in_flight) wait_fetch(c);
+  // While the prefetcher makes c resident and then starts the fetches after it, c must not be chosen to
+  // make room for them.
+  acquiring = c;
+  try {
+    if (in_pass) {
+      pf->acquire(c);
+    } else {  // outside training (weight export): on demand
+      if (residency(c) == prefetch::Residency::absent) start_fetch(c, true);
+      if (s.g == ChunkSlot::Gather::in_flight) wait_fetch(c);
+    }
+  } catch (...) {
+    acquiring = -1;
+    throw;
   }
+  acquiring = -1;
   times.wait += seconds_since(t0);
+  STRATA_CHECK(s.g == ChunkSlot::Gather::ready && s.gptr, "zero3: chunk ", s.name,
+               " is not resident after acquire");
   s.g = ChunkSlot::Gather::held;
   s.last_use = ++use_clock;
   return model::ChunkView{&layout.chunk(c), s.gptr};
@@ -289,7 +304,7 @@ float* Engine::Impl::acquire_grads(int c) {
                                    .chunk = s.id,
                                    .shard = -1});
   tm->pin(s.gradbuf);
-  s.gbuf = static_cast<float*>(device_alloc(s.gradbuf, bytes, true));
+  s.gbuf = static_cast<float*>(device_alloc(s.gradbuf, bytes, true, -1));
   tm->mark_written(s.gradbuf, Tier::device);
   std::memset(s.gbuf, 0, bytes);
   return s.gbuf;

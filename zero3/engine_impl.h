@@ -86,10 +86,12 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void finish_fetch(ChunkSlot& s);
   void drop_gathered(ChunkSlot& s);
   void drop_all_gathered();
-  // Frees device room for `bytes` by dropping gathered chunks that are not held (those used last, or
-  // never again, first). A prefetch (demand false) drops only chunks this pass does not use again.
-  bool make_room(std::uint64_t bytes, bool demand);
-  void* device_alloc(tiering::TensorId id, std::uint64_t bytes, bool demand);
+  // Frees device room for `bytes` by dropping gathered chunks that are not held, the one used furthest in
+  // the future first (never used again this pass: first of all). A prefetch (demand false) for the use at
+  // trace position `for_position` drops only chunks whose next use comes after it.
+  bool make_room(std::uint64_t bytes, bool demand, std::int64_t for_position);
+  bool evictable(const ChunkSlot& s, bool demand, std::int64_t for_position) const;
+  void* device_alloc(tiering::TensorId id, std::uint64_t bytes, bool demand, std::int64_t for_position);
   void trim_param_cache();
   model::ChunkView acquire(int c);
   void release(int c);
@@ -166,6 +168,7 @@ struct Engine::Impl final : prefetch::FetchTarget {
 
   std::int64_t global_step = 0, applied_steps = 0, skipped = 0;
   bool in_pass = false;
+  int acquiring = -1;  // the chunk acquire() is making resident (never dropped to make room meanwhile)
   std::uint64_t use_clock = 0;
   // The step in progress.
   int micro_steps = 0;

@@ -1,0 +1,60 @@
+// A bad config fails when the engine is built, before any training step, with a message naming the key.
+#include <gtest/gtest.h>
+
+#include "engine_util.h"
+
+namespace strata::zero3 {
+namespace {
+
+using test::make_config;
+using test::ScratchDir;
+
+template <typename E>
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(EngineConfig, MissingNvmePathFailsWhenTheConfigIsRead) {
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", 1},
+                      {"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "nvme"}}}}}};
+  const std::string m = error_of<ConfigError>([&] { Config::parse(j); });
+  EXPECT_NE(m.find("offload_optimizer.nvme_path"), std::string::npos) << m;
+}
+
+TEST(EngineConfig, NvmeBufferSmallerThanAChunkIsRejected) {
+  ScratchDir d("cfg-bufsize");
+  Config cfg = make_config(OffloadDevice::nvme, OffloadDevice::cpu, d.path(),
+                           {{"zero_optimization", {{"offload_param", {{"buffer_size", 100}}}}}});
+  const std::string m = error_of<ConfigError>([&] { Engine e(cfg, model::ModelConfig::preset("tiny")); });
+  EXPECT_NE(m.find("offload_param.buffer_size"), std::string::npos) << m;
+}
+
+TEST(EngineConfig, TooFewOptimizerSwapBuffersIsRejected) {
+  ScratchDir d("cfg-bufcount");
+  Config cfg = make_config(OffloadDevice::cpu, OffloadDevice::nvme, d.path(),
+                           {{"zero_optimization", {{"offload_optimizer", {{"buffer_count", 2}}}}}});
+  const std::string m = error_of<ConfigError>([&] { Engine e(cfg, model::ModelConfig::preset("tiny")); });
+  EXPECT_NE(m.find("offload_optimizer.buffer_count"), std::string::npos) << m;
+}
+
+TEST(EngineConfig, MoreThanOneRankIsRejected) {
+  ScratchDir d("cfg-world");
+  nlohmann::json j = {{"train_batch_size", 2}, {"zero_optimization", {{"stage", 3}}}};
+  Config cfg = Config::parse(j, {{"world_size", 2}});
+  const std::string m = error_of<ConfigError>([&] { Engine e(cfg, model::ModelConfig::preset("tiny")); });
+  EXPECT_NE(m.find("world_size"), std::string::npos) << m;
+}
+
+TEST(EngineConfig, UnknownBackendIsRejected) {
+  ScratchDir d("cfg-backend");
+  Config cfg = make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path());
+  EXPECT_THROW(Engine(cfg, model::ModelConfig::preset("tiny"), {.backend = "tpu"}), Error);
+}
+
+}  // namespace
+}  // namespace strata::zero3

@@ -94,11 +94,17 @@ std::string format_estimate(const std::vector<EstimateRow>& rows, const Estimate
                 "memprof estimate: %llu params, largest layer %llu, %d GPU(s) on %d node(s), ZeRO-3\n\n",
                 (unsigned long long)in.params, (unsigned long long)in.largest_layer, in.world, in.nodes);
   os << line;
-  std::snprintf(line, sizeof line, "  %-13s %-17s | %-36s | %-38s\n", "offload_param", "offload_optimizer",
-                "Strata: device/GPU  host/node  nvme/node", "DeepSpeed: GPU/GPU  CPU/node (zero_init 1 / 0)");
+  std::snprintf(line, sizeof line, "  %-31s | %-32s | %s\n", "", "Strata", "DeepSpeed's ZeRO-3 estimator");
+  os << line;
+  std::snprintf(line, sizeof line, "  %-13s %-17s | %10s %10s %10s | %10s %12s   %-12s\n", "offload_param",
+                "offload_optimizer", "device/GPU", "host/node", "nvme/node", "GPU/GPU", "CPU/node",
+                "CPU/node");
+  os << line;
+  std::snprintf(line, sizeof line, "  %-31s | %32s | %10s %12s   %-12s\n", "", "", "", "zero_init=1",
+                "zero_init=0");
   os << line;
   for (const EstimateRow& r : rows) {
-    std::snprintf(line, sizeof line, "  %-13s %-17s | %10s %10s %10s      | %10s %12s / %-12s\n",
+    std::snprintf(line, sizeof line, "  %-13s %-17s | %10s %10s %10s | %10s %12s   %-12s\n",
                   offload_name(r.param_home), offload_name(r.optim_home), short_bytes(r.device).c_str(),
                   short_bytes(r.host).c_str(), short_bytes(r.nvme).c_str(), short_bytes(r.ds_gpu).c_str(),
                   short_bytes(r.ds_cpu_zero_init).c_str(), short_bytes(r.ds_cpu).c_str());

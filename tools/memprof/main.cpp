@@ -1,0 +1,129 @@
+// memprof: where the memory of a Strata run went.
+//
+//   memprof summary TRACE [--json] [--top N]   peaks per tier and kind, moves, evictions, OOMs, largest
+//   tensors memprof html TRACE -o out.html             one self-contained page: stacked timeline per tier and
+//   kind memprof estimate --params N --largest-layer M [--world W] [--nodes K] [--json]
+//                                              bytes per tier for each offload setting, ours and DeepSpeed's
+//
+// TRACE is the file a run wrote with strata.memprof.path set (docs/memprof.md).
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "core/error.h"
+#include "tiering/memprof.h"
+#include "tools/memprof/html.h"
+
+namespace {
+
+using strata::ConfigError;
+
+// "7e9", "7000000000", "7B", "1.5T", "350M", "64K" (powers of 10, as parameter counts are written).
+std::uint64_t parse_count(const std::string& s, const char* option) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string rest = used ? s.substr(used) : s;
+  double scale = 1;
+  if (rest == "K" || rest == "k")
+    scale = 1e3;
+  else if (rest == "M")
+    scale = 1e6;
+  else if (rest == "B" || rest == "G")
+    scale = 1e9;
+  else if (rest == "T")
+    scale = 1e12;
+  else if (!rest.empty())
+    used = 0;
+  double n = v * scale;
+  if (!used || !(n >= 1) || n > 1e18 || std::floor(n) != n)
+    throw ConfigError(strata::detail::cat(
+        option, ": \"", s, "\" is not a whole positive count (e.g. 7000000000, 7e9, 7B, 350M)"));
+  return std::uint64_t(n);
+}
+
+int run_summary(const std::string& path, bool as_json, std::size_t top) {
+  strata::tiering::Summary s = strata::tiering::summarize(strata::tiering::read_trace(path), top);
+  if (as_json)
+    std::cout << strata::tiering::summary_json(s).dump(2) << "\n";
+  else
+    std::cout << strata::tiering::format_summary(s);
+  return 0;
+}
+
+int run_html(const std::string& path, const std::string& out, std::size_t max_points) {
+  strata::tiering::Trace tr = strata::tiering::read_trace(path);
+  std::string page = strata::memprof::render_html(tr, {.max_points = max_points, .title = ""});
+  std::ofstream f(out, std::ios::binary);
+  if (!f)
+    throw strata::IoError(
+        strata::detail::cat("cannot write ", out, " (", strata::detail::errno_text(errno), ")"));
+  f << page;
+  f.close();
+  if (!f) throw strata::IoError(strata::detail::cat("writing ", out, " failed"));
+  std::cout << "wrote " << out << " (" << page.size() << " bytes, self-contained)\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"memprof: where the memory of a Strata run went (device, pinned host, NVMe)"};
+  app.require_subcommand(1);
+
+  std::string trace, out = "memprof.html";
+  bool as_json = false;
+  std::size_t top = 10, max_points = 4000;
+  auto* summary =
+      app.add_subcommand("summary", "Peaks per tier and kind, moves, evictions, OOMs, largest tensors");
+  summary->add_option("TRACE", trace, "trace file written with strata.memprof.path")->required();
+  summary->add_flag("--json", as_json, "print the summary as JSON (schema strata.memprof)");
+  summary->add_option("--top", top, "largest tensors to list")->capture_default_str();
+
+  auto* html = app.add_subcommand("html", "Write one self-contained HTML page with the timeline");
+  html->add_option("TRACE", trace, "trace file written with strata.memprof.path")->required();
+  html->add_option("-o,--output", out, "the page to write")->capture_default_str();
+  html->add_option("--max-points", max_points, "timeline points per tier (peaks are kept)")
+      ->capture_default_str();
+
+  std::string params, largest, sub_group = "1e9";
+  strata::tiering::EstimateInput in;
+  auto* est =
+      app.add_subcommand("estimate", "Bytes per tier for each offload setting: ours and DeepSpeed's ZeRO-3");
+  est->add_option("--params", params, "total parameters (7000000000, 7e9, 7B)")->required();
+  est->add_option("--largest-layer", largest, "parameters of the largest layer")->required();
+  est->add_option("--world", in.world, "GPUs in all")->capture_default_str();
+  est->add_option("--nodes", in.nodes, "nodes (GPUs per node = world / nodes)")->capture_default_str();
+  est->add_option("--sub-group-size", sub_group, "zero_optimization.sub_group_size")->capture_default_str();
+  est->add_option("--buffer-factor", in.buffer_factor, "DeepSpeed's additional_buffer_factor")
+      ->capture_default_str();
+  est->add_flag("--json", as_json, "print the table as JSON");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (*summary) return run_summary(trace, as_json, top);
+    if (*html) return run_html(trace, out, max_points);
+    in.params = parse_count(params, "--params");
+    in.largest_layer = parse_count(largest, "--largest-layer");
+    in.sub_group_size = parse_count(sub_group, "--sub-group-size");
+    std::vector<strata::tiering::EstimateRow> rows = strata::tiering::estimate(in);
+    if (as_json)
+      std::cout << strata::tiering::estimate_json(rows, in).dump(2) << "\n";
+    else
+      std::cout << strata::tiering::format_estimate(rows, in);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memprof: %s\n", e.what());
+    return 1;
+  }
+}

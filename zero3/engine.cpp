@@ -190,9 +190,9 @@ void Engine::Impl::plan_memory() {
   add(homes.grad, total * 4);
   add(homes.master, total * 4);
   add(homes.optim, total * 4 * std::uint64_t(n_states));
-  // The model holds at most two chunks at once (the head and, tied, the embedding), each with its
-  // gradient buffer: fp32 gathered params + fp32 gradients.
-  plan.device_working_set = (largest + second) * 8;
+  // The backward holds one chunk with its gradient buffer (fp32 params + fp32 gradients); with tied
+  // embeddings the head holds the embedding chunk as well.
+  plan.device_working_set = (mcfg.tie_embeddings ? largest + second : largest) * 8;
 
   std::uint64_t staging = 0;
   if (homes.param == Tier::nvme) {
@@ -432,6 +432,9 @@ const MemoryPlan& Engine::plan() const {
 }
 const prefetch::PrefetchStats& Engine::prefetch_stats() const {
   return impl_->pf->stats();
+}
+const TransferStats& Engine::transfer_stats() const {
+  return impl_->transfers;
 }
 tiering::TierManager& Engine::tiers() {
   return *impl_->tm;

@@ -82,6 +82,15 @@ struct StepResult {
   StepTimes times;
 };
 
+// The engine's own transfers (the tier manager counts its moves separately, tiers().snapshot().moves).
+// COUNT / SUM since construction.
+struct TransferStats {
+  std::uint64_t gathers = 0;        // COUNT of chunks made resident on the device
+  std::uint64_t gather_bytes = 0;   // SUM of working-param bytes read for them (the host-to-device traffic)
+  std::uint64_t grad_handoffs = 0;  // COUNT of gradient buffers handed to their fp32 shard
+  std::uint64_t grad_bytes = 0;     // SUM of their bytes (device-to-host when the shard is in host memory)
+};
+
 // Bytes of model state per tier, from the config (what the engine registers), and the device working set.
 struct MemoryPlan {
   std::uint64_t device_state = 0, pinned_state = 0, nvme_state = 0;
@@ -146,6 +155,7 @@ class Engine final : public model::ChunkProvider {
   const Config& config() const;
   const MemoryPlan& plan() const;
   const prefetch::PrefetchStats& prefetch_stats() const;
+  const TransferStats& transfer_stats() const;
   tiering::TierManager& tiers();
   Device& device();
   // The fp32 master parameters of chunk `id` (padded_numel), copied out wherever they live.

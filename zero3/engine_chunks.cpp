@@ -186,6 +186,8 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
   });
   gather_stream->record(*s.ready);
   s.g = ChunkSlot::Gather::in_flight;
+  ++transfers.gathers;
+  transfers.gather_bytes += n * wd_bytes();
   return true;
 }
 
@@ -319,6 +321,8 @@ void Engine::Impl::release_grads(int c) {
   const bool fresh = s.grads_fresh;
   s.grads_fresh = false;
   tm->unpin(s.gradbuf);
+  ++transfers.grad_handoffs;
+  transfers.grad_bytes += n * sizeof(float);
   if (homes.grad == Tier::device) {
     accumulate(s.grad, src, n, fresh);
     tm->unregister_tensor(s.gradbuf);

@@ -163,6 +163,7 @@ struct Engine::Impl final : prefetch::FetchTarget {
   std::deque<int> param_cache;
   std::uint64_t param_cache_numel = 0;
 
+  TransferStats transfers;
   std::mutex grad_mu;  // guards grad_error (written by the gradient stream)
   std::exception_ptr grad_error;
 

@@ -1,0 +1,323 @@
+// `strata train`: trains a Llama-style model with the ZeRO-3 offload engine from a DeepSpeed config.
+//
+//   strata train --config configs/zero3_cpu.json --model 10m --text book.txt --steps 200 --save ckpt
+//   strata train --config ds.json --model configs/models/1b.json --data train.bin --steps 20
+//                --backend host --device-memory-cap 1GiB --load ckpt       (one command line)
+//
+// On a terminal the last line is a progress bar (step, loss, tokens/s, the step's time split into
+// forward / backward / optimizer / waiting on transfers, bytes per tier); otherwise one plain log line per
+// steps_per_print steps. A summary follows the last step. Everything a bad argument or config can get
+// wrong fails before the first step.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/cpu/ops.h"
+#include "model/model.h"
+#include "tools/cli.h"
+#include "zero3/engine.h"
+
+namespace strata::cli {
+namespace {
+
+using detail::cat;
+using Clock = std::chrono::steady_clock;
+
+struct TrainOpts {
+  std::string config, model, data, text;
+  std::int64_t steps = 0;
+  std::string save, load, load_tag, export_path;
+  std::int64_t save_interval = 0;
+  int seq_len = 0;
+  std::string backend, device_cap;
+  std::vector<std::string> sets;
+  bool progress = true;
+};
+
+std::string human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) bytes /= 1024.0, ++u;
+  char s[32];
+  std::snprintf(s, sizeof s, u == 0 ? "%.0f%s" : "%.1f%s", bytes, units[u]);
+  return s;
+}
+
+std::string duration(double s) {
+  char b[32];
+  if (s < 60)
+    std::snprintf(b, sizeof b, "%.0fs", s);
+  else if (s < 3600)
+    std::snprintf(b, sizeof b, "%dm%02ds", int(s) / 60, int(s) % 60);
+  else
+    std::snprintf(b, sizeof b, "%dh%02dm", int(s) / 3600, int(s) % 3600 / 60);
+  return b;
+}
+
+// "name=value" pairs for the config's command-line overrides (names in docs/config.md).
+Overrides parse_sets(const std::vector<std::string>& sets) {
+  Overrides o;
+  for (const std::string& s : sets) {
+    const auto eq = s.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError(
+          cat("--set \"", s, "\": expected name=value, e.g. --set lr=3e-4 (names: docs/config.md)"));
+    nlohmann::json v = nlohmann::json::parse(s.substr(eq + 1), nullptr, /*allow_exceptions=*/false);
+    o[s.substr(0, eq)] = v.is_discarded() ? nlohmann::json(s.substr(eq + 1)) : v;
+  }
+  return o;
+}
+
+model::ModelConfig load_model(const std::string& spec) {
+  if (spec.ends_with(".json") || std::filesystem::exists(spec)) return model::ModelConfig::from_file(spec);
+  return model::ModelConfig::preset(spec);
+}
+
+// A temporary token file for --text, removed when the run ends.
+struct TempTokens {
+  std::string path;
+  ~TempTokens() {
+    if (!path.empty()) std::remove(path.c_str());
+  }
+};
+
+// Bytes in use per tier, from the tier manager's accounting.
+struct TierBytes {
+  std::uint64_t device = 0, pinned = 0, nvme = 0;
+};
+TierBytes tier_bytes(zero3::Engine& e) {
+  const tiering::Usage u = e.tiers().usage();
+  TierBytes b;
+  std::uint64_t* out[] = {&b.device, &b.pinned, &b.nvme};
+  for (int t = 0; t < tiering::kTierCount; ++t)
+    for (int k = 0; k < tiering::kKindCount; ++k) *out[t] += u.bytes[std::size_t(t)][std::size_t(k)];
+  return b;
+}
+
+class Progress {
+ public:
+  Progress(std::int64_t total, std::int64_t first, bool tty, std::int64_t every)
+      : total_(total),
+        first_(first),
+        tty_(tty),
+        every_(std::max<std::int64_t>(1, every)),
+        t0_(Clock::now()) {}
+
+  void update(const zero3::StepResult& r, const TierBytes& b) {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0_).count();
+    const std::int64_t done = r.step - first_;
+    const double eta = done > 0 ? elapsed / double(done) * double(total_ - done) : 0;
+    const zero3::StepTimes& t = r.times;
+    const double tps = t.total > 0 ? double(r.tokens) / t.total : 0;
+    char line[512];
+    if (tty_) {
+      const int width = 20,
+                fill = int(double(width) * double(done) / double(std::max<std::int64_t>(1, total_)));
+      std::string bar(std::size_t(fill), '#');
+      bar.resize(std::size_t(width), '-');
+      std::snprintf(
+          line, sizeof line,
+          "\r\033[K[%s] step %lld/%lld  loss %.4f%s  %.0f tok/s  %.2fs (fwd %.2f bwd %.2f opt %.2f wait "
+          "%.2f)  dev %s pin %s nvme %s  ETA %s",
+          bar.c_str(), (long long)r.step, (long long)(first_ + total_), r.loss, r.applied ? "" : " (skipped)",
+          tps, t.total, t.forward, t.backward, t.optimizer, t.wait, human(double(b.device)).c_str(),
+          human(double(b.pinned)).c_str(), human(double(b.nvme)).c_str(), duration(eta).c_str());
+      std::fputs(line, stderr);
+      std::fflush(stderr);
+      return;
+    }
+    if (done != 1 && done != total_ && done % every_ != 0) return;
+    std::snprintf(
+        line, sizeof line,
+        "step %lld/%lld loss %.4f%s lr %.3g grad_norm %.3f scale %g tok/s %.0f time %.3fs fwd %.3f bwd "
+        "%.3f opt %.3f wait %.3f | device %s pinned %s nvme %s\n",
+        (long long)r.step, (long long)(first_ + total_), r.loss, r.applied ? "" : " (skipped)", r.lr,
+        r.grad_norm, r.loss_scale, tps, t.total, t.forward, t.backward, t.optimizer, t.wait,
+        human(double(b.device)).c_str(), human(double(b.pinned)).c_str(), human(double(b.nvme)).c_str());
+    std::fputs(line, stdout);
+    std::fflush(stdout);
+  }
+  void finish() {
+    if (tty_) std::fputs("\n", stderr);
+  }
+
+ private:
+  std::int64_t total_, first_;
+  bool tty_;
+  std::int64_t every_;
+  Clock::time_point t0_;
+};
+
+int run_train(const TrainOpts& o) {
+  if (o.steps < 1) throw ConfigError("--steps must be at least 1");
+  if (o.data.empty() == o.text.empty())
+    throw ConfigError("give exactly one of --data tokens.bin or --text file.txt");
+  Config cfg = Config::load(o.config, parse_sets(o.sets));
+  const model::ModelConfig mcfg = load_model(o.model);
+  const int seq_len = o.seq_len > 0 ? o.seq_len : int(std::min<std::int64_t>(mcfg.max_seq_len, 256));
+  if (seq_len > mcfg.max_seq_len)
+    throw ConfigError(cat("--seq-len ", seq_len, " is longer than model '", mcfg.name, "''s max_seq_len ",
+                          mcfg.max_seq_len));
+  zero3::EngineOptions eo;
+  eo.backend = o.backend;
+  if (!o.device_cap.empty()) eo.device_memory_cap = parse_byte_size(o.device_cap, "--device-memory-cap");
+
+  TempTokens tmp;
+  std::string tokens = o.data;
+  if (!o.text.empty()) {
+    if (mcfg.vocab_size < model::ByteTokenizer::kVocabSize)
+      throw ConfigError(cat("--text uses the byte tokenizer (256 tokens); model '", mcfg.name,
+                            "' has vocab_size ", mcfg.vocab_size,
+                            ". Use a model with vocab_size >= 256 or a token file (--data)"));
+    const char* dir = std::getenv("TMPDIR");
+    std::string pattern = std::string(dir && *dir ? dir : "/tmp") + "/strata-tokens-XXXXXX";
+    int fd = ::mkstemp(pattern.data());
+    STRATA_SYS_CHECK(fd >= 0, "create a temporary token file ", pattern);
+    ::close(fd);
+    tmp.path = pattern;
+    const std::size_t n = model::ByteTokenizer::text_file_to_tokens(o.text, tmp.path);
+    STRATA_LOG_INFO("train: ", o.text, ": ", n, " bytes as tokens");
+    tokens = tmp.path;
+  }
+  model::TokenFile file = model::TokenFile::open(tokens);
+
+  const int threads = cfg.strata.threads > 0 ? int(cfg.strata.threads)
+                                             : int(std::max(1u, std::thread::hardware_concurrency()));
+  kernels::cpu::set_blas_threads(threads);
+  zero3::Engine engine(cfg, mcfg, eo);
+  model::DataLoader data(file, {.batch_size = engine.micro_batch(),
+                                .seq_len = seq_len,
+                                .seed = std::uint64_t(cfg.strata.seed),
+                                .drop_last_batch = true,
+                                .vocab_size = mcfg.vocab_size});
+  model::LlamaModel model(mcfg, {.checkpoint_activations = true});
+  if (!o.load.empty()) engine.load_checkpoint(o.load, o.load_tag, &data);
+
+  const bool tty = o.progress && ::isatty(STDERR_FILENO);
+  const std::int64_t first = engine.global_step();
+  std::printf(
+      "train: %s, %lld parameters, %d x %d tokens x %d accumulation per step, %lld steps from step %lld, "
+      "offload param %s / optimizer %s, device %s (%s)\n",
+      mcfg.name.c_str(), (long long)mcfg.num_parameters(), engine.micro_batch(), seq_len,
+      engine.accumulation_steps(), (long long)o.steps, (long long)first,
+      cfg.zero_optimization.offload_param.device == OffloadDevice::none  ? "none"
+      : cfg.zero_optimization.offload_param.device == OffloadDevice::cpu ? "cpu"
+                                                                         : "nvme",
+      cfg.zero_optimization.offload_optimizer.device == OffloadDevice::none  ? "none"
+      : cfg.zero_optimization.offload_optimizer.device == OffloadDevice::cpu ? "cpu"
+                                                                             : "nvme",
+      engine.device().caps().name.c_str(), human(double(engine.device().caps().capacity)).c_str());
+  std::fflush(stdout);
+
+  Progress progress(o.steps, first, tty, cfg.steps_per_print);
+  std::vector<double> losses;
+  zero3::StepTimes sum;
+  std::int64_t tokens_seen = 0, skipped = 0;
+  TierBytes peak;
+  std::string saved;
+  const auto t0 = Clock::now();
+  for (std::int64_t i = 0; i < o.steps; ++i) {
+    const zero3::StepResult r = engine.train_batch(model, data);
+    losses.push_back(r.loss);
+    sum.forward += r.times.forward, sum.backward += r.times.backward, sum.optimizer += r.times.optimizer;
+    sum.wait += r.times.wait, sum.total += r.times.total;
+    tokens_seen += r.tokens;
+    skipped += r.applied ? 0 : 1;
+    const TierBytes b = tier_bytes(engine);
+    peak.device = std::max(peak.device, b.device), peak.pinned = std::max(peak.pinned, b.pinned);
+    peak.nvme = std::max(peak.nvme, b.nvme);
+    progress.update(r, b);
+    if (!o.save.empty() && o.save_interval > 0 && (i + 1) % o.save_interval == 0 && i + 1 < o.steps) {
+      progress.finish();
+      saved = engine.save_checkpoint(o.save, {{"source", "strata train"}}, &data);
+    }
+  }
+  progress.finish();
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!o.save.empty()) saved = engine.save_checkpoint(o.save, {{"source", "strata train"}}, &data);
+  if (!o.export_path.empty()) {
+    model::save_weights(o.export_path, engine, model::DType::BF16);
+    std::printf("exported weights to %s\n", o.export_path.c_str());
+  }
+
+  const prefetch::PrefetchStats& ps = engine.prefetch_stats();
+  const std::size_t n = losses.size();
+  auto mean = [&](std::size_t from, std::size_t to) {
+    double s = 0;
+    for (std::size_t i = from; i < to; ++i) s += losses[i];
+    return s / double(std::max<std::size_t>(1, to - from));
+  };
+  const std::size_t k = std::max<std::size_t>(1, n / 10);
+  std::printf("\nsummary: %lld steps (%lld skipped) in %s, %lld tokens, %.0f tokens/s\n", (long long)n,
+              (long long)skipped, duration(wall).c_str(), (long long)tokens_seen,
+              wall > 0 ? double(tokens_seen) / wall : 0.0);
+  std::printf("  loss        %.4f -> %.4f (mean of the first / last %zu steps: %.4f -> %.4f)\n",
+              losses.front(), losses.back(), k, mean(0, k), mean(n - k, n));
+  std::printf(
+      "  step time   %.3fs mean: forward %.3f, backward %.3f, optimizer %.3f; waiting on transfers %.3f\n",
+      sum.total / double(n), sum.forward / double(n), sum.backward / double(n), sum.optimizer / double(n),
+      sum.wait / double(n));
+  std::printf("  prefetch    %llu hits, %llu late (%.3fs waited), %llu misses, %llu trace invalidations\n",
+              (unsigned long long)ps.hits, (unsigned long long)ps.late, ps.late_wait_s,
+              (unsigned long long)ps.misses, (unsigned long long)ps.invalidations);
+  std::printf("  memory      peak in use: device %s, pinned %s, nvme %s (device peak allocated %s of %s)\n",
+              human(double(peak.device)).c_str(), human(double(peak.pinned)).c_str(),
+              human(double(peak.nvme)).c_str(),
+              human(double(engine.device().memory_stats().peak_in_use)).c_str(),
+              human(double(engine.device().caps().capacity)).c_str());
+  const tiering::Snapshot snap = engine.tiers().snapshot(false);
+  const zero3::TransferStats& ts = engine.transfer_stats();
+  std::printf("  moved       gathers %s (%llu chunks), gradients off the device %s;",
+              human(double(ts.gather_bytes)).c_str(), (unsigned long long)ts.gathers,
+              human(double(ts.grad_bytes)).c_str());
+  for (int d = 0; d < tiering::kDirectionCount; ++d)
+    if (snap.moves[std::size_t(d)].count)
+      std::printf(" %s %s;", tiering::direction_name(d),
+                  human(double(snap.moves[std::size_t(d)].bytes)).c_str());
+  std::printf("\n");
+  if (!saved.empty()) std::printf("  checkpoint  %s\n", saved.c_str());
+  return 0;
+}
+
+Command train(
+    "train", "Train a model with the ZeRO-3 offload engine from a DeepSpeed config", [](CLI::App& sub) {
+      auto o = std::make_shared<TrainOpts>();
+      sub.add_option("--config", o->config, "DeepSpeed-style ds_config.json")->required();
+      sub.add_option("--model", o->model,
+                     "Model preset (tiny, 10m, 125m, 350m, 1b, 3b, llama2-7b, ...) or model.json")
+          ->required();
+      sub.add_option("--data", o->data, "Token file (llm.c .bin or flat uint16)");
+      sub.add_option("--text", o->text, "Text file, tokenized as bytes (models with vocab_size >= 256)");
+      sub.add_option("--steps", o->steps, "Optimizer steps to run")->required();
+      sub.add_option("--seq-len", o->seq_len, "Tokens per sequence (default: min(max_seq_len, 256))");
+      sub.add_option("--save", o->save,
+                     "Checkpoint directory: written at the end (and every --save-interval steps)");
+      sub.add_option("--save-interval", o->save_interval, "Also save every N steps");
+      sub.add_option("--load", o->load, "Resume from this checkpoint directory (its `latest` tag)");
+      sub.add_option("--load-tag", o->load_tag, "Resume from this tag instead of `latest`");
+      sub.add_option("--export", o->export_path,
+                     "Write the trained weights as bf16 safetensors to this path");
+      sub.add_option("--backend", o->backend,
+                     "Device backend: auto, host or cuda (overrides strata.backend)");
+      sub.add_option("--device-memory-cap", o->device_cap,
+                     "Device memory the run may use, e.g. 1GiB (overrides strata.device_memory_cap)");
+      sub.add_option("--set", o->sets,
+                     "Config override name=value (e.g. lr=3e-4, micro_batch=8; docs/config.md)");
+      sub.add_flag("!--no-progress", o->progress, "Plain log lines even on a terminal");
+      return [o] { return run_train(*o); };
+    });
+
+}  // namespace
+}  // namespace strata::cli

@@ -1,0 +1,311 @@
+// step_bench: one training step of a model under each offload placement (none / cpu / nvme for both the
+// parameters and the optimizer), split into forward / backward / optimizer / waiting on transfers, against
+// the compute-only step of the same model and batch measured in the same run.
+//
+//   step_bench --model 10m -B 4 -T 128 --steps 5 --nvme-path /local_nvme [--device-cap 1GiB]
+//              [--placements none,cpu,nvme] [--backend host]
+//
+// Ceiling: the compute-only step — the same model, batch and AdamW update with every parameter, gradient
+// and state in ordinary memory (model::InMemoryChunks, cpu_optim over the whole model): no gathers, no
+// gradient hand-off, no NVMe. Per placement:
+//   step          mean wall time of the measured steps (after one warm-up step that records the trace)
+//   transfers     the same step with the model's compute left out (the same acquires and gradient
+//                 hand-offs in the same order, then the optimizer step) minus the compute-only optimizer
+//                 time: the time the transfers take when nothing hides them
+//   exposed       step - compute-only step: what the placement adds to the step
+//   overlap       (transfers - exposed) / transfers, clamped to [0, 1]: the share of the transfer time
+//                 hidden behind compute ("-" when transfers take under 1% of the compute-only step)
+//   ratio         compute-only step / step (1 = the placement costs nothing)
+// Prints the table, then one JSON line.
+#include <sys/sysinfo.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "cpu_optim/cpu_optim.h"
+#include "kernels/cpu/ops.h"
+#include "model/model.h"
+#include "zero3/engine.h"
+
+namespace {
+
+using namespace strata;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Opts {
+  std::string model = "10m", nvme_path, device_cap, backend = "host";
+  std::string placements = "none,cpu,nvme";
+  int batch = 4, seq = 128, steps = 5, threads = 0;
+  std::uint64_t sub_group = 100000000;
+};
+
+model::ModelConfig load_model(const std::string& spec) {
+  if (spec.ends_with(".json")) return model::ModelConfig::from_file(spec);
+  return model::ModelConfig::preset(spec);
+}
+
+model::Batch random_batch(const model::ModelConfig& m, int B, int T, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  model::Batch b;
+  b.rows = B;
+  b.seq_len = T;
+  b.inputs.resize(std::size_t(B) * T);
+  b.targets.resize(b.inputs.size());
+  for (auto& x : b.inputs) x = std::int32_t(rng() % std::uint64_t(m.vocab_size));
+  for (auto& x : b.targets) x = std::int32_t(rng() % std::uint64_t(m.vocab_size));
+  return b;
+}
+
+struct Split {
+  double forward = 0, backward = 0, optimizer = 0, wait = 0, total = 0;
+};
+
+// The ceiling: forward, backward and an AdamW step with everything in ordinary memory.
+Split compute_only(const model::ModelConfig& mcfg, const Opts& o) {
+  model::InMemoryChunks chunks{model::ModelLayout(mcfg)};
+  chunks.init(1);
+  model::LlamaModel m(mcfg, {.checkpoint_activations = true});
+  cpu_optim::Optimizer opt({.simd = "auto", .threads = o.threads, .pin = false});
+  const std::size_t n = chunks.layout().total_padded_numel();
+  std::vector<float> mom(n, 0.0f), var(n, 0.0f);
+  std::vector<std::uint16_t> out(n);
+  cpu_optim::ShardStep st;
+  const model::Batch b = random_batch(mcfg, o.batch, o.seq, 1);
+  Split s;
+  const int reps = std::max(2, std::min(o.steps, 3));
+  for (int i = 0; i <= reps; ++i) {
+    chunks.zero_grads();
+    auto t0 = Clock::now();
+    m.forward(chunks, b.inputs.data(), b.targets.data(), b.rows, b.seq_len);
+    const double f = since(t0);
+    t0 = Clock::now();
+    m.backward(chunks);
+    const double bw = since(t0);
+    t0 = Clock::now();
+    opt.grad_stats(chunks.all_grads(), cpu_optim::DType::f32, n);
+    opt.adam(st, {.lr = 1e-4f}, i + 1,
+             {.params = chunks.all_params(),
+              .grads = chunks.all_grads(),
+              .exp_avg = mom.data(),
+              .exp_avg_sq = var.data(),
+              .out = out.data(),
+              .n = n},
+             1.0f);
+    const double op = since(t0);
+    if (i == 0) continue;  // warm-up
+    s.forward += f / reps, s.backward += bw / reps, s.optimizer += op / reps;
+  }
+  s.total = s.forward + s.backward + s.optimizer;
+  return s;
+}
+
+Config placement_config(const std::string& p, const Opts& o) {
+  nlohmann::json j = {
+      {"train_micro_batch_size_per_gpu", o.batch},
+      {"gradient_accumulation_steps", 1},
+      {"gradient_clipping", 1.0},
+      {"bf16", {{"enabled", true}}},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}}},
+      {"zero_optimization",
+       {{"stage", 3},
+        {"sub_group_size", o.sub_group},
+        {"offload_param", {{"device", p}}},
+        {"offload_optimizer",
+         {{"device", p}, {"pipeline_read", true}, {"pipeline_write", true}, {"buffer_count", 9}}}}},
+      {"aio", {{"queue_depth", 32}, {"intra_op_parallelism", 2}}},
+      {"strata", {{"backend", o.backend}, {"threads", o.threads}, {"cpu_optim", {{"pin_threads", false}}}}},
+  };
+  if (p == "nvme") {
+    if (o.nvme_path.empty()) throw ConfigError("placement nvme needs --nvme-path DIR");
+    j["zero_optimization"]["offload_param"]["nvme_path"] = o.nvme_path;
+    j["zero_optimization"]["offload_param"]["buffer_size"] = 1e10;  // whole chunks
+    j["zero_optimization"]["offload_optimizer"]["nvme_path"] = o.nvme_path;
+  }
+  return Config::parse(nlohmann::json::parse(j.dump()));
+}
+
+// The model's acquire / gradient order with the compute left out.
+void transfer_pass(zero3::Engine& e, const model::ModelConfig& m) {
+  const int L = int(m.n_layers), E = 0, H = L + 1;
+  e.begin_pass();
+  for (int c = 0; c <= H; ++c) {
+    e.acquire(c);
+    e.release(c);
+  }
+  for (int c = H; c >= 1; --c) {
+    e.acquire(c);
+    e.acquire_grads(c);
+    e.release_grads(c);
+    e.release(c);
+  }
+  e.acquire_grads(E);
+  e.release_grads(E);
+  e.end_pass();
+}
+
+struct Row {
+  std::string placement;
+  Split step;
+  double transfers = 0, exposed = 0, overlap = -1, ratio = 0;
+  std::vector<double> losses;
+  std::uint64_t misses = 0, late = 0, gather_bytes = 0, nvme_bytes = 0;
+  double peak_device = 0;
+  zero3::MemoryPlan plan;
+};
+
+Row run_placement(const std::string& p, const model::ModelConfig& mcfg, const Opts& o, const Split& ceiling) {
+  Row r;
+  r.placement = p;
+  zero3::EngineOptions eo;
+  eo.backend = o.backend;
+  if (!o.device_cap.empty()) eo.device_memory_cap = parse_byte_size(o.device_cap, "--device-cap");
+  zero3::Engine e(placement_config(p, o), mcfg, eo);
+  r.plan = e.plan();
+  model::LlamaModel m(mcfg, {.checkpoint_activations = true});
+  for (int i = 0; i <= o.steps; ++i) {
+    e.forward_backward(m, random_batch(mcfg, o.batch, o.seq, 100 + std::uint64_t(i)));
+    const zero3::StepResult s = e.step();
+    r.losses.push_back(s.loss);
+    std::fprintf(stderr, "  %s step %d/%d: %.2fs (fwd %.2f bwd %.2f opt %.2f wait %.2f) loss %.4f\n",
+                 p.c_str(), i, o.steps, s.times.total, s.times.forward, s.times.backward, s.times.optimizer,
+                 s.times.wait, s.loss);
+    if (i == 0) continue;  // records the trace
+    r.step.forward += s.times.forward / o.steps, r.step.backward += s.times.backward / o.steps;
+    r.step.optimizer += s.times.optimizer / o.steps, r.step.wait += s.times.wait / o.steps;
+    r.step.total += s.times.total / o.steps;
+  }
+  // The same transfers with nothing to hide them.
+  double t_only = 0;
+  const int reps = 2;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    transfer_pass(e, mcfg);
+    e.step();
+    t_only += since(t0) / reps;
+  }
+  r.transfers = std::max(0.0, t_only - ceiling.optimizer);
+  r.exposed = std::max(0.0, r.step.total - ceiling.total);
+  if (r.transfers > 0.01 * ceiling.total)
+    r.overlap = std::clamp((r.transfers - r.exposed) / r.transfers, 0.0, 1.0);
+  r.ratio = ceiling.total / r.step.total;
+  r.misses = e.prefetch_stats().misses;
+  r.late = e.prefetch_stats().late;
+  r.gather_bytes = e.transfer_stats().gather_bytes;
+  const tiering::Snapshot snap = e.tiers().snapshot(false);
+  for (int d = 0; d < tiering::kDirectionCount; ++d)
+    if (tiering::direction_from(d) == tiering::Tier::nvme || tiering::direction_to(d) == tiering::Tier::nvme)
+      r.nvme_bytes += snap.moves[std::size_t(d)].bytes;
+  r.peak_device = double(e.device().memory_stats().peak_in_use);
+  return r;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');)
+    if (!x.empty()) v.push_back(x);
+  return v;
+}
+
+double load_average() {
+  double l[1] = {0};
+  return ::getloadavg(l, 1) == 1 ? l[0] : -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Opts o;
+  CLI::App app{"step_bench: per-step time split under each offload placement vs. the compute-only step"};
+  app.add_option("--model", o.model, "Preset or model.json");
+  app.add_option("-B,--batch", o.batch, "Micro batch (rows)");
+  app.add_option("-T,--seq", o.seq, "Sequence length");
+  app.add_option("--steps", o.steps, "Measured steps per placement (after one warm-up step)");
+  app.add_option("--placements", o.placements, "Comma-separated: none, cpu, nvme (both offloads)");
+  app.add_option("--nvme-path", o.nvme_path, "Directory for the nvme placement");
+  app.add_option("--device-cap", o.device_cap, "Device memory cap, e.g. 1GiB");
+  app.add_option("--backend", o.backend, "Device backend");
+  app.add_option("--threads", o.threads, "CPU threads (0: all)");
+  app.add_option("--sub-group-size", o.sub_group, "zero_optimization.sub_group_size");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    kernels::cpu::set_blas_threads(threads);
+    const model::ModelConfig mcfg = load_model(o.model);
+    std::printf(
+        "model %s: %lld parameters (%.2f GiB of state at 16 B/param), B %d, T %d, %d threads, load %.2f\n",
+        mcfg.name.c_str(), (long long)mcfg.num_parameters(), double(mcfg.num_parameters()) * 16 / (1 << 30),
+        o.batch, o.seq, threads, load_average());
+    std::fflush(stdout);
+    const Split c = compute_only(mcfg, o);
+    std::printf("compute-only step: %.3f s (forward %.3f, backward %.3f, optimizer %.3f)  [ceiling]\n",
+                c.total, c.forward, c.backward, c.optimizer);
+    std::fflush(stdout);
+    std::vector<Row> rows;
+    for (const std::string& p : split(o.placements)) rows.push_back(run_placement(p, mcfg, o, c));
+
+    std::printf("\n%-9s %8s %8s %8s %8s %8s %9s %8s %8s %6s %7s %10s %10s\n", "placement", "step s", "fwd",
+                "bwd", "opt", "wait", "transfer", "exposed", "overlap", "ratio", "misses", "NVMe GiB",
+                "dev peak");
+    std::printf("%-9s %8.3f %8.3f %8.3f %8.3f %8s %9s %8s %8s %6s %7s %10s %10s\n", "compute", c.total,
+                c.forward, c.backward, c.optimizer, "-", "-", "-", "-", "1.00", "-", "-", "-");
+    nlohmann::json out = {{"bench", "step"},
+                          {"model", mcfg.name},
+                          {"parameters", mcfg.num_parameters()},
+                          {"batch", o.batch},
+                          {"seq", o.seq},
+                          {"threads", threads},
+                          {"device_cap", o.device_cap},
+                          {"compute_only",
+                           {{"step_s", c.total},
+                            {"forward_s", c.forward},
+                            {"backward_s", c.backward},
+                            {"optimizer_s", c.optimizer}}},
+                          {"placements", nlohmann::json::array()}};
+    for (const Row& r : rows) {
+      char overlap[16] = "-";
+      if (r.overlap >= 0) std::snprintf(overlap, sizeof overlap, "%.2f", r.overlap);
+      std::printf("%-9s %8.3f %8.3f %8.3f %8.3f %8.3f %9.3f %8.3f %8s %6.2f %7llu %10.2f %9.0fM\n",
+                  r.placement.c_str(), r.step.total, r.step.forward, r.step.backward, r.step.optimizer,
+                  r.step.wait, r.transfers, r.exposed, overlap, r.ratio, (unsigned long long)r.misses,
+                  double(r.nvme_bytes) / double(1ull << 30), r.peak_device / double(1 << 20));
+      out["placements"].push_back(
+          {{"placement", r.placement},
+           {"step_s", r.step.total},
+           {"forward_s", r.step.forward},
+           {"backward_s", r.step.backward},
+           {"optimizer_s", r.step.optimizer},
+           {"wait_s", r.step.wait},
+           {"transfer_s", r.transfers},
+           {"exposed_s", r.exposed},
+           {"overlap", r.overlap >= 0 ? nlohmann::json(r.overlap) : nlohmann::json(nullptr)},
+           {"ratio_to_compute_only", r.ratio},
+           {"prefetch_misses", r.misses},
+           {"prefetch_late", r.late},
+           {"nvme_bytes", r.nvme_bytes},
+           {"device_peak_bytes", r.peak_device},
+           {"state_bytes", r.plan.total_state()},
+           {"losses", r.losses}});
+    }
+    out["load_average_end"] = load_average();
+    std::printf("%s\n", out.dump().c_str());
+  } catch (const strata::Error& e) {
+    std::fprintf(stderr, "step_bench: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

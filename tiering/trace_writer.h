@@ -54,7 +54,8 @@ struct TraceStats {
 
 class TraceWriter {
  public:
-  // Opens (truncates) opts.path and writes the header; IoError naming the path when it cannot.
+  // Opens (truncates) opts.path and writes the header; IoError naming the path when it cannot. `m` must
+  // outlive the writer.
   TraceWriter(TierManager& m, TraceOptions opts);
   ~TraceWriter();  // close(), logging instead of throwing
   TraceWriter(const TraceWriter&) = delete;

@@ -355,6 +355,23 @@ void Engine::Impl::init_chunks() {
     }
     for (const tiering::Move& w : writes) w.wait();
     writes.clear();
+    // The device-side buffers the model reads and writes (blocks allocated only while in use).
+    s.gathered = tm->register_tensor({.name = s.name + ".gathered",
+                                      .kind = tiering::Kind::param,
+                                      .dtype = tiering::Dtype::fp32,
+                                      .bytes = s.numel * sizeof(float),
+                                      .home = Tier::device,
+                                      .chunk = s.id,
+                                      .shard = -1});
+    s.gradbuf = tm->register_tensor({.name = s.name + ".gradbuf",
+                                     .kind = tiering::Kind::grad,
+                                     .dtype = tiering::Dtype::fp32,
+                                     .bytes = s.numel * sizeof(float),
+                                     .home = Tier::device,
+                                     .chunk = s.id,
+                                     .shard = -1});
+    tm->pin(s.gathered);
+    tm->pin(s.gradbuf);
   }
   STRATA_LOG_INFO("zero3: ", mcfg.name, " (", mcfg.num_parameters(), " parameters, ", slots.size(),
                   " chunks, ", groups.size(), " optimizer sub-group", groups.size() > 1 ? "s" : "", ") on ",

@@ -139,23 +139,9 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
     if (!tiering::has(tm->info(s.t.param).valid, Tier::pinned)) return false;
   }
   const std::uint64_t bytes = s.numel * sizeof(float);
-  s.gathered = tm->register_tensor({.name = s.name + ".gathered",
-                                    .kind = tiering::Kind::param,
-                                    .dtype = tiering::Dtype::fp32,
-                                    .bytes = bytes,
-                                    .home = Tier::device,
-                                    .chunk = s.id,
-                                    .shard = -1});
-  tm->pin(s.gathered);
   void* g = device_alloc(s.gathered, bytes, demand, in_pass ? pf->upcoming(c) : -1);
-  if (!g) {
-    tm->unpin(s.gathered);
-    tm->unregister_tensor(s.gathered);
-    s.gathered = 0;
-    return false;
-  }
+  if (!g) return false;
   s.gptr = static_cast<float*>(g);
-  tm->mark_written(s.gathered, Tier::device);
 
   const void* src = s.param_home;
   tiering::Move read;
@@ -238,11 +224,8 @@ void Engine::Impl::wait_fetch(int c) {
 
 void Engine::Impl::drop_gathered(ChunkSlot& s) {
   if (s.g == ChunkSlot::Gather::in_flight) s.ready->synchronize(), finish_fetch(s);
-  if (s.gathered) {
-    tm->unpin(s.gathered);
-    tm->unregister_tensor(s.gathered);
-  }
-  s.gathered = 0;
+  // Never marked valid on the device (nothing moves it), so this frees the block without a copy.
+  if (s.gptr) tm->evict(s.gathered, Tier::device, Tier::pinned);
   s.gptr = nullptr;
   s.g = ChunkSlot::Gather::absent;
 }
@@ -296,36 +279,26 @@ void Engine::Impl::release(int c) {
 
 float* Engine::Impl::acquire_grads(int c) {
   ChunkSlot& s = slots[std::size_t(c)];
-  STRATA_CHECK(s.gradbuf == 0, "zero3: gradients of chunk ", s.name, " acquired while held");
+  STRATA_CHECK(s.gbuf == nullptr, "zero3: gradients of chunk ", s.name, " acquired while held");
   const std::uint64_t bytes = s.numel * sizeof(float);
-  s.gradbuf = tm->register_tensor({.name = s.name + ".gradbuf",
-                                   .kind = tiering::Kind::grad,
-                                   .dtype = tiering::Dtype::fp32,
-                                   .bytes = bytes,
-                                   .home = Tier::device,
-                                   .chunk = s.id,
-                                   .shard = -1});
-  tm->pin(s.gradbuf);
   s.gbuf = static_cast<float*>(device_alloc(s.gradbuf, bytes, true, -1));
-  tm->mark_written(s.gradbuf, Tier::device);
   std::memset(s.gbuf, 0, bytes);
   return s.gbuf;
 }
 
 void Engine::Impl::release_grads(int c) {
   ChunkSlot& s = slots[std::size_t(c)];
-  STRATA_CHECK(s.gradbuf != 0, "zero3: gradients of chunk ", s.name, " released but not held");
+  STRATA_CHECK(s.gbuf != nullptr, "zero3: gradients of chunk ", s.name, " released but not held");
   // World size 1: the reduce-scatter leaves this rank's slice, the whole buffer.
   const float* src = s.gbuf + s.shard.offset;
   const std::size_t n = s.shard.numel;
   const bool fresh = s.grads_fresh;
   s.grads_fresh = false;
-  tm->unpin(s.gradbuf);
   ++transfers.grad_handoffs;
   transfers.grad_bytes += n * sizeof(float);
   if (homes.grad == Tier::device) {
     accumulate(s.grad, src, n, fresh);
-    tm->unregister_tensor(s.gradbuf);
+    tm->evict(s.gradbuf, Tier::device, Tier::pinned);  // frees the block (never valid: no copy)
   } else {
     float* dst = s.grad;
     grad_stream->host_fn([this, dst, src, n, fresh] {
@@ -338,9 +311,8 @@ void Engine::Impl::release_grads(int c) {
     });
     auto done = dev->create_event();
     grad_stream->record(*done);
-    tm->unregister_tensor(s.gradbuf, done.get());
+    tm->evict(s.gradbuf, Tier::device, Tier::pinned, done.get());  // the block is reused after the pass
   }
-  s.gradbuf = 0;
   s.gbuf = nullptr;
 }
 

@@ -45,7 +45,8 @@ struct ChunkSlot {
   float* exp_avg = nullptr;    // (shard.numel) fp32
   float* exp_avg_sq = nullptr;
 
-  // The gathered working params, widened to fp32, on the device.
+  // The gathered working params, widened to fp32, on the device. `gathered` and `gradbuf` are registered
+  // once and pinned; their device blocks come and go (allocate, then evict of a never-valid copy frees).
   enum class Gather : std::uint8_t { absent, in_flight, ready, held };
   Gather g = Gather::absent;
   tiering::TensorId gathered = 0;
@@ -58,7 +59,7 @@ struct ChunkSlot {
 
   // The gradient buffer handed to the model (device, fp32, numel), between acquire_grads and release.
   tiering::TensorId gradbuf = 0;
-  float* gbuf = nullptr;
+  float* gbuf = nullptr;    // non-null while handed out
   bool grads_fresh = true;  // the fp32 gradient shard holds nothing yet this step
 
   cpu_optim::ShardStep opt;

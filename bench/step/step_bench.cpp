@@ -3,7 +3,7 @@
 // the compute-only step of the same model and batch measured in the same run.
 //
 //   step_bench --model 10m -B 4 -T 128 --steps 5 --nvme-path /local_nvme [--device-cap 1GiB]
-//              [--placements none,cpu,nvme] [--backend host]
+//              [--placements none,cpu,nvme] [--backend host] [--max-in-cpu 0] [--sub-group-size 1e8]
 //
 // Ceiling: the compute-only step — the same model, batch and AdamW update with every parameter, gradient
 // and state in ordinary memory (model::InMemoryChunks, cpu_optim over the whole model): no gathers, no
@@ -51,6 +51,7 @@ struct Opts {
   std::string placements = "none,cpu,nvme";
   int batch = 4, seq = 128, steps = 5, threads = 0;
   std::uint64_t sub_group = 100000000;
+  std::uint64_t max_in_cpu = 1000000000;
 };
 
 model::ModelConfig load_model(const std::string& spec) {
@@ -133,6 +134,7 @@ Config placement_config(const std::string& p, const Opts& o) {
     if (o.nvme_path.empty()) throw ConfigError("placement nvme needs --nvme-path DIR");
     j["zero_optimization"]["offload_param"]["nvme_path"] = o.nvme_path;
     j["zero_optimization"]["offload_param"]["buffer_size"] = 1e10;  // whole chunks
+    j["zero_optimization"]["offload_param"]["max_in_cpu"] = o.max_in_cpu;
     j["zero_optimization"]["offload_optimizer"]["nvme_path"] = o.nvme_path;
   }
   return Config::parse(nlohmann::json::parse(j.dump()));
@@ -241,6 +243,8 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "Device backend");
   app.add_option("--threads", o.threads, "CPU threads (0: all)");
   app.add_option("--sub-group-size", o.sub_group, "zero_optimization.sub_group_size");
+  app.add_option("--max-in-cpu", o.max_in_cpu,
+                 "offload_param.max_in_cpu for the nvme placement (0: every parameter read from NVMe)");
   CLI11_PARSE(app, argc, argv);
   try {
     const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));

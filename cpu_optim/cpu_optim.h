@@ -132,7 +132,8 @@ struct Options {
   // run, raises ConfigError listing the usable ones.
   std::string simd = "auto";
   // strata.threads: threads per call, the calling thread included; 0 = oneTBB's default concurrency
-  // (every cpu the process may run on). Negative raises ConfigError.
+  // (every cpu the process may run on). More than that splits each shard into this many ranges but runs
+  // only that many at once. Negative raises ConfigError.
   int threads = 0;
   // strata.cpu_optim.pin_threads: bind each thread to one cpu of core/topology's list while it works on a
   // call (its previous affinity is restored when it leaves). Off by default.

@@ -172,8 +172,14 @@ Optimizer::Optimizer(const Options& options) : impl_(std::make_unique<Impl>()) {
                                   " is negative; use 0 (all cores) or a thread count"));
   }
   impl_->target = impl::resolve_target(options.simd);
-  impl_->threads = options.threads > 0 ? options.threads : std::max(1, tbb::info::default_concurrency());
-  impl_->arena.initialize(impl_->threads);
+  if (impl_->target.from_env) {
+    STRATA_LOG_INFO("cpu_optim: SIMD target ", impl_->target.name, " forced by ", impl::kSimdEnv);
+  }
+  const int cores = std::max(1, tbb::info::default_concurrency());
+  impl_->threads = options.threads > 0 ? options.threads : cores;
+  // More ranges than cores is allowed (the split is then finer than the parallelism) but oneTBB would
+  // refuse the extra workers, so the arena asks for no more than it may have.
+  impl_->arena.initialize(std::min(impl_->threads, cores));
   if (options.pin) impl_->pin = std::make_unique<PinObserver>(impl_->arena, Topology::get().all_cpus());
   STRATA_LOG_DEBUG("cpu_optim: SIMD target ", impl_->target.name, ", ", impl_->threads, " threads",
                    options.pin ? ", pinned" : "");

@@ -3,7 +3,6 @@
 #include <cstdlib>
 
 #include "core/error.h"
-#include "core/log.h"
 #include "cpu_optim/cpu_optim.h"
 #include "cpu_optim/target_impl.h"
 #include "hwy/highway.h"
@@ -79,8 +78,7 @@ impl::Target impl::resolve_target(const std::string& requested) {
                         "\" is compiled in but this CPU cannot run it; " +
                         "use \"auto\" or one of: " + join(supported_targets()));
     }
-    if (source == kSimdEnv) STRATA_LOG_INFO("cpu_optim: SIMD target ", want, " forced by ", kSimdEnv);
-    return {bit, want};
+    return {bit, want, source == kSimdEnv};
   }
   throw ConfigError(source + ": \"" + want +
                     "\" is not a SIMD target of this build; use \"auto\" or one of: " +

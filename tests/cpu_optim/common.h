@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "cpu_optim/cpu_optim.h"
 #include "cpu_optim/reference.h"
 
@@ -20,6 +21,7 @@ enum class Opt { adam, adam_l2, adamw, adagrad, adagrad_l2, lion, lion_wd };
 inline constexpr Opt kAllOpts[] = {Opt::adam,       Opt::adam_l2, Opt::adamw,  Opt::adagrad,
                                    Opt::adagrad_l2, Opt::lion,    Opt::lion_wd};
 enum class Out { none, bf16, f16 };
+inline constexpr Out kAllOuts[] = {Out::none, Out::bf16, Out::f16};
 
 struct Case {
   Opt opt = Opt::adamw;
@@ -30,13 +32,15 @@ struct Case {
 };
 
 const char* opt_name(Opt o);
-std::string case_name(const Case& c);  // "avx2_adamw_gbf16_sf32_obf16"
+std::string case_name(const Case& c);  // "avx2_adamw_gbf16_sf32" (the output is looped over inside)
 struct CaseName {
   std::string operator()(const ::testing::TestParamInfo<Case>& info) const { return case_name(info.param); }
 };
 
-// All compiled targets x optimizers x grad dtypes x state dtypes x outputs; the target varies fastest.
+// All compiled targets x optimizers x grad dtypes x state dtypes (out = none: tests loop over the
+// outputs themselves, since the output does not change params or states).
 std::vector<Case> all_cases();
+Case with_out(Case c, Out out);
 // Each compiled target with the AdamW / fp32 / bf16-out case (for tests of one behaviour per target).
 std::vector<Case> per_target_cases();
 
@@ -64,7 +68,7 @@ class Buf {
 };
 
 // One shard's buffers for a Case. Values: p = +-[0.5, 2), Adam m in +-[0, 0.1), v in [0, 0.01), Adagrad
-// v in [0, 1), Lion m in +-[0, 0.1); gradients +-10^[-3, 1), rounded to their dtype. Misaligned
+// v in [0, 1), Lion m in +-[0, 0.1); gradients +-[2^-10, 2^4) with random mantissas. Misaligned
 // buffers sit 1, 1, 3, 5 and 7 elements past a 64-byte boundary (p, g, m, v, out).
 struct TestShard {
   Case c;

@@ -102,7 +102,7 @@ bool begin_step(const ShardStep& st, std::int64_t step, const char* call) {
   return true;
 }
 
-impl::UpdateArgs base_args(const Shard& s, float grad_scale, bool uses_m, bool uses_v) {
+impl::UpdateArgs base_args(const Shard& s, float grad_scale, bool uses_m, bool uses_v, bool stream_out) {
   impl::UpdateArgs a;
   a.p = s.params;
   a.g = s.grads;
@@ -110,6 +110,7 @@ impl::UpdateArgs base_args(const Shard& s, float grad_scale, bool uses_m, bool u
   a.v = uses_v ? s.exp_avg_sq : nullptr;
   a.out = s.out;
   a.grad_scale = grad_scale;
+  a.stream_out = stream_out;
   return a;
 }
 
@@ -126,6 +127,7 @@ impl::UpdateFn pick(const impl::UpdateTable* t, const Shard& s) {
 struct Optimizer::Impl {
   impl::Target target;
   int threads = 1;
+  bool stream_output = true;
   tbb::task_arena arena;
   std::unique_ptr<PinObserver> pin;
 
@@ -172,6 +174,7 @@ Optimizer::Optimizer(const Options& options) : impl_(std::make_unique<Impl>()) {
                                   " is negative; use 0 (all cores) or a thread count"));
   }
   impl_->target = impl::resolve_target(options.simd);
+  impl_->stream_output = options.stream_output;
   if (impl_->target.from_env) {
     STRATA_LOG_INFO("cpu_optim: SIMD target ", impl_->target.name, " forced by ", impl::kSimdEnv);
   }
@@ -200,7 +203,7 @@ bool Optimizer::adam(ShardStep& state, const AdamParams& hp, std::int64_t step, 
   check_beta(hp.beta1, "beta1", "adam", false);
   check_beta(hp.beta2, "beta2", "adam", false);
   if (!begin_step(state, step, "adam")) return state.finite;
-  impl::UpdateArgs a = base_args(shard, grad_scale, true, true);
+  impl::UpdateArgs a = base_args(shard, grad_scale, true, true, impl_->stream_output);
   const double t = double(step);
   const double bc1 = hp.bias_correction ? 1.0 - std::pow(double(hp.beta1), t) : 1.0;
   const double bias2 = hp.bias_correction ? 1.0 / std::sqrt(1.0 - std::pow(double(hp.beta2), t)) : 1.0;
@@ -225,7 +228,7 @@ bool Optimizer::adagrad(ShardStep& state, const AdagradParams& hp, std::int64_t 
                         float grad_scale) {
   check_shard(shard, false, true, "adagrad");
   if (!begin_step(state, step, "adagrad")) return state.finite;
-  impl::UpdateArgs a = base_args(shard, grad_scale, false, true);
+  impl::UpdateArgs a = base_args(shard, grad_scale, false, true, impl_->stream_output);
   a.eps = hp.eps;
   a.step_size = -hp.lr;
   a.weight_decay = hp.weight_decay;
@@ -241,7 +244,7 @@ bool Optimizer::lion(ShardStep& state, const LionParams& hp, std::int64_t step, 
   check_beta(hp.beta1, "beta1", "lion", true);
   check_beta(hp.beta2, "beta2", "lion", true);
   if (!begin_step(state, step, "lion")) return state.finite;
-  impl::UpdateArgs a = base_args(shard, grad_scale, true, false);
+  impl::UpdateArgs a = base_args(shard, grad_scale, true, false, impl_->stream_output);
   a.beta1 = hp.beta1;
   a.one_minus_beta1 = 1.0f - hp.beta1;
   a.beta2 = hp.beta2;

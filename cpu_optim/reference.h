@@ -35,9 +35,12 @@ State make_state(std::size_t n, const float* p, const void* m, const void* v, DT
 // The value of element i of a buffer of dtype t, exactly.
 inline double widen(const void* buf, DType t, std::size_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(buf)[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
-    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+    case DType::f32:
+      return static_cast<const float*>(buf)[i];
+    case DType::bf16:
+      return bf16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+    case DType::f16:
+      return f16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
   }
   return 0.0;
 }

@@ -7,9 +7,9 @@
 namespace strata::cpu_optim::impl {
 
 struct Target {
-  std::int64_t bit = 0;  // Highway target bit (HWY_AVX2, ...)
-  std::string name;      // lower-case Highway name ("avx2")
-  bool from_env = false; // chosen through kSimdEnv
+  std::int64_t bit = 0;   // Highway target bit (HWY_AVX2, ...)
+  std::string name;       // lower-case Highway name ("avx2")
+  bool from_env = false;  // chosen through kSimdEnv
 };
 
 // The environment variable that overrides Options::simd when set and non-empty.

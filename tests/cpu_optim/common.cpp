@@ -86,6 +86,12 @@ Options options_for(const std::string& target, int threads) {
   return o;
 }
 
+bool target_fuses(const std::string& t) {
+  for (const char* f : {"avx2", "avx3", "avx3_dl", "neon", "sve", "sve2", "sve_256", "sve2_128"})
+    if (t == f) return true;
+  return false;
+}
+
 Buf::Buf(std::size_t bytes, std::size_t offset_bytes)
     : mem_(new std::uint64_t[(bytes + offset_bytes + 128) / 8 + 1]) {
   const auto base = (reinterpret_cast<std::uintptr_t>(mem_.get()) + 63) & ~std::uintptr_t(63);
@@ -156,9 +162,11 @@ void TestShard::fill_grads(std::uint64_t seed) {
     if (c.grad == DType::f32) {
       static_cast<std::uint32_t*>(g.get())[i] = (sign << 31) | ((117 + e) << 23) | (mant & 0x7fffffu);
     } else if (c.grad == DType::bf16) {
-      static_cast<std::uint16_t*>(g.get())[i] = std::uint16_t((sign << 15) | ((117 + e) << 7) | (mant & 0x7fu));
+      static_cast<std::uint16_t*>(g.get())[i] =
+          std::uint16_t((sign << 15) | ((117 + e) << 7) | (mant & 0x7fu));
     } else {
-      static_cast<std::uint16_t*>(g.get())[i] = std::uint16_t((sign << 15) | ((5 + e) << 10) | (mant & 0x3ffu));
+      static_cast<std::uint16_t*>(g.get())[i] =
+          std::uint16_t((sign << 15) | ((5 + e) << 10) | (mant & 0x3ffu));
     }
   }
 }

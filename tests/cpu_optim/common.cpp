@@ -48,7 +48,8 @@ const char* opt_name(Opt o) {
 }
 
 std::string case_name(const Case& c) {
-  std::string name = c.target + "_" + opt_name(c.opt) + "_g" + dtype_tag(c.grad) + "_s" + dtype_tag(c.state);
+  std::string name = (c.target.empty() ? "" : c.target + "_") + opt_name(c.opt) + "_g" + dtype_tag(c.grad) +
+                     "_s" + dtype_tag(c.state);
   if (c.out != Out::none) name += std::string("_o") + (c.out == Out::bf16 ? "bf16" : "f16");
   return name;
 }
@@ -64,6 +65,14 @@ std::vector<Case> all_cases() {
     for (DType g : {DType::f32, DType::bf16, DType::f16})
       for (DType s : {DType::f32, DType::bf16})
         for (const std::string& t : compiled_targets()) cases.push_back({o, g, s, Out::none, t});
+  return cases;
+}
+
+std::vector<Case> dtype_cases() {
+  std::vector<Case> cases;
+  for (Opt o : kAllOpts)
+    for (DType g : {DType::f32, DType::bf16, DType::f16})
+      for (DType s : {DType::f32, DType::bf16}) cases.push_back({o, g, s, Out::none, ""});
   return cases;
 }
 

@@ -32,7 +32,7 @@ struct Case {
 };
 
 const char* opt_name(Opt o);
-std::string case_name(const Case& c);  // "avx2_adamw_gbf16_sf32" (the output is looped over inside)
+std::string case_name(const Case& c);  // "avx2_adamw_gbf16_sf32" ("adamw_gbf16_sf32" without a target)
 struct CaseName {
   std::string operator()(const ::testing::TestParamInfo<Case>& info) const { return case_name(info.param); }
 };
@@ -41,6 +41,8 @@ struct CaseName {
 // outputs themselves, since the output does not change params or states).
 std::vector<Case> all_cases();
 Case with_out(Case c, Out out);
+// Optimizers x grad dtypes x state dtypes, without a target (for tests that loop over targets inside).
+std::vector<Case> dtype_cases();
 // Each compiled target with the AdamW / fp32 / bf16-out case (for tests of one behaviour per target).
 std::vector<Case> per_target_cases();
 

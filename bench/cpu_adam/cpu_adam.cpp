@@ -1,0 +1,325 @@
+// bench/cpu_adam: params/s and effective GB/s of cpu_optim's updates against the physical ceiling for
+// the same traffic, measured in the same run on the same threads (see loops.h), per SIMD target, dtype
+// combination and thread count; plus an unfused multi-pass AdamW for scale. Prints a table and one
+// JSON line.
+//
+// Bytes per element count what the update must move: reads of params (4), grads, exp_avg, exp_avg_sq
+// and writes of params (4), exp_avg, exp_avg_sq and the output; e.g. 30 B for AdamW with fp32 states and
+// grads and a bf16 output (DeepSpeed's fp32 case without the output is 28 B). The read-for-ownership of
+// the output stream is not counted (non-temporal stores avoid it).
+//
+// Method: each figure is the median of --reps timed runs after one warm-up; the ceiling and the
+// optimizer runs alternate, so load from other processes falls on both alike. The ceiling is the faster
+// of two variants (output written with plain or with non-temporal stores).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/cpu_adam/loops.h"
+#include "core/error.h"
+#include "cpu_optim/cpu_optim.h"
+
+namespace co = strata::cpu_optim;
+namespace sb = strata::bench;
+
+namespace {
+
+enum class Kind { adamw, adagrad, lion };
+
+struct Combo {
+  Kind kind;
+  co::DType grad, state;
+  bool out;
+  co::DType out_dtype = co::DType::bf16;
+};
+
+const char* kind_name(Kind k) {
+  return k == Kind::adamw ? "adamw" : k == Kind::adagrad ? "adagrad" : "lion";
+}
+const char* short_name(co::DType t) {
+  return t == co::DType::f32 ? "f32" : t == co::DType::bf16 ? "bf16" : "f16";
+}
+
+std::string combo_name(const Combo& c) {
+  return std::string(kind_name(c.kind)) + " g" + short_name(c.grad) + " s" + short_name(c.state) + " o" +
+         (c.out ? short_name(c.out_dtype) : "-");
+}
+
+// Bytes the update moves per element (see the top).
+double bytes_per_elem(const Combo& c) {
+  const double g = double(co::dtype_bytes(c.grad)), s = double(co::dtype_bytes(c.state));
+  const double states = c.kind == Kind::adamw ? 2 : 1;
+  return 4 + g + states * s + 4 + states * s + (c.out ? 2 : 0);
+}
+
+// Page-aligned, touched, optionally huge-page backed memory.
+struct Region {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  Region(std::size_t b, bool huge) : bytes(b) {
+    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    STRATA_SYS_CHECK(p != MAP_FAILED, "mmap of ", bytes, " bytes");
+    if (huge) madvise(p, bytes, MADV_HUGEPAGE);
+    std::memset(p, 0, bytes);
+  }
+  ~Region() { munmap(p, bytes); }
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double seconds(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string load_average() {
+  std::ifstream f("/proc/loadavg");
+  std::string a;
+  f >> a;
+  return a;
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+struct Row {
+  std::string target, combo, what;
+  int threads;
+  double bytes, params_per_s, ceiling_params_per_s;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  CLI::App app{"cpu_optim update throughput against the read-modify-write ceiling"};
+  std::size_t n = std::size_t(64) << 20;
+  int reps = 7;
+  std::vector<std::string> targets;
+  std::vector<int> thread_counts;
+  bool huge = true, all_combos = false, unfused = true, stream_output = true;
+  app.add_option("-n,--params", n, "elements per shard (default 64Mi: far past the caches)");
+  app.add_option("--reps", reps, "timed runs per figure (median reported)")->check(CLI::Range(1, 1000));
+  app.add_option("--targets", targets, "SIMD targets (default: every one this CPU runs)");
+  app.add_option("--threads", thread_counts, "thread counts (default: 1 and all)");
+  app.add_flag("!--no-hugepages", huge, "do not ask for transparent huge pages");
+  app.add_flag("--all-combos", all_combos, "every optimizer and dtype combination, not just the main ones");
+  app.add_flag("!--no-unfused", unfused, "skip the unfused multi-pass AdamW");
+  app.add_flag("!--no-stream-output", stream_output, "optimizer writes its output with ordinary stores");
+  std::vector<std::string> only;
+  app.add_option("--only", only, "run only the updates whose name contains one of these (e.g. \"adamw gf32 sf32 obf16\")");
+  CLI11_PARSE(app, argc, argv);
+  n = (n + 4095) / 4096 * 4096;  // whole ranges of 64 elements for every thread count used here
+  if (targets.empty()) targets = co::supported_targets();
+  const int cores = int(std::thread::hardware_concurrency());
+  if (thread_counts.empty()) thread_counts = cores > 1 ? std::vector<int>{1, cores} : std::vector<int>{1};
+
+  std::vector<Combo> combos = {
+      {Kind::adamw, co::DType::f32, co::DType::f32, true},   // the headline case
+      {Kind::adamw, co::DType::f32, co::DType::f32, false},  // DeepSpeed's fp32 case
+      {Kind::adamw, co::DType::bf16, co::DType::f32, true},
+      {Kind::adamw, co::DType::f32, co::DType::bf16, true},
+      {Kind::adamw, co::DType::f16, co::DType::f32, true, co::DType::f16},
+      {Kind::adagrad, co::DType::f32, co::DType::f32, true},
+      {Kind::lion, co::DType::f32, co::DType::f32, true},
+  };
+  if (all_combos) {
+    combos.clear();
+    for (Kind k : {Kind::adamw, Kind::adagrad, Kind::lion})
+      for (co::DType g : {co::DType::f32, co::DType::bf16, co::DType::f16})
+        for (co::DType s : {co::DType::f32, co::DType::bf16})
+          for (int o = 0; o < 3; ++o)
+            combos.push_back({k, g, s, o != 0, o == 2 ? co::DType::f16 : co::DType::bf16});
+  }
+
+  // One set of buffers at the largest layout, reused by every combination.
+  Region p(n * 4, huge), g(n * 4, huge), m(n * 4, huge), v(n * 4, huge), out(n * 2, huge), tmp(n * 4, huge);
+  const auto fill = [&](const Combo& c) {
+    auto* pp = static_cast<float*>(p.p);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float x = float(int(i % 2001) - 1000) * 1e-3f;
+      pp[i] = 1.0f + x;
+      const float gx = 0.01f * x + 1e-4f;
+      if (c.grad == co::DType::f32)
+        static_cast<float*>(g.p)[i] = gx;
+      else if (c.grad == co::DType::bf16)
+        static_cast<std::uint16_t*>(g.p)[i] = co::f32_to_bf16(gx);
+      else
+        static_cast<std::uint16_t*>(g.p)[i] = co::f32_to_f16(gx);
+      if (c.state == co::DType::f32) {
+        static_cast<float*>(m.p)[i] = 0.0f;
+        static_cast<float*>(v.p)[i] = 1e-6f;
+      } else {
+        static_cast<std::uint16_t*>(m.p)[i] = 0;
+        static_cast<std::uint16_t*>(v.p)[i] = co::f32_to_bf16(1e-6f);
+      }
+    }
+  };
+
+  std::printf("cpu_adam: %zu params per shard, %d reps (median), huge pages %s, output stores %s, load average %s\n",
+              n, reps, huge ? "requested" : "off", stream_output ? "streaming" : "plain", load_average().c_str());
+  std::printf("machine: %s, %d cpus; SIMD targets compiled: ", cpu_model().c_str(), cores);
+  for (const auto& t : co::compiled_targets()) std::printf("%s ", t.c_str());
+  std::printf("\n\n%-7s %-26s %3s %10s %9s %10s %9s %7s\n", "target", "update", "thr", "Gparam/s", "GB/s",
+              "ceil Gp/s", "ceil GB/s", "frac");
+
+  std::vector<Row> rows;
+  for (const std::string& target : targets) {
+    const std::int64_t bit = sb::target_bit(target);
+    STRATA_CHECK(bit != 0, "target ", target, " is not compiled into the benchmark");
+    for (int threads : thread_counts) {
+      co::Optimizer opt({.simd = target, .threads = threads, .pin = false, .stream_output = stream_output});
+      for (const Combo& c : combos) {
+        if (!only.empty() && std::none_of(only.begin(), only.end(), [&](const std::string& o) {
+              return combo_name(c).find(o) != std::string::npos;
+            })) {
+          continue;
+        }
+        fill(c);
+        co::Shard sh{.params = static_cast<float*>(p.p),
+                     .grads = g.p,
+                     .exp_avg = c.kind == Kind::adagrad ? nullptr : m.p,
+                     .exp_avg_sq = c.kind == Kind::lion ? nullptr : v.p,
+                     .out = c.out ? out.p : nullptr,
+                     .n = n,
+                     .grad_dtype = c.grad,
+                     .state_dtype = c.state,
+                     .out_dtype = c.out_dtype};
+        sb::Arrays arr{static_cast<float*>(p.p),
+                       g.p,
+                       m.p,
+                       v.p,
+                       c.out ? out.p : nullptr,
+                       nullptr,
+                       c.grad == co::DType::f32 ? 0 : 1,
+                       c.state == co::DType::f32 ? 0 : 1,
+                       c.out ? 1 : 0};
+        co::ShardStep st;
+        std::int64_t step = 0;
+        const auto run_opt = [&] {
+          ++step;
+          if (c.kind == Kind::adamw)
+            opt.adam(st, {.lr = 1e-4f, .weight_decay = 0.01f}, step, sh, 0.5f);
+          else if (c.kind == Kind::adagrad)
+            opt.adagrad(st, {.lr = 1e-4f}, step, sh, 0.5f);
+          else
+            opt.lion(st, {.lr = 1e-6f}, step, sh, 0.5f);
+        };
+        // The ceiling loop adds the gradient to every array; stepping it on the same data keeps the
+        // values finite for the optimizer runs that alternate with it.
+        const auto run_ceiling = [&](bool stream) {
+          opt.for_each_range(
+              n, [&](std::size_t b, std::size_t e) { sb::ceiling_range(bit, arr, b, e, stream); });
+        };
+        std::vector<double> t_opt, t_ceil_plain, t_ceil_stream;
+        run_ceiling(false);
+        run_ceiling(true);
+        run_opt();
+        for (int r = 0; r < reps; ++r) {
+          t_ceil_plain.push_back(seconds([&] { run_ceiling(false); }));
+          t_opt.push_back(seconds(run_opt));
+          if (c.out) t_ceil_stream.push_back(seconds([&] { run_ceiling(true); }));
+        }
+        double t_ceil = median(t_ceil_plain);
+        if (c.out) t_ceil = std::min(t_ceil, median(t_ceil_stream));
+        const Row row{target,
+                      combo_name(c),
+                      "fused",
+                      threads,
+                      bytes_per_elem(c),
+                      double(n) / median(t_opt),
+                      double(n) / t_ceil};
+        rows.push_back(row);
+        std::printf("%-7s %-26s %3d %10.3f %9.1f %10.3f %9.1f %6.1f%%\n", target.c_str(), row.combo.c_str(),
+                    threads, row.params_per_s / 1e9, row.params_per_s * row.bytes / 1e9,
+                    row.ceiling_params_per_s / 1e9, row.ceiling_params_per_s * row.bytes / 1e9,
+                    100 * row.params_per_s / row.ceiling_params_per_s);
+        std::fflush(stdout);
+
+        if (unfused && c.kind == Kind::adamw && c.grad == co::DType::f32 && c.state == co::DType::f32 &&
+            c.out) {
+          sb::Arrays ua = arr;
+          ua.tmp = static_cast<float*>(tmp.p);
+          const sb::UnfusedScalars s{0.5f, 1.0f - 1e-6f, 0.9f, 0.1f, 0.999f, 0.001f, 1.2f, 1e-8f, -1e-4f};
+          const auto run_unfused = [&] {
+            for (int pass = 0; pass < sb::kUnfusedPasses; ++pass) {
+              opt.for_each_range(
+                  n, [&](std::size_t b, std::size_t e) { sb::unfused_pass(bit, pass, ua, s, b, e); });
+            }
+          };
+          std::vector<double> t_unf, t_ceil2;
+          run_unfused();
+          for (int r = 0; r < reps; ++r) {
+            t_ceil2.push_back(seconds([&] { run_ceiling(false); }));
+            t_unf.push_back(seconds(run_unfused));
+          }
+          const Row u{target,
+                      combo_name(c),
+                      "unfused",
+                      threads,
+                      bytes_per_elem(c),
+                      double(n) / median(t_unf),
+                      double(n) / std::min(median(t_ceil2), t_ceil)};
+          rows.push_back(u);
+          std::printf("%-7s %-26s %3d %10.3f %9.1f %10.3f %9.1f %6.1f%%\n", target.c_str(),
+                      ("unfused " + row.combo).c_str(), threads, u.params_per_s / 1e9,
+                      u.params_per_s * u.bytes / 1e9, u.ceiling_params_per_s / 1e9,
+                      u.ceiling_params_per_s * u.bytes / 1e9, 100 * u.params_per_s / u.ceiling_params_per_s);
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+
+  nlohmann::json j;
+  j["bench"] = "cpu_adam";
+  j["params"] = n;
+  j["reps"] = reps;
+  j["cpu"] = cpu_model();
+  j["cpus"] = cores;
+  j["load_average"] = load_average();
+  j["huge_pages"] = huge;
+  j["stream_output"] = stream_output;
+  for (const Row& r : rows) {
+    j["results"].push_back({{"target", r.target},
+                            {"update", r.combo},
+                            {"kind", r.what},
+                            {"threads", r.threads},
+                            {"bytes_per_param", r.bytes},
+                            {"gparams_per_s", r.params_per_s / 1e9},
+                            {"gbytes_per_s", r.params_per_s * r.bytes / 1e9},
+                            {"ceiling_gparams_per_s", r.ceiling_params_per_s / 1e9},
+                            {"ceiling_gbytes_per_s", r.ceiling_params_per_s * r.bytes / 1e9},
+                            {"fraction_of_ceiling", r.params_per_s / r.ceiling_params_per_s}});
+  }
+  std::printf("\n%s\n", j.dump().c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "cpu_adam: %s\n", e.what());
+  return 1;
+}

@@ -10,23 +10,21 @@
 HWY_BEFORE_NAMESPACE();
 namespace strata::cpu_optim::HWY_NAMESPACE {
 
-// The formula of cpu_optim.h, with fused multiply-adds and the quotient of simd-inl.h; exp_avg_sq holds
-// the running sum of squared gradients.
+// The formula of cpu_optim.h; exp_avg_sq holds the running sum of squared gradients.
 template <bool kL2>
 struct AdagradOp {
   static constexpr bool kM = false, kV = true;
-  VF eps, step_size, weight_decay, one;
+  VF eps, step_size, weight_decay;
 
   explicit AdagradOp(const impl::UpdateArgs& a)
       : eps(hn::Set(DF(), a.eps)),
         step_size(hn::Set(DF(), a.step_size)),
-        weight_decay(hn::Set(DF(), a.weight_decay)),
-        one(hn::Set(DF(), 1.0f)) {}
+        weight_decay(hn::Set(DF(), a.weight_decay)) {}
 
   HWY_INLINE void operator()(VF& p, VF g, VF& /*m*/, VF& v) const {
-    if constexpr (kL2) g = hn::MulAdd(p, weight_decay, g);
-    v = hn::MulAdd(g, g, v);
-    p = hn::MulAdd(step_size, Quotient(g, v, one, eps), p);  // g / (sqrt(v) + eps)
+    if constexpr (kL2) g = hn::Add(hn::Mul(p, weight_decay), g);
+    v = hn::Add(v, hn::Mul(g, g));
+    p = hn::Add(p, hn::Mul(step_size, hn::Div(g, hn::Add(hn::Sqrt(v), eps))));
   }
 };
 

@@ -10,9 +10,8 @@
 HWY_BEFORE_NAMESPACE();
 namespace strata::cpu_optim::HWY_NAMESPACE {
 
-// The formula of cpu_optim.h, one vector at a time, with fused multiply-adds where the target has FMA
-// (a multiply and an add elsewhere) and the quotient of simd-inl.h. The weight decay variant is a template
-// parameter so that the common cases (none, decoupled) carry no dead arithmetic.
+// The formula of cpu_optim.h, one vector at a time. The weight decay variant is a template parameter so
+// that the common cases (none, decoupled) carry no dead arithmetic.
 template <impl::AdamDecay kDecay>
 struct AdamOp {
   static constexpr bool kM = true, kV = true;
@@ -30,12 +29,12 @@ struct AdamOp {
         w_decay(hn::Set(DF(), a.w_decay)) {}
 
   HWY_INLINE void operator()(VF& p, VF g, VF& m, VF& v) const {
-    if constexpr (kDecay == impl::AdamDecay::l2) g = hn::MulAdd(p, weight_decay, g);
-    m = hn::MulAdd(beta1, m, hn::Mul(one_minus_beta1, g));
-    v = hn::MulAdd(beta2, v, hn::Mul(hn::Mul(one_minus_beta2, g), g));
-    const VF u = Quotient(m, v, bias2, eps);  // m / (sqrt(v) * bias2 + eps)
-    if constexpr (kDecay == impl::AdamDecay::decoupled) p = hn::MulAdd(w_decay, p, p);
-    p = hn::MulAdd(step_size, u, p);
+    if constexpr (kDecay == impl::AdamDecay::l2) g = hn::Add(hn::Mul(p, weight_decay), g);
+    m = hn::Add(hn::Mul(beta1, m), hn::Mul(one_minus_beta1, g));
+    v = hn::Add(hn::Mul(beta2, v), hn::Mul(one_minus_beta2, hn::Mul(g, g)));
+    const VF u = hn::Div(m, hn::Add(hn::Mul(hn::Sqrt(v), bias2), eps));
+    if constexpr (kDecay == impl::AdamDecay::decoupled) p = hn::Add(p, hn::Mul(w_decay, p));
+    p = hn::Add(p, hn::Mul(step_size, u));
   }
 };
 

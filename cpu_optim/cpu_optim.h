@@ -23,34 +23,33 @@
 //     opt.adam(s.step_state, hp, step, sh, clip / loss_scale);
 //   }
 //
-// Arithmetic. Every element's update is computed in fp32 in the fixed order below, with the gradient
-// first multiplied by grad_scale. fma(a, b, c) is a * b + c rounded once on targets with FMA (x86 AVX2
-// and AVX3; AArch64 NEON and SVE) and a * b then + c, rounded twice, on the others (x86 SSE4 and the
-// portable fallback); square root and division are the correctly rounded IEEE operations (hardware
-// estimates refined by Newton steps were measured slower: see simd-inl.h). The library is built with
-// -ffp-contract=off, so nothing else is fused.
+// Arithmetic. Every element's update is computed in fp32 in the fixed order below (the same as
+// kernels/cpu/ops.h's AdamW), with the gradient first multiplied by grad_scale. No operation mixes
+// elements, so results are bit-identical whatever the thread count or the split of a shard into calls.
+// The library is built with -ffp-contract=off and uses only correctly rounded IEEE operations (add, mul,
+// div, sqrt; no FMA, no approximate reciprocal or square root), so results are also bit-identical across
+// the SIMD targets and equal to the scalar fp32 formula (tests check this on every x86 target the CPU
+// runs; AArch64's NEON/SVE divide and square root are IEEE as well, but untested here). This assumes the
+// default floating-point environment: round to nearest, no flush-to-zero or denormals-are-zero.
+// Fused multiply-adds are left out on purpose: kernels/ computes the same AdamW on the CPU and on the GPU
+// (with unfused _rn intrinsics), so a shard's update is bit-identical whether its state lives on the
+// device or is offloaded, and a run can move state between tiers without changing its losses. The update
+// is bound by memory traffic, so fusing would not make it measurably faster.
 //   Adam/AdamW (bc1 = 1 - beta1^step, bc2 = 1/sqrt(1 - beta2^step), both 1 without bias correction;
 //   step_size = -lr/bc1 and w_decay = -lr*weight_decay are computed in double and rounded to fp32):
-//     g = grad * grad_scale;              if (!adamw && weight_decay != 0) g = fma(p, weight_decay, g)
-//     m = fma(beta1, m, (1 - beta1) * g); v = fma(beta2, v, ((1 - beta2) * g) * g)
-//     u = m / fma(sqrt(v), bc2, eps);     if (adamw && weight_decay != 0) p = fma(w_decay, p, p)
-//     p = fma(step_size, u, p)
+//     g = grad * grad_scale;   if (!adamw && weight_decay != 0) g = p * weight_decay + g
+//     m = beta1 * m + (1 - beta1) * g;      v = beta2 * v + (1 - beta2) * (g * g)
+//     u = m / (sqrt(v) * bc2 + eps);        if (adamw && weight_decay != 0) p = p + w_decay * p
+//     p = p + step_size * u
 //   Adagrad (PyTorch's, weight decay as L2; exp_avg_sq holds the running sum of squares):
-//     g = grad * grad_scale;   if (weight_decay != 0) g = fma(p, weight_decay, g)
-//     v = fma(g, g, v);        p = fma(-lr, g / (sqrt(v) + eps), p)
+//     g = grad * grad_scale;   if (weight_decay != 0) g = p * weight_decay + g
+//     v = v + g * g;           p = p + (-lr) * (g / (sqrt(v) + eps))
 //   Lion (Chen et al. 2023; decoupled weight decay; sign(0) = 0, sign(NaN) = NaN):
-//     g = grad * grad_scale;   c = fma(beta1, m, (1 - beta1) * g)
-//     if (weight_decay != 0) p = fma(w_decay, p, p);   p = fma(-lr, sign(c), p)
-//     m = fma(beta2, m, (1 - beta2) * g)
+//     g = grad * grad_scale;   c = beta1 * m + (1 - beta1) * g
+//     if (weight_decay != 0) p = p + w_decay * p;     p = p + (-lr) * sign(c)
+//     m = beta2 * m + (1 - beta2) * g
 // (1 - beta) is computed in fp32. bf16 states are widened on load and rounded to nearest even on store;
 // the low-precision output is the new fp32 p rounded to nearest even (dtype.h defines both roundings).
-//
-// Reproducibility. No operation mixes elements, so results are bit-identical whatever the thread count or
-// the split of a shard into calls. Across SIMD targets they are bit-identical within each group (AVX2 =
-// AVX3; SSE4 = fallback) and differ between the groups in the last bits (fused vs. unfused
-// multiply-adds; tests check each target against the formula above bit for bit, and all of them against
-// a float64 reference). This assumes the default floating-point environment: round to nearest, no
-// flush-to-zero or denormals-are-zero.
 //
 // Non-finite gradients. Every update call also checks the scaled gradients and returns false when one is
 // NaN or infinite; by then the shard holds the result of using them. A step that may have to be skipped

@@ -10,9 +10,8 @@
 HWY_BEFORE_NAMESPACE();
 namespace strata::cpu_optim::HWY_NAMESPACE {
 
-// The formula of cpu_optim.h, with fused multiply-adds where the target has FMA: the step is the sign of an
-// interpolation between the momentum and the gradient (sign(0) = 0, sign(NaN) = NaN); the momentum then moves
-// with beta2.
+// The formula of cpu_optim.h: the step is the sign of an interpolation between the momentum and the
+// gradient (sign(0) = 0, sign(NaN) = NaN); the momentum then moves with beta2.
 template <bool kDecoupled>
 struct LionOp {
   static constexpr bool kM = true, kV = false;
@@ -29,12 +28,12 @@ struct LionOp {
   HWY_INLINE void operator()(VF& p, VF g, VF& m, VF& /*v*/) const {
     const DF df;
     const VF zero = hn::Zero(df);
-    const VF c = hn::MulAdd(beta1, m, hn::Mul(one_minus_beta1, g));
+    const VF c = hn::Add(hn::Mul(beta1, m), hn::Mul(one_minus_beta1, g));
     const VF sign = hn::IfThenElse(hn::Gt(c, zero), hn::Set(df, 1.0f),
                                    hn::IfThenElse(hn::Lt(c, zero), hn::Set(df, -1.0f), hn::Mul(c, zero)));
-    if constexpr (kDecoupled) p = hn::MulAdd(w_decay, p, p);
-    p = hn::MulAdd(step_size, sign, p);
-    m = hn::MulAdd(beta2, m, hn::Mul(one_minus_beta2, g));
+    if constexpr (kDecoupled) p = hn::Add(p, hn::Mul(w_decay, p));
+    p = hn::Add(p, hn::Mul(step_size, sign));
+    m = hn::Add(hn::Mul(beta2, m), hn::Mul(one_minus_beta2, g));
   }
 };
 

@@ -190,15 +190,6 @@ HWY_INLINE void Store2(VF a, VF b, void* base, size_t i, bool stream) {
   }
 }
 
-// ---- the quotient of Adam and Adagrad -------------------------------------------------------------------
-
-// num / (sqrt(v) * c + eps), correctly rounded square root and division, the multiply-add fused where the
-// target has FMA. (Hardware estimates of 1/sqrt and 1/x refined by Newton steps were measured too: on
-// Zen 3 with AVX2 they were ~20% slower than the divider, whose cost the memory traffic mostly hides.)
-HWY_INLINE VF Quotient(VF num, VF v, VF c, VF eps) {
-  return hn::Div(num, hn::MulAdd(hn::Sqrt(v), c, eps));
-}
-
 // ---- the update loop --------------------------------------------------------------------------------
 
 // Typed base pointers of one call (or of the stack copies used for a partial vector).
@@ -223,7 +214,7 @@ HWY_INLINE void Step2(const Op& op, VF scale, const Bufs& b, size_t i, VF& nonfi
   g0 = hn::Mul(g0, scale);
   g1 = hn::Mul(g1, scale);
   const VF zero = hn::Zero(df);
-  nonfinite = hn::Add(nonfinite, hn::MulAdd(g1, zero, hn::Mul(g0, zero)));
+  nonfinite = hn::Add(nonfinite, hn::Add(hn::Mul(g0, zero), hn::Mul(g1, zero)));
   VF m0 = zero, m1 = zero, v0 = zero, v1 = zero;
   if constexpr (Op::kM) Load2<S>(b.m, i, m0, m1);
   if constexpr (Op::kV) Load2<S>(b.v, i, v0, v1);

@@ -19,7 +19,6 @@
 // Lion's sign(c) near c = 0 may go either way in fp32; the reference reports those elements' slack
 // (2 lr per ambiguous step), which is allowed.
 #include <cmath>
-#include <map>
 #include <memory>
 #include <string>
 
@@ -54,14 +53,13 @@ Inputs make_inputs(const Case& c, std::size_t n, bool misaligned) {
   return in;
 }
 
-// The reference after the last step, for targets that fuse multiply-adds or not (with bf16 states the
-// two follow different bf16 trajectories; see the top).
+// The reference after the last step (every target computes the same fp32 arithmetic, so one serves all).
 struct Reference {
   reference::State ref;
   double max_m = 0, max_v = 0;  // largest |reference state| after the last step
 };
 
-Reference make_reference(const Case& c, const Inputs& in, bool fused_target, const std::string& target) {
+Reference make_reference(const Case& c, const Inputs& in) {
   const TestShard& init = *in.initial;
   const std::size_t n = init.n;
   Reference r;
@@ -70,12 +68,9 @@ Reference make_reference(const Case& c, const Inputs& in, bool fused_target, con
   TestShard grads(c, n, false, 0, /*fill=*/false);
   std::unique_ptr<TestShard> model;
   if (c.state == DType::bf16) {
-    Case mc = c;
-    mc.target = target;  // the model fuses as this target does
-    model = std::make_unique<TestShard>(mc, n, false, 0, /*fill=*/false);
+    model = std::make_unique<TestShard>(c, n, false, 0, /*fill=*/false);
     model->copy_from(init);
   }
-  (void)fused_target;
   std::vector<double> g;
   for (int step = 1; step <= kSteps; ++step) {
     grads.set_grad_bytes(in.grads[std::size_t(step - 1)]);
@@ -118,11 +113,8 @@ TEST_P(Accuracy, TenStepsStayWithinBoundOfFloat64Reference) {
     for (bool misaligned : {false, true}) {
       if (n == kBig && !misaligned) continue;  // the large size runs once, at the harder addresses
       const Inputs in = make_inputs(c, n, misaligned);
-      std::map<bool, Reference> refs;  // by "target fuses": with fp32 states both are the same
+      const Reference r = make_reference(c, in);
       for (const std::string& target : supported_targets()) {
-        const bool fused = bf16 && target_fuses(target);
-        if (refs.find(fused) == refs.end()) refs.emplace(fused, make_reference(c, in, fused, target));
-        const Reference& r = refs.at(fused);
         const reference::State& ref = r.ref;
         Optimizer opt(options_for(target));
         for (Out out : kAllOuts) {

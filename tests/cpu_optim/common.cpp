@@ -95,12 +95,6 @@ Options options_for(const std::string& target, int threads) {
   return o;
 }
 
-bool target_fuses(const std::string& t) {
-  for (const char* f : {"avx2", "avx3", "avx3_dl", "neon", "sve", "sve2", "sve_256", "sve2_128"})
-    if (t == f) return true;
-  return false;
-}
-
 Buf::Buf(std::size_t bytes, std::size_t offset_bytes)
     : mem_(new std::uint64_t[(bytes + offset_bytes + 128) / 8 + 1]) {
   const auto base = (reinterpret_cast<std::uintptr_t>(mem_.get()) + 63) & ~std::uintptr_t(63);

@@ -56,9 +56,6 @@ bool target_runnable(const std::string& target);
 
 Options options_for(const std::string& target, int threads = 2);
 
-// Whether `target` fuses the multiply-adds of cpu_optim.h's formulas (has FMA).
-bool target_fuses(const std::string& target);
-
 // 64-byte aligned storage, then `offset_bytes` further in.
 // Contents start uninitialised.
 class Buf {

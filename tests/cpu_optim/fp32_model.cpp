@@ -20,23 +20,6 @@ void store(const Buf& b, DType t, std::size_t i, float x) {
     static_cast<std::uint16_t*>(b.get())[i] = f32_to_f16(x);
 }
 
-// fma(a, b, c) of cpu_optim.h: rounded once on targets that fuse, twice on the others. The fused form
-// only runs where an FMA target runs, so the CPU has the instruction.
-#if defined(__x86_64__)
-__attribute__((target("fma"))) float fused_madd(float a, float b, float c) {
-  return __builtin_fmaf(a, b, c);
-}
-#else
-float fused_madd(float a, float b, float c) {
-  return std::fma(a, b, c);
-}
-#endif
-
-struct Madd {
-  bool fused;
-  float operator()(float a, float b, float c) const { return fused ? fused_madd(a, b, c) : a * b + c; }
-};
-
 void store_out(TestShard& ts, std::size_t i, float p) {
   if (ts.c.out == Out::none) return;
   store(ts.out, ts.c.out == Out::bf16 ? DType::bf16 : DType::f16, i, p);
@@ -51,16 +34,15 @@ void model_adam(TestShard& ts, const AdamParams& hp, std::int64_t step, float sc
   const float step_size = float(-double(hp.lr) / bc1), bias2 = float(bc2);
   const float w_decay = float(-double(hp.lr) * double(hp.weight_decay));
   const float b1 = hp.beta1, b2 = hp.beta2, omb1 = 1.0f - b1, omb2 = 1.0f - b2;
-  const Madd fma{target_fuses(ts.c.target)};
   for (std::size_t i = 0; i < ts.n; ++i) {
     float g = load(ts.g, ts.c.grad, i) * scale;
     float p = ts.params()[i];
-    if (!hp.adamw && hp.weight_decay != 0.0f) g = fma(p, hp.weight_decay, g);
-    const float m = fma(b1, load(ts.m, ts.c.state, i), omb1 * g);
-    const float v = fma(b2, load(ts.v, ts.c.state, i), (omb2 * g) * g);
-    const float u = m / fma(std::sqrt(v), bias2, hp.eps);
-    if (hp.adamw && hp.weight_decay != 0.0f) p = fma(w_decay, p, p);
-    p = fma(step_size, u, p);
+    if (!hp.adamw && hp.weight_decay != 0.0f) g = p * hp.weight_decay + g;
+    const float m = b1 * load(ts.m, ts.c.state, i) + omb1 * g;
+    const float v = b2 * load(ts.v, ts.c.state, i) + omb2 * (g * g);
+    const float u = m / (std::sqrt(v) * bias2 + hp.eps);
+    if (hp.adamw && hp.weight_decay != 0.0f) p = p + w_decay * p;
+    p = p + step_size * u;
     ts.params()[i] = p;
     store(ts.m, ts.c.state, i, m);
     store(ts.v, ts.c.state, i, v);
@@ -69,13 +51,12 @@ void model_adam(TestShard& ts, const AdamParams& hp, std::int64_t step, float sc
 }
 
 void model_adagrad(TestShard& ts, const AdagradParams& hp, float scale) {
-  const Madd fma{target_fuses(ts.c.target)};
   for (std::size_t i = 0; i < ts.n; ++i) {
     float g = load(ts.g, ts.c.grad, i) * scale;
     float p = ts.params()[i];
-    if (hp.weight_decay != 0.0f) g = fma(p, hp.weight_decay, g);
-    const float v = fma(g, g, load(ts.v, ts.c.state, i));
-    p = fma(-hp.lr, g / (std::sqrt(v) + hp.eps), p);
+    if (hp.weight_decay != 0.0f) g = p * hp.weight_decay + g;
+    const float v = load(ts.v, ts.c.state, i) + g * g;
+    p = p + (-hp.lr) * (g / (std::sqrt(v) + hp.eps));
     ts.params()[i] = p;
     store(ts.v, ts.c.state, i, v);
     store_out(ts, i, p);
@@ -84,17 +65,16 @@ void model_adagrad(TestShard& ts, const AdagradParams& hp, float scale) {
 
 void model_lion(TestShard& ts, const LionParams& hp, float scale) {
   const float w_decay = float(-double(hp.lr) * double(hp.weight_decay));
-  const Madd fma{target_fuses(ts.c.target)};
   for (std::size_t i = 0; i < ts.n; ++i) {
     const float g = load(ts.g, ts.c.grad, i) * scale;
     float p = ts.params()[i];
     const float m0 = load(ts.m, ts.c.state, i);
-    const float c = fma(hp.beta1, m0, (1.0f - hp.beta1) * g);
+    const float c = hp.beta1 * m0 + (1.0f - hp.beta1) * g;
     const float sign = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : c * 0.0f);
-    if (hp.weight_decay != 0.0f) p = fma(w_decay, p, p);
-    p = fma(-hp.lr, sign, p);
+    if (hp.weight_decay != 0.0f) p = p + w_decay * p;
+    p = p + (-hp.lr) * sign;
     ts.params()[i] = p;
-    store(ts.m, ts.c.state, i, fma(hp.beta2, m0, (1.0f - hp.beta2) * g));
+    store(ts.m, ts.c.state, i, hp.beta2 * m0 + (1.0f - hp.beta2) * g);
     store_out(ts, i, p);
   }
 }

@@ -1,6 +1,5 @@
-// The update formulas of cpu_optim.h written out in scalar fp32, in their documented order, with fma()
-// fused exactly when the shard's target fuses: the model each SIMD target must equal bit for bit (this
-// file is compiled with -ffp-contract=off, as the library is).
+// The update formulas of cpu_optim.h written out in scalar fp32, in their documented order: the model the
+// SIMD kernels must equal bit for bit (this file is compiled with -ffp-contract=off, as the library is).
 #pragma once
 
 #include <cstdint>

@@ -113,8 +113,8 @@ void Ceiling(const Arrays& a, size_t begin, size_t end, bool stream_out) {
 
 template <size_t... I>
 void FillCeiling(CeilingTable& t, std::index_sequence<I...>) {
-  ((t.fn[I / 8][(I / 4) % 2][(I / 2) % 2][I % 2] = &Ceiling<int(I / 8), int((I / 4) % 2), int((I / 2) % 2),
-                                                             int(I % 2) + 1>),
+  ((t.fn[I / 8][(I / 4) % 2][(I / 2) % 2][I % 2] =
+        &Ceiling<int(I / 8), int((I / 4) % 2), int((I / 2) % 2), int(I % 2) + 1>),
    ...);
 }
 

@@ -3,8 +3,9 @@
 //
 // ceiling: the physical limit for an optimizer's traffic. An in-place read-modify-write over the same
 //   arrays with trivial arithmetic: read params (fp32), grads and the optimizer's states (two for Adam,
-//   one for Adagrad and Lion); write params, the states and, when there is one, the 16-bit output (16-bit values are widened by a shift
-//   and narrowed by truncation: no rounding work). `stream_out` writes the output with non-temporal stores.
+//   one for Adagrad and Lion); write params, the states and, when there is one, the 16-bit output (16-bit
+//   values are widened by a shift and narrowed by truncation: no rounding work). `stream_out` writes the
+//   output with non-temporal stores.
 // unfused: the same AdamW step done the way a framework's unfused optimizer does it (PyTorch's
 //   single-tensor Adam), one elementwise pass per operation over whole arrays, each pass its own
 //   parallel region: g *= scale; p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v *= b2; v += (1-b2)*g*g;
@@ -25,7 +26,7 @@ struct Arrays {
   void* out = nullptr;                     // may be null
   float* tmp = nullptr;                    // unfused only: the denominator
   int g_type = 0, s_type = 0, o_type = 0;  // 0 fp32, 1 16-bit (bf16 or fp16 alike); o_type 0: no output
-  int states = 2;                           // 2: m and v; 1: m only (Adagrad's or Lion's one state)
+  int states = 2;                          // 2: m and v; 1: m only (Adagrad's or Lion's one state)
 };
 
 // [begin, end) of the ceiling loop on `target` (a Highway target bit).

@@ -78,16 +78,18 @@ Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_byte
   const bool seq = pattern == Pattern::seq_read || pattern == Pattern::seq_write;
   const bool wr = is_write(pattern);
   // Sequential requests span many blocks (the engine cuts them into block_size pieces); random ones are
-  // one block each. Outstanding requests cover every queue's queue_depth pieces plus a little more, so
-  // that the engine never idles while this thread reacts to a completion, yet little is left to drain
-  // after the deadline.
+  // one block each. Outstanding requests cover every queue's queue_depth pieces plus about 32 MiB more
+  // (at least two requests), as a swap pipeline keeps work queued ahead: the engine never idles while
+  // this thread, on a busy machine, takes its time to react to a completion, and little is left to
+  // drain after the deadline.
+  constexpr std::uint64_t kAhead = std::uint64_t(32) << 20;
   const std::uint64_t slots = std::uint64_t(o.queue_depth) * std::uint64_t(o.intra_op_parallelism);
   std::uint64_t req = bs;
   if (seq)
     req = std::min<std::uint64_t>(
         std::max<std::uint64_t>(bs, std::min(buffer_bytes, measure_buffer_bytes(o)) / bs * bs), span);
-  const std::size_t outstanding = seq ? std::size_t((slots * bs + req - 1) / req + 1)
-                                      : std::size_t(slots + std::max<std::uint64_t>(2, slots / 4));
+  const std::size_t outstanding =
+      std::size_t((slots * bs + req - 1) / req + std::max<std::uint64_t>(2, (kAhead + req - 1) / req));
 
   std::mt19937_64 rng(0x10ad);
   std::uint64_t pos = 0;

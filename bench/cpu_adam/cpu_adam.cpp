@@ -229,7 +229,8 @@ int main(int argc, char** argv) try {
                        nullptr,
                        c.grad == co::DType::f32 ? 0 : 1,
                        c.state == co::DType::f32 ? 0 : 1,
-                       c.out ? 1 : 0};
+                       c.out ? 1 : 0,
+                       c.kind == Kind::adamw ? 2 : 1};
         co::ShardStep st;
         std::int64_t step = 0;
         const auto run_opt = [&] {

@@ -201,12 +201,36 @@ struct Bufs {
   void* out;
 };
 
+// Software prefetch of every stream the update reads, kPrefetchAhead elements ahead of the step being
+// computed: one prefetch per 64-byte line per stream and step. Without it the out-of-order window,
+// filled by the divide and square root chain, holds too few loads to keep the memory bus busy: on Zen 3
+// with AVX2 AdamW reached 85% of the read-modify-write ceiling (medians, 1 and 2 threads), with it
+// 92-96%; 64 to 256 elements ahead measured alike, 512 to 2048 ahead gained little (bench/cpu_adam).
+// Prefetches do not fault, so addresses past the end of a buffer are harmless.
+inline constexpr size_t kPrefetchAhead = 128;
+
+template <size_t kElemBytes>
+HWY_INLINE void PrefetchAhead(const void* base, size_t i) {
+#if HWY_TARGET != HWY_SCALAR  // two elements per step: the hardware prefetcher keeps up on its own
+  const size_t step_bytes = 2 * hn::Lanes(DF()) * kElemBytes;  // a constant once inlined
+  const uintptr_t at = reinterpret_cast<uintptr_t>(base) + (i + kPrefetchAhead) * kElemBytes;
+  for (size_t off = 0; off < step_bytes; off += 64) hwy::Prefetch(reinterpret_cast<const uint8_t*>(at + off));
+#else
+  (void)base;
+  (void)i;
+#endif
+}
+
 // One step of 2 * Lanes elements at index i. `nonfinite` accumulates g * 0: it turns NaN for good as soon
 // as a scaled gradient is NaN or infinite (one accumulator, one add per step: no register to spare).
 template <class Op, int G, int S, int O>
 HWY_INLINE void Step2(const Op& op, VF scale, const Bufs& b, size_t i, VF& nonfinite, bool stream) {
   const DF df;
   const size_t L = hn::Lanes(df);
+  PrefetchAhead<4>(b.p, i);
+  PrefetchAhead<G == kF32 ? 4 : 2>(b.g, i);
+  if constexpr (Op::kM) PrefetchAhead<S == kF32 ? 4 : 2>(b.m, i);
+  if constexpr (Op::kV) PrefetchAhead<S == kF32 ? 4 : 2>(b.v, i);
   VF p0 = hn::LoadU(df, b.p + i);
   VF p1 = hn::LoadU(df, b.p + i + L);
   VF g0, g1;

@@ -18,32 +18,15 @@
 
 #include "nvme/engine.h"
 #include "nvme/options.h"
+#include "tests/common/scratch_dir.h"
 
 namespace strata::nvme::test {
 
-// A fresh directory under $STRATA_TEST_TMPDIR (or /tmp), named after the running test, removed at the end.
-class TempDir {
+// A fresh directory under $STRATA_TEST_TMPDIR (or /tmp)/nvme, named after the running test, removed at the
+// end.
+class TempDir : public strata::test::ScratchDir {
  public:
-  TempDir() {
-    const char* base = std::getenv("STRATA_TEST_TMPDIR");
-    std::filesystem::path root = base && *base ? base : "/tmp";
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "nvme";
-    for (char& c : name)
-      if (c == '/') c = '_';
-    path_ = root / "nvme" / (name + "." + std::to_string(::getpid()));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string str() const { return path_.string(); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
+  TempDir() : strata::test::ScratchDir("nvme") {}
 };
 
 inline std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed) {

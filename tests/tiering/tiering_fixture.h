@@ -18,6 +18,7 @@
 #include "core/device.h"
 #include "nvme/engine.h"
 #include "nvme/swap_store.h"
+#include "tests/common/scratch_dir.h"
 #include "tiering/manager.h"
 
 namespace strata::tiering::test {
@@ -46,29 +47,11 @@ inline std::string label(const char* prefix, int i, int j = -1) {
   return b;
 }
 
-// A fresh directory under $STRATA_TEST_TMPDIR (or /tmp), named after the running test, removed at the end.
-class ScratchDir {
+// A fresh directory under $STRATA_TEST_TMPDIR (or /tmp)/tiering, named after the running test, removed at the
+// end.
+class ScratchDir : public strata::test::ScratchDir {
  public:
-  ScratchDir() {
-    const char* base = std::getenv("STRATA_TEST_TMPDIR");
-    std::filesystem::path root = base && *base ? base : "/tmp";
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "tiering";
-    for (char& c : name)
-      if (c == '/') c = '_';
-    path_ = root / "tiering" / (name + "." + std::to_string(::getpid()));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string str() const { return path_.string(); }
-  std::string file(const std::string& n) const { return (path_ / n).string(); }
-
- private:
-  std::filesystem::path path_;
+  ScratchDir() : strata::test::ScratchDir("tiering") {}
 };
 
 struct RigOptions {

@@ -467,7 +467,7 @@ std::vector<Option> build_options() {
   o.push_back({.path = "zero_optimization.offload_optimizer.ratio",
                .kind = Kind::real,
                .def = 1.0,
-               .meaning = "Fraction of the optimizer states offloaded; below 1 needs stage 3.",
+               .meaning = "Fraction of the optimizer states offloaded; Strata offloads them all and warns once below 1.",
                .field = STRATA_FIELD(zero_optimization.offload_optimizer.ratio),
                .min = 0,
                .max = 1});

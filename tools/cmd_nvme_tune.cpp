@@ -1,6 +1,7 @@
 // `strata nvme-tune --path DIR`: DeepSpeed's ds_nvme_tune. Sweeps backend, block size, queue depth and
 // threads on DIR, prints GB/s per point and the best `aio` settings as JSON to paste into a config.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,6 +109,12 @@ int run_tune(const TuneArgs& a) {
     t.seconds = std::min(t.seconds, 0.5);
   }
   t.on_point = print_point;
+
+  // Checked before the banner, so that a wrong path is the only thing printed.
+  std::error_code ec;
+  if (!std::filesystem::is_directory(a.path, ec))
+    throw IoError(cat("nvme-tune --path ", a.path,
+                      ": not a directory (or not reachable); give a directory on the drive to measure"));
 
   std::size_t per_backend = t.block_sizes.size() * t.queue_depths.size() * t.threads.size() *
                             t.single_submit.size() * t.overlap_events.size();

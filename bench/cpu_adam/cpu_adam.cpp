@@ -8,10 +8,16 @@
 // grads and a bf16 output (DeepSpeed's fp32 case without the output is 28 B). The read-for-ownership of
 // the output stream is not counted (non-temporal stores avoid it).
 //
+// Layout: every array has its own mapping, and array k starts k * --stagger bytes into it (default
+// 4 KiB + 64 B). Arrays at the same offset within same-sized mappings sit a multiple of their size apart;
+// on the machine of bench/RESULTS.md, arrays 256 MiB apart (the default 64Mi fp32 params) ran every loop,
+// the ceiling too, at half speed, while any stagger, or tensors as PyTorch allocates them, did not. The
+// default keeps that layout artefact out of the figures; --stagger 0 shows it.
+//
 // Method: each figure is the median (or, with --statistic min, the fastest) of --reps timed runs after
-// one warm-up; the ceiling and the
-// optimizer runs alternate, so load from other processes falls on both alike. The ceiling is the faster
-// of two variants (output written with plain or with non-temporal stores).
+// one warm-up; the ceiling and the optimizer runs alternate, so load from other processes falls on both
+// alike. The ceiling is the fastest of its variants: output written with plain or with non-temporal
+// stores, each with and without the optimizer's software prefetch; the table names the one that won.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -66,17 +72,20 @@ double bytes_per_elem(const Combo& c) {
   return 4 + g + states * s + 4 + states * s + (c.out ? 2 : 0);
 }
 
-// Page-aligned, touched, optionally huge-page backed memory.
+// Touched, optionally huge-page backed memory: `bytes` usable bytes starting `offset` bytes into a
+// page-aligned mapping.
 struct Region {
+  void* base = nullptr;
   void* p = nullptr;
-  std::size_t bytes = 0;
-  Region(std::size_t b, bool huge) : bytes(b) {
-    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    STRATA_SYS_CHECK(p != MAP_FAILED, "mmap of ", bytes, " bytes");
-    if (huge) madvise(p, bytes, MADV_HUGEPAGE);
-    std::memset(p, 0, bytes);
+  std::size_t mapped = 0;
+  Region(std::size_t bytes, bool huge, std::size_t offset) : mapped(bytes + offset) {
+    base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    STRATA_SYS_CHECK(base != MAP_FAILED, "mmap of ", mapped, " bytes");
+    if (huge) madvise(base, mapped, MADV_HUGEPAGE);
+    std::memset(base, 0, mapped);
+    p = static_cast<char*>(base) + offset;
   }
-  ~Region() { munmap(p, bytes); }
+  ~Region() { munmap(base, mapped); }
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
 };
@@ -116,7 +125,17 @@ struct Row {
   std::string target, combo, what;
   int threads;
   double bytes, params_per_s, ceiling_params_per_s;
+  std::string ceiling;        // the ceiling variant that was fastest
+  nlohmann::json variants{};  // Gparam/s of each ceiling variant
 };
+
+void print_row(const Row& r, const std::string& name) {
+  std::printf("%-7s %-26s %3d %10.3f %9.1f %10.3f %9.1f %6.1f%%  %s\n", r.target.c_str(), name.c_str(),
+              r.threads, r.params_per_s / 1e9, r.params_per_s * r.bytes / 1e9, r.ceiling_params_per_s / 1e9,
+              r.ceiling_params_per_s * r.bytes / 1e9, 100 * r.params_per_s / r.ceiling_params_per_s,
+              r.ceiling.c_str());
+  std::fflush(stdout);
+}
 
 }  // namespace
 
@@ -127,11 +146,16 @@ int main(int argc, char** argv) try {
   std::vector<std::string> targets;
   std::vector<int> thread_counts;
   bool huge = true, all_combos = false, unfused = true, stream_output = true;
+  std::size_t stagger = 4096 + 64;
   app.add_option("-n,--params", n, "elements per shard (default 64Mi: far past the caches)");
   app.add_option("--reps", reps, "timed runs per figure (median reported)")->check(CLI::Range(1, 1000));
-  app.add_option("--targets", targets, "SIMD targets (default: every one this CPU runs)");
+  app.add_option("--targets", targets,
+                 "SIMD targets, or auto for the one the optimizer picks (default: every one this CPU runs)");
   app.add_option("--threads", thread_counts, "thread counts (default: 1 and all)");
   app.add_flag("!--no-hugepages", huge, "do not ask for transparent huge pages");
+  app.add_option("--stagger", stagger,
+                 "array k starts k times this many bytes into its mapping (default 4160; a multiple of 64)")
+      ->check(CLI::Range(std::size_t(0), std::size_t(1) << 24));
   app.add_flag("--all-combos", all_combos, "every optimizer and dtype combination, not just the main ones");
   app.add_flag("!--no-unfused", unfused, "skip the unfused multi-pass AdamW");
   app.add_flag("!--no-stream-output", stream_output, "optimizer writes its output with ordinary stores");
@@ -142,9 +166,13 @@ int main(int argc, char** argv) try {
   app.add_option("--only", only,
                  "run only the updates whose name contains one of these (e.g. \"adamw gf32 sf32 obf16\")");
   CLI11_PARSE(app, argc, argv);
+  STRATA_CHECK(stagger % 64 == 0, "--stagger ", stagger, " is not a multiple of 64 (whole cache lines)");
   g_use_min = statistic == "min";
   n = (n + 4095) / 4096 * 4096;  // whole ranges of 64 elements for every thread count used here
   if (targets.empty()) targets = co::supported_targets();
+  for (std::string& t : targets) {
+    if (t == "auto") t = co::chosen_target("auto");  // what the optimizer picks on this CPU
+  }
   const int cores = int(std::thread::hardware_concurrency());
   if (thread_counts.empty()) thread_counts = cores > 1 ? std::vector<int>{1, cores} : std::vector<int>{1};
 
@@ -167,7 +195,9 @@ int main(int argc, char** argv) try {
   }
 
   // One set of buffers at the largest layout, reused by every combination.
-  Region p(n * 4, huge), g(n * 4, huge), m(n * 4, huge), v(n * 4, huge), out(n * 2, huge), tmp(n * 4, huge);
+  // Array k starts k * stagger bytes into its own mapping (see --stagger).
+  Region p(n * 4, huge, 0), g(n * 4, huge, stagger), m(n * 4, huge, 2 * stagger), v(n * 4, huge, 3 * stagger),
+      out(n * 2, huge, 4 * stagger), tmp(n * 4, huge, 5 * stagger);
   const auto fill = [&](const Combo& c) {
     auto* pp = static_cast<float*>(p.p);
     for (std::size_t i = 0; i < n; ++i) {
@@ -191,13 +221,14 @@ int main(int argc, char** argv) try {
   };
 
   std::printf(
-      "cpu_adam: %zu params per shard, %d reps (%s), huge pages %s, output stores %s, load average %s\n", n,
-      reps, statistic.c_str(), huge ? "requested" : "off", stream_output ? "streaming" : "plain",
+      "cpu_adam: %zu params per shard, %d reps (%s), huge pages %s, arrays staggered by %zu B, output stores "
+      "%s, load average %s\n",
+      n, reps, statistic.c_str(), huge ? "requested" : "off", stagger, stream_output ? "streaming" : "plain",
       load_average().c_str());
   std::printf("machine: %s, %d cpus; SIMD targets compiled: ", cpu_model().c_str(), cores);
   for (const auto& t : co::compiled_targets()) std::printf("%s ", t.c_str());
-  std::printf("\n\n%-7s %-26s %3s %10s %9s %10s %9s %7s\n", "target", "update", "thr", "Gparam/s", "GB/s",
-              "ceil Gp/s", "ceil GB/s", "frac");
+  std::printf("\n\n%-7s %-26s %3s %10s %9s %10s %9s %7s  %s\n", "target", "update", "thr", "Gparam/s", "GB/s",
+              "ceil Gp/s", "ceil GB/s", "frac", "fastest ceiling variant");
 
   std::vector<Row> rows;
   for (const std::string& target : targets) {
@@ -244,34 +275,51 @@ int main(int argc, char** argv) try {
         };
         // The ceiling loop adds the gradient to every array; stepping it on the same data keeps the
         // values finite for the optimizer runs that alternate with it.
-        const auto run_ceiling = [&](bool stream) {
+        const auto run_ceiling = [&](bool stream, bool prefetch) {
           opt.for_each_range(
-              n, [&](std::size_t b, std::size_t e) { sb::ceiling_range(bit, arr, b, e, stream); });
+              n, [&](std::size_t b, std::size_t e) { sb::ceiling_range(bit, arr, b, e, stream, prefetch); });
         };
-        std::vector<double> t_opt, t_ceil_plain, t_ceil_stream;
-        run_ceiling(false);
-        run_ceiling(true);
+        // Ceiling variants: [streamed output][software prefetch]; without an output only the first
+        // row. The fastest variant's median is the ceiling.
+        std::vector<double> t_opt, t_ceil_runs[2][2];
+        const int n_stream = c.out ? 2 : 1;
+        for (int s = 0; s < n_stream; ++s)
+          for (int f = 0; f < 2; ++f) run_ceiling(s, f);
         run_opt();
         for (int r = 0; r < reps; ++r) {
-          t_ceil_plain.push_back(seconds([&] { run_ceiling(false); }));
-          t_opt.push_back(seconds(run_opt));
-          if (c.out) t_ceil_stream.push_back(seconds([&] { run_ceiling(true); }));
+          for (int s = 0; s < n_stream; ++s) {
+            for (int f = 0; f < 2; ++f) {
+              t_ceil_runs[s][f].push_back(seconds([&] { run_ceiling(s, f); }));
+              if (s == 0 && f == 0) t_opt.push_back(seconds(run_opt));
+            }
+          }
         }
-        double t_ceil = median(t_ceil_plain);
-        if (c.out) t_ceil = std::min(t_ceil, median(t_ceil_stream));
+        double t_ceil_best = 1e300;
+        std::string ceil_variant;
+        nlohmann::json variants;
+        for (int s = 0; s < n_stream; ++s) {
+          for (int f = 0; f < 2; ++f) {
+            const double t = median(t_ceil_runs[s][f]);
+            variants[std::string(s ? "streamed output" : "plain stores") + (f ? ", prefetch" : "")] =
+                double(n) / t / 1e9;
+            if (t < t_ceil_best) {
+              t_ceil_best = t;
+              ceil_variant = std::string(s ? "streamed output" : "plain stores") + (f ? ", prefetch" : "");
+            }
+          }
+        }
+        const double t_ceil = t_ceil_best;
         const Row row{target,
                       combo_name(c),
                       "fused",
                       threads,
                       bytes_per_elem(c),
                       double(n) / median(t_opt),
-                      double(n) / t_ceil};
+                      double(n) / t_ceil,
+                      ceil_variant,
+                      variants};
         rows.push_back(row);
-        std::printf("%-7s %-26s %3d %10.3f %9.1f %10.3f %9.1f %6.1f%%\n", target.c_str(), row.combo.c_str(),
-                    threads, row.params_per_s / 1e9, row.params_per_s * row.bytes / 1e9,
-                    row.ceiling_params_per_s / 1e9, row.ceiling_params_per_s * row.bytes / 1e9,
-                    100 * row.params_per_s / row.ceiling_params_per_s);
-        std::fflush(stdout);
+        print_row(row, row.combo);
 
         if (unfused && c.kind == Kind::adamw && c.grad == co::DType::f32 && c.state == co::DType::f32 &&
             c.out) {
@@ -287,7 +335,7 @@ int main(int argc, char** argv) try {
           std::vector<double> t_unf, t_ceil2;
           run_unfused();
           for (int r = 0; r < reps; ++r) {
-            t_ceil2.push_back(seconds([&] { run_ceiling(false); }));
+            t_ceil2.push_back(seconds([&] { run_ceiling(false, false); }));
             t_unf.push_back(seconds(run_unfused));
           }
           const Row u{target,
@@ -296,13 +344,10 @@ int main(int argc, char** argv) try {
                       threads,
                       bytes_per_elem(c),
                       double(n) / median(t_unf),
-                      double(n) / std::min(median(t_ceil2), t_ceil)};
+                      double(n) / std::min(median(t_ceil2), t_ceil),
+                      median(t_ceil2) < t_ceil ? "plain stores" : ceil_variant};
           rows.push_back(u);
-          std::printf("%-7s %-26s %3d %10.3f %9.1f %10.3f %9.1f %6.1f%%\n", target.c_str(),
-                      ("unfused " + row.combo).c_str(), threads, u.params_per_s / 1e9,
-                      u.params_per_s * u.bytes / 1e9, u.ceiling_params_per_s / 1e9,
-                      u.ceiling_params_per_s * u.bytes / 1e9, 100 * u.params_per_s / u.ceiling_params_per_s);
-          std::fflush(stdout);
+          print_row(u, "unfused " + row.combo);
         }
       }
     }
@@ -317,6 +362,7 @@ int main(int argc, char** argv) try {
   j["cpus"] = cores;
   j["load_average"] = load_average();
   j["huge_pages"] = huge;
+  j["stagger_bytes"] = stagger;
   j["stream_output"] = stream_output;
   for (const Row& r : rows) {
     j["results"].push_back({{"target", r.target},
@@ -328,7 +374,9 @@ int main(int argc, char** argv) try {
                             {"gbytes_per_s", r.params_per_s * r.bytes / 1e9},
                             {"ceiling_gparams_per_s", r.ceiling_params_per_s / 1e9},
                             {"ceiling_gbytes_per_s", r.ceiling_params_per_s * r.bytes / 1e9},
-                            {"fraction_of_ceiling", r.params_per_s / r.ceiling_params_per_s}});
+                            {"fraction_of_ceiling", r.params_per_s / r.ceiling_params_per_s},
+                            {"ceiling_variant", r.ceiling},
+                            {"ceiling_variants_gparams_per_s", r.variants}});
   }
   std::printf("\n%s\n", j.dump().c_str());
   return 0;

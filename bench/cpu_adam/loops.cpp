@@ -16,7 +16,7 @@
 #ifndef STRATA_BENCH_CPU_ADAM_TABLES
 #define STRATA_BENCH_CPU_ADAM_TABLES
 namespace strata::bench {
-using CeilingFn = void (*)(const Arrays&, size_t, size_t, bool);
+using CeilingFn = void (*)(const Arrays&, size_t, size_t, bool, bool);
 struct CeilingTable {
   int64_t target;
   CeilingFn fn[2][2][2][2];  // [grads 16-bit][states 16-bit][output][states - 1]
@@ -85,7 +85,7 @@ HWY_INLINE void Store2(VF a, VF b, void* base, size_t i, bool stream) {
 }
 
 template <int G, int S, int O, int K>
-void Ceiling(const Arrays& a, size_t begin, size_t end, bool stream_out) {
+void Ceiling(const Arrays& a, size_t begin, size_t end, bool stream_out, bool prefetch) {
   const DF df;
   const size_t L = hn::Lanes(df);
   size_t i = begin;
@@ -93,7 +93,14 @@ void Ceiling(const Arrays& a, size_t begin, size_t end, bool stream_out) {
   // at multiples of 64 elements, so only check.
   const bool stream =
       O != 0 && stream_out && (reinterpret_cast<uintptr_t>(static_cast<uint16_t*>(a.out) + i) % (4 * L)) == 0;
+  namespace co = cpu_optim::HWY_NAMESPACE;
   for (; i + 2 * L <= end; i += 2 * L) {
+    if (prefetch) {  // the optimizer's own software prefetch (cpu_optim/simd-inl.h)
+      co::PrefetchAhead<4>(a.p, i);
+      co::PrefetchAhead<G == 0 ? 4 : 2>(a.g, i);
+      co::PrefetchAhead<S == 0 ? 4 : 2>(a.m, i);
+      if constexpr (K == 2) co::PrefetchAhead<S == 0 ? 4 : 2>(a.v, i);
+    }
     VF p0 = hn::LoadU(df, a.p + i), p1 = hn::LoadU(df, a.p + i + L);
     VF g0, g1, m0, m1, v0, v1;
     Load2<G>(a.g, i, g0, g1);
@@ -203,10 +210,10 @@ namespace strata::bench {
 HWY_EXPORT(GetCeilingTable);
 HWY_EXPORT(GetUnfusedTable);
 
-void ceiling_range(std::int64_t target, const Arrays& a, std::size_t begin, std::size_t end,
-                   bool stream_out) {
+void ceiling_range(std::int64_t target, const Arrays& a, std::size_t begin, std::size_t end, bool stream_out,
+                   bool prefetch) {
   const auto* t = cpu_optim::impl::find_table(HWY_DISPATCH_TABLE(GetCeilingTable), target);
-  t->fn[a.g_type][a.s_type][a.o_type][a.states - 1](a, begin, end, stream_out);
+  t->fn[a.g_type][a.s_type][a.o_type][a.states - 1](a, begin, end, stream_out, prefetch);
 }
 
 void unfused_pass(std::int64_t target, int pass, const Arrays& a, const UnfusedScalars& s, std::size_t begin,

@@ -5,7 +5,8 @@
 //   arrays with trivial arithmetic: read params (fp32), grads and the optimizer's states (two for Adam,
 //   one for Adagrad and Lion); write params, the states and, when there is one, the 16-bit output (16-bit
 //   values are widened by a shift and narrowed by truncation: no rounding work). `stream_out` writes the
-//   output with non-temporal stores.
+//   output with non-temporal stores; `prefetch` adds the optimizer's own software prefetch of every read
+//   stream (cpu_optim/simd-inl.h), so the ceiling has every help the optimizer has.
 // unfused: the same AdamW step done the way a framework's unfused optimizer does it (PyTorch's
 //   single-tensor Adam), one elementwise pass per operation over whole arrays, each pass its own
 //   parallel region: g *= scale; p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v *= b2; v += (1-b2)*g*g;
@@ -30,7 +31,8 @@ struct Arrays {
 };
 
 // [begin, end) of the ceiling loop on `target` (a Highway target bit).
-void ceiling_range(std::int64_t target, const Arrays& a, std::size_t begin, std::size_t end, bool stream_out);
+void ceiling_range(std::int64_t target, const Arrays& a, std::size_t begin, std::size_t end, bool stream_out,
+                   bool prefetch);
 
 // One pass of the unfused AdamW over [begin, end); pass 0..8 in the order of the comment above.
 inline constexpr int kUnfusedPasses = 9;

@@ -13,7 +13,7 @@ namespace strata::cpu_optim::HWY_NAMESPACE {
 // The formula of cpu_optim.h; exp_avg_sq holds the running sum of squared gradients.
 template <bool kL2>
 struct AdagradOp {
-  static constexpr bool kM = false, kV = true;
+  static constexpr bool kM = false, kV = true, kReadsP = kL2;
   VF eps, step_size, weight_decay;
 
   explicit AdagradOp(const impl::UpdateArgs& a)
@@ -21,11 +21,12 @@ struct AdagradOp {
         step_size(hn::Set(DF(), a.step_size)),
         weight_decay(hn::Set(DF(), a.weight_decay)) {}
 
-  HWY_INLINE void operator()(VF& p, VF g, VF& /*m*/, VF& v) const {
+  HWY_INLINE VF Direction(VF p, VF g, VF& /*m*/, VF& v) const {
     if constexpr (kL2) g = hn::Add(hn::Mul(p, weight_decay), g);
     v = hn::Add(v, hn::Mul(g, g));
-    p = hn::Add(p, hn::Mul(step_size, hn::Div(g, hn::Add(hn::Sqrt(v), eps))));
+    return hn::Div(g, hn::Add(hn::Sqrt(v), eps));
   }
+  HWY_INLINE void Apply(VF& p, VF u) const { p = hn::Add(p, hn::Mul(step_size, u)); }
 };
 
 const impl::UpdateTable* AdagradTablePlain() {

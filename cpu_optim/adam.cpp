@@ -14,7 +14,7 @@ namespace strata::cpu_optim::HWY_NAMESPACE {
 // that the common cases (none, decoupled) carry no dead arithmetic.
 template <impl::AdamDecay kDecay>
 struct AdamOp {
-  static constexpr bool kM = true, kV = true;
+  static constexpr bool kM = true, kV = true, kReadsP = kDecay == impl::AdamDecay::l2;
   VF beta1, one_minus_beta1, beta2, one_minus_beta2, eps, bias2, step_size, weight_decay, w_decay;
 
   explicit AdamOp(const impl::UpdateArgs& a)
@@ -28,11 +28,14 @@ struct AdamOp {
         weight_decay(hn::Set(DF(), a.weight_decay)),
         w_decay(hn::Set(DF(), a.w_decay)) {}
 
-  HWY_INLINE void operator()(VF& p, VF g, VF& m, VF& v) const {
+  // The step direction m / (sqrt(v) * bias2 + eps), after moving the moments; p is only read (L2).
+  HWY_INLINE VF Direction(VF p, VF g, VF& m, VF& v) const {
     if constexpr (kDecay == impl::AdamDecay::l2) g = hn::Add(hn::Mul(p, weight_decay), g);
     m = hn::Add(hn::Mul(beta1, m), hn::Mul(one_minus_beta1, g));
     v = hn::Add(hn::Mul(beta2, v), hn::Mul(one_minus_beta2, hn::Mul(g, g)));
-    const VF u = hn::Div(m, hn::Add(hn::Mul(hn::Sqrt(v), bias2), eps));
+    return hn::Div(m, hn::Add(hn::Mul(hn::Sqrt(v), bias2), eps));
+  }
+  HWY_INLINE void Apply(VF& p, VF u) const {
     if constexpr (kDecay == impl::AdamDecay::decoupled) p = hn::Add(p, hn::Mul(w_decay, p));
     p = hn::Add(p, hn::Mul(step_size, u));
   }

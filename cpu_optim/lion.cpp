@@ -14,7 +14,7 @@ namespace strata::cpu_optim::HWY_NAMESPACE {
 // gradient (sign(0) = 0, sign(NaN) = NaN); the momentum then moves with beta2.
 template <bool kDecoupled>
 struct LionOp {
-  static constexpr bool kM = true, kV = false;
+  static constexpr bool kM = true, kV = false, kReadsP = false;
   VF beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, w_decay;
 
   explicit LionOp(const impl::UpdateArgs& a)
@@ -25,15 +25,18 @@ struct LionOp {
         step_size(hn::Set(DF(), a.step_size)),
         w_decay(hn::Set(DF(), a.w_decay)) {}
 
-  HWY_INLINE void operator()(VF& p, VF g, VF& m, VF& /*v*/) const {
+  // The sign of the interpolation, after moving the momentum.
+  HWY_INLINE VF Direction(VF /*p*/, VF g, VF& m, VF& /*v*/) const {
     const DF df;
     const VF zero = hn::Zero(df);
     const VF c = hn::Add(hn::Mul(beta1, m), hn::Mul(one_minus_beta1, g));
-    const VF sign = hn::IfThenElse(hn::Gt(c, zero), hn::Set(df, 1.0f),
-                                   hn::IfThenElse(hn::Lt(c, zero), hn::Set(df, -1.0f), hn::Mul(c, zero)));
+    m = hn::Add(hn::Mul(beta2, m), hn::Mul(one_minus_beta2, g));
+    return hn::IfThenElse(hn::Gt(c, zero), hn::Set(df, 1.0f),
+                          hn::IfThenElse(hn::Lt(c, zero), hn::Set(df, -1.0f), hn::Mul(c, zero)));
+  }
+  HWY_INLINE void Apply(VF& p, VF sign) const {
     if constexpr (kDecoupled) p = hn::Add(p, hn::Mul(w_decay, p));
     p = hn::Add(p, hn::Mul(step_size, sign));
-    m = hn::Add(hn::Mul(beta2, m), hn::Mul(one_minus_beta2, g));
   }
 };
 

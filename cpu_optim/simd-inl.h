@@ -5,10 +5,13 @@
 // toggles with HWY_TARGET_TOGGLE, as Highway's own -inl.h headers do). An optimizer supplies an Op:
 //   struct Op {
 //     static constexpr bool kM, kV;     // which state buffers it reads and writes
+//     static constexpr bool kReadsP;    // whether Direction reads p (L2 weight decay)
 //     explicit Op(const impl::UpdateArgs&);
-//     void operator()(VF& p, VF g, VF& m, VF& v) const;   // one vector of elements, g already scaled
+//     VF Direction(VF p, VF g, VF& m, VF& v) const;  // moves the states, returns the step direction
+//     void Apply(VF& p, VF u) const;                 // moves p along the direction (and decays it)
 //   };
-// and instantiates Update<Op, G, S, O> for each dtype combination.
+// (one vector of elements each, g already scaled) and instantiates Update<Op, G, S, O> for each dtype
+// combination.
 
 #if defined(STRATA_CPU_OPTIM_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef STRATA_CPU_OPTIM_SIMD_INL_H_
@@ -203,10 +206,10 @@ struct Bufs {
 
 // Software prefetch of every stream the update reads, kPrefetchAhead elements ahead of the step being
 // computed: one prefetch per 64-byte line per stream and step. Without it the out-of-order window,
-// filled by the divide and square root chain, holds too few loads to keep the memory bus busy: on Zen 3
-// with AVX2 AdamW reached 85% of the read-modify-write ceiling (medians, 1 and 2 threads), with it
-// 92-96%; 64 to 256 elements ahead measured alike, 512 to 2048 ahead gained little (bench/cpu_adam).
-// Prefetches do not fault, so addresses past the end of a buffer are harmless.
+// filled by the divide and square root chain, holds too few loads to keep the memory bus busy (on Zen 3
+// with AVX2 it lifted AdamW by about 8 points of the read-modify-write ceiling; 64 to 256 elements ahead
+// measured alike, 512 to 2048 ahead gained little: bench/cpu_adam, bench/RESULTS.md). Prefetches do not
+// fault, so addresses past the end of a buffer are harmless.
 inline constexpr size_t kPrefetchAhead = 128;
 
 template <size_t kElemBytes>
@@ -221,38 +224,61 @@ HWY_INLINE void PrefetchAhead(const void* base, size_t i) {
 #endif
 }
 
-// One step of 2 * Lanes elements at index i. `nonfinite` accumulates g * 0: it turns NaN for good as soon
-// as a scaled gradient is NaN or infinite (one accumulator, one add per step: no register to spare).
-template <class Op, int G, int S, int O>
-HWY_INLINE void Step2(const Op& op, VF scale, const Bufs& b, size_t i, VF& nonfinite, bool stream) {
+// The first half of one step of 2 * Lanes elements at index i: loads the gradients and states, moves
+// the states, stores them and leaves the step direction in dir[0, 2 * Lanes). `nonfinite` accumulates
+// g * 0: it turns NaN for good as soon as a scaled gradient is NaN or infinite (one accumulator, one add
+// per step: no register to spare).
+template <class Op, int G, int S>
+HWY_INLINE void Moments2(const Op& op, VF scale, const Bufs& b, size_t i, float* HWY_RESTRICT dir,
+                         VF& nonfinite) {
   const DF df;
   const size_t L = hn::Lanes(df);
-  PrefetchAhead<4>(b.p, i);
+  PrefetchAhead<4>(b.p, i);  // read by Apply2 of this block
   PrefetchAhead<G == kF32 ? 4 : 2>(b.g, i);
   if constexpr (Op::kM) PrefetchAhead<S == kF32 ? 4 : 2>(b.m, i);
   if constexpr (Op::kV) PrefetchAhead<S == kF32 ? 4 : 2>(b.v, i);
-  VF p0 = hn::LoadU(df, b.p + i);
-  VF p1 = hn::LoadU(df, b.p + i + L);
+  const VF zero = hn::Zero(df);
+  VF p0 = zero, p1 = zero;
+  if constexpr (Op::kReadsP) {
+    p0 = hn::LoadU(df, b.p + i);
+    p1 = hn::LoadU(df, b.p + i + L);
+  }
   VF g0, g1;
   Load2<G>(b.g, i, g0, g1);
   g0 = hn::Mul(g0, scale);
   g1 = hn::Mul(g1, scale);
-  const VF zero = hn::Zero(df);
   nonfinite = hn::Add(nonfinite, hn::Add(hn::Mul(g0, zero), hn::Mul(g1, zero)));
   VF m0 = zero, m1 = zero, v0 = zero, v1 = zero;
   if constexpr (Op::kM) Load2<S>(b.m, i, m0, m1);
   if constexpr (Op::kV) Load2<S>(b.v, i, v0, v1);
-  op(p0, g0, m0, v0);
-  op(p1, g1, m1, v1);
-  hn::StoreU(p0, df, b.p + i);
-  hn::StoreU(p1, df, b.p + i + L);
+  hn::Store(op.Direction(p0, g0, m0, v0), df, dir);
+  hn::Store(op.Direction(p1, g1, m1, v1), df, dir + L);
   if constexpr (Op::kM) Store2<S>(m0, m1, b.m, i, false);
   if constexpr (Op::kV) Store2<S>(v0, v1, b.v, i, false);
+}
+
+// The second half: moves the params at i along dir[0, 2 * Lanes), stores them and the output.
+template <class Op, int O>
+HWY_INLINE void Apply2(const Op& op, const Bufs& b, size_t i, const float* HWY_RESTRICT dir, bool stream) {
+  const DF df;
+  const size_t L = hn::Lanes(df);
+  VF p0 = hn::LoadU(df, b.p + i);
+  VF p1 = hn::LoadU(df, b.p + i + L);
+  op.Apply(p0, hn::Load(df, dir));
+  op.Apply(p1, hn::Load(df, dir + L));
+  hn::StoreU(p0, df, b.p + i);
+  hn::StoreU(p1, df, b.p + i + L);
   if constexpr (O != 0) Store2<O>(p0, p1, b.out, i, stream);
 }
 
+// Elements per block of the main loop (a multiple of 2 * Lanes on every target). Each block runs
+// Moments2 over all of it, then Apply2: the square root and divide chain of one half no longer sits in
+// the out-of-order window with the rounding and stores of the other, so the core overlaps more steps
+// (bench/cpu_adam). The directions (2 KiB) and the block's params stay in L1 between the halves.
+inline constexpr size_t kBlock = 512;
+
 // Elements [i, i + k), k < 2 * Lanes: copied into zero-padded stack buffers, run through the same
-// Step2 (so their arithmetic is exactly that of the main loop), and copied back.
+// Moments2 and Apply2 (so their arithmetic is exactly that of the main loop), and copied back.
 template <class Op, int G, int S, int O>
 HWY_NOINLINE void StepPartial(const Op& op, VF scale, const Bufs& b, size_t i, size_t k, VF& nonfinite) {
   constexpr size_t kMax = 2 * HWY_MAX_BYTES / sizeof(float);
@@ -265,7 +291,9 @@ HWY_NOINLINE void StepPartial(const Op& op, VF scale, const Bufs& b, size_t i, s
   if constexpr (Op::kM) std::memcpy(m, static_cast<const char*>(b.m) + i * sb, k * sb);
   if constexpr (Op::kV) std::memcpy(v, static_cast<const char*>(b.v) + i * sb, k * sb);
   const Bufs local{p, g, m, v, out};
-  Step2<Op, G, S, O>(op, scale, local, 0, nonfinite, false);
+  HWY_ALIGN float dir[kMax];
+  Moments2<Op, G, S>(op, scale, local, 0, dir, nonfinite);
+  Apply2<Op, O>(op, local, 0, dir, false);
   std::memcpy(b.p + i, p, k * 4);
   if constexpr (Op::kM) std::memcpy(static_cast<char*>(b.m) + i * sb, m, k * sb);
   if constexpr (Op::kV) std::memcpy(static_cast<char*>(b.v) + i * sb, v, k * sb);
@@ -293,7 +321,13 @@ bool Update(const impl::UpdateArgs& a, size_t begin, size_t end) {
       stream = true;
     }
   }
-  for (; i + n2 <= end; i += n2) Step2<Op, G, S, O>(op, scale, b, i, nonfinite, stream);
+  HWY_ALIGN float dir[kBlock];
+  while (i + n2 <= end) {
+    const size_t len = std::min(kBlock, (end - i) / n2 * n2);
+    for (size_t j = 0; j < len; j += n2) Moments2<Op, G, S>(op, scale, b, i + j, dir + j, nonfinite);
+    for (size_t j = 0; j < len; j += n2) Apply2<Op, O>(op, b, i + j, dir + j, stream);
+    i += len;
+  }
   if (i < end) StepPartial<Op, G, S, O>(op, scale, b, i, end - i, nonfinite);
   if (stream) hwy::FlushStream();
   return hn::AllFalse(df, hn::IsNaN(nonfinite));

@@ -224,6 +224,16 @@ HWY_INLINE void PrefetchAhead(const void* base, size_t i) {
 #endif
 }
 
+// The prefetches of one step at index i: params (read by Apply2 of the same block), grads and the
+// states in use. bench/cpu_adam's ceiling loop issues the same ones.
+template <int G, int S, bool kM, bool kV>
+HWY_INLINE void PrefetchStep(const float* p, const void* g, const void* m, const void* v, size_t i) {
+  PrefetchAhead<4>(p, i);
+  PrefetchAhead<G == kF32 ? 4 : 2>(g, i);
+  if constexpr (kM) PrefetchAhead<S == kF32 ? 4 : 2>(m, i);
+  if constexpr (kV) PrefetchAhead<S == kF32 ? 4 : 2>(v, i);
+}
+
 // The first half of one step of 2 * Lanes elements at index i: loads the gradients and states, moves
 // the states, stores them and leaves the step direction in dir[0, 2 * Lanes). `nonfinite` accumulates
 // g * 0: it turns NaN for good as soon as a scaled gradient is NaN or infinite (one accumulator, one add
@@ -233,10 +243,7 @@ HWY_INLINE void Moments2(const Op& op, VF scale, const Bufs& b, size_t i, float*
                          VF& nonfinite) {
   const DF df;
   const size_t L = hn::Lanes(df);
-  PrefetchAhead<4>(b.p, i);  // read by Apply2 of this block
-  PrefetchAhead<G == kF32 ? 4 : 2>(b.g, i);
-  if constexpr (Op::kM) PrefetchAhead<S == kF32 ? 4 : 2>(b.m, i);
-  if constexpr (Op::kV) PrefetchAhead<S == kF32 ? 4 : 2>(b.v, i);
+  PrefetchStep<G, S, Op::kM, Op::kV>(b.p, b.g, b.m, b.v, i);
   const VF zero = hn::Zero(df);
   VF p0 = zero, p1 = zero;
   if constexpr (Op::kReadsP) {

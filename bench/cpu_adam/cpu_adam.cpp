@@ -294,21 +294,21 @@ int main(int argc, char** argv) try {
             }
           }
         }
-        double t_ceil_best = 1e300;
+        double t_ceil = 1e300;
         std::string ceil_variant;
         nlohmann::json variants;
         for (int s = 0; s < n_stream; ++s) {
           for (int f = 0; f < 2; ++f) {
             const double t = median(t_ceil_runs[s][f]);
-            variants[std::string(s ? "streamed output" : "plain stores") + (f ? ", prefetch" : "")] =
-                double(n) / t / 1e9;
-            if (t < t_ceil_best) {
-              t_ceil_best = t;
-              ceil_variant = std::string(s ? "streamed output" : "plain stores") + (f ? ", prefetch" : "");
+            const std::string name =
+                std::string(s ? "streamed output" : "plain stores") + (f ? ", prefetch" : "");
+            variants[name] = double(n) / t / 1e9;
+            if (t < t_ceil) {
+              t_ceil = t;
+              ceil_variant = name;
             }
           }
         }
-        const double t_ceil = t_ceil_best;
         const Row row{target,
                       combo_name(c),
                       "fused",
@@ -338,14 +338,15 @@ int main(int argc, char** argv) try {
             t_ceil2.push_back(seconds([&] { run_ceiling(false, false); }));
             t_unf.push_back(seconds(run_unfused));
           }
+          const double t_plain = median(t_ceil2);
           const Row u{target,
                       combo_name(c),
                       "unfused",
                       threads,
                       bytes_per_elem(c),
                       double(n) / median(t_unf),
-                      double(n) / std::min(median(t_ceil2), t_ceil),
-                      median(t_ceil2) < t_ceil ? "plain stores" : ceil_variant};
+                      double(n) / std::min(t_plain, t_ceil),
+                      t_plain < t_ceil ? "plain stores" : ceil_variant};
           rows.push_back(u);
           print_row(u, "unfused " + row.combo);
         }

@@ -95,12 +95,7 @@ void Ceiling(const Arrays& a, size_t begin, size_t end, bool stream_out, bool pr
       O != 0 && stream_out && (reinterpret_cast<uintptr_t>(static_cast<uint16_t*>(a.out) + i) % (4 * L)) == 0;
   namespace co = cpu_optim::HWY_NAMESPACE;
   for (; i + 2 * L <= end; i += 2 * L) {
-    if (prefetch) {  // the optimizer's own software prefetch (cpu_optim/simd-inl.h)
-      co::PrefetchAhead<4>(a.p, i);
-      co::PrefetchAhead<G == 0 ? 4 : 2>(a.g, i);
-      co::PrefetchAhead<S == 0 ? 4 : 2>(a.m, i);
-      if constexpr (K == 2) co::PrefetchAhead<S == 0 ? 4 : 2>(a.v, i);
-    }
+    if (prefetch) co::PrefetchStep<G, S, true, K == 2>(a.p, a.g, a.m, a.v, i);  // the optimizer's own
     VF p0 = hn::LoadU(df, a.p + i), p1 = hn::LoadU(df, a.p + i + L);
     VF g0, g1, m0, m1, v0, v1;
     Load2<G>(a.g, i, g0, g1);

@@ -166,7 +166,12 @@ int main(int argc, char** argv) try {
   app.add_option("--only", only,
                  "run only the updates whose name contains one of these (e.g. \"adamw gf32 sf32 obf16\")");
   CLI11_PARSE(app, argc, argv);
-  STRATA_CHECK(stagger % 64 == 0, "--stagger ", stagger, " is not a multiple of 64 (whole cache lines)");
+  if (stagger % 64 != 0) {
+    std::fprintf(stderr,
+                 "cpu_adam: --stagger %zu is not a multiple of 64; give whole cache lines (e.g. 4160)\n",
+                 stagger);
+    return 2;
+  }
   g_use_min = statistic == "min";
   n = (n + 4095) / 4096 * 4096;  // whole ranges of 64 elements for every thread count used here
   if (targets.empty()) targets = co::supported_targets();

@@ -14,6 +14,8 @@ namespace strata::cpu_optim::HWY_NAMESPACE {
 template <bool kL2>
 struct AdagradOp {
   static constexpr bool kM = false, kV = true, kReadsP = kL2;
+  // g = +-inf or NaN makes v NaN or +inf, so g / (sqrt(v) + eps) and then p are NaN.
+  static constexpr bool kNaNOnNonfinite = true;
   VF eps, step_size, weight_decay;
 
   explicit AdagradOp(const impl::UpdateArgs& a)

@@ -15,6 +15,9 @@ namespace strata::cpu_optim::HWY_NAMESPACE {
 template <impl::AdamDecay kDecay>
 struct AdamOp {
   static constexpr bool kM = true, kV = true, kReadsP = kDecay == impl::AdamDecay::l2;
+  // g = +-inf or NaN makes m NaN or infinite and v NaN or +inf (1 - beta > 0), so m / (sqrt(v) * bias2
+  // + eps) and then p are NaN.
+  static constexpr bool kNaNOnNonfinite = true;
   VF beta1, one_minus_beta1, beta2, one_minus_beta2, eps, bias2, step_size, weight_decay, w_decay;
 
   explicit AdamOp(const impl::UpdateArgs& a)

@@ -15,6 +15,7 @@ namespace strata::cpu_optim::HWY_NAMESPACE {
 template <bool kDecoupled>
 struct LionOp {
   static constexpr bool kM = true, kV = false, kReadsP = false;
+  static constexpr bool kNaNOnNonfinite = false;  // an infinite g gives sign +-1: checked one by one
   VF beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, w_decay;
 
   explicit LionOp(const impl::UpdateArgs& a)

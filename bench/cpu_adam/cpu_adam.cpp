@@ -278,8 +278,9 @@ int main(int argc, char** argv) try {
           else
             opt.lion(st, {.lr = 1e-6f}, step, sh, 0.5f);
         };
-        // The ceiling loop adds the gradient to every array; stepping it on the same data keeps the
-        // values finite for the optimizer runs that alternate with it.
+        // The ceiling loop adds the gradient (to v: its square) to every array; the optimizer runs that
+        // alternate with it on the same data keep seeing finite params and non-negative second moments
+        // (checked after the runs: NaN data would take the optimizer's rare repair path).
         const auto run_ceiling = [&](bool stream, bool prefetch) {
           opt.for_each_range(
               n, [&](std::size_t b, std::size_t e) { sb::ceiling_range(bit, arr, b, e, stream, prefetch); });
@@ -299,6 +300,9 @@ int main(int argc, char** argv) try {
             }
           }
         }
+        const float* pp = static_cast<const float*>(p.p);
+        STRATA_CHECK(std::all_of(pp, pp + n, [](float x) { return std::isfinite(x); }),
+                     "the benchmark's params went non-finite during the runs of ", combo_name(c));
         double t_ceil = 1e300;
         std::string ceil_variant;
         nlohmann::json variants;

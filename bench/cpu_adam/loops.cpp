@@ -106,7 +106,10 @@ void Ceiling(const Arrays& a, size_t begin, size_t end, bool stream_out, bool pr
     hn::StoreU(p0, df, a.p + i);
     hn::StoreU(p1, df, a.p + i + L);
     Store2<S>(hn::Add(m0, g0), hn::Add(m1, g1), a.m, i, false);
-    if constexpr (K == 2) Store2<S>(hn::Add(v0, g0), hn::Add(v1, g1), a.v, i, false);
+    // v gains g * g rather than g, so that it never turns negative: the optimizer runs that alternate
+    // with this loop on the same arrays then take square roots of non-negative numbers, as in training.
+    if constexpr (K == 2)
+      Store2<S>(hn::Add(v0, hn::Mul(g0, g0)), hn::Add(v1, hn::Mul(g1, g1)), a.v, i, false);
     if constexpr (O != 0) Store2<1>(p0, p1, a.out, i, stream);
   }
   if (stream) hwy::FlushStream();

@@ -1,7 +1,10 @@
 // Bit-exact properties of every kernel on every SIMD target: the results equal the documented scalar
 // fp32 formula (which makes them identical across targets), and the low-precision output is exactly the
 // new fp32 params rounded to nearest even.
+#include <bit>
+#include <cmath>
 #include <iterator>
+#include <utility>
 #include <vector>
 
 #include "tests/cpu_optim/fp32_model.h"
@@ -44,6 +47,67 @@ TEST_P(Exactness, ResultsEqualTheFp32FormulaBitForBit) {
       }
     }
   }
+}
+
+// Three steps of a shard whose params hold `special` values at `pos` (other params random), with finite
+// gradients: each step must report its gradients finite, every buffer must equal the fp32 formula (a NaN
+// where it has a NaN: payloads may differ where two NaNs meet) and the output must be the kernel's own
+// new params rounded, NaN payloads included.
+void expect_formula_with_special_params(const Case& c,
+                                        const std::vector<std::pair<std::size_t, float>>& special) {
+  Optimizer opt(options_for(c.target));
+  constexpr std::size_t n = 4099;  // several blocks of the main loop, and a tail
+  for (Out out : kAllOuts) {
+    const Case co = with_out(c, out);
+    TestShard ts(co, n, true, 91);
+    for (const auto& [i, x] : special) ts.params()[i] = x;
+    TestShard model(co, n, false, 0, /*fill=*/false);
+    model.copy_from(ts);
+    ShardStep st;
+    for (int step = 1; step <= 3; ++step) {
+      ts.fill_grads(500 + std::uint64_t(step));
+      model.copy_grads_from(ts);
+      EXPECT_TRUE(run_step(opt, c.opt, st, step, ts.shard(), kGradScale))
+          << "finite gradients reported non-finite at step " << step << " (out " << int(out) << ")";
+      model_step(model, c.opt, step, kGradScale);
+      std::string where;
+      ASSERT_TRUE(same_bytes(ts, model, &where, /*any_nan_payload=*/true))
+          << where << " differs from the fp32 formula after step " << step << " (out " << int(out) << ")";
+      if (out == Out::none) continue;
+      const auto* o = static_cast<const std::uint16_t*>(ts.out.get());
+      for (std::size_t i = 0; i < n; ++i) {
+        const float p = ts.params()[i];
+        ASSERT_EQ(o[i], out == Out::bf16 ? f32_to_bf16(p) : f32_to_f16(p))
+            << "out[" << i << "] for params " << std::hexfloat << p << " at step " << step;
+      }
+    }
+  }
+}
+
+// The update loop checks blocks of elements for NaN through the sum of their new params and repairs a
+// block that has one (cpu_optim/simd-inl.h): params already NaN or infinite must come out as the
+// formula says, their outputs rounded with NaN kept, without a false report of non-finite gradients.
+// The NaNs carry low payload bits, which a rounding that ignored NaN would carry into the exponent or
+// the sign.
+TEST_P(Exactness, NaNAndInfiniteParamsFollowTheFormula) {
+  const Case& c = GetParam();
+  STRATA_SKIP_UNLESS_RUNNABLE(c.target);
+  const auto bits = [](std::uint32_t u) { return std::bit_cast<float>(u); };
+  expect_formula_with_special_params(c, {{0, bits(0x7fffffffu)},
+                                         {511, bits(0xff80ffffu)},  // signalling
+                                         {512, INFINITY},
+                                         {1000, -INFINITY},
+                                         {2065, bits(0x7fc00001u)},
+                                         {4098, bits(0xffbfffffu)}});  // signalling
+}
+
+// Finite params whose sum overflows to inf and then to NaN inside one block: a false alarm for the
+// blockwise check, which must cost nothing but time.
+TEST_P(Exactness, HugeParamsWhoseSumOverflowsFollowTheFormula) {
+  const Case& c = GetParam();
+  STRATA_SKIP_UNLESS_RUNNABLE(c.target);
+  const float big = 3e38f;
+  expect_formula_with_special_params(c, {{1030, big}, {1031, big}, {1040, -big}, {1041, -big}, {1042, -big}});
 }
 
 class OutputRounding : public ::testing::TestWithParam<Case> {};

@@ -16,7 +16,8 @@ void model_lion(TestShard& ts, const LionParams& hp, float scale);
 void model_step(TestShard& ts, Opt o, std::int64_t step, float scale);  // with the Opt's test parameters
 
 // Whether two shards of the same case hold the same bytes in every buffer the case uses; on a mismatch,
-// `where` names the first differing buffer and element.
-bool same_bytes(const TestShard& a, const TestShard& b, std::string* where);
+// `where` names the first differing buffer and element. any_nan_payload: two NaNs match whatever their
+// payloads (which of two NaN operands an operation passes on is not fixed across compiled code).
+bool same_bytes(const TestShard& a, const TestShard& b, std::string* where, bool any_nan_payload = false);
 
 }  // namespace strata::cpu_optim::test

@@ -60,24 +60,22 @@ inline constexpr int kF32 = 0, kBF16 = 1, kF16 = 2;  // grads, states, outputs (
 
 #if HWY_TARGET != HWY_SCALAR  // the scalar target converts with dtype.h directly
 
-// bf16 rounding of v, left in the upper 16 bits of each u32 lane (round to nearest even; NaN stays NaN
-// with the quiet bit set). Matches f32_to_bf16 in dtype.h.
-HWY_INLINE hn::Vec<DU> RoundToBF16High(VF v) {
-  const DU du;
-  const hn::Vec<DU> u = hn::BitCast(du, v);
-  const hn::Vec<DU> odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-  const hn::Vec<DU> rounded = hn::Add(u, hn::Add(odd, hn::Set(du, 0x7fffu)));
-  const hn::Vec<DU> quiet = hn::Or(u, hn::Set(du, 0x00400000u));
-  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
-}
-
-// The same rounding for a v that is not NaN (infinities included): four integer operations instead of
-// seven. The update loop uses it for the output and repairs a block that held a NaN (see Update).
+// bf16 rounding of a v that is not NaN (infinities included), left in the upper 16 bits of each u32
+// lane: round to nearest even. The update loop uses it alone for the output and repairs a block that
+// held a NaN (see Update).
 HWY_INLINE hn::Vec<DU> RoundToBF16HighNotNaN(VF v) {
   const DU du;
   const hn::Vec<DU> u = hn::BitCast(du, v);
   const hn::Vec<DU> odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
   return hn::Add(u, hn::Add(odd, hn::Set(du, 0x7fffu)));
+}
+
+// The same for any v: NaN stays NaN with the quiet bit set (three more operations). Matches f32_to_bf16
+// in dtype.h.
+HWY_INLINE hn::Vec<DU> RoundToBF16High(VF v) {
+  const DU du;
+  const hn::Vec<DU> quiet = hn::Or(hn::BitCast(du, v), hn::Set(du, 0x00400000u));
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, RoundToBF16HighNotNaN(v));
 }
 
 // fp16 rounding of v, in the lower 16 bits of each u32 lane. Matches f32_to_f16 in dtype.h.

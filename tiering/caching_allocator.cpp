@@ -1,6 +1,7 @@
 #include "tiering/caching_allocator.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -154,6 +155,7 @@ struct CachingAllocator::Impl {
     auto it = fs.lower_bound(&key);
     if (it == fs.end()) return nullptr;
     Block* b = *it;
+    if (opts.exact_segments && b->size != size) return nullptr;
     fs.erase(it);
     b->allocated = true;  // before split: the rest must not merge back into it
     split(b, size);
@@ -161,7 +163,8 @@ struct CachingAllocator::Impl {
   }
 
   Block* new_segment(bool small, std::size_t size) {
-    std::size_t want = small                         ? opts.small_segment
+    std::size_t want = opts.exact_segments           ? size
+                       : small                       ? opts.small_segment
                        : size < opts.min_large_alloc ? opts.large_segment
                                                      : round_up(size, opts.round_large);
     want = std::max(want, size);
@@ -196,12 +199,16 @@ struct CachingAllocator::Impl {
     return b;
   }
 
-  std::size_t release_cached() {
+  // Gives cached free segments back to the source: all of them, or (exact_segments) only as many as it
+  // takes for `room` bytes to fit the budget, oldest first.
+  std::size_t release_cached(std::size_t room = SIZE_MAX) {
     std::size_t released = 0;
+    const bool all = room == SIZE_MAX || !opts.exact_segments;
+    auto fits = [&] { return stats.reserved_bytes[0].current + room <= opts.capacity; };
     auto keep = segments.begin();
     for (auto& seg : segments) {
       Block* h = seg->head;
-      if (!(is_free(h) && h->next == nullptr)) {
+      if (!(is_free(h) && h->next == nullptr) || (!all && fits())) {
         *keep++ = std::move(seg);
         continue;
       }
@@ -247,7 +254,7 @@ struct CachingAllocator::Impl {
       wait_pending();
       b = find(small, size);
     }
-    if (!b && release_cached() > 0) {
+    if (!b && release_cached(opts.exact_segments ? size : SIZE_MAX) > 0) {
       retried = true;
       b = new_segment(small, size);
     }
@@ -372,6 +379,10 @@ std::size_t CachingAllocator::block_size(const void* p) const {
   std::lock_guard<std::mutex> lk(impl_->mu);
   auto it = impl_->live.find(p);
   return it == impl_->live.end() ? 0 : it->second->size;
+}
+
+std::size_t CachingAllocator::block_bytes(const AllocatorOptions& opts, std::size_t bytes) {
+  return round_up(std::max<std::size_t>(bytes, 1), opts.min_block);
 }
 
 std::unique_ptr<CachingAllocator> make_device_allocator(Device& dev, AllocatorOptions opts) {

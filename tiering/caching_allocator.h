@@ -18,6 +18,16 @@
 // the allocator waits for blocks whose last use is still running, then gives cached free segments back
 // to the source (each such retry counts in num_alloc_retries), and only then fails.
 //
+// Note [exact segments]: splitting makes reserved bytes depend on the order of requests: a segment with
+// one small block still in use cannot be given back, and its free rest may be too small for the next
+// request, so a budget can refuse a request although the bytes in use plus the request fit (it is
+// fragmentation: PyTorch reports it as "reserved but unallocated"). With `exact_segments` every block is
+// a segment of its own, of exactly block_bytes(request); a cached free segment is handed out again only
+// for a request of the same size, and cached segments are given back (as few as needed) before a request
+// is refused. So a request fails only when the blocks in use plus block_bytes(request) exceed the
+// capacity: a caller that sums block_bytes() over what it will hold at once knows exactly what fits.
+// The price is a call to the source whenever the size in demand changes under a tight budget.
+//
 // Locking contract: public methods take the allocator's mutex and never call one another; private
 // methods assume it is held. The only blocking under the mutex is waiting on fences (tiering/fence.h),
 // which never need this lock to complete.
@@ -48,6 +58,7 @@ struct AllocatorOptions {
   std::size_t min_large_alloc = 10 << 20;            // requests at least this big get their own segment
   std::size_t round_large = 2 << 20;                 // ... rounded up to a multiple of this
   std::string setting = "strata.device_memory_cap";  // the setting that sets `capacity` (OOM message)
+  bool exact_segments = false;                       // one segment per block (Note [exact segments])
 };
 
 // Where segments come from. allocate() may throw OutOfMemory (treated as "no room"); release() gets back
@@ -103,6 +114,10 @@ class CachingAllocator {
   const AllocatorOptions& options() const { return opts_; }
   // Size of the block at `p` as handed out (rounded), 0 if `p` is not a live block.
   std::size_t block_size(const void* p) const;
+  // Bytes of the budget a request of `bytes` takes: exact with exact_segments, a lower bound otherwise
+  // (the rounding to min_block, without the rest of a segment it may leave unusable).
+  std::size_t block_bytes(std::size_t bytes) const { return block_bytes(opts_, bytes); }
+  static std::size_t block_bytes(const AllocatorOptions& opts, std::size_t bytes);
 
   struct Impl;
 

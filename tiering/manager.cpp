@@ -23,6 +23,15 @@ ShardHomes shard_homes(Tier param_home, Tier optim_home) {
 
 // ---------------------------------------------------------------- Impl: construction
 
+AllocatorOptions device_allocator_options(const TierOptions& opts) {
+  AllocatorOptions da;
+  da.name = "device";
+  da.capacity = opts.device_budget;
+  da.setting = "strata.device_memory_cap";
+  da.exact_segments = opts.device_exact_segments;
+  return da;
+}
+
 TierManager::Impl::Impl(Device& d, TierOptions o, nvme::SwapStore* s)
     : dev(d), opts(std::move(o)), swap(s), ring(opts.event_ring_capacity) {
   if (opts.pinned_budget == 0)
@@ -30,12 +39,8 @@ TierManager::Impl::Impl(Device& d, TierOptions o, nvme::SwapStore* s)
         "tiering: the pinned host budget is 0; pinned memory stages every NVMe <-> device move, so give it "
         "room for at least the largest tensor (" +
         opts.pinned_setting + ")");
-  AllocatorOptions da;
-  da.name = "device";
-  da.capacity = opts.device_budget;
-  da.setting = "strata.device_memory_cap";
-  pools[int(Tier::device)] =
-      make_caching_pool(Tier::device, make_device_allocator(dev, da), dev.caps().host_addressable);
+  pools[int(Tier::device)] = make_caching_pool(
+      Tier::device, make_device_allocator(dev, device_allocator_options(opts)), dev.caps().host_addressable);
   PinnedSlabOptions po;
   po.capacity = opts.pinned_budget;
   po.slab_bytes = opts.pinned_slab_bytes;
@@ -566,6 +571,11 @@ Snapshot TierManager::snapshot(bool with_events) const {
 PoolStats TierManager::pool_stats(Tier t) const {
   const TierPool* p = impl_->pools[int(t)].get();
   return p ? p->stats() : PoolStats{};
+}
+
+std::uint64_t TierManager::block_bytes(Tier t, std::uint64_t bytes) const {
+  const TierPool* p = impl_->pools[int(t)].get();
+  return p ? p->block_bytes(bytes) : bytes;
 }
 
 bool TierManager::has_tier(Tier t) const {

@@ -59,6 +59,10 @@ struct TierOptions {
   // Bytes the device caching allocator may reserve. 0: the device's capacity (which
   // strata.device_memory_cap caps).
   std::uint64_t device_budget = 0;
+  // The device allocator gives every block a segment of its own (tiering/caching_allocator.h, Note [exact
+  // segments]): what fits is then exactly the sum of block_bytes() of the blocks in use, so a caller that
+  // plans the device's contents in those terms is never refused by fragmentation.
+  bool device_exact_segments = true;
   // Bytes of pinned host memory the slabs may take. Required (> 0): pinned memory is staging for every
   // NVMe <-> device move.
   std::uint64_t pinned_budget = 0;
@@ -80,6 +84,10 @@ struct TierOptions {
       "the space under zero_optimization.offload_optimizer.nvme_path / offload_param.nvme_path (free "
       "disk, or the swap store's capacity)";
 };
+
+// The options of the device tier's caching allocator in a manager made with `opts` (capacity 0: the
+// device's). Planners use them to count blocks as the allocator will: CachingAllocator::block_bytes.
+AllocatorOptions device_allocator_options(const TierOptions& opts);
 
 struct TensorDesc {
   std::string name;  // "layers.3.exp_avg"
@@ -208,6 +216,8 @@ class TierManager {
   Snapshot snapshot(bool with_events = true) const;
   // Per-tier pool statistics (capacity, used, reserved, free, ...).
   PoolStats pool_stats(Tier t) const;
+  // Bytes of tier `t`'s budget that a tensor of `bytes` takes there (the pool's rounding).
+  std::uint64_t block_bytes(Tier t, std::uint64_t bytes) const;
   bool has_tier(Tier t) const;
   const Device& device() const;
 

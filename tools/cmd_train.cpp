@@ -219,6 +219,10 @@ int run_train(const TrainOpts& o) {
       : cfg.zero_optimization.offload_optimizer.device == OffloadDevice::cpu ? "cpu"
                                                                              : "nvme",
       engine.device().caps().name.c_str(), human(double(engine.device().caps().capacity)).c_str());
+  const zero3::MemoryPlan& plan = engine.plan();
+  std::printf("device plan: state %s + working set %s + chunk cache %s (docs/train.md, \"Device memory\")\n",
+              human(double(plan.device_state)).c_str(), human(double(plan.device_working_set)).c_str(),
+              human(double(plan.device_cache)).c_str());
   std::fflush(stdout);
 
   Progress progress(o.steps, first, tty, cfg.steps_per_print);

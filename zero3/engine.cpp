@@ -168,31 +168,52 @@ Engine::Impl::~Impl() {
 
 void Engine::Impl::plan_memory() {
   const auto& z = cfg.zero_optimization;
-  std::uint64_t largest = 0, second = 0, total = 0, largest_group = 0;
+  std::uint64_t largest = 0, total = 0, largest_group = 0;
   for (const ChunkSlot& s : slots) {
     total += s.shard.numel;
-    if (s.numel > largest) {
-      second = largest;
-      largest = s.numel;
-    } else if (s.numel > second) {
-      second = s.numel;
-    }
+    largest = std::max<std::uint64_t>(largest, s.numel);
   }
   for (const auto& g : groups) {
     std::uint64_t n = 0;
     for (int c : g) n += slots[std::size_t(c)].shard.numel;
     largest_group = std::max(largest_group, n);
   }
-  auto add = [&](Tier t, std::uint64_t b) {
-    (t == Tier::device ? plan.device_state : t == Tier::pinned ? plan.pinned_state : plan.nvme_state) += b;
+  // Device bytes are counted as the device allocator counts them (its options are open_tiers'; see
+  // tiering/caching_allocator.h, Note [exact segments]), so the plan is what the step can peak at.
+  const tiering::AllocatorOptions da = tiering::device_allocator_options(tiering::TierOptions{});
+  auto block = [&](std::uint64_t bytes) {
+    return std::uint64_t(tiering::CachingAllocator::block_bytes(da, bytes));
   };
-  add(homes.param, total * wd_bytes());
-  add(homes.grad, total * 4);
-  add(homes.master, total * 4);
-  add(homes.optim, total * 4 * std::uint64_t(n_states));
-  // The backward holds one chunk with its gradient buffer (fp32 params + fp32 gradients); with tied
-  // embeddings the head holds the embedding chunk as well.
-  plan.device_working_set = (mcfg.tie_embeddings ? largest + second : largest) * 8;
+  auto add = [&](Tier t, std::uint64_t shard_bytes) {
+    std::uint64_t& sum = t == Tier::device   ? plan.device_state
+                         : t == Tier::pinned ? plan.pinned_state
+                                             : plan.nvme_state;
+    sum += t == Tier::device ? block(shard_bytes) : shard_bytes;
+  };
+  for (ChunkSlot& s : slots) {
+    const std::uint64_t n = s.shard.numel;
+    s.block = block(s.numel * sizeof(float));
+    add(homes.param, n * wd_bytes());
+    add(homes.grad, n * 4);
+    add(homes.master, n * 4);
+    for (int i = 0; i < n_states; ++i) add(homes.optim, n * 4);
+  }
+  // The working set: persistent chunks stay gathered all pass; besides them the model holds one chunk
+  // with its gradient buffer (the gradient buffer also of a persistent chunk), or — tied embeddings — the
+  // head's and the embedding's together while the head runs.
+  auto held = [&](const ChunkSlot& s) { return (s.persistent ? 0 : s.block) + s.block; };
+  std::uint64_t persistent = 0, most = 0;
+  for (const ChunkSlot& s : slots) {
+    if (s.persistent) persistent += s.block;
+    most = std::max(most, held(s));
+  }
+  if (mcfg.tie_embeddings && layout.head_chunk() != layout.embedding_chunk())
+    most = std::max(most, held(slots[std::size_t(layout.head_chunk())]) +
+                              held(slots[std::size_t(layout.embedding_chunk())]));
+  plan.device_working_set = persistent + most;
+  const std::uint64_t cap = dev->caps().capacity;
+  const std::uint64_t need = plan.device_state + plan.device_working_set;
+  plan.device_cache = cap > need ? cap - need : 0;
 
   std::uint64_t staging = 0;
   if (homes.param == Tier::nvme) {
@@ -242,16 +263,30 @@ void Engine::Impl::check_fits() const {
   const DeviceCaps& caps = dev->caps();
   const std::uint64_t need = plan.device_state + plan.device_working_set;
   if (need > caps.capacity) {
+    std::uint64_t persistent = 0;
+    int n_persistent = 0;
+    for (const ChunkSlot& s : slots)
+      if (s.persistent) persistent += s.block, ++n_persistent;
+    std::string todo;
+    if (plan.device_state > 0)
+      todo +=
+          "set zero_optimization.offload_optimizer.device and offload_param.device to \"cpu\" or \"nvme\" "
+          "(configs/zero3_cpu.json, configs/zero3_nvme.json), ";
+    if (persistent > 0)
+      todo += cat("lower zero_optimization.stage3_param_persistence_threshold (now ",
+                  z.stage3_param_persistence_threshold, " elements) so that fewer chunks stay gathered, ");
     throw OutOfMemory(cat(
-        "the model does not fit the device: ", mcfg.name, " (", mcfg.num_parameters(), " parameters) keeps ",
-        gib(plan.device_state),
-        " of state on the device with offload_param.device = ", offload_name(z.offload_param.device),
-        " and offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ", and a step needs ",
-        gib(plan.device_working_set), " more for gathered chunks and gradients; the device has ",
-        gib(caps.capacity), " (", caps.name,
-        "). Set zero_optimization.offload_optimizer.device and offload_param.device to \"cpu\" or \"nvme\" "
-        "(configs/zero3_cpu.json, configs/zero3_nvme.json), or raise strata.device_memory_cap "
-        "(--device-memory-cap)"));
+        "the model does not fit the device: ", mcfg.name, " (", mcfg.num_parameters(), " parameters) needs ",
+        gib(need), " on the device — ", gib(plan.device_state),
+        " of state (offload_param.device = ", offload_name(z.offload_param.device),
+        ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ") and a working set of ",
+        gib(plan.device_working_set), " (the largest chunk gathered in fp32 with its gradient buffer",
+        n_persistent > 0 ? cat(", and ", n_persistent, " persistent chunk", n_persistent > 1 ? "s" : "",
+                               " of ", gib(persistent), " below stage3_param_persistence_threshold")
+                         : std::string(),
+        ") — and the device has ", gib(caps.capacity), " (", caps.name, "). To fit, ", todo,
+        "or raise strata.device_memory_cap (--device-memory-cap) to at least ", need,
+        " bytes (docs/train.md, \"Device memory\")"));
   }
   // On the host backend the device is host memory too.
   const std::uint64_t ram = physical_memory();

@@ -94,9 +94,15 @@ struct TransferStats {
 // Bytes of model state per tier, from the config (what the engine registers), and the device working set.
 struct MemoryPlan {
   std::uint64_t device_state = 0, pinned_state = 0, nvme_state = 0;
-  std::uint64_t device_working_set = 0;  // the fewest gathered/gradient bytes a step needs on the device
-  std::uint64_t pinned_staging = 0;      // NVMe swap buffers (parameters and optimizer sub-groups)
-  std::uint64_t pinned_budget = 0;       // what the tier manager's pinned pool may take
+  // Device bytes (allocator blocks) a step needs besides the state: persistent chunks, plus the most
+  // the model holds at once (a chunk's gathered copy and its gradient buffer; with tied embeddings the
+  // head's and the embedding's together). docs/train.md, "Device memory".
+  std::uint64_t device_working_set = 0;
+  // What is left of the device for the chunk cache (released chunks kept for reuse, prefetches in
+  // flight): capacity - device_state - device_working_set. The step never holds more.
+  std::uint64_t device_cache = 0;
+  std::uint64_t pinned_staging = 0;  // NVMe swap buffers (parameters and optimizer sub-groups)
+  std::uint64_t pinned_budget = 0;   // what the tier manager's pinned pool may take
   std::uint64_t total_state() const { return device_state + pinned_state + nvme_state; }
 };
 

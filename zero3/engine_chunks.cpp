@@ -1,8 +1,21 @@
 // Chunks on the device: gathering working params (prefetched or on demand), keeping or dropping them on
 // release, device room, and the gradient path off the device.
 //
+// Note [Device room]: the device holds the state the config puts there, the working set and the chunk
+// cache (MemoryPlan; the formula is in docs/train.md, "Device memory"). Every device byte is counted as
+// the allocator's block (exact segments, so no fragmentation can refuse what the count allows).
+//   - working set: what the model holds — acquired chunks and their gradient buffers — plus persistent
+//     chunks (below stage3_param_persistence_threshold), which stay gathered for the whole pass;
+//   - cache: gathered chunks not held: released ones kept for reuse (stage3_max_reuse_distance,
+//     stage3_max_live_parameters) and prefetches, in flight or arrived. It never exceeds plan.device_cache.
+// A demand allocation (the chunk being acquired, a gradient buffer) may drop any cached chunk, the one
+// used furthest in the future first (in flight ones after their copy ends). A prefetch must fit the
+// cache's budget and may drop only chunks used after the use it is for; otherwise it is declined. A
+// release that keeps its chunk trims the cache back to its budget the same way. So the cache is a cache,
+// never a reservation: the step's peak is state + working set + cache <= the device's capacity.
+//
 // Note [Gather]: a gather makes chunk c's working params readable by the ops as fp32 on the device:
-//   1. room for the fp32 copy (dropping gathered chunks that are not held, furthest next use first);
+//   1. room for the fp32 copy (Note [Device room]);
 //   2. the source: the params at home on the device or in pinned memory, or — at home on NVMe — their
 //      pinned copy, read by the tier manager (one of offload_param.buffer_count reads in flight; kept as a
 //      cache afterwards while the cached elements stay within offload_param.max_in_cpu);
@@ -80,51 +93,63 @@ prefetch::Residency Engine::Impl::residency(int c) {
   }
 }
 
-bool Engine::Impl::evictable(const ChunkSlot& s, bool demand, std::int64_t for_position) const {
-  if (s.g != ChunkSlot::Gather::ready || s.id == acquiring) return false;
-  if (demand || !in_pass) return true;
-  const std::int64_t next = pf->next_use(s.id);
-  return next < 0 || (for_position >= 0 && next > for_position);
+bool Engine::Impl::cached(const ChunkSlot& s) const {
+  return !s.persistent && s.id != acquiring &&
+         (s.g == ChunkSlot::Gather::ready || s.g == ChunkSlot::Gather::in_flight);
 }
 
-bool Engine::Impl::make_room(std::uint64_t bytes, bool demand, std::int64_t for_position) {
-  const tiering::PoolStats ps = tm->pool_stats(Tier::device);
-  std::uint64_t used = ps.used.current;
-  if (ps.capacity == 0 || used + bytes <= ps.capacity) return true;
-  std::vector<std::pair<std::int64_t, ChunkSlot*>> cands;
+std::uint64_t Engine::Impl::cache_bytes() const {
+  std::uint64_t b = 0;
+  for (const ChunkSlot& s : slots)
+    if (cached(s)) b += s.block;
+  return b;
+}
+
+std::int64_t Engine::Impl::next_use(const ChunkSlot& s) const {
+  return in_pass ? pf->upcoming(s.id) : -1;
+}
+
+ChunkSlot* Engine::Impl::victim(std::int64_t for_position) {
+  constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
+  ChunkSlot* best = nullptr;
+  std::int64_t best_next = 0;
   for (ChunkSlot& s : slots) {
-    if (!evictable(s, demand, for_position)) continue;
-    const std::int64_t next = in_pass ? pf->next_use(s.id) : -1;
-    cands.push_back({next < 0 ? std::numeric_limits<std::int64_t>::max() : next, &s});
+    if (!cached(s)) continue;
+    const std::int64_t q = next_use(s);
+    const std::int64_t next = q < 0 ? never : q;
+    if (for_position >= 0 && next <= for_position) continue;
+    if (!best || next > best_next || (next == best_next && s.last_use < best->last_use)) {
+      best = &s;
+      best_next = next;
+    }
   }
-  std::sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second->last_use < b.second->last_use;
-  });
-  for (auto& [next, s] : cands) {
-    if (used + bytes <= ps.capacity) break;
-    used -= std::min<std::uint64_t>(used, s->numel * 4);
-    drop_gathered(*s);
-  }
-  return demand || used + bytes <= ps.capacity;
+  return best;
 }
 
-void* Engine::Impl::device_alloc(tiering::TensorId id, std::uint64_t bytes, bool demand,
-                                 std::int64_t for_position) {
-  if (!make_room(bytes, demand, for_position)) return nullptr;
+bool Engine::Impl::fit_cache(std::uint64_t more, std::int64_t for_position) {
+  if (more > plan.device_cache) return false;
+  std::uint64_t bytes = cache_bytes();
+  while (bytes + more > plan.device_cache) {
+    ChunkSlot* v = victim(for_position);
+    if (!v) return false;
+    bytes -= v->block;
+    drop_gathered(*v);
+  }
+  return true;
+}
+
+void* Engine::Impl::device_alloc(tiering::TensorId id, bool demand) {
   for (;;) {
     try {
       return tm->allocate(id, Tier::device);
     } catch (const OutOfMemory&) {
-      // The caching allocator's rounding can refuse what the byte count allowed: drop one more gathered
-      // chunk and retry; with none left, a prefetch declines and a demand fails.
-      ChunkSlot* victim = nullptr;
-      for (ChunkSlot& s : slots)
-        if (evictable(s, demand, for_position) && (!victim || s.last_use < victim->last_use)) victim = &s;
-      if (!victim) {
-        if (!demand) return nullptr;
-        throw;
-      }
-      drop_gathered(*victim);
+      // A prefetch never takes room from the cache's budget that is not there; a demand (the chunk being
+      // acquired, a gradient buffer) may take the whole cache. With none left, the model holds more at
+      // once than the plan's working set.
+      if (!demand) return nullptr;
+      ChunkSlot* v = victim(-1);
+      if (!v) throw;
+      drop_gathered(*v);
     }
   }
 }
@@ -138,8 +163,10 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
     // Is the pinned copy cached? Then no read buffer is needed.
     if (!tiering::has(tm->info(s.t.param).valid, Tier::pinned)) return false;
   }
-  const std::uint64_t bytes = s.numel * sizeof(float);
-  void* g = device_alloc(s.gathered, bytes, demand, in_pass ? pf->upcoming(c) : -1);
+  // A prefetch goes into the cache: it must fit the cache's budget, making room only by dropping chunks
+  // used after it. A demand fetch is for a chunk about to be held (the working set).
+  if (!demand && !s.persistent && !fit_cache(s.block, std::max<std::int64_t>(0, next_use(s)))) return false;
+  void* g = device_alloc(s.gathered, demand);
   if (!g) return false;
   s.gptr = static_cast<float*>(g);
 
@@ -274,15 +301,20 @@ void Engine::Impl::release(int c) {
   s.g = ChunkSlot::Gather::ready;
   const bool keep = in_pass && (s.persistent || pf->keep_after_release(c)) &&
                     live_numel() <= cfg.zero_optimization.stage3_max_live_parameters;
-  if (!keep) drop_gathered(s);
+  if (!keep) {
+    drop_gathered(s);
+    return;
+  }
+  // Kept for reuse, it joins the cache, which must stay within its budget: the chunks used furthest in
+  // the future leave first (this one, if its reuse is the furthest).
+  if (!s.persistent) fit_cache(0, -1);
 }
 
 float* Engine::Impl::acquire_grads(int c) {
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.gbuf == nullptr, "zero3: gradients of chunk ", s.name, " acquired while held");
-  const std::uint64_t bytes = s.numel * sizeof(float);
-  s.gbuf = static_cast<float*>(device_alloc(s.gradbuf, bytes, true, -1));
-  std::memset(s.gbuf, 0, bytes);
+  s.gbuf = static_cast<float*>(device_alloc(s.gradbuf, true));
+  std::memset(s.gbuf, 0, s.numel * sizeof(float));
   return s.gbuf;
 }
 

@@ -36,6 +36,7 @@ struct ChunkSlot {
   ShardRange shard;         // this rank's slice of the chunk
   tiering::ShardTensors t;  // param (working dtype), grad, master, exp_avg, exp_avg_sq (fp32)
   bool persistent = false;  // below stage3_param_persistence_threshold: stays gathered across passes
+  std::uint64_t block = 0;  // device budget bytes of its gathered copy, and of its gradient buffer
 
   // Stable addresses of the tensors whose home is the device or pinned host memory (pinned in the tier
   // manager, so never moved); null for NVMe-resident ones.
@@ -87,12 +88,22 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void finish_fetch(ChunkSlot& s);
   void drop_gathered(ChunkSlot& s);
   void drop_all_gathered();
-  // Frees device room for `bytes` by dropping gathered chunks that are not held, the one used furthest in
-  // the future first (never used again this pass: first of all). A prefetch (demand false) for the use at
-  // trace position `for_position` drops only chunks whose next use comes after it.
-  bool make_room(std::uint64_t bytes, bool demand, std::int64_t for_position);
-  bool evictable(const ChunkSlot& s, bool demand, std::int64_t for_position) const;
-  void* device_alloc(tiering::TensorId id, std::uint64_t bytes, bool demand, std::int64_t for_position);
+  // The chunk cache (Note [Device room] in engine_chunks.cpp): gathered chunks neither held nor
+  // persistent, ready or in flight, and the device bytes they take.
+  bool cached(const ChunkSlot& s) const;
+  std::uint64_t cache_bytes() const;
+  // The trace position of the next acquire of `s` not yet made in this pass; -1: none (or unknown).
+  std::int64_t next_use(const ChunkSlot& s) const;
+  // The cached chunk to drop first: the one used furthest in the future (never again: first of all),
+  // then the least recently used. With `for_position` >= 0 (a prefetch for that position) only chunks
+  // used after it qualify. Null when none does.
+  ChunkSlot* victim(std::int64_t for_position);
+  // Drops cached chunks, victim() first, until the cache plus `more` bytes fits plan.device_cache.
+  // False when that cannot be done with the chunks victim(for_position) allows.
+  bool fit_cache(std::uint64_t more, std::int64_t for_position);
+  // A device block for `id`. A prefetch (demand false) gets null when the allocator refuses; a demand
+  // drops cached chunks until it fits (OutOfMemory when none is left).
+  void* device_alloc(tiering::TensorId id, bool demand);
   void trim_param_cache();
   model::ChunkView acquire(int c);
   void release(int c);

@@ -1,0 +1,266 @@
+// The device memory plan is a promise: at every device cap the up-front check accepts, training runs,
+// the device never holds more than the cap, and the losses are those of an unconstrained run. Tested with
+// what users run — the stock configs/zero3_cpu.json and zero3_nvme.json, DeepSpeed's default stage-3
+// knobs (a config that names none of them) — and with tight knobs, on a model whose gathered chunks are
+// several times the smallest accepted cap, from that cap up to the one where every chunk fits at once.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "engine_util.h"
+
+namespace strata::zero3 {
+namespace {
+
+using test::make_tokens;
+using test::ScratchDir;
+
+// Ten blocks of 213,248 parameters (833 KiB gathered in fp32: above DeepSpeed's default persistence
+// threshold of 1e5, so they come and go) and an embedding and a head of 32,768 (below it: persistent).
+model::ModelConfig deep_model() {
+  model::ModelConfig c;
+  c.name = "device-room-test";
+  c.vocab_size = 256;
+  c.d_model = 128;
+  c.n_layers = 10;
+  c.n_heads = 4;
+  c.n_kv_heads = 4;
+  c.ffn_dim = 384;
+  c.max_seq_len = 64;
+  return c;
+}
+
+enum class Knobs { stock, defaults, tight };
+const char* name(Knobs k) {
+  return k == Knobs::stock ? "stock" : k == Knobs::defaults ? "defaults" : "tight";
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  EXPECT_TRUE(f.good()) << path;
+  return nlohmann::json::parse(f);
+}
+
+// The config a user would bring, with batch settings for a short test run (and the host backend, the
+// NVMe path under the scratch directory, no memprof trace, threads left unpinned).
+Config user_config(Knobs knobs, OffloadDevice off, const std::string& nvme_dir) {
+  nlohmann::json j;
+  if (knobs == Knobs::stock) {
+    j = read_json(std::string(STRATA_SOURCE_DIR) + "/configs/zero3_" + test::name(off) + ".json");
+  } else {
+    // DeepSpeed's defaults for everything but the offload targets and the optimizer.
+    j = {{"bf16", {{"enabled", true}}},
+         {"gradient_clipping", 1.0},
+         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}}},
+         {"zero_optimization",
+          {{"stage", 3},
+           {"offload_param", {{"device", test::name(off)}}},
+           {"offload_optimizer", {{"device", test::name(off)}}}}}};
+    if (knobs == Knobs::tight)
+      j["zero_optimization"].merge_patch({{"stage3_prefetch_bucket_size", 213248},
+                                          {"stage3_max_live_parameters", 2 * 213248},
+                                          {"stage3_max_reuse_distance", 0},
+                                          {"stage3_param_persistence_threshold", 0}});
+  }
+  j["train_micro_batch_size_per_gpu"] = 1;
+  j["gradient_accumulation_steps"] = 1;
+  j.erase("train_batch_size");
+  if (off == OffloadDevice::nvme) {
+    j["zero_optimization"]["offload_param"]["nvme_path"] = nvme_dir;
+    j["zero_optimization"]["offload_optimizer"]["nvme_path"] = nvme_dir;
+  }
+  j["strata"] = {{"backend", "host"}, {"seed", 11}, {"cpu_optim", {{"pin_threads", false}}}};
+  return Config::parse(nlohmann::json::parse(j.dump()));  // through text: size keys take unsigned JSON
+}
+
+struct Outcome {
+  std::vector<double> losses;
+  std::uint64_t device_peak = 0;  // the tier manager's peak of reserved device bytes
+  std::uint64_t gathers = 0;
+  prefetch::PrefetchStats prefetch;
+  MemoryPlan plan;
+};
+
+constexpr int kSteps = 10;
+
+Outcome train(const Config& cfg, const model::ModelConfig& mcfg, const std::string& tokens,
+              std::uint64_t cap) {
+  kernels::cpu::set_blas_threads(1);
+  Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = cap});
+  model::TokenFile file = model::TokenFile::open(tokens);
+  model::DataLoader data(file, {.batch_size = 1, .seq_len = 16, .seed = 3, .vocab_size = mcfg.vocab_size});
+  model::LlamaModel m(mcfg, {.checkpoint_activations = true});
+  Outcome o;
+  for (int i = 0; i < kSteps; ++i) {
+    StepResult r = engine.train_batch(m, data);
+    EXPECT_TRUE(r.applied) << "step " << i + 1;
+    o.losses.push_back(r.loss);
+  }
+  o.device_peak = engine.tiers().pool_stats(tiering::Tier::device).reserved.peak;
+  EXPECT_LE(engine.device().memory_stats().peak_in_use, engine.device().caps().capacity);
+  o.gathers = engine.transfer_stats().gathers;
+  o.prefetch = engine.prefetch_stats();
+  o.plan = engine.plan();
+  return o;
+}
+
+// The plan of an engine without a cap: the state and working set do not depend on the cap.
+MemoryPlan unconstrained_plan(const Config& cfg, const model::ModelConfig& mcfg) {
+  Engine engine(cfg, mcfg);
+  return engine.plan();
+}
+
+// The device bytes of one block's gathered copy, and of all gathered chunks that are not persistent.
+struct Sizes {
+  std::uint64_t block = 0, cacheable = 0;
+};
+Sizes sizes(const Config& cfg, const model::ModelConfig& mcfg) {
+  model::ModelLayout layout(mcfg, {.tensor_align = 16, .chunk_multiple = 64});
+  const tiering::AllocatorOptions da = tiering::device_allocator_options({});
+  Sizes s;
+  for (int c = 0; c < layout.num_chunks(); ++c) {
+    const std::uint64_t b = tiering::CachingAllocator::block_bytes(da, layout.chunk(c).padded_numel * 4);
+    if (layout.chunk(c).numel >= cfg.zero_optimization.stage3_param_persistence_threshold) s.cacheable += b;
+    s.block = std::max(s.block, b);
+  }
+  return s;
+}
+
+// Caps: the smallest the plan accepts, then room for 1 and 3 more gathered blocks, then room for every
+// chunk at once.
+enum class Room { none, one, three, all };
+const char* name(Room r) {
+  return r == Room::none ? "min" : r == Room::one ? "min_plus_1" : r == Room::three ? "min_plus_3" : "all";
+}
+
+using Case = std::tuple<OffloadDevice, Knobs, Room>;
+class DeviceRoom : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DeviceRoom, TrainsWithinTheCapWithTheUnconstrainedLosses) {
+  const auto [off, knobs, room] = GetParam();
+  ScratchDir d(std::string("room-") + test::name(off) + name(knobs) + name(room));
+  const model::ModelConfig mcfg = deep_model();
+  const Config cfg = user_config(knobs, off, d.path());
+  const std::string tokens = make_tokens(d);
+
+  const MemoryPlan p = unconstrained_plan(cfg, mcfg);
+  const Sizes sz = sizes(cfg, mcfg);
+  const std::uint64_t min_cap = p.device_state + p.device_working_set;
+  ASSERT_GE(sz.cacheable, 4 * min_cap) << "the gathered chunks should be several times the smallest cap";
+  const std::uint64_t cap = min_cap + (room == Room::none    ? 0
+                                       : room == Room::one   ? sz.block
+                                       : room == Room::three ? 3 * sz.block
+                                                             : sz.cacheable);
+
+  const Outcome free_run = train(cfg, mcfg, tokens, 0);
+  const Outcome o = train(cfg, mcfg, tokens, cap);
+  ASSERT_EQ(o.losses.size(), std::size_t(kSteps));
+  EXPECT_EQ(o.losses, free_run.losses) << "losses differ from the unconstrained run's";
+  EXPECT_LE(o.device_peak, cap);
+  EXPECT_EQ(o.plan.device_cache, cap - min_cap);
+  // At the smallest cap the step peaks at exactly what the plan says: the plan is not padded.
+  if (room == Room::none) {
+    EXPECT_EQ(o.device_peak, min_cap);
+  }
+}
+
+TEST_P(DeviceRoom, PrefetchesWithoutThrashing) {
+  const auto [off, knobs, room] = GetParam();
+  ScratchDir d(std::string("thrash-") + test::name(off) + name(knobs) + name(room));
+  const model::ModelConfig mcfg = deep_model();
+  const Config cfg = user_config(knobs, off, d.path());
+  const MemoryPlan p = unconstrained_plan(cfg, mcfg);
+  const Sizes sz = sizes(cfg, mcfg);
+  const std::uint64_t min_cap = p.device_state + p.device_working_set;
+  const std::uint64_t cap = min_cap + (room == Room::none    ? 0
+                                       : room == Room::one   ? sz.block
+                                       : room == Room::three ? 3 * sz.block
+                                                             : sz.cacheable);
+  const Outcome o = train(cfg, mcfg, make_tokens(d), cap);
+  const int chunks = int(mcfg.n_layers) + 2;
+  const std::uint64_t acquires_per_step = std::uint64_t(2 * mcfg.n_layers + 3);  // embedding only forward
+  // Never more than one gather per acquire.
+  EXPECT_LE(o.gathers, kSteps * acquires_per_step);
+  const prefetch::PrefetchStats& s = o.prefetch;
+  const std::uint64_t replayed = (kSteps - 1) * acquires_per_step;
+  EXPECT_EQ(s.hits + s.late + s.misses, replayed);
+  EXPECT_EQ(s.invalidations, 0u);
+  // With room for one chunk beyond the working set the next chunk is always on its way when it is needed.
+  if (room != Room::none && knobs != Knobs::tight) {
+    EXPECT_EQ(s.misses, 0u);
+  }
+  // With room for all of them and reuse allowed, each chunk is gathered once per step and kept for the
+  // backward — after the first step, which records the order and so cannot know which chunks to keep
+  // (its backward gathers every block again).
+  if (room == Room::all && knobs != Knobs::tight) {
+    EXPECT_EQ(o.gathers, std::uint64_t(kSteps * chunks + mcfg.n_layers));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Caps, DeviceRoom,
+                         ::testing::Combine(::testing::Values(OffloadDevice::cpu, OffloadDevice::nvme),
+                                            ::testing::Values(Knobs::stock, Knobs::defaults, Knobs::tight),
+                                            ::testing::Values(Room::none, Room::one, Room::three, Room::all)),
+                         [](const auto& info) {
+                           return std::string(test::name(std::get<0>(info.param))) + "_" +
+                                  name(std::get<1>(info.param)) + "_" + name(std::get<2>(info.param));
+                         });
+
+TEST(DeviceRoom, OneByteBelowThePlanIsRefusedBeforeTraining) {
+  ScratchDir d("room-below");
+  const model::ModelConfig mcfg = deep_model();
+  const Config cfg = user_config(Knobs::stock, OffloadDevice::cpu, d.path());
+  const MemoryPlan p = unconstrained_plan(cfg, mcfg);
+  const std::uint64_t min_cap = p.device_state + p.device_working_set;
+  EXPECT_THROW(Engine(cfg, mcfg, {.backend = "", .device_memory_cap = min_cap - 1}), OutOfMemory);
+  EXPECT_NO_THROW(Engine(cfg, mcfg, {.backend = "", .device_memory_cap = min_cap}));
+}
+
+// State on the device (offload_param or offload_optimizer "none") shares the device with the working set
+// and the cache; the allocator must not lose room to fragmentation between them. Every cap from the
+// smallest accepted to 20% above it (in 2% steps) trains 10 steps with the unconstrained losses.
+using StateCase = std::tuple<OffloadDevice, OffloadDevice>;
+class DeviceState : public ::testing::TestWithParam<StateCase> {};
+
+TEST_P(DeviceState, EveryCapFromThePlanUpTrains) {
+  const auto [param, optim] = GetParam();
+  ScratchDir d(std::string("state-") + test::name(param) + test::name(optim));
+  const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
+  nlohmann::json j = read_json(std::string(STRATA_SOURCE_DIR) + "/configs/zero3_cpu.json");
+  j["train_micro_batch_size_per_gpu"] = 1;
+  j["gradient_accumulation_steps"] = 1;
+  j["zero_optimization"].merge_patch({{"offload_param", {{"device", test::name(param)}}},
+                                      {"offload_optimizer", {{"device", test::name(optim)}}},
+                                      {"stage3_prefetch_bucket_size", 0},
+                                      {"stage3_max_live_parameters", 0},
+                                      {"stage3_max_reuse_distance", 0},
+                                      {"stage3_param_persistence_threshold", 0}});
+  j["strata"] = {{"backend", "host"}, {"seed", 5}, {"cpu_optim", {{"pin_threads", false}}}};
+  const Config cfg = Config::parse(nlohmann::json::parse(j.dump()));
+  const std::string tokens = make_tokens(d);
+  const MemoryPlan p = unconstrained_plan(cfg, mcfg);
+  ASSERT_GT(p.device_state, 0u);
+  const std::uint64_t min_cap = p.device_state + p.device_working_set;
+  const Outcome free_run = train(cfg, mcfg, tokens, 0);
+  for (int pct = 0; pct <= 20; pct += 2) {
+    const std::uint64_t cap = min_cap + min_cap * std::uint64_t(pct) / 100;
+    SCOPED_TRACE("cap " + std::to_string(cap) + " (plan + " + std::to_string(pct) + "%)");
+    const Outcome o = train(cfg, mcfg, tokens, cap);
+    EXPECT_EQ(o.losses, free_run.losses);
+    EXPECT_LE(o.device_peak, cap);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, DeviceState,
+                         ::testing::Values(StateCase{OffloadDevice::none, OffloadDevice::cpu},
+                                           StateCase{OffloadDevice::cpu, OffloadDevice::none},
+                                           StateCase{OffloadDevice::none, OffloadDevice::none}),
+                         [](const auto& info) {
+                           return std::string("param_") + test::name(std::get<0>(info.param)) + "_optim_" +
+                                  test::name(std::get<1>(info.param));
+                         });
+
+}  // namespace
+}  // namespace strata::zero3

@@ -1,7 +1,10 @@
 // The caching allocator: block splitting and reuse, fenced reuse, PyTorch-style stats, the budget.
 #include <gtest/gtest.h>
 
+#include <iterator>
+#include <random>
 #include <set>
+#include <vector>
 
 #include "tests/tiering/tiering_fixture.h"
 #include "tiering/caching_allocator.h"
@@ -148,6 +151,46 @@ TEST_P(Allocator, PinnedSlabsArePageAlignedAndReportedToTheHooks) {
     a->free(z);
   }
   EXPECT_EQ(released, slabs);
+}
+
+// Note [exact segments]: a request fails exactly when the blocks in use plus block_bytes(request) exceed
+// the capacity, whatever the order of earlier requests and frees (sizes across the small and large pools,
+// cached segments of other sizes in the way).
+TEST_P(Allocator, ExactSegmentsRefuseOnlyWhatTheBlocksInUseLeaveNoRoomFor) {
+  dev = open_device({.backend = GetParam(), .ordinal = 0, .memory_cap = 0});
+  const std::uint64_t cap = 24u << 20;
+  auto a = make_device_allocator(*dev, {.name = "device", .capacity = cap, .exact_segments = true});
+  std::mt19937_64 rng(42);
+  const std::size_t sizes[] = {700, 4096, 300 << 10, (1 << 20) + 3, 3 << 20, (6 << 20) + 100, 11 << 20};
+  std::vector<std::pair<void*, std::uint64_t>> live;  // block, block_bytes
+  std::uint64_t in_use = 0;
+  int refused = 0, granted = 0;
+  for (int i = 0; i < 4000; ++i) {
+    if (!live.empty() && rng() % 5 < 2) {
+      const std::size_t k = rng() % live.size();
+      a->free(live[k].first);
+      in_use -= live[k].second;
+      live.erase(live.begin() + std::ptrdiff_t(k));
+      continue;
+    }
+    const std::size_t bytes = sizes[rng() % std::size(sizes)];
+    const std::uint64_t b = a->block_bytes(bytes);
+    void* p = a->try_allocate(bytes);
+    ASSERT_EQ(p != nullptr, in_use + b <= cap)
+        << "request " << i << " of " << bytes << " bytes with " << in_use << " in use";
+    if (p) {
+      EXPECT_EQ(a->block_size(p), b);
+      live.push_back({p, b});
+      in_use += b;
+      ++granted;
+    } else {
+      ++refused;
+    }
+    EXPECT_LE(a->stats().reserved_bytes[0].current, cap);
+  }
+  EXPECT_GT(refused, 100) << "the sequence should press against the budget";
+  EXPECT_GT(granted, 1000);
+  for (auto& [p, b] : live) a->free(p);
 }
 
 STRATA_TIERING_BACKENDS(Allocator);

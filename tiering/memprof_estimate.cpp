@@ -6,8 +6,10 @@
 //   working params  2 B x S at offload_param's tier (none: device, cpu: pinned host, nvme: NVMe)
 //   gradient shard  4 B x S (fp32 accumulator): device without optimizer offload, else pinned host
 //   master + Adam  12 B x S (fp32 master, exp_avg, exp_avg_sq) at offload_optimizer's tier
-//   device working set 6 B x M: the gathered chunk in use and the one being prefetched (2 B each) and
-//                   the chunk's gradients before reduce-scatter (2 B)
+//   device working set 8 B x M: the chunk in use gathered in fp32 (4 B) and its fp32 gradient buffer
+//                   (4 B), as the engine's plan counts it (docs/train.md, "Device memory"; the engine also
+//                   counts persistent chunks and the allocator's 512-byte rounding). Room beyond this
+//                   is the engine's chunk cache (prefetches, chunks kept for reuse).
 //   pinned staging  params on NVMe: two shard buffers of the largest chunk (2 x 2 B x M / world);
 //                   optimizer on NVMe: up to three sub-groups in flight (read i+1, update i, write i-1),
 //                   12 B x min(sub_group_size, S) each (one when the shard is one sub-group)
@@ -56,7 +58,7 @@ std::vector<EstimateRow> estimate(const EstimateInput& in) {
     EstimateRow r;
     r.param_home = param;
     r.optim_home = optim;
-    std::uint64_t dev = 6 * in.largest_layer, host = 0, nvme = 0;
+    std::uint64_t dev = 8 * in.largest_layer, host = 0, nvme = 0;
     (param == Tier::device ? dev : param == Tier::pinned ? host : nvme) += 2 * S;
     (optim == Tier::device ? dev : host) += 4 * S;
     (optim == Tier::device ? dev : optim == Tier::pinned ? host : nvme) += 12 * S;
@@ -114,7 +116,7 @@ std::string format_estimate(const std::vector<EstimateRow>& rows, const Estimate
         "  params 2 B/param at offload_param's tier; fp32 gradient shard 4 B/param on the device, or in\n"
         "  pinned host memory when the optimizer is offloaded; fp32 master + exp_avg + exp_avg_sq 12 B/param "
         "at\n"
-        "  offload_optimizer's tier; device working set 6 B x M (two gathered chunks + the chunk's grads);\n"
+        "  offload_optimizer's tier; device working set 8 B x M (the chunk in fp32 + its fp32 grads);\n"
         "  pinned staging: 4 B x M/world with params on NVMe; with the optimizer on NVMe up to 3 sub-groups\n"
         "  (read i+1, update i, write i-1) of 12 B x min(sub_group_size, S).\n"
         "DeepSpeed (estimate_zero3_model_states_mem_needs, additional_buffer_factor ";

@@ -150,9 +150,9 @@ TEST(MemprofEstimate, DeepSpeedColumnsFollowItsZero3Formulas) {
   EXPECT_EQ(opt.ds_cpu_zero_init, 24'000'000'000u);
   EXPECT_EQ(both.ds_gpu, 400'000'000u);  // 4 M
   EXPECT_EQ(both.ds_cpu_zero_init, 27'000'000'000u);
-  // Ours: 18 B/param where the state lives, plus 6 B x M of device working set.
-  EXPECT_EQ(none.device, 18'600'000'000u);
-  EXPECT_EQ(both.device, 600'000'000u);
+  // Ours: 18 B/param where the state lives, plus 8 B x M of device working set.
+  EXPECT_EQ(none.device, 18'800'000'000u);
+  EXPECT_EQ(both.device, 800'000'000u);
   EXPECT_EQ(both.host, 18'000'000'000u);
   EstimateRow infinity = row(Tier::nvme, Tier::nvme);
   EXPECT_EQ(infinity.nvme, 14'000'000'000u);
@@ -166,7 +166,7 @@ TEST(MemprofEstimate, ManyGpusAndNodesScaleAsDeepSpeedDoes) {
   EXPECT_EQ(rows[0].ds_gpu, 400'000'000u + 4'500'000'000u);  // no offload: 4 M + 18 P / 4
   EXPECT_EQ(rows[0].ds_cpu, 12'000'000'000u);                // 4 x 2 GPUs per node x P x 1.5
   EXPECT_EQ(rows[2].ds_cpu_zero_init, 13'500'000'000u);      // 18 P / 2 nodes x 1.5
-  EXPECT_EQ(rows[0].device, 600'000'000u + 4'500'000'000u);  // 18 B x P / 4 + 6 B x M
+  EXPECT_EQ(rows[0].device, 800'000'000u + 4'500'000'000u);  // 18 B x P / 4 + 8 B x M
   EXPECT_EQ(rows[2].host, 2u * 4'500'000'000u) << "host is per node: 2 ranks of 18 B x P / 4";
   EXPECT_THROW(estimate({.params = 10, .largest_layer = 20}), ConfigError);
   EXPECT_THROW(estimate({.params = 10, .largest_layer = 5, .world = 3, .nodes = 2}), ConfigError);

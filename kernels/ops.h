@@ -1,0 +1,166 @@
+// strata/kernels/ops.h: the compute interface — every op the model and the engine run on the device,
+// over dtype-tagged device buffers, in the order of one Stream, with a capability struct saying what an
+// implementation computes in. Two implementations: kernels/cpu (fp32, the oracle; the host backend) and
+// kernels/cuda (bf16 storage, fp32 accumulation, cuBLASLt). make_ops() is the one place that chooses
+// between them, by the device's backend; nothing else tests for cuda.
+//
+// Example (one RMSNorm + linear, forward and backward, and the loss back on the host):
+//   std::unique_ptr<strata::kernels::Ops> ops = strata::kernels::make_ops(dev, compute_stream);
+//   const strata::DType A = ops->caps().activation;       // fp32 (cpu) or bf16 (cuda)
+//   strata::DeviceBuffer xb(dev, N * C * dtype_bytes(A)), ...;
+//   Tensor x{xb.data(), A, N * C}, xn{...}, rstd{..., DType::fp32, N}, w{...}, out{...};
+//   ops->rmsnorm_forward(xn, rstd, x, w_norm, N, C, 1e-5f);
+//   ops->linear_forward(out, xn, w, N, C, OC);
+//   ops->cross_entropy(dlogits, losses, mean_loss, logits, targets, N, V, 1.0f);
+//   float loss = ops->read_f32(mean_loss);                  // waits for the stream: the only host sync
+//   ops->linear_backward(dxn, dw, dout, xn, w, N, C, OC);   // dw: fp32 parameter gradient, +=
+//
+// Semantics: each op computes what the kernels/cpu function of the same name computes (its comments are
+// the specification: shapes, which outputs are written (=) and which accumulated (+=), aliasing), with
+// these dtypes:
+//   - activations, weights and activation gradients: caps().activation;
+//   - parameter gradients: fp32, always accumulated; saved statistics (rstd, attention state), losses,
+//     cos/sin tables: fp32; token ids and targets: i32;
+//   - every buffer is device memory of the Stream's device (on the host backend that is host memory).
+// Ordering: ops run in the order of `stream()`: after the work already enqueued on it, before any enqueued
+// later. On cuda they are kernel launches and return at once; the CPU implementation waits for the
+// stream's earlier work, then computes on the calling thread (Note [CPU ops in stream order] in
+// kernels/cpu_ops.cpp), so callers write one stream-ordered program for both.
+// Errors: a wrong dtype or a buffer smaller than the shape needs is a programming error (STRATA_CHECK);
+// a device failure raises BackendError. Tokens outside [0, V) raise strata::Error on the CPU and give NaN
+// rows on cuda (kernels/cuda/ops.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace strata::kernels {
+
+// A span of device memory and what it holds.
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::fp32;
+  std::size_t numel = 0;
+
+  std::size_t bytes() const { return numel * dtype_bytes(dtype); }
+  explicit operator bool() const { return data != nullptr; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+  // Elements [offset, offset + n) of this tensor.
+  Tensor slice(std::size_t offset, std::size_t n) const {
+    return {static_cast<char*>(data) + offset * dtype_bytes(dtype), dtype, n};
+  }
+};
+
+struct OpsCaps {
+  BackendKind backend = BackendKind::host;
+  std::string name;                // "cpu: fp32, OpenBLAS", "cuda: bf16 storage, cuBLASLt"
+  DType activation = DType::fp32;  // activations, weights, activation gradients
+  bool fused_attention = false;    // attention without a (B, NH, T, T) probability matrix
+  bool bit_reproducible = true;    // same inputs and thread count: the same bits, run to run
+  bool exact_casts = true;         // casts round as core/dtype.h does, bit for bit
+};
+
+// Sizes of the attention buffers an implementation needs (elements, fp32).
+struct AttentionSizes {
+  std::size_t saved = 0;    // kept from forward to backward (CPU: the (B,NH,T,T) probabilities)
+  std::size_t scratch = 0;  // backward's scratch
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual const OpsCaps& caps() const = 0;
+  Stream& stream() { return stream_; }
+
+  // ---- embedding ----
+  virtual void embedding_forward(Tensor out /*(N,C)*/, Tensor tokens /*(N) i32*/, Tensor wte /*(V,C)*/, int N,
+                                 int C, int V) = 0;
+  virtual void embedding_backward(Tensor dwte /*(V,C) fp32 +=*/, Tensor dout /*(N,C)*/, Tensor tokens, int N,
+                                  int C, int V) = 0;
+  // ---- RMSNorm ----
+  virtual void rmsnorm_forward(Tensor out /*(N,C)*/, Tensor rstd /*(N) fp32*/, Tensor x /*(N,C)*/,
+                               Tensor w /*(C)*/, int N, int C, float eps) = 0;
+  virtual void rmsnorm_backward(Tensor dx /*(N,C) +=*/, Tensor dw /*(C) fp32 +=*/, Tensor dout, Tensor x,
+                                Tensor w, Tensor rstd, int N, int C) = 0;
+  // ---- linear (no bias): out = x W^T ----
+  virtual void linear_forward(Tensor out /*(N,OC)*/, Tensor x /*(N,IC)*/, Tensor w /*(OC,IC)*/, int N, int IC,
+                              int OC) = 0;
+  // dx += dout W (an empty dx skips it); dw += dout^T x (fp32).
+  virtual void linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
+                               int OC) = 0;
+  // ---- rotary embedding ----
+  virtual void rope_cache(Tensor cos /*(T,HD/2) fp32*/, Tensor sin, int T, int HD, float theta) = 0;
+  virtual void rope_forward(Tensor out, Tensor x /*(B,T,H,HD)*/, Tensor cos, Tensor sin, int B, int T, int H,
+                            int HD) = 0;
+  virtual void rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD) = 0;
+  // ---- causal attention, grouped-query heads ----
+  virtual AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD) const = 0;
+  virtual void attention_forward(Tensor out /*(B,T,NH,HD)*/, Tensor saved /*attention_sizes().saved*/,
+                                 Tensor q, Tensor k, Tensor v, int B, int T, int NH, int NKV, int HD) = 0;
+  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q,
+                                  Tensor k, Tensor v, Tensor saved, int B, int T, int NH, int NKV,
+                                  int HD) = 0;
+  // ---- SwiGLU, residual ----
+  virtual void swiglu_forward(Tensor out, Tensor gate, Tensor up) = 0;
+  virtual void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) = 0;
+  virtual void residual_forward(Tensor out, Tensor a, Tensor b) = 0;
+  virtual void residual_backward(Tensor da /*+= or empty*/, Tensor db /*+= or empty*/, Tensor dout) = 0;
+  // ---- cross-entropy fused with its logits gradient ----
+  // losses (N, fp32) and mean_loss (1, fp32) are written; dlogits may be empty (forward only) or alias
+  // logits.
+  virtual void cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits,
+                             Tensor targets /*(N) i32*/, int N, int V, float grad_scale) = 0;
+
+  // ---- runtime helpers (the engine's device-side work) ----
+  // out = in converted (fp32 <-> bf16 / fp16, core/dtype.h's rounding; same dtype: a copy). Same numel.
+  virtual void cast(Tensor out, Tensor in) = 0;
+  virtual void fill(Tensor x /*fp32*/, float value) = 0;
+  // dst += src (fp32), element by element: the gradient add.
+  virtual void add(Tensor dst, Tensor src) = 0;
+  virtual void scale(Tensor x /*fp32*/, float s) = 0;
+  // out (1 element of 8 bytes: a double) = sum of x^2 in double, in a fixed order (deterministic).
+  virtual void squared_norm(Tensor out /*u8 (8)*/, Tensor x /*fp32*/) = 0;
+  // out (1, i32) = 1 if any element of x is NaN or +-inf, else 0.
+  virtual void nonfinite_check(Tensor out, Tensor x /*fp32*/) = 0;
+  // The device optimizer: kernels/cpu's AdamW (bit-identical on both implementations). p_out, if not empty,
+  // receives the new p rounded to its dtype (bf16, fp16 or fp32).
+  struct AdamW {
+    float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+    bool adamw_mode = true, bias_correction = true;
+  };
+  virtual void adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor p_out, const AdamW& hp, std::int64_t step,
+                     float grad_scale) = 0;
+
+  // ---- results back to the host (these wait for the stream) ----
+  float read_f32(Tensor x);   // x[0] of an fp32 tensor
+  double read_f64(Tensor x);  // x[0] of an 8-byte u8 tensor written by squared_norm
+  std::int32_t read_i32(Tensor x);
+
+ protected:
+  explicit Ops(Stream& s) : stream_(s) {}
+  // Copies `bytes` from device memory to the host and waits for them.
+  void read(void* host, const void* device, std::size_t bytes);
+
+ private:
+  Stream& stream_;
+};
+
+// The implementation for `dev`'s backend, enqueuing on `stream` (a stream of `dev`). Throws BackendError
+// when the backend's compute is not built (cuda without STRATA_WITH_CUDA).
+std::unique_ptr<Ops> make_ops(Device& dev, Stream& stream);
+
+// Implementations (make_ops calls one of these).
+std::unique_ptr<Ops> make_cpu_ops(Device& dev, Stream& stream);
+#ifdef STRATA_WITH_CUDA
+std::unique_ptr<Ops> make_cuda_ops(Device& dev, Stream& stream);
+#endif
+
+}  // namespace strata::kernels

@@ -1,0 +1,352 @@
+// The compute interface (kernels/ops.h) on every backend against kernels/cpu called directly: on the host
+// backend bit for bit (it is those functions), on cuda within a bf16 bound per op (skipped without a GPU).
+// Also: make_ops picks the backend's implementation, ops run in stream order, misuse is refused by name.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/ops.h"
+#include "tests/core/device_fixture.h"
+#include "tests/kernels/reference.h"
+
+namespace strata::kernels {
+namespace {
+
+namespace kc = kernels::cpu;
+using test::random_floats;
+using test::rel_l2;
+
+class Compute : public strata::testing::DeviceTest {
+ protected:
+  void SetUp() override {
+    DeviceTest::SetUp();
+    if (IsSkipped()) return;
+    dev = open();
+    stream = dev->create_stream("compute-test");
+    ops = make_ops(*dev, *stream);
+    A = ops->caps().activation;
+  }
+  // Work still queued (a memset of a buffer never read) must end before the buffers go.
+  void TearDown() override {
+    if (stream) stream->synchronize();
+  }
+
+  // Values as the activation dtype holds them (so the reference sees the device's inputs).
+  std::vector<float> act(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
+    std::vector<float> v = random_floats(n, seed, scale);
+    if (A == DType::bf16)
+      for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+    return v;
+  }
+  Tensor put(const std::vector<float>& v, DType t) {
+    Tensor x = alloc(v.size(), t);
+    std::vector<std::uint16_t> h;
+    const void* src = v.data();
+    if (t == DType::bf16 || t == DType::fp16) {
+      h.resize(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i)
+        h[i] = t == DType::bf16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+      src = h.data();
+    }
+    copy_in(x, src);
+    return x;
+  }
+  Tensor put_i32(const std::vector<std::int32_t>& v) {
+    Tensor x = alloc(v.size(), DType::i32);
+    copy_in(x, v.data());
+    return x;
+  }
+  Tensor alloc(std::size_t n, DType t) {
+    bufs.emplace_back(*dev, std::max<std::size_t>(1, n * dtype_bytes(t)), "compute test");
+    Tensor x{bufs.back().data(), t, n};
+    stream->memset_async(x.data, 0, std::max<std::size_t>(1, x.bytes()));
+    return x;
+  }
+  std::vector<float> get(Tensor x) {
+    std::vector<char> raw(x.bytes());
+    stream->copy_async(raw.data(), x.data, raw.size(), CopyKind::device_to_host);
+    stream->synchronize();
+    std::vector<float> v(x.numel);
+    for (std::size_t i = 0; i < x.numel; ++i) {
+      std::uint16_t h;
+      switch (x.dtype) {
+        case DType::fp32:
+          std::memcpy(&v[i], raw.data() + 4 * i, 4);
+          break;
+        case DType::bf16:
+          std::memcpy(&h, raw.data() + 2 * i, 2);
+          v[i] = bf16_to_f32(h);
+          break;
+        case DType::fp16:
+          std::memcpy(&h, raw.data() + 2 * i, 2);
+          v[i] = f16_to_f32(h);
+          break;
+        default:
+          ADD_FAILURE() << "get() of " << dtype_name(x.dtype);
+      }
+    }
+    return v;
+  }
+  // Host: the same bits as kernels/cpu. cuda: relative L2 error under `bound`.
+  void expect_matches(const std::vector<float>& got, const std::vector<float>& want, const char* what,
+                      double bound = 2e-2) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    if (GetParam() == "host") {
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << what << " differs";
+    } else {
+      EXPECT_LT(rel_l2(got, want), bound) << what;
+    }
+  }
+
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Stream> stream;
+  std::unique_ptr<Ops> ops;
+  DType A = DType::fp32;
+  std::vector<DeviceBuffer> bufs;
+
+ private:
+  void copy_in(Tensor x, const void* src) {
+    stream->copy_async(x.data, src, x.bytes(), CopyKind::host_to_device);
+    stream->synchronize();
+  }
+};
+
+TEST_P(Compute, MakeOpsPicksTheBackendsImplementation) {
+  EXPECT_EQ(ops->caps().backend, dev->caps().backend);
+  EXPECT_FALSE(ops->caps().name.empty());
+  EXPECT_EQ(ops->caps().activation, GetParam() == "host" ? DType::fp32 : DType::bf16);
+  EXPECT_EQ(&ops->stream(), stream.get());
+}
+
+TEST_P(Compute, LinearForwardAndBackwardMatchTheCpuOps) {
+  const int N = 6, IC = 40, OC = 24;
+  auto x = act(N * IC, 1), w = act(OC * IC, 2, 0.2f), dout = act(N * OC, 3);
+  std::vector<float> out(N * OC), dx(N * IC, 0.0f), dw(OC * IC, 0.0f);
+  kc::linear_forward(out.data(), x.data(), w.data(), N, IC, OC);
+  kc::linear_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), N, IC, OC);
+  Tensor to = alloc(out.size(), A), tdx = alloc(dx.size(), A), tdw = alloc(dw.size(), DType::fp32);
+  Tensor tx = put(x, A), tw = put(w, A), tdout = put(dout, A);
+  ops->linear_forward(to, tx, tw, N, IC, OC);
+  ops->linear_backward(tdx, tdw, tdout, tx, tw, N, IC, OC);
+  expect_matches(get(to), out, "linear out");
+  expect_matches(get(tdx), dx, "linear dx");
+  expect_matches(get(tdw), dw, "linear dw");
+}
+
+TEST_P(Compute, RmsnormForwardAndBackwardMatchTheCpuOps) {
+  const int N = 5, C = 48;
+  auto x = act(N * C, 4), w = act(C, 5), dout = act(N * C, 6);
+  std::vector<float> out(N * C), rstd(N), dx(N * C, 0.0f), dw(C, 0.0f);
+  kc::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  kc::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+  Tensor to = alloc(out.size(), A), tr = alloc(N, DType::fp32), tdx = alloc(dx.size(), A),
+         tdw = alloc(C, DType::fp32), tx = put(x, A), tw = put(w, A), td = put(dout, A);
+  ops->rmsnorm_forward(to, tr, tx, tw, N, C, 1e-5f);
+  ops->rmsnorm_backward(tdx, tdw, td, tx, tw, tr, N, C);
+  expect_matches(get(to), out, "rmsnorm out");
+  expect_matches(get(tr), rstd, "rstd", 1e-3);
+  expect_matches(get(tdx), dx, "rmsnorm dx");
+  expect_matches(get(tdw), dw, "rmsnorm dw");
+}
+
+TEST_P(Compute, EmbeddingForwardAndBackwardMatchTheCpuOps) {
+  const int N = 7, C = 16, V = 11;
+  auto wte = act(V * C, 7), dout = act(N * C, 8);
+  const std::vector<std::int32_t> tok = {3, 0, 10, 3, 5, 3, 9};
+  std::vector<float> out(N * C), dwte(V * C, 0.0f);
+  kc::embedding_forward(out.data(), tok.data(), wte.data(), N, C, V);
+  kc::embedding_backward(dwte.data(), dout.data(), tok.data(), N, C, V);
+  Tensor to = alloc(out.size(), A), tdw = alloc(dwte.size(), DType::fp32), tt = put_i32(tok),
+         tw = put(wte, A), td = put(dout, A);
+  ops->embedding_forward(to, tt, tw, N, C, V);
+  ops->embedding_backward(tdw, td, tt, N, C, V);
+  expect_matches(get(to), out, "embedding out");
+  expect_matches(get(tdw), dwte, "embedding dwte");
+}
+
+TEST_P(Compute, RopeAndAttentionMatchTheCpuOps) {
+  const int B = 2, T = 5, NH = 4, NKV = 2, HD = 8;
+  const std::size_t nq = std::size_t(B) * T * NH * HD, nkv = std::size_t(B) * T * NKV * HD;
+  auto q = act(nq, 9), k = act(nkv, 10), v = act(nkv, 11), dout = act(nq, 12);
+  std::vector<float> cos(T * HD / 2), sin(T * HD / 2), qr(nq), out(nq), att(std::size_t(B) * NH * T * T),
+      scratch(att.size()), dq(nq), dk(nkv), dv(nkv);
+  kc::rope_cache(cos.data(), sin.data(), T, HD, 10000.0f);
+  kc::rope_forward(qr.data(), q.data(), cos.data(), sin.data(), B, T, NH, HD);
+  kc::attention_forward(out.data(), att.data(), qr.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  kc::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), qr.data(), k.data(),
+                         v.data(), att.data(), B, T, NH, NKV, HD);
+
+  const AttentionSizes as = ops->attention_sizes(B, T, NH, NKV, HD);
+  Tensor tc = alloc(cos.size(), DType::fp32), ts = alloc(sin.size(), DType::fp32), tq = put(q, A),
+         tqr = alloc(nq, A), tk = put(k, A), tv = put(v, A), to = alloc(nq, A),
+         tsaved = alloc(as.saved, DType::fp32), tscr = alloc(as.scratch, DType::fp32), tdo = put(dout, A),
+         tdq = alloc(nq, A), tdk = alloc(nkv, A), tdv = alloc(nkv, A);
+  ops->rope_cache(tc, ts, T, HD, 10000.0f);
+  ops->rope_forward(tqr, tq, tc, ts, B, T, NH, HD);
+  ops->attention_forward(to, tsaved, tqr, tk, tv, B, T, NH, NKV, HD);
+  // The backward from the CPU's rotated q (as the device rounded it), so each op is compared alone.
+  ops->attention_backward(tdq, tdk, tdv, tscr, tdo, tqr, tk, tv, tsaved, B, T, NH, NKV, HD);
+  expect_matches(get(tc), cos, "rope cos", 1e-6);
+  expect_matches(get(tqr), qr, "rope q");
+  expect_matches(get(to), out, "attention out");
+  expect_matches(get(tdq), dq, "attention dq", 3e-2);
+  expect_matches(get(tdk), dk, "attention dk", 3e-2);
+  expect_matches(get(tdv), dv, "attention dv", 3e-2);
+}
+
+TEST_P(Compute, SwigluAndResidualMatchTheCpuOps) {
+  const std::size_t n = 300;
+  auto g = act(n, 13), u = act(n, 14), d = act(n, 15);
+  std::vector<float> out(n), dg(n), du(n), r(n), da(n, 0.0f);
+  kc::swiglu_forward(out.data(), g.data(), u.data(), n);
+  kc::swiglu_backward(dg.data(), du.data(), d.data(), g.data(), u.data(), n);
+  kc::residual_forward(r.data(), g.data(), u.data(), n);
+  kc::residual_backward(da.data(), nullptr, d.data(), n);
+  Tensor tg = put(g, A), tu = put(u, A), td = put(d, A), to = alloc(n, A), tdg = alloc(n, A),
+         tdu = alloc(n, A), tr = alloc(n, A), tda = alloc(n, A);
+  ops->swiglu_forward(to, tg, tu);
+  ops->swiglu_backward(tdg, tdu, td, tg, tu);
+  ops->residual_forward(tr, tg, tu);
+  ops->residual_backward(tda, Tensor{}, td);
+  expect_matches(get(to), out, "swiglu out");
+  expect_matches(get(tdg), dg, "swiglu dgate");
+  expect_matches(get(tdu), du, "swiglu dup");
+  expect_matches(get(tr), r, "residual out");
+  expect_matches(get(tda), da, "residual da");
+}
+
+TEST_P(Compute, CrossEntropyLossAndGradientMatchTheCpuOps) {
+  const int N = 6, V = 33;
+  auto logits = act(N * V, 16, 2.0f);
+  const std::vector<std::int32_t> tgt = {1, 32, -1, 0, 7, 7};
+  std::vector<float> dl(N * V), losses(N);
+  const float mean =
+      kc::cross_entropy_forward_backward(dl.data(), losses.data(), logits.data(), tgt.data(), N, V, 0.5f);
+  Tensor tl = put(logits, A), tdl = alloc(dl.size(), A), tlo = alloc(N, DType::fp32),
+         tm = alloc(1, DType::fp32), tt = put_i32(tgt);
+  ops->cross_entropy(tdl, tlo, tm, tl, tt, N, V, 0.5f);
+  const float got = ops->read_f32(tm);
+  if (GetParam() == "host")
+    EXPECT_EQ(got, mean);
+  else
+    EXPECT_NEAR(got, mean, 1e-2 * std::abs(mean));
+  expect_matches(get(tlo), losses, "per-row losses");
+  expect_matches(get(tdl), dl, "dlogits");
+}
+
+TEST_P(Compute, CastsRoundExactlyAsCoreDtype) {
+  std::vector<float> v = random_floats(1000, 17, 1e3f);
+  v[0] = 65519.0f, v[1] = 70000.0f, v[2] = 1e-7f,
+  v[3] = -0.0f;  // fp16 edge cases: rounding, overflow, subnormal
+  Tensor src = put(v, DType::fp32), b = alloc(v.size(), DType::bf16), h = alloc(v.size(), DType::fp16),
+         back = alloc(v.size(), DType::fp32);
+  ops->cast(b, src);
+  ops->cast(h, src);
+  std::vector<float> want_b(v.size()), want_h(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    want_b[i] = bf16_to_f32(f32_to_bf16(v[i]));
+    want_h[i] = f16_to_f32(f32_to_f16(v[i]));
+  }
+  ops->cast(back, b);
+  EXPECT_EQ(0, std::memcmp(get(back).data(), want_b.data(), v.size() * 4)) << "fp32 -> bf16 -> fp32";
+  ops->cast(back, h);
+  EXPECT_EQ(0, std::memcmp(get(back).data(), want_h.data(), v.size() * 4)) << "fp32 -> fp16 -> fp32";
+}
+
+TEST_P(Compute, FillAddScaleNormAndNonFiniteCheckAgreeWithTheCpu) {
+  std::vector<float> a = random_floats(5000, 18), b = random_floats(5000, 19);
+  Tensor ta = put(a, DType::fp32), tb = put(b, DType::fp32), norm = alloc(8, DType::u8),
+         flag = alloc(1, DType::i32);
+  ops->add(ta, tb);
+  ops->scale(ta, 0.25f);
+  std::vector<float> want(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) want[i] = (a[i] + b[i]) * 0.25f;
+  EXPECT_EQ(0, std::memcmp(get(ta).data(), want.data(), want.size() * 4)) << "add then scale";
+  ops->squared_norm(norm, ta);
+  const double n2 = kc::squared_norm(want.data(), want.size());
+  if (GetParam() == "host")
+    EXPECT_EQ(ops->read_f64(norm), n2);
+  else
+    EXPECT_NEAR(ops->read_f64(norm), n2, 1e-12 * n2);
+  ops->nonfinite_check(flag, ta);
+  EXPECT_EQ(ops->read_i32(flag), 0);
+  ops->fill(tb, std::numeric_limits<float>::infinity());
+  ops->nonfinite_check(flag, tb);
+  EXPECT_EQ(ops->read_i32(flag), 1);
+  ops->fill(tb, 1.5f);
+  EXPECT_EQ(get(tb), std::vector<float>(b.size(), 1.5f));
+}
+
+TEST_P(Compute, AdamwIsTheCpuUpdateBitForBit) {
+  const std::size_t n = 777;
+  auto p = random_floats(n, 20), g = random_floats(n, 21), m = random_floats(n, 22, 0.1f);
+  auto v = random_floats(n, 23, 0.1f);
+  for (float& x : v) x = x * x;
+  Ops::AdamW hp{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  Tensor tp = put(p, DType::fp32), tg = put(g, DType::fp32), tm = put(m, DType::fp32),
+         tv = put(v, DType::fp32), tout = alloc(n, DType::bf16);
+  std::vector<kc::bf16_t> out(n);
+  kc::adamw_update(p.data(), g.data(), m.data(), v.data(), out.data(), n,
+                   {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f}, 3, 0.5f);
+  ops->adamw(tp, tg, tm, tv, tout, hp, 3, 0.5f);
+  EXPECT_EQ(0, std::memcmp(get(tp).data(), p.data(), n * 4)) << "params";
+  EXPECT_EQ(0, std::memcmp(get(tm).data(), m.data(), n * 4)) << "exp_avg";
+  EXPECT_EQ(0, std::memcmp(get(tv).data(), v.data(), n * 4)) << "exp_avg_sq";
+  std::vector<float> want_out(n);
+  for (std::size_t i = 0; i < n; ++i) want_out[i] = bf16_to_f32(out[i]);
+  EXPECT_EQ(0, std::memcmp(get(tout).data(), want_out.data(), n * 4)) << "bf16 params";
+}
+
+// An op issued after work enqueued on its stream sees that work's result, on every backend. The stream is
+// held by a host function until a second thread releases it; an op that did not wait for the stream
+// would scale the buffer before the copy lands.
+TEST_P(Compute, OpsRunAfterTheWorkAlreadyOnTheirStream) {
+  std::vector<float> src = random_floats(4096, 24);
+  Tensor x = alloc(src.size(), DType::fp32);
+  std::atomic<bool> go{false};
+  stream->host_fn([&go] {
+    while (!go.load()) std::this_thread::yield();
+  });
+  stream->copy_async(x.data, src.data(), x.bytes(), CopyKind::host_to_device);
+  std::thread releaser([&go] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    go = true;
+  });
+  ops->scale(x, 2.0f);
+  releaser.join();
+  std::vector<float> want(src.size());
+  for (std::size_t i = 0; i < src.size(); ++i) want[i] = src[i] * 2.0f;
+  EXPECT_EQ(get(x), want);
+}
+
+TEST_P(Compute, AWrongDtypeOrATooSmallBufferIsRefusedNamingTheOperand) {
+  Tensor x = alloc(10, DType::fp16), y = alloc(4, DType::fp32);
+  try {
+    ops->scale(x, 2.0f);
+    FAIL() << "an fp16 tensor was scaled as fp32";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scale target"), std::string::npos) << e.what();
+  }
+  Tensor big = alloc(10, DType::fp32);
+  EXPECT_THROW(ops->add(y, big), Error);
+}
+
+STRATA_INSTANTIATE_BACKENDS(Compute);
+
+TEST(ComputeFactory, TheHostBackendGetsTheCpuOpsInFp32) {
+  auto dev = open_device({.backend = "host", .ordinal = 0, .memory_cap = 0});
+  auto s = dev->create_stream("s");
+  auto ops = make_ops(*dev, *s);
+  EXPECT_EQ(ops->caps().activation, DType::fp32);
+  EXPECT_TRUE(ops->caps().bit_reproducible);
+}
+
+}  // namespace
+}  // namespace strata::kernels

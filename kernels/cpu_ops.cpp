@@ -203,6 +203,11 @@ class CpuOps final : public Ops {
     float* p = x.as<float>();
     for (std::size_t i = 0; i < x.numel; ++i) p[i] = value;
   }
+  void zero(Tensor x) override {
+    STRATA_CHECK(x.numel == 0 || x.data, "kernels: zero of a null tensor");
+    in_order();
+    if (x.numel) std::memset(x.data, 0, x.bytes());
+  }
   void add(Tensor dst, Tensor src) override {
     need(dst, F, src.numel, "add dst");
     need(src, F, src.numel, "add src");

@@ -123,6 +123,8 @@ class Ops {
   // out = in converted (fp32 <-> bf16 / fp16, core/dtype.h's rounding; same dtype: a copy). Same numel.
   virtual void cast(Tensor out, Tensor in) = 0;
   virtual void fill(Tensor x /*fp32*/, float value) = 0;
+  // x = 0, any dtype (all bits zero).
+  virtual void zero(Tensor x) = 0;
   // dst += src (fp32), element by element: the gradient add.
   virtual void add(Tensor dst, Tensor src) = 0;
   virtual void scale(Tensor x /*fp32*/, float s) = 0;

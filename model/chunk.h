@@ -26,13 +26,15 @@
 #include <memory>
 #include <vector>
 
+#include "core/dtype.h"
 #include "model/layout.h"
 
 namespace strata::model {
 
 struct ChunkView {
   const ChunkLayout* layout = nullptr;
-  const float* data = nullptr;  // (padded_numel) fp32, read-only
+  const float* data = nullptr;  // (padded_numel) of `dtype`, read-only, device memory
+  DType dtype = DType::fp32;    // the compute interface's activation dtype (kernels/ops.h)
 
   const float* tensor(int index) const { return data + layout->tensors[size_t(index)].offset; }
 };

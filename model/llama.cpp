@@ -5,25 +5,15 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "kernels/cpu/ops.h"
 
 namespace strata::model {
 namespace {
 
-namespace kc = strata::kernels::cpu;
+using kernels::Tensor;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-void zero(std::vector<float>& v) {
-  std::memset(v.data(), 0, v.size() * sizeof(float));
-}
-
-// Grows `v` to n elements (contents unspecified); never shrinks, so repeated steps do not reallocate.
-void fit(std::vector<float>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
 }
 
 double linear_flops(int64_t n, int64_t ic, int64_t oc) {
@@ -85,6 +75,25 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, ModelOptions opts) : cfg_(cfg), o
   cfg_.validate("LlamaModel");
   STRATA_CHECK(cfg_.vocab_size <= INT32_MAX && cfg_.d_model <= INT32_MAX && cfg_.ffn_dim <= INT32_MAX,
                "model dimensions must fit int for the ops");
+  STRATA_CHECK((opts_.device == nullptr) == (opts_.ops == nullptr),
+               "LlamaModel: give both ModelOptions.device and .ops, or neither");
+  if (!opts_.ops) {
+    own_device_ = open_device({.backend = "host", .ordinal = 0, .memory_cap = 0});
+    own_stream_ = own_device_->create_stream("model-compute");
+    own_ops_ = kernels::make_ops(*own_device_, *own_stream_);
+    opts_.device = own_device_.get();
+    opts_.ops = own_ops_.get();
+  }
+  dev_ = opts_.device;
+  ops_ = opts_.ops;
+  act_ = ops_->caps().activation;
+}
+
+LlamaModel::~LlamaModel() {
+  try {
+    ops_->stream().synchronize();  // nothing may still use the buffers freed below
+  } catch (...) {
+  }
 }
 
 template <typename Fn>
@@ -107,43 +116,130 @@ void LlamaModel::check_layout(const ChunkProvider& chunks) const {
                ")");
 }
 
-void LlamaModel::ensure_buffers(int B, int T) {
-  const size_t N = size_t(B) * size_t(T), C = size_t(cfg_.d_model), F = size_t(cfg_.ffn_dim);
-  const size_t Q = size_t(cfg_.q_dim()), KV = size_t(cfg_.kv_dim()), V = size_t(cfg_.vocab_size);
-  const size_t L = size_t(cfg_.n_layers), ATT = size_t(B) * size_t(cfg_.n_heads) * size_t(T) * size_t(T);
-  const size_t sets = opts_.checkpoint_activations ? 1 : L;
-  if (acts_.size() < sets) acts_.resize(sets);
+template <typename Fn>
+void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DType act,
+                             kernels::AttentionSizes as, LlamaModel* m, Fn&& fn) {
+  const size_t N = size_t(B) * size_t(T), C = size_t(cfg.d_model), F = size_t(cfg.ffn_dim);
+  const size_t Q = size_t(cfg.q_dim()), KV = size_t(cfg.kv_dim()), V = size_t(cfg.vocab_size);
+  const size_t L = size_t(cfg.n_layers), half = size_t(cfg.head_dim()) / 2;
+  const size_t sets = ckpt ? 1 : L;
+  constexpr DType f32 = DType::fp32, i32 = DType::i32;
+  auto at = [&](Buf LlamaModel::*b) { return m ? &(m->*b) : nullptr; };
   for (size_t i = 0; i < sets; ++i) {
-    BlockActs& a = acts_[i];
-    fit(a.rstd1, N), fit(a.xn1, N * C), fit(a.q, N * Q), fit(a.k, N * KV), fit(a.v, N * KV);
-    fit(a.att, ATT), fit(a.y, N * Q), fit(a.x_mid, N * C), fit(a.rstd2, N), fit(a.xn2, N * C);
-    fit(a.gate, N * F), fit(a.up, N * F), fit(a.h, N * F);
+    BlockActs* a = m ? &m->acts_[i] : nullptr;
+    auto in = [&](Buf BlockActs::*b) { return a ? &(a->*b) : nullptr; };
+    fn(in(&BlockActs::rstd1), N, f32), fn(in(&BlockActs::xn1), N * C, act), fn(in(&BlockActs::q), N * Q, act);
+    fn(in(&BlockActs::k), N * KV, act), fn(in(&BlockActs::v), N * KV, act),
+        fn(in(&BlockActs::att), as.saved, f32);
+    fn(in(&BlockActs::y), N * Q, act), fn(in(&BlockActs::x_mid), N * C, act),
+        fn(in(&BlockActs::rstd2), N, f32);
+    fn(in(&BlockActs::xn2), N * C, act), fn(in(&BlockActs::gate), N * F, act),
+        fn(in(&BlockActs::up), N * F, act);
+    fn(in(&BlockActs::h), N * F, act);
   }
-  fit(resid_, (L + 1) * N * C);
-  fit(xf_, N * C), fit(rstdf_, N), fit(logits_, N * V);
-  fit(dresid_, N * C), fit(dxn_, N * C), fit(dh_, N * F), fit(dgate_, N * F), fit(dup_, N * F);
-  fit(dy_, N * Q), fit(dq_, N * Q), fit(dk_, N * KV), fit(dv_, N * KV), fit(datt_, ATT);
+  fn(at(&LlamaModel::inputs_), N, i32), fn(at(&LlamaModel::targets_), N, i32);
+  fn(at(&LlamaModel::rope_cos_), size_t(T) * half, f32),
+      fn(at(&LlamaModel::rope_sin_), size_t(T) * half, f32);
+  fn(at(&LlamaModel::resid_), (L + 1) * N * C, act);
+  fn(at(&LlamaModel::xf_), N * C, act), fn(at(&LlamaModel::rstdf_), N, f32),
+      fn(at(&LlamaModel::logits_), N * V, act);
+  fn(at(&LlamaModel::losses_), N, f32), fn(at(&LlamaModel::loss_), 1, f32);
+  fn(at(&LlamaModel::dresid_), N * C, act), fn(at(&LlamaModel::dxn_), N * C, act);
+  fn(at(&LlamaModel::dh_), N * F, act), fn(at(&LlamaModel::dgate_), N * F, act),
+      fn(at(&LlamaModel::dup_), N * F, act);
+  fn(at(&LlamaModel::dy_), N * Q, act), fn(at(&LlamaModel::dq_), N * Q, act);
+  fn(at(&LlamaModel::dk_), N * KV, act), fn(at(&LlamaModel::dv_), N * KV, act);
+  fn(at(&LlamaModel::datt_), as.scratch, f32);
+}
+
+void LlamaModel::ensure_buffers(int B, int T) {
+  const size_t sets = opts_.checkpoint_activations ? 1 : size_t(cfg_.n_layers);
+  if (acts_.size() < sets) acts_.resize(sets);
+  const kernels::AttentionSizes as =
+      ops_->attention_sizes(B, T, int(cfg_.n_heads), int(cfg_.n_kv_heads), int(cfg_.head_dim()));
+  bool synced = false;
+  // Grows a buffer (never shrinks, so repeated steps do not reallocate); contents unspecified.
+  auto fit = [&](Buf* b, size_t n, DType dtype) {
+    if (b->t.numel >= n && b->t.dtype == dtype && b->t.data) {
+      b->t.numel = n;
+      return;
+    }
+    if (!synced) ops_->stream().synchronize(), synced = true;  // earlier ops may still use the old one
+    b->mem = DeviceBuffer();
+    try {
+      b->mem = DeviceBuffer(*dev_, std::max<size_t>(1, n * dtype_bytes(dtype)), "model activations");
+    } catch (const OutOfMemory& e) {
+      throw OutOfMemory(detail::cat(
+          "the activations of ", cfg_.name, " for a micro-batch of ", B, " x ", T, " tokens (",
+          format_bytes(activation_bytes(cfg_, B, T, opts_.checkpoint_activations, *ops_)),
+          ") do not fit the device beside the model state: ", e.what(),
+          ". Lower train_micro_batch_size_per_gpu or --seq-len, or tell the engine the sequence length it "
+          "must plan for (EngineOptions.seq_len)"));
+    }
+    b->t = Tensor{b->mem.data(), dtype, n};
+  };
+  each_buffer(cfg_, B, T, opts_.checkpoint_activations, act_, as, this, fit);
   if (rope_T_ != T) {
-    const size_t half = size_t(cfg_.head_dim()) / 2;
-    rope_cos_.assign(size_t(T) * half, 0.0f);
-    rope_sin_.assign(size_t(T) * half, 0.0f);
-    kc::rope_cache(rope_cos_.data(), rope_sin_.data(), T, int(cfg_.head_dim()), cfg_.rope_theta);
+    ops_->rope_cache(rope_cos_.t, rope_sin_.t, T, int(cfg_.head_dim()), cfg_.rope_theta);
     rope_T_ = T;
   }
 }
 
 size_t LlamaModel::activation_bytes() const {
   size_t n = 0;
-  auto add = [&](const std::vector<float>& v) { n += v.capacity() * sizeof(float); };
-  for (const BlockActs& a : acts_) {
-    for (const auto* v :
+  for (const BlockActs& a : acts_)
+    for (const Buf* b :
          {&a.rstd1, &a.xn1, &a.q, &a.k, &a.v, &a.att, &a.y, &a.x_mid, &a.rstd2, &a.xn2, &a.gate, &a.up, &a.h})
-      add(*v);
-  }
-  for (const auto* v : {&resid_, &xf_, &rstdf_, &logits_, &dresid_, &dxn_, &dh_, &dgate_, &dup_, &dy_, &dq_,
-                        &dk_, &dv_, &datt_})
-    add(*v);
+      n += b->mem.size();
+  for (const Buf* b :
+       {&inputs_, &targets_, &rope_cos_, &rope_sin_, &resid_, &xf_, &rstdf_, &logits_, &losses_, &loss_,
+        &dresid_, &dxn_,     &dh_,       &dgate_,    &dup_,   &dy_, &dq_,    &dk_,     &dv_,     &datt_})
+    n += b->mem.size();
   return n;
+}
+
+size_t LlamaModel::activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
+                                    const kernels::Ops& ops) {
+  const kernels::AttentionSizes as =
+      ops.attention_sizes(B, T, int(cfg.n_heads), int(cfg.n_kv_heads), int(cfg.head_dim()));
+  size_t n = 0;
+  each_buffer(cfg, B, T, checkpoint_activations, ops.caps().activation, as, nullptr,
+              [&](Buf*, size_t numel, DType dtype) { n += std::max<size_t>(1, numel * dtype_bytes(dtype)); });
+  return n;
+}
+
+std::vector<float> LlamaModel::logits() const {
+  const size_t n = size_t(B_) * size_t(T_) * size_t(cfg_.vocab_size);
+  std::vector<float> out(n);
+  if (n == 0) return out;
+  if (act_ == DType::fp32) {
+    ops_->stream().copy_async(out.data(), logits_.t.data, n * sizeof(float), CopyKind::device_to_host);
+    ops_->stream().synchronize();
+    return out;
+  }
+  std::vector<std::uint16_t> h(n);
+  ops_->stream().copy_async(h.data(), logits_.t.data, n * 2, CopyKind::device_to_host);
+  ops_->stream().synchronize();
+  for (size_t i = 0; i < n; ++i) out[i] = act_ == DType::bf16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+  return out;
+}
+
+Tensor LlamaModel::weight(const ChunkView& p, int index) const {
+  const TensorSpec& t = p.layout->tensors[size_t(index)];
+  STRATA_CHECK(p.dtype == act_, "LlamaModel: chunk ", p.layout->name, " is gathered as ", dtype_name(p.dtype),
+               ", the ops compute in ", dtype_name(act_));
+  return Tensor{reinterpret_cast<char*>(const_cast<float*>(p.data)) + t.offset * dtype_bytes(p.dtype), p.dtype,
+                t.numel};
+}
+
+Tensor LlamaModel::grad(const ChunkView& p, float* g, int index) {
+  const TensorSpec& t = p.layout->tensors[size_t(index)];
+  return Tensor{g + t.offset, DType::fp32, t.numel};
+}
+
+Tensor LlamaModel::resid(int l) const {
+  const size_t NC = size_t(B_) * size_t(T_) * size_t(cfg_.d_model);
+  return resid_.t.slice(size_t(l) * NC, NC);
 }
 
 double LlamaModel::forward_flops(int B, int T) const {
@@ -161,122 +257,99 @@ double LlamaModel::backward_flops(int B, int T) const {
   return f;
 }
 
-void LlamaModel::block_forward(const ChunkView& p, const float* x_in, float* x_out, BlockActs& a,
-                               Phase phase) {
+void LlamaModel::block_forward(const ChunkView& p, Tensor x_in, Tensor x_out, BlockActs& a, Phase phase) {
   const int B = B_, T = T_, N = B * T, C = int(cfg_.d_model), F = int(cfg_.ffn_dim);
   const int NH = int(cfg_.n_heads), NKV = int(cfg_.n_kv_heads), D = int(cfg_.head_dim());
   const int Q = NH * D, KV = NKV * D;
   const float eps = cfg_.norm_eps;
+  kernels::Ops& o = *ops_;
 
   timed("attn_norm", phase, 0,
-        [&] { kc::rmsnorm_forward(a.xn1.data(), a.rstd1.data(), x_in, p.tensor(kAttnNorm), N, C, eps); });
+        [&] { o.rmsnorm_forward(a.xn1.t, a.rstd1.t, x_in, weight(p, kAttnNorm), N, C, eps); });
   timed(
       "q_proj", phase, linear_flops(N, C, Q),
-      [&] { kc::linear_forward(a.q.data(), a.xn1.data(), p.tensor(kWq), N, C, Q); }, N, C, Q);
+      [&] { o.linear_forward(a.q.t, a.xn1.t, weight(p, kWq), N, C, Q); }, N, C, Q);
   timed(
       "k_proj", phase, linear_flops(N, C, KV),
-      [&] { kc::linear_forward(a.k.data(), a.xn1.data(), p.tensor(kWk), N, C, KV); }, N, C, KV);
+      [&] { o.linear_forward(a.k.t, a.xn1.t, weight(p, kWk), N, C, KV); }, N, C, KV);
   timed(
       "v_proj", phase, linear_flops(N, C, KV),
-      [&] { kc::linear_forward(a.v.data(), a.xn1.data(), p.tensor(kWv), N, C, KV); }, N, C, KV);
+      [&] { o.linear_forward(a.v.t, a.xn1.t, weight(p, kWv), N, C, KV); }, N, C, KV);
   timed("rope", phase, 0, [&] {
-    kc::rope_forward(a.q.data(), a.q.data(), rope_cos_.data(), rope_sin_.data(), B, T, NH, D);
-    kc::rope_forward(a.k.data(), a.k.data(), rope_cos_.data(), rope_sin_.data(), B, T, NKV, D);
+    o.rope_forward(a.q.t, a.q.t, rope_cos_.t, rope_sin_.t, B, T, NH, D);
+    o.rope_forward(a.k.t, a.k.t, rope_cos_.t, rope_sin_.t, B, T, NKV, D);
   });
-  timed("attention", phase, attention_flops(B, T, NH, D), [&] {
-    kc::attention_forward(a.y.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T, NH, NKV, D);
-  });
+  timed("attention", phase, attention_flops(B, T, NH, D),
+        [&] { o.attention_forward(a.y.t, a.att.t, a.q.t, a.k.t, a.v.t, B, T, NH, NKV, D); });
   // o_proj writes into x_mid, then the residual adds the block input in place.
   timed(
       "o_proj", phase, linear_flops(N, Q, C),
-      [&] { kc::linear_forward(a.x_mid.data(), a.y.data(), p.tensor(kWo), N, Q, C); }, N, Q, C);
-  timed("residual", phase, 0,
-        [&] { kc::residual_forward(a.x_mid.data(), x_in, a.x_mid.data(), size_t(N) * C); });
-  timed("ffn_norm", phase, 0, [&] {
-    kc::rmsnorm_forward(a.xn2.data(), a.rstd2.data(), a.x_mid.data(), p.tensor(kFfnNorm), N, C, eps);
-  });
+      [&] { o.linear_forward(a.x_mid.t, a.y.t, weight(p, kWo), N, Q, C); }, N, Q, C);
+  timed("residual", phase, 0, [&] { o.residual_forward(a.x_mid.t, x_in, a.x_mid.t); });
+  timed("ffn_norm", phase, 0,
+        [&] { o.rmsnorm_forward(a.xn2.t, a.rstd2.t, a.x_mid.t, weight(p, kFfnNorm), N, C, eps); });
   timed(
       "gate_proj", phase, linear_flops(N, C, F),
-      [&] { kc::linear_forward(a.gate.data(), a.xn2.data(), p.tensor(kWGate), N, C, F); }, N, C, F);
+      [&] { o.linear_forward(a.gate.t, a.xn2.t, weight(p, kWGate), N, C, F); }, N, C, F);
   timed(
       "up_proj", phase, linear_flops(N, C, F),
-      [&] { kc::linear_forward(a.up.data(), a.xn2.data(), p.tensor(kWUp), N, C, F); }, N, C, F);
-  timed("swiglu", phase, 0,
-        [&] { kc::swiglu_forward(a.h.data(), a.gate.data(), a.up.data(), size_t(N) * F); });
+      [&] { o.linear_forward(a.up.t, a.xn2.t, weight(p, kWUp), N, C, F); }, N, C, F);
+  timed("swiglu", phase, 0, [&] { o.swiglu_forward(a.h.t, a.gate.t, a.up.t); });
   timed(
       "down_proj", phase, linear_flops(N, F, C),
-      [&] { kc::linear_forward(x_out, a.h.data(), p.tensor(kWDown), N, F, C); }, N, F, C);
-  timed("residual", phase, 0, [&] { kc::residual_forward(x_out, a.x_mid.data(), x_out, size_t(N) * C); });
+      [&] { o.linear_forward(x_out, a.h.t, weight(p, kWDown), N, F, C); }, N, F, C);
+  timed("residual", phase, 0, [&] { o.residual_forward(x_out, a.x_mid.t, x_out); });
 }
 
 // On entry dresid_ holds d(loss)/d(x_out); on return d(loss)/d(x_in). Parameter gradients go into g.
-void LlamaModel::block_backward(const ChunkView& p, float* g, const float* x_in, BlockActs& a) {
+void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, BlockActs& a) {
   const int B = B_, T = T_, N = B * T, C = int(cfg_.d_model), F = int(cfg_.ffn_dim);
   const int NH = int(cfg_.n_heads), NKV = int(cfg_.n_kv_heads), D = int(cfg_.head_dim());
   const int Q = NH * D, KV = NKV * D;
-  const auto& t = p.layout->tensors;
-  auto grad = [&](int i) { return g + t[size_t(i)].offset; };
   const Phase ph = Phase::backward;
+  kernels::Ops& o = *ops_;
+  auto dw = [&](int i) { return grad(p, g, i); };
 
   // x_out = x_mid + down_proj(h): the residual passes dresid_ to both.
-  zero(dh_);
+  o.zero(dh_.t);
   timed(
       "down_proj", ph, 2 * linear_flops(N, F, C),
-      [&] {
-        kc::linear_backward(dh_.data(), grad(kWDown), dresid_.data(), a.h.data(), p.tensor(kWDown), N, F, C);
-      },
-      N, F, C);
-  timed("swiglu", ph, 0, [&] {
-    kc::swiglu_backward(dgate_.data(), dup_.data(), dh_.data(), a.gate.data(), a.up.data(), size_t(N) * F);
-  });
-  zero(dxn_);
+      [&] { o.linear_backward(dh_.t, dw(kWDown), dresid_.t, a.h.t, weight(p, kWDown), N, F, C); }, N, F, C);
+  timed("swiglu", ph, 0, [&] { o.swiglu_backward(dgate_.t, dup_.t, dh_.t, a.gate.t, a.up.t); });
+  o.zero(dxn_.t);
   timed(
       "gate_proj", ph, 2 * linear_flops(N, C, F),
-      [&] {
-        kc::linear_backward(dxn_.data(), grad(kWGate), dgate_.data(), a.xn2.data(), p.tensor(kWGate), N, C,
-                            F);
-      },
-      N, C, F);
+      [&] { o.linear_backward(dxn_.t, dw(kWGate), dgate_.t, a.xn2.t, weight(p, kWGate), N, C, F); }, N, C, F);
   timed(
       "up_proj", ph, 2 * linear_flops(N, C, F),
-      [&] {
-        kc::linear_backward(dxn_.data(), grad(kWUp), dup_.data(), a.xn2.data(), p.tensor(kWUp), N, C, F);
-      },
-      N, C, F);
+      [&] { o.linear_backward(dxn_.t, dw(kWUp), dup_.t, a.xn2.t, weight(p, kWUp), N, C, F); }, N, C, F);
   timed("ffn_norm", ph, 0, [&] {
-    kc::rmsnorm_backward(dresid_.data(), grad(kFfnNorm), dxn_.data(), a.x_mid.data(), p.tensor(kFfnNorm),
-                         a.rstd2.data(), N, C);
+    o.rmsnorm_backward(dresid_.t, dw(kFfnNorm), dxn_.t, a.x_mid.t, weight(p, kFfnNorm), a.rstd2.t, N, C);
   });
   // x_mid = x_in + o_proj(y).
-  zero(dy_);
+  o.zero(dy_.t);
   timed(
       "o_proj", ph, 2 * linear_flops(N, Q, C),
-      [&] { kc::linear_backward(dy_.data(), grad(kWo), dresid_.data(), a.y.data(), p.tensor(kWo), N, Q, C); },
-      N, Q, C);
+      [&] { o.linear_backward(dy_.t, dw(kWo), dresid_.t, a.y.t, weight(p, kWo), N, Q, C); }, N, Q, C);
   timed("attention", ph, 2 * attention_flops(B, T, NH, D), [&] {
-    kc::attention_backward(dq_.data(), dk_.data(), dv_.data(), datt_.data(), dy_.data(), a.q.data(),
-                           a.k.data(), a.v.data(), a.att.data(), B, T, NH, NKV, D);
+    o.attention_backward(dq_.t, dk_.t, dv_.t, datt_.t, dy_.t, a.q.t, a.k.t, a.v.t, a.att.t, B, T, NH, NKV, D);
   });
   timed("rope", ph, 0, [&] {
-    kc::rope_backward(dq_.data(), dq_.data(), rope_cos_.data(), rope_sin_.data(), B, T, NH, D);
-    kc::rope_backward(dk_.data(), dk_.data(), rope_cos_.data(), rope_sin_.data(), B, T, NKV, D);
+    o.rope_backward(dq_.t, dq_.t, rope_cos_.t, rope_sin_.t, B, T, NH, D);
+    o.rope_backward(dk_.t, dk_.t, rope_cos_.t, rope_sin_.t, B, T, NKV, D);
   });
-  zero(dxn_);
+  o.zero(dxn_.t);
   timed(
       "q_proj", ph, 2 * linear_flops(N, C, Q),
-      [&] { kc::linear_backward(dxn_.data(), grad(kWq), dq_.data(), a.xn1.data(), p.tensor(kWq), N, C, Q); },
-      N, C, Q);
+      [&] { o.linear_backward(dxn_.t, dw(kWq), dq_.t, a.xn1.t, weight(p, kWq), N, C, Q); }, N, C, Q);
   timed(
       "k_proj", ph, 2 * linear_flops(N, C, KV),
-      [&] { kc::linear_backward(dxn_.data(), grad(kWk), dk_.data(), a.xn1.data(), p.tensor(kWk), N, C, KV); },
-      N, C, KV);
+      [&] { o.linear_backward(dxn_.t, dw(kWk), dk_.t, a.xn1.t, weight(p, kWk), N, C, KV); }, N, C, KV);
   timed(
       "v_proj", ph, 2 * linear_flops(N, C, KV),
-      [&] { kc::linear_backward(dxn_.data(), grad(kWv), dv_.data(), a.xn1.data(), p.tensor(kWv), N, C, KV); },
-      N, C, KV);
+      [&] { o.linear_backward(dxn_.t, dw(kWv), dv_.t, a.xn1.t, weight(p, kWv), N, C, KV); }, N, C, KV);
   timed("attn_norm", ph, 0, [&] {
-    kc::rmsnorm_backward(dresid_.data(), grad(kAttnNorm), dxn_.data(), x_in, p.tensor(kAttnNorm),
-                         a.rstd1.data(), N, C);
+    o.rmsnorm_backward(dresid_.t, dw(kAttnNorm), dxn_.t, x_in, weight(p, kAttnNorm), a.rstd1.t, N, C);
   });
 }
 
@@ -290,21 +363,34 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
   if (int64_t(B) * T > INT32_MAX)
     throw ConfigError(detail::cat("LlamaModel::forward: B * T = ", int64_t(B) * T,
                                   " tokens do not fit the ops' int row count; use a smaller batch"));
+  have_targets_ = false;  // set on success only: a forward that throws leaves nothing to backward
   B_ = B, T_ = T;
   ckpt_ = opts_.checkpoint_activations;
   ensure_buffers(B, T);
   const int N = B * T, C = int(cfg_.d_model), V = int(cfg_.vocab_size), L = int(cfg_.n_layers);
   const ModelLayout& layout = chunks.layout();
-  inputs_.assign(inputs, inputs + N);
-  have_targets_ = false;  // set on success only: a forward that throws leaves nothing to backward
-  if (targets) targets_.assign(targets, targets + N);
-  auto resid = [&](int l) { return resid_.data() + size_t(l) * N * C; };
+  kernels::Ops& o = *ops_;
+  Stream& s = o.stream();
+  // The token ids go to the device on the compute stream; the host arrays are read before the first op
+  // that uses them returns (CPU ops wait for the stream; a cuda copy from pageable memory is staged).
+  s.copy_async(inputs_.t.data, inputs, size_t(N) * sizeof(int32_t), CopyKind::host_to_device);
+  if (targets) s.copy_async(targets_.t.data, targets, size_t(N) * sizeof(int32_t), CopyKind::host_to_device);
+  // Every row's tokens are checked on the host: on the device a bad id is a NaN row, not an error.
+  for (int i = 0; i < N; ++i) {
+    if (inputs[i] < 0 || inputs[i] >= V)
+      throw Error(detail::cat("LlamaModel::forward: token ", inputs[i], " at position ", i,
+                              " is outside the vocabulary [0, ", V, ") of model '", cfg_.name, "'"));
+    if (targets && targets[i] >= V)
+      throw Error(detail::cat("LlamaModel::forward: target ", targets[i], " at position ", i,
+                              " is outside the vocabulary [0, ", V, ") of model '", cfg_.name, "'"));
+  }
+  s.synchronize();
 
   {
     ChunkTimer ct(profile_, layout.embedding_chunk(), Phase::forward, &chunk_flops_);
     Held e(chunks, layout.embedding_chunk());
     timed("embedding", Phase::forward, 0,
-          [&] { kc::embedding_forward(resid(0), inputs_.data(), e.view().tensor(kTokEmbeddings), N, C, V); });
+          [&] { o.embedding_forward(resid(0), inputs_.t, weight(e.view(), kTokEmbeddings), N, C, V); });
   }
   for (int l = 0; l < L; ++l) {
     ChunkTimer ct(profile_, layout.block_chunk(l), Phase::forward, &chunk_flops_);
@@ -316,30 +402,29 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
     ChunkTimer ct(profile_, layout.head_chunk(), Phase::forward, &chunk_flops_);
     Held h(chunks, layout.head_chunk());
     timed("final_norm", Phase::forward, 0, [&] {
-      kc::rmsnorm_forward(xf_.data(), rstdf_.data(), resid(L), h.view().tensor(kFinalNorm), N, C,
-                          cfg_.norm_eps);
+      o.rmsnorm_forward(xf_.t, rstdf_.t, resid(L), weight(h.view(), kFinalNorm), N, C, cfg_.norm_eps);
     });
     if (cfg_.tie_embeddings) {
       Held e(chunks, layout.embedding_chunk());
-      head_forward_logits(e.view().tensor(kTokEmbeddings), xf_.data());
+      head_forward_logits(weight(e.view(), kTokEmbeddings), xf_.t);
     } else {
-      head_forward_logits(h.view().tensor(kLmHead), xf_.data());
+      head_forward_logits(weight(h.view(), kLmHead), xf_.t);
     }
-    if (targets)
-      timed("cross_entropy", Phase::forward, 0, [&] {
-        loss =
-            kc::cross_entropy_forward_backward(nullptr, nullptr, logits_.data(), targets_.data(), N, V, 1.0f);
-      });
+    if (targets) {
+      timed("cross_entropy", Phase::forward, 0,
+            [&] { o.cross_entropy(Tensor{}, losses_.t, loss_.t, logits_.t, targets_.t, N, V, 1.0f); });
+      loss = o.read_f32(loss_.t);
+    }
   }
   have_targets_ = targets != nullptr;
   return loss;
 }
 
-void LlamaModel::head_forward_logits(const float* w_head, const float* x) {
+void LlamaModel::head_forward_logits(Tensor w_head, Tensor x) {
   const int N = B_ * T_, C = int(cfg_.d_model), V = int(cfg_.vocab_size);
   timed(
       "lm_head", Phase::forward, linear_flops(N, C, V),
-      [&] { kc::linear_forward(logits_.data(), x, w_head, N, C, V); }, N, C, V);
+      [&] { ops_->linear_forward(logits_.t, x, w_head, N, C, V); }, N, C, V);
 }
 
 void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
@@ -349,37 +434,33 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
   const int B = B_, T = T_, N = B * T, C = int(cfg_.d_model), V = int(cfg_.vocab_size),
             L = int(cfg_.n_layers);
   const ModelLayout& layout = chunks.layout();
-  auto resid = [&](int l) { return resid_.data() + size_t(l) * N * C; };
   const Phase ph = Phase::backward;
+  kernels::Ops& o = *ops_;
 
   {
     ChunkTimer ct(profile_, layout.head_chunk(), ph, &chunk_flops_);
     Held h(chunks, layout.head_chunk());
     HeldGrads hg(chunks, layout.head_chunk());
-    const auto& ht = layout.chunk(layout.head_chunk()).tensors;
-    timed("cross_entropy", ph, 0, [&] {
-      kc::cross_entropy_forward_backward(logits_.data(), nullptr, logits_.data(), targets_.data(), N, V,
-                                         grad_scale);
-    });
-    zero(dxn_);
-    auto lm_head_backward = [&](const float* w, float* dw) {
+    timed("cross_entropy", ph, 0,
+          [&] { o.cross_entropy(logits_.t, losses_.t, loss_.t, logits_.t, targets_.t, N, V, grad_scale); });
+    o.zero(dxn_.t);
+    auto lm_head_backward = [&](Tensor w, Tensor dw) {
       timed(
           "lm_head", ph, 2 * linear_flops(N, C, V),
-          [&] { kc::linear_backward(dxn_.data(), dw, logits_.data(), xf_.data(), w, N, C, V); }, N, C, V);
+          [&] { o.linear_backward(dxn_.t, dw, logits_.t, xf_.t, w, N, C, V); }, N, C, V);
     };
     if (cfg_.tie_embeddings) {
       const int e_id = layout.embedding_chunk();
       Held e(chunks, e_id);
       HeldGrads eg(chunks, e_id);
-      lm_head_backward(e.view().tensor(kTokEmbeddings),
-                       eg.data() + layout.chunk(e_id).tensors[kTokEmbeddings].offset);
+      lm_head_backward(weight(e.view(), kTokEmbeddings), grad(e.view(), eg.data(), kTokEmbeddings));
     } else {
-      lm_head_backward(h.view().tensor(kLmHead), hg.data() + ht[kLmHead].offset);
+      lm_head_backward(weight(h.view(), kLmHead), grad(h.view(), hg.data(), kLmHead));
     }
-    zero(dresid_);
+    o.zero(dresid_.t);
     timed("final_norm", ph, 0, [&] {
-      kc::rmsnorm_backward(dresid_.data(), hg.data() + ht[kFinalNorm].offset, dxn_.data(), resid(L),
-                           h.view().tensor(kFinalNorm), rstdf_.data(), N, C);
+      o.rmsnorm_backward(dresid_.t, grad(h.view(), hg.data(), kFinalNorm), dxn_.t, resid(L),
+                         weight(h.view(), kFinalNorm), rstdf_.t, N, C);
     });
   }
   for (int l = L - 1; l >= 0; --l) {
@@ -390,7 +471,7 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
     if (ckpt_) {
       // The recomputed block output is not needed (resid(l + 1) holds it); dxn_ takes it as scratch
       // before block_backward zeroes it.
-      block_forward(b.view(), resid(l), dxn_.data(), a, Phase::recompute);
+      block_forward(b.view(), resid(l), dxn_.t, a, Phase::recompute);
     }
     block_backward(b.view(), bg.data(), resid(l), a);
   }
@@ -398,9 +479,10 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
     const int e_id = layout.embedding_chunk();
     ChunkTimer ct(profile_, e_id, ph, &chunk_flops_);
     HeldGrads eg(chunks, e_id);
+    const TensorSpec& et = layout.chunk(e_id).tensors[kTokEmbeddings];
     timed("embedding", ph, 0, [&] {
-      kc::embedding_backward(eg.data() + layout.chunk(e_id).tensors[kTokEmbeddings].offset, dresid_.data(),
-                             inputs_.data(), N, C, V);
+      o.embedding_backward(Tensor{eg.data() + et.offset, DType::fp32, et.numel}, dresid_.t, inputs_.t, N, C,
+                           V);
     });
   }
 }

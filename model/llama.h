@@ -1,4 +1,6 @@
-// strata/model/llama.h: the Llama-style decoder — forward and backward over chunks, on the CPU ops.
+// strata/model/llama.h: the Llama-style decoder — forward and backward over chunks, on the compute
+// interface (kernels/ops.h): its activations and scratch are device allocations, its ops are enqueued on
+// the interface's stream, and the loss is the one value that comes back to the host per forward.
 //
 // Example (one training step on the in-memory provider):
 //   strata::model::ModelConfig cfg = strata::model::ModelConfig::preset("tiny");
@@ -23,11 +25,18 @@
 // its backward. The recomputation performs exactly the same op calls on exactly the same inputs, and the
 // ops are deterministic, so the gradients are bit-identical to a run without checkpointing (a test checks
 // this). Memory per block drops from about (6C + 2(Hq+2Hkv)D + 3F) N + Hq B T^2 floats to C N.
+//
+// Where it computes: ModelOptions.device and .ops (the engine passes its own: Engine::device(),
+// Engine::ops()), whose device memory is counted against the device cap; without them the model opens a
+// host-backend device of its own and the CPU ops (the reference, for tests and tools).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "core/device.h"
+#include "kernels/ops.h"
 #include "model/chunk.h"
 #include "model/config.h"
 #include "model/profile.h"
@@ -36,11 +45,16 @@ namespace strata::model {
 
 struct ModelOptions {
   bool checkpoint_activations = false;  // keep each block's input only, recompute in backward
+  Device* device = nullptr;             // where activations live (both null: a host device of its own)
+  kernels::Ops* ops = nullptr;          // the ops, on a stream of `device`
 };
 
 class LlamaModel {
  public:
   explicit LlamaModel(const ModelConfig& cfg, ModelOptions opts = {});
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
   // Takes effect at the next forward (backward always follows the mode its forward ran in).
@@ -58,35 +72,55 @@ class LlamaModel {
   // handing each back as it finishes. Overwrites logits(). Requires a forward with targets.
   void backward(ChunkProvider& chunks, float grad_scale = 1.0f);
 
-  const float* logits() const { return logits_.data(); }  // (B, T, V) after forward
+  // (B, T, V) after forward, on the host (copied from the device).
+  std::vector<float> logits() const;
   // Bytes of activations and scratch currently allocated (grows to the largest B × T seen).
   size_t activation_bytes() const;
+  // Device bytes of activations and scratch a forward and backward over (B, T) allocate with `ops`
+  // (what activation_bytes() reaches): the engine reserves them in its device plan.
+  static size_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
+                                 const kernels::Ops& ops);
   // Multiply-adds × 2 of one forward / backward over (B, T), as the profile counts them.
   double forward_flops(int B, int T) const;
   double backward_flops(int B, int T) const;
 
  private:
-  struct BlockActs {
-    std::vector<float> rstd1;  // (N)
-    std::vector<float> xn1;    // (N, C) attn_norm output
-    std::vector<float> q;      // (N, Hq*D) after rotary
-    std::vector<float> k;      // (N, Hkv*D) after rotary
-    std::vector<float> v;      // (N, Hkv*D)
-    std::vector<float> att;    // (B, Hq, T, T) softmax probabilities
-    std::vector<float> y;      // (N, Hq*D) attention output, before o_proj
-    std::vector<float> x_mid;  // (N, C) residual stream after attention
-    std::vector<float> rstd2;  // (N)
-    std::vector<float> xn2;    // (N, C) ffn_norm output
-    std::vector<float> gate;   // (N, F)
-    std::vector<float> up;     // (N, F)
-    std::vector<float> h;      // (N, F) silu(gate) * up
+  // A device buffer and the tensor view of its first elements.
+  struct Buf {
+    DeviceBuffer mem;
+    kernels::Tensor t;
   };
+  struct BlockActs {
+    Buf rstd1;  // (N) fp32
+    Buf xn1;    // (N, C) attn_norm output
+    Buf q;      // (N, Hq*D) after rotary
+    Buf k;      // (N, Hkv*D) after rotary
+    Buf v;      // (N, Hkv*D)
+    Buf att;    // attention state saved for backward (CPU: (B, Hq, T, T) probabilities), fp32
+    Buf y;      // (N, Hq*D) attention output, before o_proj
+    Buf x_mid;  // (N, C) residual stream after attention
+    Buf rstd2;  // (N) fp32
+    Buf xn2;    // (N, C) ffn_norm output
+    Buf gate;   // (N, F)
+    Buf up;     // (N, F)
+    Buf h;      // (N, F) silu(gate) * up
+  };
+  // Calls fn(buffer, elements, dtype) for every buffer a forward + backward over (B, T) needs, in one
+  // fixed order; `m` null: buffer null (sizes only, for activation_bytes()).
+  template <typename Fn>
+  static void each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DType act,
+                          kernels::AttentionSizes as, LlamaModel* m, Fn&& fn);
 
   void ensure_buffers(int B, int T);
-  void block_forward(const ChunkView& p, const float* x_in, float* x_out, BlockActs& a, Phase phase);
-  void block_backward(const ChunkView& p, float* g, const float* x_in, BlockActs& a);
-  void head_forward_logits(const float* w_head, const float* x);
+  void block_forward(const ChunkView& p, kernels::Tensor x_in, kernels::Tensor x_out, BlockActs& a,
+                     Phase phase);
+  void block_backward(const ChunkView& p, float* g, kernels::Tensor x_in, BlockActs& a);
+  void head_forward_logits(kernels::Tensor w_head, kernels::Tensor x);
   void check_layout(const ChunkProvider& chunks) const;
+  // Chunk tensor `index` as the ops see it, and its fp32 gradient in `g`.
+  kernels::Tensor weight(const ChunkView& p, int index) const;
+  static kernels::Tensor grad(const ChunkView& p, float* g, int index);
+  kernels::Tensor resid(int l) const;
   template <typename Fn>
   void timed(const char* op, Phase phase, double flops, Fn&& fn, int64_t n = 0, int64_t ic = 0,
              int64_t oc = 0);
@@ -94,26 +128,33 @@ class LlamaModel {
   ModelConfig cfg_;
   ModelOptions opts_;
   Profile* profile_ = nullptr;
+  // The host device, stream and ops of a model constructed without them.
+  std::unique_ptr<Device> own_device_;
+  std::unique_ptr<Stream> own_stream_;
+  std::unique_ptr<kernels::Ops> own_ops_;
+  Device* dev_ = nullptr;
+  kernels::Ops* ops_ = nullptr;
+  DType act_ = DType::fp32;  // the ops' activation dtype
 
   // Shape of the last forward.
   int B_ = 0, T_ = 0;
   bool have_targets_ = false, ckpt_ = false;
-  int cap_N_ = 0, cap_T_ = 0, cap_B_ = 0;  // what the buffers are sized for
-  double chunk_flops_ = 0;                 // flops since the current chunk began (profiling)
+  double chunk_flops_ = 0;  // flops since the current chunk began (profiling)
 
-  std::vector<int32_t> inputs_, targets_;   // (N)
-  std::vector<float> rope_cos_, rope_sin_;  // (T, D/2)
+  Buf inputs_, targets_;     // (N) i32
+  Buf rope_cos_, rope_sin_;  // (T, D/2) fp32
   int rope_T_ = 0;
-  std::vector<float> resid_;       // (L + 1, N, C): resid_[l] is block l's input, [L] the head's
-  std::vector<BlockActs> acts_;    // L sets, or 1 with checkpointing
-  std::vector<float> xf_, rstdf_;  // (N, C), (N): final norm output and its rstd
-  std::vector<float> logits_;      // (N, V); backward turns it into dlogits in place
+  Buf resid_;                    // (L + 1, N, C): resid_[l] is block l's input, [L] the head's
+  std::vector<BlockActs> acts_;  // L sets, or 1 with checkpointing
+  Buf xf_, rstdf_;               // (N, C), (N) fp32: final norm output and its rstd
+  Buf logits_;                   // (N, V); backward turns it into dlogits in place
+  Buf losses_, loss_;            // (N), (1) fp32: cross-entropy per row and mean
   // Backward scratch.
-  std::vector<float> dresid_, dxn_;      // (N, C)
-  std::vector<float> dh_, dgate_, dup_;  // (N, F)
-  std::vector<float> dy_, dq_;           // (N, Hq*D)
-  std::vector<float> dk_, dv_;           // (N, Hkv*D)
-  std::vector<float> datt_;              // (B, Hq, T, T)
+  Buf dresid_, dxn_;      // (N, C)
+  Buf dh_, dgate_, dup_;  // (N, F)
+  Buf dy_, dq_;           // (N, Hq*D)
+  Buf dk_, dv_;           // (N, Hkv*D)
+  Buf datt_;              // attention backward scratch, fp32
 };
 
 }  // namespace strata::model

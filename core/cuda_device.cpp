@@ -1,12 +1,70 @@
-// The cuda backend: a real GPU through the CUDA runtime. Compiled only when STRATA_WITH_CUDA.
+// The cuda backend: a real GPU through the CUDA runtime. Compiled only when STRATA_WITH_CUDA. Also holds the
+// helpers core/cuda_check.h declares (the device guard, the kernel check and STRATA_CUDA_SYNC).
 //
-// Note [cuda device cap]: a configured strata.device_memory_cap makes a large GPU act as a small one: the
-// backend counts its own allocations against the cap and refuses past it with the same OutOfMemory as
-// the host backend, before cudaMalloc is asked.
+// Note [cuda device capacity]: caps().capacity is what this process may really use: the memory the driver
+// reports free once our context exists (so the context, other processes and other contexts are already
+// subtracted), less a headroom of max(256 MiB, 2% of the device) for what allocates outside the Device
+// (cuBLASLt and NCCL internals, cuDNN, kernels' local memory), then clamped by a configured
+// strata.device_memory_cap. Every allocation the runtime makes on the device goes through allocate()
+// (kernels/cuda takes its GEMM workspace and reduction scratch from its caller), so the count in
+// memory_stats() is the device footprint, and a request past the capacity gets the same OutOfMemory as
+// on the host backend before the driver is asked.
+//
+// Note [cuda device allocator]: cudaFree synchronises the whole device, which would stall every stream
+// at each release in the steady state. allocate()/deallocate() instead use a memory pool of this device
+// (cudaMallocFromPoolAsync / cudaFreeAsync) on an internal stream that carries nothing else. The pool
+// keeps freed memory (release threshold: unlimited, the capacity bounds it) and hands it out again
+// without a driver call. allocate() waits for its own allocation on that stream, so the pointer it
+// returns is usable on any stream at once. deallocate(p) has the host backend's contract: work that uses
+// p must have completed (or be ordered before the next user of the memory by the caller) — the free is
+// not ordered after other streams' work. When the pool cannot grow, allocate() trims the pool's unused
+// memory back to the driver and tries once more before raising OutOfMemory.
+//
+// Note [pinned memory placement]: cudaHostAlloc pins the pages in the calling thread, so they are placed
+// by that thread's NUMA memory policy. allocate_pinned() prefers the GPU's NUMA node (caps().numa_node,
+// from hwloc) for the duration of the call (set_mempolicy MPOL_PREFERRED, then the previous policy is
+// restored), so staging buffers sit next to the GPU's PCIe root. Where the policy cannot be set (a
+// seccomp profile, one node), the pages go where the kernel puts them, with one warning.
+//
+// Note [cuda host functions]: Stream::host_fn(fn) must run fn after the stream's earlier work and before
+// its later work. cudaLaunchHostFunc would run fn on the driver's single callback thread, where fn may not
+// call CUDA and where a blocking fn (the tier manager waits inside one) stalls the host functions of
+// every other stream. Instead each CudaStream owns a worker thread (its device made current):
+//   host_fn(fn):  seq = ++next_seq; record event E on the stream; enqueue a device-side wait
+//                 "*flag == seq" (cuStreamWaitValue32 on a pinned, mapped host word); queue {E, fn, seq}
+//                 for the worker.
+//   worker:       cudaEventSynchronize(E) (earlier work done; blocking-sync event, no spinning); run fn,
+//                 keeping its exception; store seq into *flag, which releases the stream's later work.
+// The wait compares for equality and needs no reset: *flag becomes seq + 1 only after the event recorded
+// after wait(seq), so after the device has passed wait(seq). seq is taken, recorded and queued under one
+// lock, so the queue order is the stream order. An exception from fn is kept by the stream and rethrown by
+// its next synchronize() (and by Device::synchronize()), as on the host backend; the later work still
+// runs. Limits: (1) fn must not enqueue work on its own stream and wait for it (it would wait for itself),
+// as documented in core/device.h. (2) the stream waits on a host-written word, an order CUDA cannot see:
+// if more streams exist than hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default), work of another
+// stream may be queued behind the waiting one; a fn that waits for such work would wait forever. Raise
+// CUDA_DEVICE_MAX_CONNECTIONS (up to 32) if host functions wait on many other streams.
+// Fallback: when the driver lacks cuStreamWaitValue32 (the entry point is missing, or the call answers
+// CUDA_ERROR_NOT_SUPPORTED), the stream instead gets a cudaLaunchHostFunc of a short function that only
+// waits (mutex and condition variable, no CUDA call) until the worker has run fn. fn still runs on the
+// worker, so it may call CUDA, but the driver's callback thread is held while fn runs, as before.
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <linux/mempolicy.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
 #include <mutex>
+#include <string_view>
+#include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "core/device_impl.h"
@@ -14,18 +72,85 @@
 #include "core/topology.h"
 
 namespace strata::detail {
+
+// ---- core/cuda_check.h ----------------------------------------------------------------------------------
+
+bool cuda_sync_after_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("STRATA_CUDA_SYNC");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  return on;
+}
+
+void kernel_check(const char* file, int line, cudaStream_t stream) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw_backend(file, line, "kernel launch (cudaGetLastError)", "CUDA", int(e), cudaGetErrorString(e));
+  if (!cuda_sync_after_launch()) return;
+  const cudaError_t s = cudaStreamSynchronize(stream);
+  if (s != cudaSuccess)
+    throw_backend(file, line, "cudaStreamSynchronize after the launch (STRATA_CUDA_SYNC=1)", "CUDA", int(s),
+                  cudaGetErrorString(s));
+}
+
+void kernel_check(const char* file, int line) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw_backend(file, line, "kernel launch (cudaGetLastError)", "CUDA", int(e), cudaGetErrorString(e));
+  if (!cuda_sync_after_launch()) return;
+  const cudaError_t s = cudaDeviceSynchronize();
+  if (s != cudaSuccess)
+    throw_backend(file, line, "cudaDeviceSynchronize after the launch (STRATA_CUDA_SYNC=1)", "CUDA", int(s),
+                  cudaGetErrorString(s));
+}
+
+CudaDeviceGuard::CudaDeviceGuard(int device) {
+  enter(device);
+}
+
+CudaDeviceGuard::CudaDeviceGuard(cudaStream_t stream) {
+  int device = 0;
+  STRATA_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+  enter(device);
+}
+
+void CudaDeviceGuard::enter(int device) {
+  STRATA_CUDA_CHECK(cudaGetDevice(&previous_));
+  device_ = device;
+  if (previous_ != device_) STRATA_CUDA_CHECK(cudaSetDevice(device_));
+}
+
+CudaDeviceGuard::~CudaDeviceGuard() {
+  if (previous_ >= 0 && previous_ != device_) (void)cudaSetDevice(previous_);  // cannot throw here
+}
+
 namespace {
+
+// ---- events ---------------------------------------------------------------------------------------------
+
+// Host waits on our events block the thread instead of spinning (cudaEventBlockingSync); no timing.
+constexpr unsigned kEventFlags = cudaEventBlockingSync | cudaEventDisableTiming;
+
+// A query that answers cudaErrorNotReady also leaves it in the thread's last-error slot, where the next
+// STRATA_KERNEL_CHECK (cudaGetLastError) would report it as a launch failure: clear it.
+void clear_not_ready() {
+  if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+}
 
 class CudaEvent final : public Event {
  public:
   explicit CudaEvent(int dev) : dev_(dev) {
-    STRATA_CUDA_CHECK(cudaSetDevice(dev_));
-    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
+    CudaDeviceGuard guard(dev_);
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_, kEventFlags));
   }
-  ~CudaEvent() override { cudaEventDestroy(ev_); }
+  ~CudaEvent() override { (void)cudaEventDestroy(ev_); }
   bool query() const override {
-    cudaError_t e = cudaEventQuery(ev_);
-    if (e == cudaErrorNotReady) return false;
+    const cudaError_t e = cudaEventQuery(ev_);
+    if (e == cudaErrorNotReady) {
+      clear_not_ready();
+      return false;
+    }
     STRATA_CUDA_CHECK(e);
     return true;
   }
@@ -51,35 +176,133 @@ cudaMemcpyKind to_cuda(CopyKind k) {
   return cudaMemcpyDefault;
 }
 
+// ---- host functions (Note [cuda host functions]) ----------------------------------------------------------
+
+using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+// cuStreamWaitValue32 from the driver, through the runtime (no link against libcuda); null if missing.
+WaitValue32Fn find_wait_value32() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  const cudaError_t e =
+      cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &found);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<WaitValue32Fn>(fn)
+                                                                  : nullptr;
+}
+
+class CudaStream;
+
+// What a device's streams share: how host functions hold a stream, and the live streams (for
+// Device::synchronize). Locking: `m` guards `live`; the atomic needs no lock.
+struct StreamShared {
+  int device = 0;
+  WaitValue32Fn wait_value32 = nullptr;      // null: use the cudaLaunchHostFunc fallback
+  std::atomic<bool> mem_ops_refused{false};  // the driver answered CUDA_ERROR_NOT_SUPPORTED once
+  std::mutex m;
+  std::unordered_map<CudaStream*, bool> live;
+};
+
+// One completion, set once (the fallback's callback waits on it).
+struct Completion {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  void set() {
+    {
+      std::lock_guard<std::mutex> lk(m);
+      done = true;
+    }
+    cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lk(m);
+    cv.wait(lk, [&] { return done; });
+  }
+};
+
+// Runs on the driver's callback thread in the fallback: waits for the worker, calls no CUDA API.
+void CUDART_CB wait_for_worker(void* p) {
+  std::unique_ptr<std::shared_ptr<Completion>> done(static_cast<std::shared_ptr<Completion>*>(p));
+  (*done)->wait();
+}
+
+// Locking contract: public methods may be called from any thread. m_ guards the job queue, the event
+// free list, stop_ and error_; enqueue_m_ makes "take seq, record, wait, queue" one step so the queue
+// order is the stream order. enqueue_m_ is taken before m_, never the reverse.
 class CudaStream final : public Stream {
  public:
-  CudaStream(const std::string& name, int dev) : Stream(name), dev_(dev) {
-    STRATA_CUDA_CHECK(cudaSetDevice(dev_));
+  CudaStream(const std::string& name, std::shared_ptr<StreamShared> shared)
+      : Stream(name), shared_(std::move(shared)) {
+    CudaDeviceGuard guard(shared_->device);
     STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    const cudaError_t e =
+        cudaHostAlloc(&flag_, sizeof(std::uint32_t), cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      (void)cudaStreamDestroy(s_);
+      STRATA_CUDA_CHECK(e);
+    }
+    *flag_ = 0;
+    void* dflag = nullptr;
+    STRATA_CUDA_CHECK(cudaHostGetDevicePointer(&dflag, flag_, 0));
+    dflag_ = reinterpret_cast<CUdeviceptr>(dflag);
+    worker_ = std::thread([this] { run(); });
+    std::lock_guard<std::mutex> lk(shared_->m);
+    shared_->live[this] = true;
   }
   ~CudaStream() override {
-    cudaStreamSynchronize(s_);
-    cudaStreamDestroy(s_);
+    {
+      std::lock_guard<std::mutex> lk(shared_->m);
+      shared_->live.erase(this);
+    }
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();  // runs the queued host functions first, which releases the stream's waits
+    CudaDeviceGuard guard(shared_->device);
+    (void)cudaStreamSynchronize(s_);
+    (void)cudaStreamDestroy(s_);
+    for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
+    (void)cudaFreeHost(flag_);
   }
   void copy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind) override {
     if (bytes == 0) return;
-    STRATA_CUDA_CHECK(cudaSetDevice(dev_));
+    CudaDeviceGuard guard(shared_->device);
     STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind), s_));
   }
   void memset_async(void* dst, int value, std::size_t bytes) override {
     if (bytes == 0) return;
-    STRATA_CUDA_CHECK(cudaSetDevice(dev_));
+    CudaDeviceGuard guard(shared_->device);
     STRATA_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, s_));
   }
   void host_fn(std::function<void()> fn) override {
-    auto* heap = new Job{std::move(fn), this};
-    STRATA_CUDA_CHECK(cudaLaunchHostFunc(s_, &CudaStream::trampoline, heap));
+    CudaDeviceGuard guard(shared_->device);
+    std::lock_guard<std::mutex> order(enqueue_m_);
+    Job job{take_event(), std::move(fn), ++next_seq_, nullptr};
+    STRATA_CUDA_CHECK(cudaEventRecord(job.ready, s_));
+    if (!hold_with_mem_op(job.seq)) {
+      job.done = std::make_shared<Completion>();
+      auto* arg = new std::shared_ptr<Completion>(job.done);
+      const cudaError_t e = cudaLaunchHostFunc(s_, &wait_for_worker, arg);
+      if (e != cudaSuccess) {
+        delete arg;
+        STRATA_CUDA_CHECK(e);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
   }
   void record(Event& e) override {
-    STRATA_CUDA_CHECK(cudaSetDevice(dev_));
+    CudaDeviceGuard guard(shared_->device);
     STRATA_CUDA_CHECK(cudaEventRecord(dynamic_cast<CudaEvent&>(e).get(), s_));
   }
   void wait(const Event& e) override {
+    CudaDeviceGuard guard(shared_->device);
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(s_, dynamic_cast<const CudaEvent&>(e).get(), 0));
   }
   void synchronize() override {
@@ -95,47 +318,187 @@ class CudaStream final : public Stream {
 
  private:
   struct Job {
+    cudaEvent_t ready = nullptr;  // recorded after the work before fn
     std::function<void()> fn;
-    CudaStream* self;
+    std::uint32_t seq = 0;             // written to *flag_ once fn has run
+    std::shared_ptr<Completion> done;  // fallback only: what the stream's host function waits for
   };
-  static void CUDART_CB trampoline(void* p) {
-    std::unique_ptr<Job> job(static_cast<Job*>(p));
+
+  // Enqueues "wait until *flag == seq" on the stream; false when the driver cannot (use the fallback).
+  bool hold_with_mem_op(std::uint32_t seq) {
+    if (shared_->wait_value32 == nullptr || shared_->mem_ops_refused.load()) return false;
+    const CUresult r =
+        shared_->wait_value32(reinterpret_cast<CUstream>(s_), dflag_, seq, CU_STREAM_WAIT_VALUE_EQ);
+    if (r == CUDA_SUCCESS) return true;
+    if (r == CUDA_ERROR_NOT_SUPPORTED) {
+      STRATA_WARN_ONCE(
+          "cuda: the driver does not support stream memory operations (cuStreamWaitValue32); "
+          "Stream::host_fn falls back to a host callback that holds the driver's callback "
+          "thread while the function runs");
+      shared_->mem_ops_refused.store(true);
+      return false;
+    }
+    throw_backend(__FILE__, __LINE__, "cuStreamWaitValue32(stream, flag, seq, CU_STREAM_WAIT_VALUE_EQ)",
+                  "CUDA driver", int(r), "stream memory operation failed");
+  }
+
+  cudaEvent_t take_event() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      if (!free_events_.empty()) {
+        cudaEvent_t e = free_events_.back();
+        free_events_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, kEventFlags));
+    return e;
+  }
+
+  void keep_error(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lk(m_);
+    if (!error_) error_ = std::move(e);
+  }
+
+  // The worker: runs each host function once the work recorded before it is done, then releases the
+  // stream. A failure to make the device current or to wait is kept like an exception from fn.
+  void run() {
     try {
-      job->fn();
+      STRATA_CUDA_CHECK(cudaSetDevice(shared_->device));
     } catch (...) {
-      std::lock_guard<std::mutex> lk(job->self->m_);
-      if (!job->self->error_) job->self->error_ = std::current_exception();
+      keep_error(std::current_exception());
+    }
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stop_ and drained
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      try {
+        STRATA_CUDA_CHECK(cudaEventSynchronize(job.ready));
+        job.fn();
+      } catch (...) {
+        keep_error(std::current_exception());
+      }
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        free_events_.push_back(job.ready);
+      }
+      if (job.done) {
+        job.done->set();
+      } else {
+        std::atomic_ref<std::uint32_t>(*flag_).store(job.seq, std::memory_order_release);
+      }
     }
   }
-  int dev_;
+
+  std::shared_ptr<StreamShared> shared_;
   cudaStream_t s_ = nullptr;
+  std::uint32_t* flag_ = nullptr;  // pinned, mapped host word the stream's waits read (1)
+  CUdeviceptr dflag_ = 0;          // its device address
+  std::mutex enqueue_m_;
+  std::uint32_t next_seq_ = 0;  // guarded by enqueue_m_
   std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  std::vector<cudaEvent_t> free_events_;
+  bool stop_ = false;
   std::exception_ptr error_;
+  std::thread worker_;  // started last in the constructor, after the members it uses exist
 };
+
+// ---- NUMA placement of pinned memory (Note [pinned memory placement]) -------------------------------------
+
+class PreferNumaNode {
+ public:
+  explicit PreferNumaNode(int node) {
+    if (node < 0 || static_cast<unsigned long>(node) >= kMaxNodes - 1) return;
+    if (::syscall(SYS_get_mempolicy, &old_mode_, old_mask_, kMaxNodes, nullptr, 0UL) != 0) return;  // unknown
+    unsigned long mask[kWords] = {};
+    mask[node / kBits] = 1UL << (node % kBits);
+    if (::syscall(SYS_set_mempolicy, int(MPOL_PREFERRED), mask, kMaxNodes) != 0) {
+      STRATA_WARN_ONCE("pinned host memory: cannot prefer NUMA node ", node,
+                       " (set_mempolicy: ", errno_text(errno),
+                       "); pinned buffers are placed by the default policy");
+      return;
+    }
+    active_ = true;
+  }
+  ~PreferNumaNode() {
+    if (active_) (void)::syscall(SYS_set_mempolicy, old_mode_, old_mask_, kMaxNodes);
+  }
+  PreferNumaNode(const PreferNumaNode&) = delete;
+  PreferNumaNode& operator=(const PreferNumaNode&) = delete;
+
+ private:
+  static constexpr unsigned long kBits = 8 * sizeof(unsigned long);
+  static constexpr unsigned long kMaxNodes = 1024;
+  static constexpr unsigned long kWords = kMaxNodes / kBits;
+  bool active_ = false;
+  int old_mode_ = 0;
+  unsigned long old_mask_[kWords] = {};
+};
+
+// ---- the device -----------------------------------------------------------------------------------------
+
+constexpr std::size_t kMinHeadroom = std::size_t(256) << 20;
 
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(const DeviceOptions& opts) {
     dev_ = opts.ordinal;
-    STRATA_CUDA_CHECK(cudaSetDevice(dev_));
+    std::string why;
+    const int count = cuda_count(&why);
+    if (dev_ < 0 || dev_ >= count)
+      throw Error(cat("cuda device ordinal ", dev_, " is not visible: ", count, " CUDA device(s) visible",
+                      count == 0 ? cat(" (", why, ")") : std::string(),
+                      "; choose an ordinal below the count (CUDA_VISIBLE_DEVICES renumbers them)"));
+    CudaDeviceGuard guard(dev_);
+    STRATA_CUDA_CHECK(cudaFree(nullptr));  // create the context now, so the free memory below excludes it
     cudaDeviceProp p{};
     STRATA_CUDA_CHECK(cudaGetDeviceProperties(&p, dev_));
+    std::size_t free_b = 0, total_b = 0;
+    STRATA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const std::size_t headroom = std::max(kMinHeadroom, total_b / 50);
+    const std::size_t usable = free_b > headroom ? free_b - headroom : 0;
     caps_.backend = BackendKind::cuda;
     caps_.name = p.name;
     caps_.ordinal = dev_;
     caps_.physical_bytes = p.totalGlobalMem;
-    caps_.capacity =
-        opts.memory_cap ? std::min<std::size_t>(opts.memory_cap, p.totalGlobalMem) : p.totalGlobalMem;
+    caps_.capacity = opts.memory_cap ? std::min(opts.memory_cap, usable) : usable;
+    if (opts.memory_cap > usable)
+      STRATA_LOG_WARN("cuda device ", dev_, ": the configured memory cap ", format_bytes(opts.memory_cap),
+                      " exceeds what is usable (", format_bytes(free_b), " free less ",
+                      format_bytes(headroom), " headroom); using ", format_bytes(usable));
     caps_.cc_major = p.major;
     caps_.cc_minor = p.minor;
     caps_.multiprocessors = p.multiProcessorCount;
     caps_.numa_node = Topology::get().gpu_numa_node(dev_);
     caps_.host_addressable = false;
+    headroom_ = headroom;
+
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev_;
+    STRATA_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+    std::uint64_t keep_all = UINT64_MAX;
+    STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_all));
+    STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking));
+    shared_->device = dev_;
+    shared_->wait_value32 = find_wait_value32();
   }
   ~CudaDevice() override {
-    cudaSetDevice(dev_);
-    for (auto& [p, n] : pinned_) cudaFreeHost(p);
-    for (auto& [p, n] : live_) cudaFree(p);
+    CudaDeviceGuard guard(dev_);
+    for (auto& [p, n] : pinned_) (void)cudaFreeHost(p);
+    for (auto& [p, n] : live_) (void)cudaFreeAsync(p, alloc_stream_);
+    (void)cudaStreamSynchronize(alloc_stream_);
+    (void)cudaStreamDestroy(alloc_stream_);
+    (void)cudaMemPoolDestroy(pool_);
   }
   const DeviceCaps& caps() const override { return caps_; }
 
@@ -144,22 +507,30 @@ class CudaDevice final : public Device {
     {
       std::lock_guard<std::mutex> lk(m_);
       if (bytes > caps_.capacity - std::min(caps_.capacity, stats_.in_use))
-        throw OutOfMemory(device_oom_message(caps_, stats_.in_use, bytes, what, ""));
-      stats_.in_use += bytes;
+        throw OutOfMemory(device_oom_message(caps_, stats_.in_use, bytes, what, capacity_detail()));
+      stats_.in_use += bytes;  // reserve before allocating outside the lock
     }
+    CudaDeviceGuard guard(dev_);
     void* p = nullptr;
-    STRATA_CUDA_CHECK(cudaSetDevice(dev_));
-    cudaError_t e = cudaMalloc(&p, bytes);
+    cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, alloc_stream_);
+    if (e == cudaErrorMemoryAllocation) {  // give the pool's unused memory back and try once more
+      (void)cudaGetLastError();
+      STRATA_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
+      STRATA_CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
+      e = cudaMallocFromPoolAsync(&p, bytes, pool_, alloc_stream_);
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(alloc_stream_);  // usable on every stream
     std::lock_guard<std::mutex> lk(m_);
     if (e != cudaSuccess) {
       stats_.in_use -= bytes;
-      cudaGetLastError();  // clear the sticky-free error state of a failed malloc
+      (void)cudaGetLastError();
       std::size_t free_b = 0, total_b = 0;
-      cudaMemGetInfo(&free_b, &total_b);
-      throw OutOfMemory(device_oom_message(
-          caps_, stats_.in_use, bytes, what,
-          cat("cudaMalloc: ", cudaGetErrorString(e), "; the driver reports ", format_bytes(free_b),
-              " free of ", format_bytes(total_b), " (other processes or CUDA contexts may hold the rest)")));
+      if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+      throw OutOfMemory(
+          device_oom_message(caps_, stats_.in_use, bytes, what,
+                             cat("cudaMallocFromPoolAsync: ", cudaGetErrorString(e), "; the driver reports ",
+                                 format_bytes(free_b), " free of ", format_bytes(total_b),
+                                 " (other processes or libraries may hold the rest)")));
     }
     live_[p] = bytes;
     stats_.allocations = live_.size();
@@ -176,8 +547,8 @@ class CudaDevice final : public Device {
       live_.erase(it);
       stats_.allocations = live_.size();
     }
-    STRATA_CUDA_CHECK(cudaSetDevice(dev_));
-    STRATA_CUDA_CHECK(cudaFree(p));
+    CudaDeviceGuard guard(dev_);
+    STRATA_CUDA_CHECK(cudaFreeAsync(p, alloc_stream_));  // Note [cuda device allocator]: no device sync
   }
   DeviceMemoryStats memory_stats() const override {
     std::lock_guard<std::mutex> lk(m_);
@@ -186,10 +557,14 @@ class CudaDevice final : public Device {
   void* allocate_pinned(std::size_t bytes) override {
     if (bytes == 0) bytes = 1;
     void* p = nullptr;
-    STRATA_CUDA_CHECK(cudaSetDevice(dev_));
-    cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    CudaDeviceGuard guard(dev_);
+    cudaError_t e;
+    {
+      PreferNumaNode near_gpu(caps_.numa_node);
+      e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    }
     if (e != cudaSuccess) {
-      cudaGetLastError();
+      (void)cudaGetLastError();
       throw OutOfMemory(cat("cannot allocate ", format_bytes(bytes),
                             " of pinned host memory (cudaHostAlloc: ", cudaGetErrorString(e),
                             "); lower offload buffer sizes (offload_param.buffer_size / buffer_count, "
@@ -212,17 +587,32 @@ class CudaDevice final : public Device {
     STRATA_CUDA_CHECK(cudaFreeHost(p));
   }
   std::unique_ptr<Stream> create_stream(const std::string& name) override {
-    return std::make_unique<CudaStream>(name, dev_);
+    return std::make_unique<CudaStream>(name, shared_);
   }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(dev_); }
+  // Every stream of this device (host-function errors surface here too, as on the host backend), then the
+  // whole device (work queued on streams the runtime did not create).
   void synchronize() override {
-    STRATA_CUDA_CHECK(cudaSetDevice(dev_));
+    {
+      std::lock_guard<std::mutex> lk(shared_->m);  // keeps every listed stream alive while it drains
+      for (auto& [s, _] : shared_->live) s->synchronize();
+    }
+    CudaDeviceGuard guard(dev_);
     STRATA_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
  private:
+  std::string capacity_detail() const {
+    return cat("the cuda capacity is the memory free at open less ", format_bytes(headroom_),
+               " headroom for CUDA libraries, clamped by the configured cap");
+  }
+
   int dev_ = 0;
   DeviceCaps caps_;
+  std::size_t headroom_ = 0;
+  cudaMemPool_t pool_ = nullptr;
+  cudaStream_t alloc_stream_ = nullptr;  // carries only this device's pool allocations and frees
+  std::shared_ptr<StreamShared> shared_ = std::make_shared<StreamShared>();
   mutable std::mutex m_;
   DeviceMemoryStats stats_;
   std::unordered_map<void*, std::size_t> live_;
@@ -239,7 +629,7 @@ int cuda_count(std::string* why) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
-    cudaGetLastError();
+    (void)cudaGetLastError();
     if (why) *why = cat("cudaGetDeviceCount: ", cudaGetErrorString(e));
     return 0;
   }

@@ -34,8 +34,9 @@ void adamw_update(float* p, const float* g, float* m, float* v, bf16* p_bf16, st
                   const AdamWParams& hp, std::int64_t step, float grad_scale, cudaStream_t stream) {
   const Scalars s = cpu::impl::adamw_scalars(hp, step);
   if (n == 0) return;
+  detail::CudaDeviceGuard guard(stream);
   adamw_kernel<<<impl::blocks_for(n), impl::kThreads, 0, stream>>>(p, g, m, v, p_bf16, n, s, grad_scale);
-  STRATA_KERNEL_CHECK();
+  STRATA_KERNEL_CHECK(stream);
 }
 
 }  // namespace strata::kernels::cuda

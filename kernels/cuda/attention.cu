@@ -146,13 +146,14 @@ void attention_forward(bf16* out, float* att, const bf16* q, const bf16* k, cons
   const Shape sh = checked_shape("attention_forward", B, T, NH, NKV, HD);
   const std::size_t rows = std::size_t(B) * NH * T;
   if (rows == 0) return;
+  detail::CudaDeviceGuard guard(stream);
   const float scale = float(1.0 / std::sqrt(double(HD)));
   scores_kernel<<<impl::blocks_for(rows * T), impl::kThreads, 0, stream>>>(att, q, k, sh, scale);
-  STRATA_KERNEL_CHECK();
+  STRATA_KERNEL_CHECK(stream);
   softmax_kernel<<<unsigned(rows), impl::kThreads, 0, stream>>>(att, T);
-  STRATA_KERNEL_CHECK();
+  STRATA_KERNEL_CHECK(stream);
   weighted_values_kernel<<<impl::blocks_for(rows * HD), impl::kThreads, 0, stream>>>(out, att, v, sh);
-  STRATA_KERNEL_CHECK();
+  STRATA_KERNEL_CHECK(stream);
 }
 
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, float* scratch, const bf16* dout, const bf16* q,
@@ -161,16 +162,17 @@ void attention_backward(bf16* dq, bf16* dk, bf16* dv, float* scratch, const bf16
   const Shape sh = checked_shape("attention_backward", B, T, NH, NKV, HD);
   const std::size_t rows = std::size_t(B) * NH * T;
   if (rows == 0) return;
+  detail::CudaDeviceGuard guard(stream);
   const float scale = float(1.0 / std::sqrt(double(HD)));
   dprobs_kernel<<<impl::blocks_for(rows * T), impl::kThreads, 0, stream>>>(scratch, dout, v, sh);
-  STRATA_KERNEL_CHECK();
+  STRATA_KERNEL_CHECK(stream);
   softmax_backward_kernel<<<unsigned(rows), impl::kThreads, 0, stream>>>(scratch, att, T, scale);
-  STRATA_KERNEL_CHECK();
+  STRATA_KERNEL_CHECK(stream);
   dq_kernel<<<impl::blocks_for(rows * HD), impl::kThreads, 0, stream>>>(dq, scratch, k, sh);
-  STRATA_KERNEL_CHECK();
+  STRATA_KERNEL_CHECK(stream);
   const std::size_t kv = std::size_t(B) * T * NKV * HD;
   dkv_kernel<<<impl::blocks_for(kv), impl::kThreads, 0, stream>>>(dk, dv, scratch, att, q, dout, sh);
-  STRATA_KERNEL_CHECK();
+  STRATA_KERNEL_CHECK(stream);
 }
 
 }  // namespace strata::kernels::cuda

@@ -20,6 +20,64 @@ inline unsigned blocks_for(std::size_t n, int threads = kThreads) {
   return unsigned((n + std::size_t(threads) - 1) / std::size_t(threads));
 }
 
+// ---- element-wise kernels: 8 elements per thread, 16-byte loads
+// -------------------------------------------- Note [vectorised element-wise kernels]: each thread handles
+// the 8 elements [8t, 8t + 8). When every pointer of the call is 16-byte aligned (`vec`, decided on the
+// host), a full group moves as one or two 16-byte loads and stores (8 bf16 or fp16 in one, 8 floats in two);
+// the last, partial group and any unaligned call go element by element. Each element sees the same arithmetic
+// either way, so results do not depend on the path. A thread reads all its elements before writing any, so an
+// output may alias an input of the same element.
+constexpr int kVec = 8;
+
+inline unsigned vec_blocks_for(std::size_t n) {
+  return blocks_for((n + kVec - 1) / kVec);
+}
+
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+template <typename T>
+struct alignas(16) Pack8 {
+  T v[kVec];
+};
+
+// The group of 8 starting at i (a multiple of 8); elements at or past n read as T{}.
+template <typename T>
+__device__ inline Pack8<T> load8(const T* p, std::size_t i, std::size_t n, bool vec) {
+  Pack8<T> r;
+  if (vec && i + kVec <= n) {
+    const uint4* src = reinterpret_cast<const uint4*>(p + i);
+    uint4* dst = reinterpret_cast<uint4*>(&r);
+#pragma unroll
+    for (int k = 0; k < int(sizeof(r) / sizeof(uint4)); ++k) dst[k] = src[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) r.v[k] = i + k < n ? p[i + k] : T{};
+  }
+  return r;
+}
+
+// Stores the group of 8 starting at i; elements at or past n are not written.
+template <typename T>
+__device__ inline void store8(T* p, std::size_t i, std::size_t n, bool vec, const Pack8<T>& r) {
+  if (vec && i + kVec <= n) {
+    const uint4* src = reinterpret_cast<const uint4*>(&r);
+    uint4* dst = reinterpret_cast<uint4*>(p + i);
+#pragma unroll
+    for (int k = 0; k < int(sizeof(r) / sizeof(uint4)); ++k) dst[k] = src[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k)
+      if (i + k < n) p[i + k] = r.v[k];
+  }
+}
+
+// The first element of this thread's group.
+__device__ inline std::size_t group_start() {
+  return (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+}
+
 __device__ inline float ld(const bf16* p, std::size_t i) {
   return __bfloat162float(p[i]);
 }

@@ -4,24 +4,32 @@
 //
 // Example (one block's attention half, forward and backward, on stream s; shapes as in kernels/cpu/ops.h):
 //   namespace kc = strata::kernels::cuda;
-//   kc::Gemm gemm;                                        // cuBLASLt handle + workspace, one per stream
+//   auto dev = strata::open_device({.backend = "cuda"});
+//   kc::Gemm gemm(*dev);                                  // cuBLASLt handle + workspace from dev, one per
+//   stream strata::DeviceBuffer scratch(*dev, kc::rmsnorm_backward_scratch_bytes(N, C), "rmsnorm scratch");
 //   kc::rope_cache(cos, sin, T, HD, 10000.0f, s);         // device tables, the CPU's values
 //   kc::rmsnorm_forward(xn, rstd, x, w_norm, N, C, 1e-5f, s);
 //   kc::linear_forward(gemm, q, xn, wq, N, C, NH * HD, s);
 //   kc::rope_forward(q, q, cos, sin, B, T, NH, HD, s);
 //   kc::attention_forward(y, att, q, k, v, B, T, NH, NKV, HD, s);
 //   ...
-//   kc::attention_backward(dq, dk, dv, scratch, dy, q, k, v, att, B, T, NH, NKV, HD, s);
+//   kc::attention_backward(dq, dk, dv, att_scratch, dy, q, k, v, att, B, T, NH, NKV, HD, s);
 //   kc::linear_backward(gemm, dxn, dwq, dq, xn, wq, N, C, NH * HD, s);   // dxn +=, dwq += (fp32)
+//   kc::rmsnorm_backward(dx, dw, dxn, x, w_norm, rstd, N, C, scratch.data(), scratch.size(), s);
 //
 // Conventions (the CPU header's, with these dtypes):
 //   - activations, weights and activation gradients are bf16 (`bf16*`); every sum is accumulated in fp32;
 //   - parameter gradients are fp32 and ACCUMULATED (+=), so micro-batches add into one buffer;
 //   - input gradients are written or accumulated exactly as the CPU function of the same name says;
 //   - saved statistics (rstd, attention probabilities, score gradients) and losses are fp32;
-//   - every pointer is device memory unless it says otherwise; all work is queued on `stream` and
-//     nothing synchronises the host except rope_cache. Every launch is checked (STRATA_KERNEL_CHECK) and
-//     raises strata::BackendError on failure.
+//   - every pointer is device memory unless it says otherwise; all work is queued on `stream`, on the
+//     device the stream belongs to (whatever device the calling thread has current), and nothing
+//     synchronises the host except rope_cache. Every launch is checked (STRATA_KERNEL_CHECK) and raises
+//     strata::BackendError on failure; STRATA_CUDA_SYNC=1 also reports device faults at their launch;
+//   - nothing here allocates device memory: an op that needs a temporary takes `scratch` (device memory,
+//     at least <op>_scratch_bytes(...) bytes, overwritten, free again once the op's work on the stream
+//     has run) from its caller, who allocates it through strata::Device so the device's count is complete;
+//   - zero-sized shapes do what the CPU functions do (no launch with an empty grid).
 // Token ids and targets are not validated on the device: a token outside [0, V) gives a NaN embedding
 // row (so the loss and the overflow check show it) and a target >= V gives a NaN loss.
 #pragma once
@@ -33,6 +41,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/device.h"
 #include "kernels/cpu/ops.h"
 
 namespace strata::kernels::cuda {
@@ -41,11 +50,16 @@ using bf16 = __nv_bfloat16;  // bf16 storage
 using fp16 = __half;         // fp16 storage (casts only)
 using AdamWParams = strata::kernels::cpu::AdamWParams;
 
-// A cuBLASLt handle and its workspace. Use one per stream (a call may run concurrently with calls on
-// other Gemm objects, not with another call on the same one). Throws BackendError if cuBLASLt fails.
+inline constexpr std::size_t kGemmWorkspaceBytes = std::size_t(32) << 20;  // cuBLASLt's recommendation
+
+// A cuBLASLt handle, its workspace (allocated from `device`, counted there) and the cuBLASLt descriptors
+// and algorithm chosen for each product shape seen so far. Use one per stream (a call may run
+// concurrently with calls on other Gemm objects, not with another call on the same one). Destroy it
+// after the work queued through it has completed and before `device`. Throws BackendError if cuBLASLt
+// fails, OutOfMemory if the workspace does not fit.
 class Gemm {
  public:
-  explicit Gemm(std::size_t workspace_bytes = std::size_t(32) << 20);
+  explicit Gemm(strata::Device& device, std::size_t workspace_bytes = kGemmWorkspaceBytes);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -60,19 +74,26 @@ class Gemm {
 // ---- embedding ---------------------------------------------------------------------------------------
 void embedding_forward(bf16* out /*(N,C)*/, const std::int32_t* tokens /*(N)*/, const bf16* wte /*(V,C)*/,
                        int N, int C, int V, cudaStream_t stream);
-// dwte[tokens[i], :] += dout[i, :] (fp32, accumulates; rows summed in position order: deterministic).
+// dwte[tokens[i], :] += dout[i, :] (fp32, accumulates; each row summed in position order, as on the CPU:
+// deterministic). Positions are grouped by token with a stable radix sort in `scratch`; tokens outside
+// [0, V) are skipped.
+std::size_t embedding_backward_scratch_bytes(int N, int V);
 void embedding_backward(float* dwte /*(V,C) +=*/, const bf16* dout /*(N,C)*/,
-                        const std::int32_t* tokens /*(N)*/, int N, int C, int V, cudaStream_t stream);
+                        const std::int32_t* tokens /*(N)*/, int N, int C, int V, void* scratch,
+                        std::size_t scratch_bytes, cudaStream_t stream);
 
 // ---- RMSNorm --------------------------------------------------------------------------------------------
 void rmsnorm_forward(bf16* out /*(N,C)*/, float* rstd /*(N)*/, const bf16* x /*(N,C)*/, const bf16* w /*(C)*/,
                      int N, int C, float eps, cudaStream_t stream);
-// dx += (bf16, accumulates), dw += (fp32, accumulates; deterministic).
+// dx += (bf16, accumulates), dw += (fp32, accumulates; deterministic: fixed blocks of rows summed in
+// order into `scratch`, then the blocks in order).
+std::size_t rmsnorm_backward_scratch_bytes(int N, int C);
 void rmsnorm_backward(bf16* dx /*(N,C) +=*/, float* dw /*(C) +=*/, const bf16* dout /*(N,C)*/,
                       const bf16* x /*(N,C)*/, const bf16* w /*(C)*/, const float* rstd /*(N)*/, int N, int C,
-                      cudaStream_t stream);
+                      void* scratch, std::size_t scratch_bytes, cudaStream_t stream);
 
 // ---- linear (no bias): out = x W^T, cuBLASLt, fp32 accumulation -------------------------------------------
+// IC = 0 writes out = 0, as the CPU's sgemm with k = 0 does.
 void linear_forward(Gemm& gemm, bf16* out /*(N,OC)*/, const bf16* x /*(N,IC)*/, const bf16* w /*(OC,IC)*/,
                     int N, int IC, int OC, cudaStream_t stream);
 // dx += dout W (bf16, accumulates; nullptr skips it); dw += dout^T x (fp32, accumulates).
@@ -119,7 +140,9 @@ void residual_backward(bf16* da /*(n) +=*/, bf16* db /*(n) +=*/, const bf16* dou
 // ---- cross-entropy fused with its logits gradient --------------------------------------------------------
 // The CPU definition (targets < 0 ignored, mean over the others, dlogits = grad_scale (softmax - onehot) /
 // n_valid). losses (fp32, per row, 0 if ignored) is required; mean_loss receives the mean, summed in a
-// fixed order (deterministic). dlogits may be nullptr (forward only) or alias logits.
+// fixed order (deterministic). dlogits may be nullptr (forward only) or alias logits. As on the CPU, the
+// valid targets are counted in integers and the mean is summed in double; *mean_loss also serves as the
+// count's slot between the kernels, so it must not alias the other buffers.
 void cross_entropy_forward_backward(bf16* dlogits /*(N,V) or nullptr*/, float* losses /*(N)*/,
                                     float* mean_loss /*(1)*/, const bf16* logits /*(N,V)*/,
                                     const std::int32_t* targets /*(N)*/, int N, int V, float grad_scale,
@@ -135,10 +158,12 @@ void cast_f16_to_f32(float* out /*(n)*/, const fp16* in /*(n)*/, std::size_t n, 
 void scale(float* x /*(n)*/, float s, std::size_t n, cudaStream_t stream);
 // *found = 1 if any x is NaN or +-inf, else 0 (written, not accumulated).
 void nonfinite_check(int* found /*(1)*/, const float* x /*(n)*/, std::size_t n, cudaStream_t stream);
-// *out = sum x^2 in double: fixed blocks of 4096 elements, each reduced in a fixed tree, then the block
-// sums in a fixed tree. Deterministic run to run; equal to the CPU's value to double rounding, not bit
-// for bit (the order differs). Uses a stream-ordered temporary allocation (cudaMallocAsync).
-void squared_norm(double* out /*(1)*/, const float* x /*(n)*/, std::size_t n, cudaStream_t stream);
+// *out = sum x^2 in double: fixed blocks of 4096 elements, each reduced in a fixed tree into `scratch`,
+// then the block sums in a fixed tree. Deterministic run to run; equal to the CPU's value to double
+// rounding, not bit for bit (the order differs).
+std::size_t squared_norm_scratch_bytes(std::size_t n);
+void squared_norm(double* out /*(1)*/, const float* x /*(n)*/, std::size_t n, void* scratch,
+                  std::size_t scratch_bytes, cudaStream_t stream);
 // The CPU AdamW (kernels/cpu/ops.h), same fp32 operations with no FMA contraction: bit-identical to it.
 void adamw_update(float* p /*(n)*/, const float* g /*(n)*/, float* m /*(n)*/, float* v /*(n)*/,
                   bf16* p_bf16 /*(n) or nullptr*/, std::size_t n, const AdamWParams& hp, std::int64_t step,

@@ -6,9 +6,14 @@ namespace {
 
 constexpr std::size_t kNormBlock = 4096;  // elements per partial sum, as on the CPU
 
-__global__ void scale_kernel(float* x, float s, std::size_t n) {
-  const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] *= s;
+// 8 floats per thread (Note [vectorised element-wise kernels] in common_impl.cuh).
+__global__ void scale_kernel(float* x, float s, std::size_t n, bool vec) {
+  const std::size_t i = impl::group_start();
+  if (i >= n) return;
+  impl::Pack8<float> v = impl::load8(x, i, n, vec);
+#pragma unroll
+  for (int k = 0; k < impl::kVec; ++k) v.v[k] *= s;
+  impl::store8(x, i, n, vec, v);
 }
 
 __global__ void nonfinite_kernel(int* found, const float* x, std::size_t n) {
@@ -34,34 +39,47 @@ __global__ void norm_total_kernel(double* out, const double* partial, std::size_
   if (threadIdx.x == 0) *out = s;
 }
 
+std::size_t norm_blocks(std::size_t n) {
+  return (n + kNormBlock - 1) / kNormBlock;
+}
+
 }  // namespace
 
 void scale(float* x, float s, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  scale_kernel<<<impl::blocks_for(n), impl::kThreads, 0, stream>>>(x, s, n);
-  STRATA_KERNEL_CHECK();
+  detail::CudaDeviceGuard guard(stream);
+  scale_kernel<<<impl::vec_blocks_for(n), impl::kThreads, 0, stream>>>(x, s, n, impl::aligned16(x));
+  STRATA_KERNEL_CHECK(stream);
 }
 
 void nonfinite_check(int* found, const float* x, std::size_t n, cudaStream_t stream) {
+  detail::CudaDeviceGuard guard(stream);
   STRATA_CUDA_CHECK(cudaMemsetAsync(found, 0, sizeof(int), stream));
   if (n == 0) return;
   nonfinite_kernel<<<impl::blocks_for(n), impl::kThreads, 0, stream>>>(found, x, n);
-  STRATA_KERNEL_CHECK();
+  STRATA_KERNEL_CHECK(stream);
 }
 
-void squared_norm(double* out, const float* x, std::size_t n, cudaStream_t stream) {
+std::size_t squared_norm_scratch_bytes(std::size_t n) {
+  return norm_blocks(n) * sizeof(double);
+}
+
+void squared_norm(double* out, const float* x, std::size_t n, void* scratch, std::size_t scratch_bytes,
+                  cudaStream_t stream) {
+  detail::CudaDeviceGuard guard(stream);
   if (n == 0) {
     STRATA_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream));
     return;
   }
-  const std::size_t blocks = (n + kNormBlock - 1) / kNormBlock;
-  void* partial = nullptr;
-  STRATA_CUDA_CHECK(cudaMallocAsync(&partial, blocks * sizeof(double), stream));
-  norm_partial_kernel<<<unsigned(blocks), impl::kThreads, 0, stream>>>(static_cast<double*>(partial), x, n);
-  STRATA_KERNEL_CHECK();
-  norm_total_kernel<<<1, impl::kThreads, 0, stream>>>(out, static_cast<double*>(partial), blocks);
-  STRATA_KERNEL_CHECK();
-  STRATA_CUDA_CHECK(cudaFreeAsync(partial, stream));
+  STRATA_CHECK(scratch != nullptr && scratch_bytes >= squared_norm_scratch_bytes(n),
+               "squared_norm: scratch of ", scratch_bytes, " bytes, needs squared_norm_scratch_bytes(", n,
+               ") = ", squared_norm_scratch_bytes(n));
+  const std::size_t blocks = norm_blocks(n);
+  double* partial = static_cast<double*>(scratch);
+  norm_partial_kernel<<<unsigned(blocks), impl::kThreads, 0, stream>>>(partial, x, n);
+  STRATA_KERNEL_CHECK(stream);
+  norm_total_kernel<<<1, impl::kThreads, 0, stream>>>(out, partial, blocks);
+  STRATA_KERNEL_CHECK(stream);
 }
 
 }  // namespace strata::kernels::cuda

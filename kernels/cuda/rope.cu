@@ -27,9 +27,10 @@ void rotate(bf16* out, const bf16* x, const float* cos, const float* sin, int B,
   STRATA_CHECK(HD % 2 == 0, "rotary embedding: head width ", HD, " must be even");
   const std::size_t pairs = std::size_t(B) * T * H * (HD / 2);
   if (pairs == 0) return;
+  detail::CudaDeviceGuard guard(stream);
   rope_kernel<<<impl::blocks_for(pairs), impl::kThreads, 0, stream>>>(out, x, cos, sin, T, H, HD, pairs,
                                                                       sign);
-  STRATA_KERNEL_CHECK();
+  STRATA_KERNEL_CHECK(stream);
 }
 
 }  // namespace
@@ -38,6 +39,8 @@ void rope_cache(float* cos, float* sin, int T, int HD, float theta, cudaStream_t
   const std::size_t n = std::size_t(T) * (HD / 2);
   std::vector<float> hc(n), hs(n);
   cpu::rope_cache(hc.data(), hs.data(), T, HD, theta);
+  if (n == 0) return;
+  detail::CudaDeviceGuard guard(stream);
   STRATA_CUDA_CHECK(cudaMemcpyAsync(cos, hc.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));
   STRATA_CUDA_CHECK(cudaMemcpyAsync(sin, hs.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));
   STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host tables die here

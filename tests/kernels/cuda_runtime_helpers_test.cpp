@@ -105,7 +105,8 @@ TEST_F(CudaHelpers, SquaredNormMatchesTheCpu) {
     DeviceBuffer<float> d_x(x);
     DeviceBuffer<double> d_out(1);
     d_out.poison();
-    kc::squared_norm(d_out.get(), d_x.get(), n, stream_);
+    auto s = scratch(kc::squared_norm_scratch_bytes(n));
+    kc::squared_norm(d_out.get(), d_x.get(), n, s.data(), s.size(), stream_);
     const double want = cpu::squared_norm(x.data(), n);
     EXPECT_NEAR(d_out.download()[0], want, 1e-12 * want) << n;
   }

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/device.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 
@@ -86,18 +88,27 @@ inline std::vector<float> random_bf16_values(std::size_t n, std::uint64_t seed, 
   return v;
 }
 
-// A CUDA test: skipped with the reason when no GPU is visible; owns a stream.
+// A CUDA test: skipped with the reason when no GPU is visible; owns a cuda strata::Device (for the Gemm
+// workspace and op scratch, as the runtime allocates them) and a stream on it.
 class CudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string reason = no_gpu_reason();
     if (!reason.empty()) GTEST_SKIP() << reason;
+    device_ = strata::open_device({.backend = "cuda"});
+    STRATA_CUDA_CHECK(cudaSetDevice(device_->caps().ordinal));
     STRATA_CUDA_CHECK(cudaStreamCreate(&stream_));
     seed_ = std::random_device{}();
   }
   void TearDown() override {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
+  // Device memory for an op's scratch (at least one byte), counted by device_.
+  strata::DeviceBuffer scratch(std::size_t bytes) {
+    return strata::DeviceBuffer(*device_, bytes, "test scratch");
+  }
+
+  std::unique_ptr<strata::Device> device_;
   // A new seed per draw, derived from this run's fresh seed (printed by the tests on failure).
   std::uint64_t next_seed() { return seed_ * 1000003ull + draws_++; }
 

@@ -40,6 +40,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace strata::kernels::cpu {
 
 using bf16_t = std::uint16_t;  // bfloat16 bit pattern (1 sign, 8 exponent, 7 mantissa bits)
@@ -147,11 +149,12 @@ void cast_f32_to_bf16(bf16_t* out /*(n)*/, const float* in /*(n)*/, std::size_t 
 void cast_bf16_to_f32(float* out /*(n)*/, const bf16_t* in /*(n)*/, std::size_t n);
 void cast_f32_to_f16(fp16_t* out /*(n)*/, const float* in /*(n)*/, std::size_t n);
 void cast_f16_to_f32(float* out /*(n)*/, const fp16_t* in /*(n)*/, std::size_t n);
-// Single-value forms of the same conversions (the oracle for the bulk forms and the CUDA kernels).
-bf16_t f32_to_bf16(float x);
-float bf16_to_f32(bf16_t x);
-fp16_t f32_to_f16(float x);
-float f16_to_f32(fp16_t x);
+// Single-value forms of the same conversions (the oracle for the bulk forms and the CUDA kernels): the
+// one implementation, core/dtype.h's.
+using strata::bf16_to_f32;
+using strata::f16_to_f32;
+using strata::f32_to_bf16;
+using strata::f32_to_f16;
 
 // x *= s.
 void scale(float* x /*(n)*/, float s, std::size_t n);

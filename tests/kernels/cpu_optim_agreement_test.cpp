@@ -1,5 +1,6 @@
-// kernels' AdamW and casts are the arithmetic of cpu_optim/, bit for bit: the device AdamW (tested
-// against kernels/cpu) then matches the offloaded optimizer too.
+// kernels' AdamW is the arithmetic of cpu_optim/, bit for bit: the device AdamW (tested against
+// kernels/cpu) then matches the offloaded optimizer too. (Their casts are one function, core/dtype.h's;
+// tests/kernels/cast_test.cpp holds the kernels' bulk casts to it.)
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -7,7 +8,6 @@
 #include <vector>
 
 #include "cpu_optim/cpu_optim.h"
-#include "cpu_optim/dtype.h"
 #include "kernels/cpu/ops.h"
 #include "tests/kernels/reference.h"
 
@@ -77,20 +77,6 @@ INSTANTIATE_TEST_SUITE_P(Modes, CpuOptimAgreement,
                                   (m.weight_decay != 0 ? "_wd" : "_nowd") +
                                   (m.grad_scale != 1 ? "_scaled" : "");
                          });
-
-TEST(CpuOptimAgreement, CastsAreBitIdentical) {
-  for (std::uint64_t u = 0; u < (1ull << 32); u += 4099) {
-    const float x = std::bit_cast<float>(std::uint32_t(u));
-    ASSERT_EQ(cpu::f32_to_bf16(x), cpu_optim::f32_to_bf16(x)) << std::hex << u;
-    ASSERT_EQ(cpu::f32_to_f16(x), cpu_optim::f32_to_f16(x)) << std::hex << u;
-  }
-  for (std::uint32_t h = 0; h < 0x10000u; ++h) {
-    ASSERT_EQ(std::bit_cast<std::uint32_t>(cpu::bf16_to_f32(cpu::bf16_t(h))),
-              std::bit_cast<std::uint32_t>(cpu_optim::bf16_to_f32(std::uint16_t(h))));
-    ASSERT_EQ(std::bit_cast<std::uint32_t>(cpu::f16_to_f32(cpu::fp16_t(h))),
-              std::bit_cast<std::uint32_t>(cpu_optim::f16_to_f32(std::uint16_t(h))));
-  }
-}
 
 }  // namespace
 }  // namespace strata::kernels::test

@@ -22,11 +22,16 @@ namespace strata {
 
 // fp32/bf16/fp16: tensors of model state and activations; u8: raw bytes; i32: token ids and targets.
 enum class DType : std::uint8_t { fp32, bf16, fp16, u8, i32 };
+inline constexpr int kDTypeCount = 5;  // DType(0) .. DType(kDTypeCount - 1)
 
 // "fp32", "bf16", "fp16", "u8", "i32".
 const char* dtype_name(DType t);
 constexpr std::size_t dtype_bytes(DType t) {
   return t == DType::fp32 || t == DType::i32 ? 4 : t == DType::u8 ? 1 : 2;
+}
+// fp32, bf16, fp16: the floating-point types, the ones the conversions below take.
+constexpr bool dtype_is_float(DType t) {
+  return t == DType::fp32 || t == DType::bf16 || t == DType::fp16;
 }
 // Parses dtype_name's spelling (and "float32"/"bfloat16"/"float16"/"f32"/"f16"); false for anything else.
 bool parse_dtype(std::string_view s, DType* out);

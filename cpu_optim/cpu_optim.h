@@ -7,7 +7,7 @@
 //   double sum_sq = 0;
 //   bool finite = true;
 //   for (auto& s : shards) {
-//     co::GradStats st = opt.grad_stats(s.grads, co::DType::f32, s.n, 1.0f / loss_scale);
+//     co::GradStats st = opt.grad_stats(s.grads, strata::DType::fp32, s.n, 1.0f / loss_scale);
 //     sum_sq += st.sum_sq;
 //     finite = finite && st.finite;
 //   }
@@ -49,7 +49,7 @@
 //     if (weight_decay != 0) p = p + w_decay * p;     p = p + (-lr) * sign(c)
 //     m = beta2 * m + (1 - beta2) * g
 // (1 - beta) is computed in fp32. bf16 states are widened on load and rounded to nearest even on store;
-// the low-precision output is the new fp32 p rounded to nearest even (dtype.h defines both roundings).
+// the low-precision output is the new fp32 p rounded to nearest even (core/dtype.h defines both roundings).
 //
 // Non-finite gradients. Every update call also checks the scaled gradients and returns false when one is
 // NaN or infinite; by then the shard holds the result of using them. A step that may have to be skipped
@@ -68,7 +68,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_optim/dtype.h"
+#include "core/dtype.h"
 
 namespace strata::cpu_optim {
 
@@ -82,9 +82,9 @@ struct Shard {
   void* exp_avg_sq = nullptr;   // (n) state_dtype: second moment (Adam, AdamW), sum of squares (Adagrad)
   void* out = nullptr;          // (n) out_dtype or null: the new params, rounded, written in the same pass
   std::size_t n = 0;
-  DType grad_dtype = DType::f32;
-  DType state_dtype = DType::f32;  // f32 or bf16
-  DType out_dtype = DType::bf16;   // bf16 or f16; ignored when out is null
+  DType grad_dtype = DType::fp32;
+  DType state_dtype = DType::fp32;  // f32 or bf16
+  DType out_dtype = DType::bf16;    // bf16 or f16; ignored when out is null
 };
 
 // Hyper-parameters, with DeepSpeed's / PyTorch's defaults. Any of them may change between calls.

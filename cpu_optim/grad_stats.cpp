@@ -10,7 +10,7 @@
 #define HWY_TARGET_INCLUDE "cpu_optim/grad_stats.cpp"
 #include "hwy/foreach_target.h"  // must come before highway.h
 
-#include "cpu_optim/dtype.h"
+#include "core/dtype.h"
 #include "cpu_optim/kernels_impl.h"
 #include "cpu_optim/simd-inl.h"
 #include "hwy/highway.h"

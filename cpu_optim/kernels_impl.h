@@ -34,7 +34,7 @@ struct UpdateArgs {
 // Updates elements [begin, end); returns false if any scaled gradient there was not finite.
 using UpdateFn = bool (*)(const UpdateArgs& a, std::size_t begin, std::size_t end);
 
-// Dtype indices: grads 0 fp32, 1 bf16, 2 fp16; states 0 fp32, 1 bf16; out 0 none, 1 bf16, 2 fp16.
+// dtype indices: grads 0 fp32, 1 bf16, 2 fp16; states 0 fp32, 1 bf16; out 0 none, 1 bf16, 2 fp16.
 struct UpdateTable {
   std::int64_t target = 0;  // Highway target bit
   UpdateFn fn[3][2][3] = {};

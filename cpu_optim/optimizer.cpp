@@ -74,8 +74,11 @@ void check_buffer(const void* p, std::size_t n, std::size_t elem, const char* wh
 }
 
 void check_shard(const Shard& s, bool uses_m, bool uses_v, const char* call) {
-  STRATA_CHECK(s.state_dtype != DType::f16, call, ": state_dtype fp16 is not supported; use fp32 or bf16");
-  STRATA_CHECK(s.out == nullptr || s.out_dtype != DType::f32, call,
+  STRATA_CHECK(dtype_is_float(s.grad_dtype), call, ": grad_dtype ", dtype_name(s.grad_dtype),
+               " is not supported; use fp32, bf16 or fp16");
+  STRATA_CHECK(s.state_dtype == DType::fp32 || s.state_dtype == DType::bf16, call, ": state_dtype ",
+               dtype_name(s.state_dtype), " is not supported; use fp32 or bf16");
+  STRATA_CHECK(s.out == nullptr || s.out_dtype == DType::bf16 || s.out_dtype == DType::fp16, call,
                ": out_dtype must be bf16 or fp16 (the fp32 result is already in params)");
   check_buffer(s.params, s.n, 4, "params", call);
   check_buffer(s.grads, s.n, dtype_bytes(s.grad_dtype), "grads", call);
@@ -258,6 +261,8 @@ bool Optimizer::lion(ShardStep& state, const LionParams& hp, std::int64_t step, 
 }
 
 GradStats Optimizer::grad_stats(const void* grads, DType grad_dtype, std::size_t n, float scale) {
+  STRATA_CHECK(dtype_is_float(grad_dtype), "grad_stats: grad_dtype ", dtype_name(grad_dtype),
+               " is not supported; use fp32, bf16 or fp16");
   check_buffer(grads, n, dtype_bytes(grad_dtype), "grads", "grad_stats");
   GradStats out;
   if (n == 0) return out;

@@ -3,7 +3,7 @@
 //
 // Example:
 //   namespace co = strata::cpu_optim;
-//   co::reference::State ref = co::reference::State::from(n, p0, m0, v0, co::DType::f32);
+//   co::reference::State ref = co::reference::State::from(n, p0, m0, v0, strata::DType::fp32);
 //   std::vector<double> g = ...;                 // gradients as the kernel reads them, times grad_scale
 //   co::reference::adam(ref, g, hp, step);       // ref.p, ref.m, ref.v now hold step `step`'s result
 //
@@ -22,7 +22,7 @@ namespace strata::cpu_optim::reference {
 
 struct State {
   std::vector<double> p, m, v;  // (n) each
-  DType state_dtype = DType::f32;
+  DType state_dtype = DType::fp32;
   // (n) Lion only: how far p may legitimately differ from the reference, because sign(c) was decided on
   // a c so close to 0 (|c| <= 1e-5 (|beta1 m| + |(1 - beta1) g|)) that fp32 arithmetic may give the
   // other sign. Each such step adds 2 * lr. Zero elsewhere.
@@ -35,12 +35,14 @@ State make_state(std::size_t n, const float* p, const void* m, const void* v, DT
 // The value of element i of a buffer of dtype t, exactly.
 inline double widen(const void* buf, DType t, std::size_t i) {
   switch (t) {
-    case DType::f32:
+    case DType::fp32:
       return static_cast<const float*>(buf)[i];
     case DType::bf16:
       return bf16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
-    case DType::f16:
+    case DType::fp16:
       return f16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+    default:  // not a floating-point type
+      break;
   }
   return 0.0;
 }

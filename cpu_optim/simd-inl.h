@@ -26,7 +26,7 @@
 #include <cstring>
 #include <utility>
 
-#include "cpu_optim/dtype.h"
+#include "core/dtype.h"
 #include "cpu_optim/kernels_impl.h"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
@@ -42,7 +42,7 @@ using DU = hn::RebindToUnsigned<DF>;  // u32 lanes, one per float
 using DI = hn::RebindToSigned<DF>;
 using DH = hn::Rebind<uint16_t, DF>;  // u16 lanes, one per float (half a vector)
 
-// Dtype indices, as in kernels_impl.h.
+// dtype indices, as in kernels_impl.h.
 inline constexpr int kF32 = 0, kBF16 = 1, kF16 = 2;  // grads, states, outputs (out: 0 means none)
 
 // Hardware fp16 conversions (F16C) exist on x86 from AVX2 up; elsewhere (and where Highway's own
@@ -58,7 +58,7 @@ inline constexpr int kF32 = 0, kBF16 = 1, kF16 = 2;  // grads, states, outputs (
 
 // ---- bf16 / fp16 <-> fp32 on one vector of u32 lanes ----------------------------------------------------
 
-#if HWY_TARGET != HWY_SCALAR  // the scalar target converts with dtype.h directly
+#if HWY_TARGET != HWY_SCALAR  // the scalar target converts with core/dtype.h directly
 
 // bf16 rounding of a v that is not NaN (infinities included), left in the upper 16 bits of each u32
 // lane: round to nearest even. The update loop uses it alone for the output and repairs a block that
@@ -71,14 +71,14 @@ HWY_INLINE hn::Vec<DU> RoundToBF16HighNotNaN(VF v) {
 }
 
 // The same for any v: NaN stays NaN with the quiet bit set (three more operations). Matches f32_to_bf16
-// in dtype.h.
+// in core/dtype.h.
 HWY_INLINE hn::Vec<DU> RoundToBF16High(VF v) {
   const DU du;
   const hn::Vec<DU> quiet = hn::Or(hn::BitCast(du, v), hn::Set(du, 0x00400000u));
   return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, RoundToBF16HighNotNaN(v));
 }
 
-// fp16 rounding of v, in the lower 16 bits of each u32 lane. Matches f32_to_f16 in dtype.h.
+// fp16 rounding of v, in the lower 16 bits of each u32 lane. Matches f32_to_f16 in core/dtype.h.
 HWY_INLINE hn::Vec<DU> RoundToF16Low(VF v) {
   const DU du;
   const DI di;
@@ -102,7 +102,7 @@ HWY_INLINE hn::Vec<DU> RoundToF16Low(VF v) {
   return hn::Or(h, sign);
 }
 
-// fp16 bits (one per u32 lane, upper half zero) to fp32. Matches f16_to_f32 in dtype.h.
+// fp16 bits (one per u32 lane, upper half zero) to fp32. Matches f16_to_f32 in core/dtype.h.
 HWY_INLINE VF F16LowToF32(hn::Vec<DU> h) {
   const DU du;
   const DF df;
@@ -131,7 +131,7 @@ HWY_INLINE void Load2(const void* base, size_t i, VF& a, VF& b) {
   } else {
     const uint16_t* p = static_cast<const uint16_t*>(base) + i;
 #if HWY_TARGET == HWY_SCALAR
-    // One lane: the scalar conversions of dtype.h are the vector ones.
+    // One lane: the scalar conversions of core/dtype.h are the vector ones.
     const auto widen = [](uint16_t h) { return kType == kBF16 ? bf16_to_f32(h) : f16_to_f32(h); };
     a = hn::Set(df, widen(p[0]));
     b = hn::Set(df, widen(p[L]));

@@ -42,7 +42,7 @@ void Engine::Impl::update_chunk(ChunkSlot& s, float* master, float* m, float* v,
   sh.exp_avg_sq = v;
   sh.out = wd == tiering::Dtype::fp32 ? nullptr : out;
   sh.n = n;
-  sh.out_dtype = wd == tiering::Dtype::fp16 ? cpu_optim::DType::f16 : cpu_optim::DType::bf16;
+  sh.out_dtype = wd == tiering::Dtype::fp16 ? DType::fp16 : DType::bf16;
   const OptimizerConfig& o = cfg.optimizer;
   switch (o.type) {
     case OptimizerType::Adam:
@@ -130,7 +130,7 @@ StepResult Engine::Impl::step() {
       s.grads_fresh = false;
       continue;
     }
-    const cpu_optim::GradStats st = opt->grad_stats(s.grad, cpu_optim::DType::f32, s.shard.numel, 1.0f);
+    const cpu_optim::GradStats st = opt->grad_stats(s.grad, DType::fp32, s.shard.numel, 1.0f);
     sum_sq += st.sum_sq;
     finite = finite && st.finite;
   }

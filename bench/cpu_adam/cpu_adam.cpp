@@ -48,16 +48,16 @@ enum class Kind { adamw, adagrad, lion };
 
 struct Combo {
   Kind kind;
-  co::DType grad, state;
+  strata::DType grad, state;
   bool out;
-  co::DType out_dtype = co::DType::bf16;
+  strata::DType out_dtype = strata::DType::bf16;
 };
 
 const char* kind_name(Kind k) {
   return k == Kind::adamw ? "adamw" : k == Kind::adagrad ? "adagrad" : "lion";
 }
-const char* short_name(co::DType t) {
-  return t == co::DType::f32 ? "f32" : t == co::DType::bf16 ? "bf16" : "f16";
+const char* short_name(strata::DType t) {
+  return t == strata::DType::fp32 ? "f32" : t == strata::DType::bf16 ? "bf16" : "f16";
 }
 
 std::string combo_name(const Combo& c) {
@@ -67,7 +67,7 @@ std::string combo_name(const Combo& c) {
 
 // Bytes the update moves per element (see the top).
 double bytes_per_elem(const Combo& c) {
-  const double g = double(co::dtype_bytes(c.grad)), s = double(co::dtype_bytes(c.state));
+  const double g = double(strata::dtype_bytes(c.grad)), s = double(strata::dtype_bytes(c.state));
   const double states = c.kind == Kind::adamw ? 2 : 1;
   return 4 + g + states * s + 4 + states * s + (c.out ? 2 : 0);
 }
@@ -182,21 +182,21 @@ int main(int argc, char** argv) try {
   if (thread_counts.empty()) thread_counts = cores > 1 ? std::vector<int>{1, cores} : std::vector<int>{1};
 
   std::vector<Combo> combos = {
-      {Kind::adamw, co::DType::f32, co::DType::f32, true},   // the headline case
-      {Kind::adamw, co::DType::f32, co::DType::f32, false},  // DeepSpeed's fp32 case
-      {Kind::adamw, co::DType::bf16, co::DType::f32, true},
-      {Kind::adamw, co::DType::f32, co::DType::bf16, true},
-      {Kind::adamw, co::DType::f16, co::DType::f32, true, co::DType::f16},
-      {Kind::adagrad, co::DType::f32, co::DType::f32, true},
-      {Kind::lion, co::DType::f32, co::DType::f32, true},
+      {Kind::adamw, strata::DType::fp32, strata::DType::fp32, true},   // the headline case
+      {Kind::adamw, strata::DType::fp32, strata::DType::fp32, false},  // DeepSpeed's fp32 case
+      {Kind::adamw, strata::DType::bf16, strata::DType::fp32, true},
+      {Kind::adamw, strata::DType::fp32, strata::DType::bf16, true},
+      {Kind::adamw, strata::DType::fp16, strata::DType::fp32, true, strata::DType::fp16},
+      {Kind::adagrad, strata::DType::fp32, strata::DType::fp32, true},
+      {Kind::lion, strata::DType::fp32, strata::DType::fp32, true},
   };
   if (all_combos) {
     combos.clear();
     for (Kind k : {Kind::adamw, Kind::adagrad, Kind::lion})
-      for (co::DType g : {co::DType::f32, co::DType::bf16, co::DType::f16})
-        for (co::DType s : {co::DType::f32, co::DType::bf16})
+      for (strata::DType g : {strata::DType::fp32, strata::DType::bf16, strata::DType::fp16})
+        for (strata::DType s : {strata::DType::fp32, strata::DType::bf16})
           for (int o = 0; o < 3; ++o)
-            combos.push_back({k, g, s, o != 0, o == 2 ? co::DType::f16 : co::DType::bf16});
+            combos.push_back({k, g, s, o != 0, o == 2 ? strata::DType::fp16 : strata::DType::bf16});
   }
 
   // One set of buffers at the largest layout, reused by every combination.
@@ -209,18 +209,18 @@ int main(int argc, char** argv) try {
       const float x = float(int(i % 2001) - 1000) * 1e-3f;
       pp[i] = 1.0f + x;
       const float gx = 0.01f * x + 1e-4f;
-      if (c.grad == co::DType::f32)
+      if (c.grad == strata::DType::fp32)
         static_cast<float*>(g.p)[i] = gx;
-      else if (c.grad == co::DType::bf16)
-        static_cast<std::uint16_t*>(g.p)[i] = co::f32_to_bf16(gx);
+      else if (c.grad == strata::DType::bf16)
+        static_cast<std::uint16_t*>(g.p)[i] = strata::f32_to_bf16(gx);
       else
-        static_cast<std::uint16_t*>(g.p)[i] = co::f32_to_f16(gx);
-      if (c.state == co::DType::f32) {
+        static_cast<std::uint16_t*>(g.p)[i] = strata::f32_to_f16(gx);
+      if (c.state == strata::DType::fp32) {
         static_cast<float*>(m.p)[i] = 0.0f;
         static_cast<float*>(v.p)[i] = 1e-6f;
       } else {
         static_cast<std::uint16_t*>(m.p)[i] = 0;
-        static_cast<std::uint16_t*>(v.p)[i] = co::f32_to_bf16(1e-6f);
+        static_cast<std::uint16_t*>(v.p)[i] = strata::f32_to_bf16(1e-6f);
       }
     }
   };
@@ -263,8 +263,8 @@ int main(int argc, char** argv) try {
                        v.p,
                        c.out ? out.p : nullptr,
                        nullptr,
-                       c.grad == co::DType::f32 ? 0 : 1,
-                       c.state == co::DType::f32 ? 0 : 1,
+                       c.grad == strata::DType::fp32 ? 0 : 1,
+                       c.state == strata::DType::fp32 ? 0 : 1,
                        c.out ? 1 : 0,
                        c.kind == Kind::adamw ? 2 : 1};
         co::ShardStep st;
@@ -330,8 +330,8 @@ int main(int argc, char** argv) try {
         rows.push_back(row);
         print_row(row, row.combo);
 
-        if (unfused && c.kind == Kind::adamw && c.grad == co::DType::f32 && c.state == co::DType::f32 &&
-            c.out) {
+        if (unfused && c.kind == Kind::adamw && c.grad == strata::DType::fp32 &&
+            c.state == strata::DType::fp32 && c.out) {
           sb::Arrays ua = arr;
           ua.tmp = static_cast<float*>(tmp.p);
           const sb::UnfusedScalars s{0.5f, 1.0f - 1e-6f, 0.9f, 0.1f, 0.999f, 0.001f, 1.2f, 1e-8f, -1e-4f};

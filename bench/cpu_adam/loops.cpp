@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "bench/cpu_adam/loops.h"
-#include "cpu_optim/dtype.h"
+#include "core/dtype.h"
 #include "cpu_optim/simd-inl.h"  // the optimizer's own rounding store, for the unfused output pass
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
@@ -47,8 +47,8 @@ HWY_INLINE void Load2(const void* base, size_t i, VF& a, VF& b) {
   } else {
 #if HWY_TARGET == HWY_SCALAR
     const uint16_t* p = static_cast<const uint16_t*>(base) + i;
-    a = hn::Set(df, cpu_optim::bf16_to_f32(p[0]));
-    b = hn::Set(df, cpu_optim::bf16_to_f32(p[L]));
+    a = hn::Set(df, strata::bf16_to_f32(p[0]));
+    b = hn::Set(df, strata::bf16_to_f32(p[L]));
 #else
     const hn::Rebind<uint16_t, DF> dh;
     const hn::RebindToUnsigned<DF> du;

@@ -100,7 +100,7 @@ Split compute_only(const model::ModelConfig& mcfg, const Opts& o) {
     m.backward(chunks);
     const double bw = since(t0);
     t0 = Clock::now();
-    opt.grad_stats(chunks.all_grads(), cpu_optim::DType::f32, n);
+    opt.grad_stats(chunks.all_grads(), strata::DType::fp32, n);
     opt.adam(st, {.lr = 1e-4f}, i + 1,
              {.params = chunks.all_params(),
               .grads = chunks.all_grads(),

@@ -22,7 +22,7 @@ const bool kEnvCleared = [] {
 }();
 
 const char* dtype_tag(DType t) {
-  return t == DType::f32 ? "f32" : t == DType::bf16 ? "bf16" : "f16";
+  return t == DType::fp32 ? "f32" : t == DType::bf16 ? "bf16" : "f16";
 }
 
 }  // namespace
@@ -62,8 +62,8 @@ Case with_out(Case c, Out out) {
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (Opt o : kAllOpts)
-    for (DType g : {DType::f32, DType::bf16, DType::f16})
-      for (DType s : {DType::f32, DType::bf16})
+    for (DType g : {DType::fp32, DType::bf16, DType::fp16})
+      for (DType s : {DType::fp32, DType::bf16})
         for (const std::string& t : compiled_targets()) cases.push_back({o, g, s, Out::none, t});
   return cases;
 }
@@ -71,15 +71,15 @@ std::vector<Case> all_cases() {
 std::vector<Case> dtype_cases() {
   std::vector<Case> cases;
   for (Opt o : kAllOpts)
-    for (DType g : {DType::f32, DType::bf16, DType::f16})
-      for (DType s : {DType::f32, DType::bf16}) cases.push_back({o, g, s, Out::none, ""});
+    for (DType g : {DType::fp32, DType::bf16, DType::fp16})
+      for (DType s : {DType::fp32, DType::bf16}) cases.push_back({o, g, s, Out::none, ""});
   return cases;
 }
 
 std::vector<Case> per_target_cases() {
   std::vector<Case> cases;
   for (const std::string& t : compiled_targets())
-    cases.push_back({Opt::adamw, DType::f32, DType::f32, Out::bf16, t});
+    cases.push_back({Opt::adamw, DType::fp32, DType::fp32, Out::bf16, t});
   return cases;
 }
 
@@ -122,7 +122,7 @@ bool uses_v(Opt o) {
 namespace {
 
 void store(void* buf, DType t, std::size_t i, float x) {
-  if (t == DType::f32)
+  if (t == DType::fp32)
     static_cast<float*>(buf)[i] = x;
   else if (t == DType::bf16)
     static_cast<std::uint16_t*>(buf)[i] = f32_to_bf16(x);
@@ -162,7 +162,7 @@ void TestShard::fill_grads(std::uint64_t seed) {
     const std::uint32_t sign = std::uint32_t(bits & 1);
     const std::uint32_t e = std::uint32_t(((bits >> 1) & 0xffffu) * 14 >> 16);  // 2^(e - 10), e in [0, 13]
     const std::uint32_t mant = std::uint32_t(bits >> 32);
-    if (c.grad == DType::f32) {
+    if (c.grad == DType::fp32) {
       static_cast<std::uint32_t*>(g.get())[i] = (sign << 31) | ((117 + e) << 23) | (mant & 0x7fffffu);
     } else if (c.grad == DType::bf16) {
       static_cast<std::uint16_t*>(g.get())[i] =
@@ -206,13 +206,13 @@ Shard TestShard::shard() const {
   s.n = n;
   s.grad_dtype = c.grad;
   s.state_dtype = c.state;
-  s.out_dtype = c.out == Out::f16 ? DType::f16 : DType::bf16;
+  s.out_dtype = c.out == Out::f16 ? DType::fp16 : DType::bf16;
   return s;
 }
 
 void TestShard::scaled_grads(float scale, std::vector<double>& out_g) const {
   out_g.resize(n);
-  if (c.grad == DType::f32) {
+  if (c.grad == DType::fp32) {
     const float* x = static_cast<const float*>(g.get());
     for (std::size_t i = 0; i < n; ++i) out_g[i] = double(x[i]) * double(scale);
   } else {

@@ -25,8 +25,8 @@ inline constexpr Out kAllOuts[] = {Out::none, Out::bf16, Out::f16};
 
 struct Case {
   Opt opt = Opt::adamw;
-  DType grad = DType::f32;
-  DType state = DType::f32;
+  DType grad = DType::fp32;
+  DType state = DType::fp32;
   Out out = Out::none;
   std::string target;
 };

@@ -109,7 +109,7 @@ TEST_P(SimdConversion, RoundingOfParamsMatchesScalarForEveryProbe) {
   Optimizer opt(options_for(GetParam()));
   std::vector<float> p = probe_values();
   for (Out out : {Out::bf16, Out::f16}) {
-    const Case c{Opt::lion, DType::f32, DType::f32, out, GetParam()};
+    const Case c{Opt::lion, DType::fp32, DType::fp32, out, GetParam()};
     TestShard ts(c, p.size(), true, 1);
     std::memcpy(ts.params(), p.data(), p.size() * 4);
     std::memset(ts.g.get(), 0, p.size() * 4);
@@ -133,8 +133,8 @@ TEST_P(SimdConversion, RoundingOfParamsMatchesScalarForEveryProbe) {
 TEST_P(SimdConversion, WideningOfGradientsMatchesScalarForEveryPattern) {
   STRATA_SKIP_UNLESS_RUNNABLE(GetParam());
   Optimizer opt(options_for(GetParam()));
-  for (DType gt : {DType::bf16, DType::f16}) {
-    const Case c{Opt::lion, gt, DType::f32, Out::none, GetParam()};
+  for (DType gt : {DType::bf16, DType::fp16}) {
+    const Case c{Opt::lion, gt, DType::fp32, Out::none, GetParam()};
     TestShard ts(c, 0x10000, true, 1);
     auto* g = static_cast<std::uint16_t*>(ts.g.get());
     auto* m = static_cast<float*>(ts.m.get());

@@ -12,7 +12,7 @@ std::string best_target() {
 class Errors : public ::testing::Test {
  protected:
   Optimizer opt{options_for(best_target())};
-  Case c{Opt::adamw, DType::f32, DType::f32, Out::bf16, best_target()};
+  Case c{Opt::adamw, DType::fp32, DType::fp32, Out::bf16, best_target()};
   TestShard ts{c, 64, false, 1};
   ShardStep st;
 
@@ -54,11 +54,15 @@ TEST_F(Errors, BuffersAnOptimizerDoesNotUseMayBeNull) {
 
 TEST_F(Errors, UnsupportedDtypesAreRefused) {
   Shard s = ts.shard();
-  s.state_dtype = DType::f16;
+  s.state_dtype = DType::fp16;
   expect_refused<Error>([&] { opt.adam(st, AdamParams{}, 1, s); });
   s = ts.shard();
-  s.out_dtype = DType::f32;
+  s.out_dtype = DType::fp32;
   expect_refused<Error>([&] { opt.adam(st, AdamParams{}, 1, s); });
+  s = ts.shard();
+  s.grad_dtype = DType::i32;
+  expect_refused<Error>([&] { opt.adam(st, AdamParams{}, 1, s); });
+  EXPECT_THROW(opt.grad_stats(s.grads, DType::i32, s.n), Error);
 }
 
 TEST_F(Errors, MisalignedElementPointerIsRefused) {
@@ -88,7 +92,7 @@ TEST_F(Errors, EmptyShardIsAcceptedAndCounted) {
   Shard s;
   EXPECT_TRUE(opt.adam(st, AdamParams{}, 1, s));
   EXPECT_EQ(st.step, 1);
-  EXPECT_TRUE(opt.grad_stats(nullptr, DType::f32, 0).finite);
+  EXPECT_TRUE(opt.grad_stats(nullptr, DType::fp32, 0).finite);
 }
 
 }  // namespace

@@ -12,7 +12,7 @@ float load(const Buf& b, DType t, std::size_t i) {
 }
 
 void store(const Buf& b, DType t, std::size_t i, float x) {
-  if (t == DType::f32)
+  if (t == DType::fp32)
     static_cast<float*>(b.get())[i] = x;
   else if (t == DType::bf16)
     static_cast<std::uint16_t*>(b.get())[i] = f32_to_bf16(x);
@@ -22,7 +22,7 @@ void store(const Buf& b, DType t, std::size_t i, float x) {
 
 void store_out(TestShard& ts, std::size_t i, float p) {
   if (ts.c.out == Out::none) return;
-  store(ts.out, ts.c.out == Out::bf16 ? DType::bf16 : DType::f16, i, p);
+  store(ts.out, ts.c.out == Out::bf16 ? DType::bf16 : DType::fp16, i, p);
 }
 
 }  // namespace
@@ -102,7 +102,7 @@ bool same_bytes(const TestShard& a, const TestShard& b, std::string* where, bool
     const auto* p = static_cast<const std::uint8_t*>(x.get());
     const auto* q = static_cast<const std::uint8_t*>(y.get());
     const auto is_nan = [t](const std::uint8_t* e) {
-      if (t == DType::f32) {
+      if (t == DType::fp32) {
         float f;
         std::memcpy(&f, e, 4);
         return std::isnan(f);
@@ -121,8 +121,8 @@ bool same_bytes(const TestShard& a, const TestShard& b, std::string* where, bool
     return true;
   };
   const std::size_t sb = dtype_bytes(a.c.state);
-  const DType ot = a.c.out == Out::f16 ? DType::f16 : DType::bf16;
-  if (!first_diff(a.p, b.p, 4, "params", DType::f32)) return false;
+  const DType ot = a.c.out == Out::f16 ? DType::fp16 : DType::bf16;
+  if (!first_diff(a.p, b.p, 4, "params", DType::fp32)) return false;
   if (uses_m(a.c.opt) && !first_diff(a.m, b.m, sb, "exp_avg", a.c.state)) return false;
   if (uses_v(a.c.opt) && !first_diff(a.v, b.v, sb, "exp_avg_sq", a.c.state)) return false;
   if (a.c.out != Out::none && !first_diff(a.out, b.out, 2, "out", ot)) return false;

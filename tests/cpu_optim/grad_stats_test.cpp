@@ -17,9 +17,9 @@ class GradStatsTarget : public ::testing::TestWithParam<std::string> {};
 TEST_P(GradStatsTarget, SumOfSquaresMatchesLongDoubleSum) {
   STRATA_SKIP_UNLESS_RUNNABLE(GetParam());
   Optimizer opt(options_for(GetParam()));
-  for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
+  for (DType gt : {DType::fp32, DType::bf16, DType::fp16}) {
     for (std::size_t n : kSizes) {
-      const TestShard ts({Opt::adamw, gt, DType::f32, Out::none, GetParam()}, n, true, n + 3);
+      const TestShard ts({Opt::adamw, gt, DType::fp32, Out::none, GetParam()}, n, true, n + 3);
       const GradStats s = opt.grad_stats(ts.g.get(), gt, n, kGradScale);
       const long double want = reference::sum_sq(ts.g.get(), gt, n, kGradScale);
       EXPECT_TRUE(s.finite);
@@ -32,9 +32,9 @@ TEST_P(GradStatsTarget, SumOfSquaresIsTheSameBitsOnEveryTarget) {
   STRATA_SKIP_UNLESS_RUNNABLE(GetParam());
   const std::string first = supported_targets().back();  // the portable fallback
   Optimizer opt(options_for(GetParam())), base(options_for(first));
-  for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
+  for (DType gt : {DType::fp32, DType::bf16, DType::fp16}) {
     for (std::size_t n : kSizes) {
-      const TestShard ts({Opt::adamw, gt, DType::f32, Out::none, GetParam()}, n, false, n + 5);
+      const TestShard ts({Opt::adamw, gt, DType::fp32, Out::none, GetParam()}, n, false, n + 5);
       const double a = opt.grad_stats(ts.g.get(), gt, n, kGradScale).sum_sq;
       const double b = base.grad_stats(ts.g.get(), gt, n, kGradScale).sum_sq;
       EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << GetParam() << " vs " << first << ", " << dtype_name(gt)

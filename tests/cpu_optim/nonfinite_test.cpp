@@ -20,7 +20,7 @@ std::vector<std::size_t> positions(std::size_t n) {
 }
 
 void put(const TestShard& ts, std::size_t i, float x) {
-  if (ts.c.grad == DType::f32)
+  if (ts.c.grad == DType::fp32)
     static_cast<float*>(ts.g.get())[i] = x;
   else if (ts.c.grad == DType::bf16)
     static_cast<std::uint16_t*>(ts.g.get())[i] = f32_to_bf16(x);
@@ -40,8 +40,8 @@ TEST_P(NonFinite, UpdateReportsNaNOrInfAnywhere) {
   Optimizer opt(options_for(GetParam().target));
   const float bad[] = {std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY,
                        std::bit_cast<float>(0xff800001u) /* signalling NaN, negative */};
-  for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
-    const Case c{GetParam().opt, gt, DType::f32, Out::bf16, GetParam().target};
+  for (DType gt : {DType::fp32, DType::bf16, DType::fp16}) {
+    const Case c{GetParam().opt, gt, DType::fp32, Out::bf16, GetParam().target};
     for (std::size_t n : kSizes) {
       TestShard ts(c, n, true, n);
       ShardStep st;
@@ -64,7 +64,7 @@ TEST_P(NonFinite, UpdateReportsNaNOrInfAnywhere) {
 TEST_P(NonFinite, UpdateReportsFiniteGradientScaledToInfinity) {
   STRATA_SKIP_UNLESS_RUNNABLE(GetParam().target);
   Optimizer opt(options_for(GetParam().target));
-  const Case c{GetParam().opt, DType::f32, DType::f32, Out::none, GetParam().target};
+  const Case c{GetParam().opt, DType::fp32, DType::fp32, Out::none, GetParam().target};
   TestShard ts(c, 1000, false, 3);
   put(ts, 500, 1e30f);
   ShardStep st;
@@ -75,8 +75,8 @@ TEST_P(NonFinite, GradStatsReportsNaNOrInfAnywhere) {
   STRATA_SKIP_UNLESS_RUNNABLE(GetParam().target);
   if (GetParam().opt != Opt::adamw) GTEST_SKIP() << "grad_stats does not depend on the optimizer";
   Optimizer opt(options_for(GetParam().target));
-  for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
-    const Case c{Opt::adamw, gt, DType::f32, Out::none, GetParam().target};
+  for (DType gt : {DType::fp32, DType::bf16, DType::fp16}) {
+    const Case c{Opt::adamw, gt, DType::fp32, Out::none, GetParam().target};
     for (std::size_t n : kSizes) {
       TestShard ts(c, n, true, n);
       ASSERT_TRUE(opt.grad_stats(ts.g.get(), gt, n).finite);

@@ -15,7 +15,7 @@ std::string best_target() {
 
 TEST(ShardStep, RepeatingAStepNumberChangesNothing) {
   Optimizer opt(options_for(best_target()));
-  const Case c{Opt::adamw, DType::f32, DType::f32, Out::bf16, best_target()};
+  const Case c{Opt::adamw, DType::fp32, DType::fp32, Out::bf16, best_target()};
   TestShard ts(c, 5000, false, 1);
   ShardStep st;
   ASSERT_TRUE(run_step(opt, c.opt, st, 1, ts.shard(), 1.0f));
@@ -31,7 +31,7 @@ TEST(ShardStep, RepeatingAStepNumberChangesNothing) {
 
 TEST(ShardStep, RepeatingANonFiniteStepReturnsItsRecordedFlag) {
   Optimizer opt(options_for(best_target()));
-  const Case c{Opt::lion, DType::f32, DType::f32, Out::none, best_target()};
+  const Case c{Opt::lion, DType::fp32, DType::fp32, Out::none, best_target()};
   TestShard ts(c, 100, false, 1);
   static_cast<float*>(ts.g.get())[7] = INFINITY;
   ShardStep st;
@@ -43,7 +43,7 @@ TEST(ShardStep, RepeatingANonFiniteStepReturnsItsRecordedFlag) {
 
 TEST(ShardStep, AStepNumberBehindTheShardIsRefusedAndChangesNothing) {
   Optimizer opt(options_for(best_target()));
-  const Case c{Opt::adamw, DType::f32, DType::f32, Out::none, best_target()};
+  const Case c{Opt::adamw, DType::fp32, DType::fp32, Out::none, best_target()};
   TestShard ts(c, 100, false, 1);
   ShardStep st;
   run_step(opt, c.opt, st, 3, ts.shard(), 1.0f);
@@ -60,7 +60,7 @@ TEST(ShardStep, SubGroupsSteppedOneAtATimeEqualTheWholeShard) {
   Optimizer opt(options_for(best_target()));
   constexpr std::size_t kN = 300000, kCut[] = {0, 70001, 200003, kN};
   for (Opt o : kAllOpts) {
-    const Case c{o, DType::bf16, DType::f32, Out::bf16, best_target()};
+    const Case c{o, DType::bf16, DType::fp32, Out::bf16, best_target()};
     TestShard whole(c, kN, false, 5), parts(c, kN, false, 0, /*fill=*/false);
     parts.copy_from(whole);
     ShardStep whole_step, part_step[3];
@@ -91,7 +91,7 @@ TEST(ShardStep, SubGroupsSteppedOneAtATimeEqualTheWholeShard) {
 
 TEST(ShardStep, ChangedBetasTakeEffectInTheBiasCorrectionsAtOnce) {
   Optimizer opt(options_for(best_target()));
-  const Case c{Opt::adamw, DType::f32, DType::f32, Out::none, best_target()};
+  const Case c{Opt::adamw, DType::fp32, DType::fp32, Out::none, best_target()};
   TestShard ts(c, 4096, false, 8), model(c, 4096, false, 0, /*fill=*/false);
   model.copy_from(ts);
   ShardStep st;

@@ -14,10 +14,10 @@ class ThreadCount : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ThreadCount, UpdatesAreBitIdentical) {
   STRATA_SKIP_UNLESS_RUNNABLE(GetParam());
-  const Case cases[] = {{Opt::adamw, DType::f32, DType::f32, Out::bf16, GetParam()},
+  const Case cases[] = {{Opt::adamw, DType::fp32, DType::fp32, Out::bf16, GetParam()},
                         {Opt::adam_l2, DType::bf16, DType::bf16, Out::f16, GetParam()},
-                        {Opt::adagrad_l2, DType::f16, DType::f32, Out::none, GetParam()},
-                        {Opt::lion_wd, DType::f32, DType::bf16, Out::bf16, GetParam()}};
+                        {Opt::adagrad_l2, DType::fp16, DType::fp32, Out::none, GetParam()},
+                        {Opt::lion_wd, DType::fp32, DType::bf16, Out::bf16, GetParam()}};
   for (const Case& c : cases) {
     const TestShard initial(c, kN, true, 11);
     std::unique_ptr<TestShard> first;
@@ -40,8 +40,8 @@ TEST_P(ThreadCount, UpdatesAreBitIdentical) {
 
 TEST_P(ThreadCount, GradStatsAreBitIdentical) {
   STRATA_SKIP_UNLESS_RUNNABLE(GetParam());
-  for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
-    const TestShard ts({Opt::adamw, gt, DType::f32, Out::none, GetParam()}, kN, true, 12);
+  for (DType gt : {DType::fp32, DType::bf16, DType::fp16}) {
+    const TestShard ts({Opt::adamw, gt, DType::fp32, Out::none, GetParam()}, kN, true, 12);
     double first = 0;
     for (int threads : kThreadCounts) {
       Optimizer opt(options_for(GetParam(), threads));

@@ -102,7 +102,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       e.name = name;
       if (!v["dtype"].is_string()) throw bad("has a non-string dtype");
       e.dtype_name = v["dtype"].get<std::string>();
-      e.dtype_known = parse_dtype(e.dtype_name, &e.dtype);
+      e.dtype_known = parse_safetensors_dtype(e.dtype_name, &e.dtype);
       if (!v["shape"].is_array()) throw bad("has a shape that is not an array");
       for (const json& d : v["shape"]) {
         if (!d.is_number_integer() || d.get<int64_t>() < 0)
@@ -117,9 +117,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       if (e.begin > e.end || e.end > data_bytes)
         throw bad(detail::cat("has data_offsets [", e.begin, ", ", e.end, "] outside the ", data_bytes,
                               "-byte data section"));
-      if (e.dtype_known && e.end - e.begin != e.numel() * dtype_size(e.dtype))
+      if (e.dtype_known && e.end - e.begin != e.numel() * dtype_bytes(e.dtype))
         throw bad(detail::cat("has shape ", shape_str(e.shape), " of ", e.dtype_name, " (",
-                              e.numel() * dtype_size(e.dtype), " bytes) but ", e.end - e.begin,
+                              e.numel() * dtype_bytes(e.dtype), " bytes) but ", e.end - e.begin,
                               " bytes of data"));
       entries_.push_back(std::move(e));
     }
@@ -171,11 +171,14 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Decl> 
   for (const Decl& d : decls_) {
     STRATA_CHECK(seen.insert(d.name).second, "safetensors file ", path, ": tensor '", d.name,
                  "' declared twice");
+    STRATA_CHECK(dtype_is_float(d.dtype), "safetensors file ", path, ": tensor '", d.name, "' is declared ",
+                 dtype_name(d.dtype), "; only fp32, bf16 and fp16 tensors can be written");
     size_t numel = 1;
     for (int64_t s : d.shape) numel *= size_t(s);
-    uint64_t bytes = numel * dtype_size(d.dtype);
-    header[d.name] = {
-        {"dtype", dtype_name(d.dtype)}, {"shape", d.shape}, {"data_offsets", {offset, offset + bytes}}};
+    uint64_t bytes = numel * dtype_bytes(d.dtype);
+    header[d.name] = {{"dtype", safetensors_dtype_name(d.dtype)},
+                      {"shape", d.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
@@ -214,11 +217,11 @@ void SafetensorsWriter::write_f32(std::string_view name, const float* src) {
   size_t numel = 1;
   for (int64_t s : d.shape) numel *= size_t(s);
   constexpr size_t kBlock = size_t(1) << 20;  // elements converted per write
-  std::vector<unsigned char> buf(std::min(numel, kBlock) * dtype_size(d.dtype));
+  std::vector<unsigned char> buf(std::min(numel, kBlock) * dtype_bytes(d.dtype));
   for (size_t i = 0; i < numel; i += kBlock) {
     size_t n = std::min(kBlock, numel - i);
     convert_from_f32(d.dtype, src + i, n, buf.data());
-    put(buf.data(), n * dtype_size(d.dtype));
+    put(buf.data(), n * dtype_bytes(d.dtype));
   }
 }
 

@@ -2,7 +2,7 @@
 // weights under Llama tensor names.
 //
 // Example:
-//   strata::model::save_weights("out/model.safetensors", chunks, strata::model::DType::BF16);
+//   strata::model::save_weights("out/model.safetensors", chunks, strata::DType::bf16);
 //   strata::model::load_weights("llama-2-7b/model.safetensors", chunks);   // InMemoryChunks
 //   // or, for an engine that owns the storage, chunk by chunk:
 //   strata::model::load_weights(path, layout, [&](int chunk, const float* data) { engine.set(chunk, data);
@@ -35,9 +35,9 @@ namespace strata::model {
 
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype_name;    // as written in the file ("F32", "BF16", "I64", ...)
-  bool dtype_known = false;  // one of DType
-  DType dtype = DType::F32;  // valid when dtype_known
+  std::string dtype_name;     // as written in the file ("F32", "BF16", "I64", ...)
+  bool dtype_known = false;   // F32, BF16 or F16 (parse_safetensors_dtype)
+  DType dtype = DType::fp32;  // valid when dtype_known
   std::vector<int64_t> shape;
   uint64_t begin = 0, end = 0;  // byte range inside the data section
   size_t numel() const;
@@ -81,7 +81,7 @@ class SafetensorsWriter {
  public:
   struct Decl {
     std::string name;
-    DType dtype = DType::F32;
+    DType dtype = DType::fp32;  // fp32, bf16 or fp16
     std::vector<int64_t> shape;
   };
   SafetensorsWriter(const std::string& path, std::vector<Decl> decls,

@@ -252,7 +252,7 @@ int run_train(const TrainOpts& o) {
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!o.save.empty()) saved = engine.save_checkpoint(o.save, {{"source", "strata train"}}, &data);
   if (!o.export_path.empty()) {
-    model::save_weights(o.export_path, engine, model::DType::BF16);
+    model::save_weights(o.export_path, engine, DType::bf16);
     std::printf("exported weights to %s\n", o.export_path.c_str());
   }
 

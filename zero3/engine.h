@@ -13,7 +13,7 @@
 //     std::printf("step %lld loss %.4f\n", (long long)r.step, r.loss);
 //   }
 //   engine.save_checkpoint("ckpt", {{"epoch", 1}}, &data);           // ckpt/global_step100, ckpt/latest
-//   strata::model::save_weights("model.safetensors", engine, strata::model::DType::BF16);
+//   strata::model::save_weights("model.safetensors", engine, strata::DType::bf16);
 //
 // Where each tensor of a chunk's shard lives (DESIGN.md §2), from zero_optimization:
 //   working params  offload_param none: device | cpu: pinned host | nvme: NVMe (up to max_in_cpu elements

@@ -26,10 +26,10 @@ std::vector<unsigned char> file_bytes(const std::string& path) {
 void make_representable(InMemoryChunks& ch, DType t) {
   const size_t n = ch.layout().total_padded_numel();
   std::vector<uint16_t> tmp(n);
-  if (t == DType::BF16) {
+  if (t == DType::bf16) {
     kernels::cpu::cast_f32_to_bf16(tmp.data(), ch.all_params(), n);
     kernels::cpu::cast_bf16_to_f32(ch.all_params(), tmp.data(), n);
-  } else if (t == DType::F16) {
+  } else if (t == DType::fp16) {
     kernels::cpu::cast_f32_to_f16(tmp.data(), ch.all_params(), n);
     kernels::cpu::cast_f16_to_f32(ch.all_params(), tmp.data(), n);
   }
@@ -44,7 +44,7 @@ TEST_P(WeightsRoundTrip, SaveThenLoadIsBitExact) {
   InMemoryChunks src{ModelLayout(cfg, {16, 64})};
   src.init(21);
   make_representable(src, dtype);
-  std::string path = testing::scratch_path(std::string("weights_") + dtype_name(dtype) +
+  std::string path = testing::scratch_path(std::string("weights_") + safetensors_dtype_name(dtype) +
                                            (tied ? "_tied" : "") + ".safetensors");
   save_weights(path, src, dtype, {{"step", "12"}});
 
@@ -65,14 +65,14 @@ TEST_P(WeightsRoundTrip, SaveThenLoadIsBitExact) {
   EXPECT_EQ(ModelConfig::from_json(json::parse(r.metadata().at("strata.model_config"))), cfg);
   EXPECT_EQ(r.entries().size(), size_t(tied ? 1 + 9 * cfg.n_layers + 1 : 1 + 9 * cfg.n_layers + 2));
   EXPECT_EQ(r.find("lm_head.weight") != nullptr, !tied);
-  EXPECT_EQ(r.find("model.layers.1.self_attn.k_proj.weight")->dtype_name, dtype_name(dtype));
+  EXPECT_EQ(r.find("model.layers.1.self_attn.k_proj.weight")->dtype_name, safetensors_dtype_name(dtype));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, WeightsRoundTrip,
-                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16, DType::F16),
+                         ::testing::Combine(::testing::Values(DType::fp32, DType::bf16, DType::fp16),
                                             ::testing::Bool()),
                          [](const auto& info) {
-                           return std::string(dtype_name(std::get<0>(info.param))) +
+                           return std::string(safetensors_dtype_name(std::get<0>(info.param))) +
                                   (std::get<1>(info.param) ? "_tied" : "_untied");
                          });
 
@@ -80,7 +80,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, WeightsRoundTrip,
 TEST(Safetensors, FileLayoutFollowsTheFormat) {
   std::string path = testing::scratch_path("layout.safetensors");
   std::vector<float> a = {1.0f, -2.0f, 3.5f}, b = {0.25f, 8.0f};
-  SafetensorsWriter w(path, {{"a", DType::F32, {3}}, {"b", DType::BF16, {1, 2}}});
+  SafetensorsWriter w(path, {{"a", DType::fp32, {3}}, {"b", DType::bf16, {1, 2}}});
   w.write_f32("a", a.data());
   w.write_f32("b", b.data());
   w.finish();
@@ -100,6 +100,12 @@ TEST(Safetensors, FileLayoutFollowsTheFormat) {
   uint16_t b1;
   std::memcpy(&b1, bytes.data() + 8 + n + 12 + 2, 2);
   EXPECT_EQ(b1, 0x4100);  // 8.0 in bf16
+}
+
+// Weights are written as F32, BF16 or F16; a tensor declared as another dtype is refused up front.
+TEST(Safetensors, WriterRefusesNonFloatingPointDtypes) {
+  std::string path = testing::scratch_path("ids.safetensors");
+  EXPECT_THROW(SafetensorsWriter(path, {{"ids", DType::i32, {4}}}), Error);
 }
 
 // A file assembled by hand (not by our writer), with an odd-length header and an unsupported dtype.
@@ -142,7 +148,7 @@ TEST(Safetensors, MissingTensorErrorNamesTheTensorAndTheFile) {
   InMemoryChunks src{ModelLayout(tied)};
   src.init(1);
   std::string path = testing::scratch_path("tied_only.safetensors");
-  save_weights(path, src, DType::F32);
+  save_weights(path, src, DType::fp32);
   InMemoryChunks dst{ModelLayout(untied)};
   try {
     load_weights(path, dst);
@@ -161,7 +167,7 @@ TEST(Safetensors, WrongShapeErrorNamesBothShapes) {
   InMemoryChunks src{ModelLayout(wider)};
   src.init(1);
   std::string path = testing::scratch_path("wider.safetensors");
-  save_weights(path, src, DType::BF16);
+  save_weights(path, src, DType::bf16);
   InMemoryChunks dst{ModelLayout(cfg)};
   try {
     load_weights(path, dst);
@@ -180,7 +186,7 @@ TEST(Safetensors, TiedModelSkipsAnUntiedHead) {
   InMemoryChunks src{ModelLayout(untied)};
   src.init(3);
   std::string path = testing::scratch_path("untied_for_tied.safetensors");
-  save_weights(path, src, DType::F32);
+  save_weights(path, src, DType::fp32);
   InMemoryChunks dst{ModelLayout(tied)};
   EXPECT_NO_THROW(load_weights(path, dst));
   const TensorSpec& e = dst.layout().chunk(0).tensors[kTokEmbeddings];
@@ -202,7 +208,7 @@ TEST(Safetensors, LoadsAShardedCheckpointThroughItsIndex) {
     for (const ChunkLayout& c : layout.chunks())
       for (const TensorSpec& t : c.tensors)
         if ((c.id % 2) == shard) {
-          decls.push_back({t.hf_name, DType::F32, t.shape});
+          decls.push_back({t.hf_name, DType::fp32, t.shape});
           data.push_back(src.params(c.id) + t.offset);
         }
     std::string file = "model-0000" + std::to_string(shard + 1) + "-of-00002.safetensors";
@@ -247,7 +253,7 @@ TEST(Safetensors, WriterRefusesOutOfOrderTensorsAndLeavesNoFile) {
   std::filesystem::remove(path);
   std::vector<float> v(4, 1.0f);
   {
-    SafetensorsWriter w(path, {{"a", DType::F32, {4}}, {"b", DType::F32, {4}}});
+    SafetensorsWriter w(path, {{"a", DType::fp32, {4}}, {"b", DType::fp32, {4}}});
     EXPECT_THROW(w.write_f32("b", v.data()), Error);
     w.write_f32("a", v.data());
     EXPECT_THROW(w.finish(), Error);

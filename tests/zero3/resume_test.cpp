@@ -127,7 +127,7 @@ TEST(Resume, WeightsExportToSafetensors) {
   Trainer t(make_config(OffloadDevice::nvme, OffloadDevice::nvme, d.path()), make_tokens(d));
   t.run(2);
   const std::string path = d / "model.safetensors";
-  model::save_weights(path, t.engine, model::DType::BF16);
+  model::save_weights(path, t.engine, DType::bf16);
   // Read back into an in-memory model: every tensor equals the engine's master rounded to bf16.
   model::InMemoryChunks back{model::ModelLayout(t.mcfg)};
   model::load_weights(path, back);

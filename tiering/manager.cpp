@@ -351,7 +351,7 @@ TensorId TierManager::register_tensor(const TensorDesc& d) {
 
 ShardTensors TierManager::register_shard(const ShardDesc& d) {
   std::lock_guard<std::mutex> lk(impl_->mu);
-  auto one = [&](const char* suffix, Kind k, Dtype dt, Tier home) {
+  auto one = [&](const char* suffix, Kind k, DType dt, Tier home) {
     return impl_->add({.name = d.prefix + "." + suffix,
                        .kind = k,
                        .dtype = dt,
@@ -362,10 +362,10 @@ ShardTensors TierManager::register_shard(const ShardDesc& d) {
   };
   ShardTensors s;
   s.param = one("param", Kind::param, d.working, d.homes.param);
-  s.grad = one("grad", Kind::grad, Dtype::fp32, d.homes.grad);
-  s.master = one("master", Kind::master, Dtype::fp32, d.homes.master);
-  s.exp_avg = one("exp_avg", Kind::exp_avg, Dtype::fp32, d.homes.optim);
-  s.exp_avg_sq = one("exp_avg_sq", Kind::exp_avg_sq, Dtype::fp32, d.homes.optim);
+  s.grad = one("grad", Kind::grad, DType::fp32, d.homes.grad);
+  s.master = one("master", Kind::master, DType::fp32, d.homes.master);
+  s.exp_avg = one("exp_avg", Kind::exp_avg, DType::fp32, d.homes.optim);
+  s.exp_avg_sq = one("exp_avg_sq", Kind::exp_avg_sq, DType::fp32, d.homes.optim);
   return s;
 }
 

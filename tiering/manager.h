@@ -5,7 +5,7 @@
 //   strata::nvme::AioEngine engine(aio);
 //   strata::nvme::SwapStore swap(engine, {.nvme_path = "/local_nvme", .capacity = 64ull << 30});
 //   strata::tiering::TierManager tm(*dev, {.pinned_budget = 8ull << 30}, &swap);
-//   TensorId w = tm.register_tensor({.name = "layers.3.params", .kind = Kind::param, .dtype = Dtype::bf16,
+//   TensorId w = tm.register_tensor({.name = "layers.3.params", .kind = Kind::param, .dtype = DType::bf16,
 //                                    .bytes = n * 2, .home = Tier::nvme});
 //   std::memcpy(tm.allocate(w, Tier::pinned), init, n * 2);    // storage to fill, then say so:
 //   tm.mark_written(w, Tier::pinned);
@@ -92,7 +92,7 @@ AllocatorOptions device_allocator_options(const TierOptions& opts);
 struct TensorDesc {
   std::string name;  // "layers.3.exp_avg"
   Kind kind = Kind::param;
-  Dtype dtype = Dtype::fp32;
+  DType dtype = DType::fp32;
   std::uint64_t bytes = 0;
   Tier home = Tier::device;  // where it lives between uses (DESIGN.md §2, by offload config)
   std::int32_t chunk = -1;   // chunk index, -1 none
@@ -112,7 +112,7 @@ struct ShardDesc {
   std::string prefix;  // "layers.3" -> "layers.3.param", ".grad", ".master", ".exp_avg", ".exp_avg_sq"
   std::int32_t chunk = -1, shard = 0;
   std::uint64_t numel = 0;
-  Dtype working = Dtype::bf16;  // the params' dtype; the other four are fp32
+  DType working = DType::bf16;  // the params' dtype; the other four are fp32
   ShardHomes homes;
 };
 struct ShardTensors {

@@ -291,7 +291,7 @@ std::string format_summary(const Summary& s) {
   os << "\nLargest tensors\n";
   for (const TraceTensor& t : s.largest) {
     std::snprintf(line, sizeof line, "  %-40s %-10s %-5s %12s  home %s\n", t.name.c_str(), to_string(t.kind),
-                  to_string(t.dtype), short_bytes(t.bytes).c_str(), to_string(t.home));
+                  dtype_name(t.dtype), short_bytes(t.bytes).c_str(), to_string(t.home));
     os << line;
   }
   if (s.writer_cpu_ns > 0) {

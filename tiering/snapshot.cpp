@@ -81,7 +81,7 @@ json tensor_json(const TensorSnapshot& t) {
   return {{"id", t.id},
           {"name", t.name},
           {"kind", to_string(t.kind)},
-          {"dtype", to_string(t.dtype)},
+          {"dtype", dtype_name(t.dtype)},
           {"bytes", t.bytes},
           {"home", to_string(t.home)},
           {"chunk", t.chunk},

@@ -44,7 +44,7 @@ struct TensorSnapshot {
   TensorId id = 0;
   std::string name;
   Kind kind = Kind::param;
-  Dtype dtype = Dtype::fp32;
+  DType dtype = DType::fp32;
   std::uint64_t bytes = 0;
   Tier home = Tier::device;
   std::int32_t chunk = -1, shard = 0;

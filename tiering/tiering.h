@@ -17,7 +17,7 @@
 //   std::cout << tm.snapshot().to_json().dump(2);            // {"schema": "strata.memprof", ...}
 //
 // One concern per header:
-//   tiering/types.h              Tier, Kind, Dtype, State, Phase, Stat
+//   tiering/types.h              Tier, Kind, State, Phase, Stat (and DType from core)
 //   tiering/fence.h              Fence: when freed memory may be reused (EventFence, Flag)
 //   tiering/caching_allocator.h  PyTorch-style caching allocator; device and pinned-slab flavours
 //   tiering/pool.h               TierPool: one interface for device, pinned and NVMe memory

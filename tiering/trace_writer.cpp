@@ -110,7 +110,7 @@ void TraceWriter::write_tensor(TensorId id) {
                       {"id", id},
                       {"name", d->name},
                       {"kind", to_string(d->kind)},
-                      {"dtype", to_string(d->dtype)},
+                      {"dtype", dtype_name(d->dtype)},
                       {"bytes", d->bytes},
                       {"home", to_string(d->home)},
                       {"chunk", d->chunk},

@@ -11,7 +11,6 @@ namespace {
 constexpr std::array<const char*, kTierCount> kTierNames = {"device", "pinned", "nvme"};
 constexpr std::array<const char*, kKindCount> kKindNames = {"param",   "grad",       "master",
                                                             "exp_avg", "exp_avg_sq", "staging"};
-constexpr std::array<const char*, 4> kDtypeNames = {"bf16", "fp16", "fp32", "u8"};
 constexpr std::array<const char*, 4> kStateNames = {"absent", "in_flight", "resident", "dirty"};
 constexpr std::array<const char*, 4> kPhaseNames = {"idle", "forward", "backward", "optimizer"};
 
@@ -32,9 +31,6 @@ const char* to_string(Tier t) {
 const char* to_string(Kind k) {
   return kKindNames[std::size_t(k)];
 }
-const char* to_string(Dtype d) {
-  return kDtypeNames[std::size_t(d)];
-}
 const char* to_string(State s) {
   return kStateNames[std::size_t(s)];
 }
@@ -48,27 +44,16 @@ Tier parse_tier(std::string_view name, std::string_view what) {
 Kind parse_kind(std::string_view name, std::string_view what) {
   return parse<Kind>(name, what, kKindNames);
 }
-Dtype parse_dtype(std::string_view name, std::string_view what) {
-  return parse<Dtype>(name, what, kDtypeNames);
+DType parse_dtype(std::string_view name, std::string_view what) {
+  std::array<const char*, kDTypeCount> names;
+  for (std::size_t i = 0; i < names.size(); ++i) names[i] = dtype_name(DType(i));
+  return parse<DType>(name, what, names);
 }
 State parse_state(std::string_view name, std::string_view what) {
   return parse<State>(name, what, kStateNames);
 }
 Phase parse_phase(std::string_view name, std::string_view what) {
   return parse<Phase>(name, what, kPhaseNames);
-}
-
-std::uint64_t dtype_bytes(Dtype d) {
-  switch (d) {
-    case Dtype::bf16:
-    case Dtype::fp16:
-      return 2;
-    case Dtype::fp32:
-      return 4;
-    case Dtype::u8:
-      return 1;
-  }
-  return 1;
 }
 
 }  // namespace strata::tiering

@@ -1,9 +1,11 @@
-// strata/tiering/types.h: the vocabulary of the tier manager — tiers, tensor kinds, dtypes, states,
-// phases — and the typed statistic every counter in the module is made of.
+// strata/tiering/types.h: the vocabulary of the tier manager — tiers, tensor kinds, states, phases (the
+// element type is strata::DType) — and the typed statistic every counter in the module is made of.
 #pragma once
 
 #include <cstdint>
 #include <string_view>
+
+#include "core/dtype.h"
 
 namespace strata::tiering {
 
@@ -15,8 +17,6 @@ inline constexpr int kTierCount = 3;
 // NVMe <-> device passes through, counted so that the pinned tier's bytes always add up.
 enum class Kind : std::uint8_t { param = 0, grad, master, exp_avg, exp_avg_sq, staging };
 inline constexpr int kKindCount = 6;
-
-enum class Dtype : std::uint8_t { bf16, fp16, fp32, u8 };
 
 // A tensor's state, derived from its copies:
 //   absent    no tier holds a valid copy (registered, never written — or its only copy was lost)
@@ -30,18 +30,15 @@ enum class Phase : std::uint8_t { idle, forward, backward, optimizer };
 
 const char* to_string(Tier t);
 const char* to_string(Kind k);
-const char* to_string(Dtype d);
 const char* to_string(State s);
 const char* to_string(Phase p);
-// Parse the names above; an unknown name raises strata::ConfigError listing the allowed ones. `what`
-// names the field or option in that message.
+// Parse the names above (and a dtype's dtype_name); an unknown name raises strata::ConfigError listing the
+// allowed ones. `what` names the field or option in that message.
 Tier parse_tier(std::string_view name, std::string_view what = "tier");
 Kind parse_kind(std::string_view name, std::string_view what = "kind");
-Dtype parse_dtype(std::string_view name, std::string_view what = "dtype");
+DType parse_dtype(std::string_view name, std::string_view what = "dtype");
 State parse_state(std::string_view name, std::string_view what = "state");
 Phase parse_phase(std::string_view name, std::string_view what = "phase");
-
-std::uint64_t dtype_bytes(Dtype d);
 
 // A set of tiers, one bit per Tier.
 using TierMask = std::uint8_t;

@@ -79,7 +79,7 @@ nvme::AioOptions aio_options(const Config& cfg) {
 }  // namespace
 
 std::size_t Engine::Impl::wd_bytes() const {
-  return std::size_t(tiering::dtype_bytes(wd));
+  return std::size_t(dtype_bytes(wd));
 }
 
 Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOptions& o)
@@ -95,9 +95,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
                           ": this engine trains on one process (the single-rank communicator); run with "
                           "world_size 1"));
   comm = make_single_rank();
-  wd = cfg.bf16.enabled   ? tiering::Dtype::bf16
-       : cfg.fp16.enabled ? tiering::Dtype::fp16
-                          : tiering::Dtype::fp32;
+  wd = cfg.bf16.enabled ? DType::bf16 : cfg.fp16.enabled ? DType::fp16 : DType::fp32;
   const auto& z = cfg.zero_optimization;
   homes = tiering::shard_homes(tier_of(z.offload_param.device), tier_of(z.offload_optimizer.device));
   n_states = cfg.optimizer.type == OptimizerType::Adam || cfg.optimizer.type == OptimizerType::AdamW ? 2 : 1;
@@ -359,11 +357,11 @@ void Engine::Impl::init_chunks() {
     model::init_chunk(layout, s.id, seed, full.data());
     const float* mine = full.data() + s.shard.offset;
     writes.push_back(put(s.t.master, homes.master, mine, n * 4));
-    if (wd == tiering::Dtype::fp32) {
+    if (wd == DType::fp32) {
       writes.push_back(put(s.t.param, homes.param, mine, n * 4));
     } else {
       half.resize(n);
-      if (wd == tiering::Dtype::bf16)
+      if (wd == DType::bf16)
         kc::cast_f32_to_bf16(half.data(), mine, n);
       else
         kc::cast_f32_to_f16(half.data(), mine, n);
@@ -393,14 +391,14 @@ void Engine::Impl::init_chunks() {
     // The device-side buffers the model reads and writes (blocks allocated only while in use).
     s.gathered = tm->register_tensor({.name = s.name + ".gathered",
                                       .kind = tiering::Kind::param,
-                                      .dtype = tiering::Dtype::fp32,
+                                      .dtype = DType::fp32,
                                       .bytes = s.numel * sizeof(float),
                                       .home = Tier::device,
                                       .chunk = s.id,
                                       .shard = -1});
     s.gradbuf = tm->register_tensor({.name = s.name + ".gradbuf",
                                      .kind = tiering::Kind::grad,
-                                     .dtype = tiering::Dtype::fp32,
+                                     .dtype = DType::fp32,
                                      .bytes = s.numel * sizeof(float),
                                      .home = Tier::device,
                                      .chunk = s.id,

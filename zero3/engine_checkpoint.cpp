@@ -42,7 +42,7 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
   for (ChunkSlot& s : slots) {
     const std::uint64_t n = s.shard.numel;
     with_host_copy(s.t.param, [&](const void* p) {
-      w.add({.name = s.name + ".param", .dtype = tiering::to_string(wd), .bytes = n * wd_bytes()}, p);
+      w.add({.name = s.name + ".param", .dtype = dtype_name(wd), .bytes = n * wd_bytes()}, p);
     });
     for (tiering::TensorId id : optimizer_tensors(s)) {
       const std::string suffix = id == s.t.master ? "master" : id == s.t.exp_avg ? "exp_avg" : "exp_avg_sq";
@@ -56,7 +56,7 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
       {"applied_steps", applied_steps},
       {"skipped_steps", skipped},
       {"model", mcfg.to_json()},
-      {"working_dtype", tiering::to_string(wd)},
+      {"working_dtype", dtype_name(wd)},
       {"optimizer", optimizer_name(cfg.optimizer.type)},
       {"config", cfg.to_json()},
       {"loss_scaler", scaler.state()},
@@ -83,9 +83,9 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
                           saved.to_json().dump(), "); this run trains '", mcfg.name, "' (",
                           mcfg.to_json().dump(), "). Load it with the same --model"));
   const std::string saved_wd = meta.at("working_dtype").get<std::string>();
-  if (saved_wd != tiering::to_string(wd))
+  if (saved_wd != dtype_name(wd))
     throw ConfigError(cat("checkpoint ", r.path(), " holds ", saved_wd,
-                          " working params; this config trains in ", tiering::to_string(wd),
+                          " working params; this config trains in ", dtype_name(wd),
                           " (bf16.enabled / fp16.enabled must match the saved run)"));
   const std::string saved_opt = meta.at("optimizer").get<std::string>();
   if (saved_opt != optimizer_name(cfg.optimizer.type))

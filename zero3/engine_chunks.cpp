@@ -42,13 +42,13 @@ namespace {
 
 using detail::cat;
 
-void widen(float* dst, const void* src, std::size_t n, tiering::Dtype wd) {
+void widen(float* dst, const void* src, std::size_t n, DType wd) {
   namespace kc = kernels::cpu;
   switch (wd) {
-    case tiering::Dtype::bf16:
+    case DType::bf16:
       kc::cast_bf16_to_f32(dst, static_cast<const kc::bf16_t*>(src), n);
       break;
-    case tiering::Dtype::fp16:
+    case DType::fp16:
       kc::cast_f16_to_f32(dst, static_cast<const kc::fp16_t*>(src), n);
       break;
     default:
@@ -186,7 +186,7 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
   s.error = nullptr;
   float* dst = s.gptr;
   const std::size_t n = s.shard.numel;
-  const tiering::Dtype dtype = wd;
+  const DType dtype = wd;
   std::exception_ptr* err = &s.error;
   // World size 1: this rank's shard is the whole chunk (an all-gather would assemble it here).
   gather_stream->host_fn([read, src, dst, n, dtype, err] {

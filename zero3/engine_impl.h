@@ -148,7 +148,7 @@ struct Engine::Impl final : prefetch::FetchTarget {
   model::ModelConfig mcfg;
   model::ModelLayout layout;
   EngineOptions opts;
-  tiering::Dtype wd = tiering::Dtype::bf16;  // working dtype
+  DType wd = DType::bf16;  // working dtype
   tiering::ShardHomes homes;
   int n_states = 2;  // optimizer state tensors per parameter besides the master (Adam 2, Adagrad 1, Lion 1)
 

@@ -40,9 +40,9 @@ void Engine::Impl::update_chunk(ChunkSlot& s, float* master, float* m, float* v,
   sh.grads = s.grad;
   sh.exp_avg = m;
   sh.exp_avg_sq = v;
-  sh.out = wd == tiering::Dtype::fp32 ? nullptr : out;
+  sh.out = wd == DType::fp32 ? nullptr : out;
   sh.n = n;
-  sh.out_dtype = wd == tiering::Dtype::fp16 ? DType::fp16 : DType::bf16;
+  sh.out_dtype = wd == DType::fp16 ? DType::fp16 : DType::bf16;
   const OptimizerConfig& o = cfg.optimizer;
   switch (o.type) {
     case OptimizerType::Adam:
@@ -70,7 +70,7 @@ void Engine::Impl::update_chunk(ChunkSlot& s, float* master, float* m, float* v,
                 step_no, sh, factor);
       break;
   }
-  if (wd == tiering::Dtype::fp32) std::memcpy(out, master, n * sizeof(float));
+  if (wd == DType::fp32) std::memcpy(out, master, n * sizeof(float));
 }
 
 void* Engine::Impl::param_out(ChunkSlot& s) {

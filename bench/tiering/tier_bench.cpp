@@ -102,7 +102,7 @@ CopyFigures copy_ceiling_and_moves(Device& dev, const Opts& o) {
                        .pinned_budget = 2 * n + (64 << 20),
                        .pinned_slab_bytes = 64 << 20});
   TensorId id = tm.register_tensor(
-      {.name = "moved", .kind = Kind::param, .dtype = Dtype::u8, .bytes = n, .home = Tier::pinned});
+      {.name = "moved", .kind = Kind::param, .dtype = DType::u8, .bytes = n, .home = Tier::pinned});
   std::memset(tm.allocate(id, Tier::pinned), 5, n);
   tm.mark_written(id, Tier::pinned);
 
@@ -306,7 +306,7 @@ double small_moves(Device& dev, const Opts& o, bool traced, int rounds, double* 
   std::vector<TensorId> ids;
   for (int i = 0; i < 16; ++i) {
     ids.push_back(tm.register_tensor(
-        {.name = "small", .kind = Kind::param, .dtype = Dtype::u8, .bytes = n, .home = Tier::pinned}));
+        {.name = "small", .kind = Kind::param, .dtype = DType::u8, .bytes = n, .home = Tier::pinned}));
     std::memset(tm.allocate(ids.back(), Tier::pinned), i, n);
     tm.mark_written(ids.back(), Tier::pinned);
   }

@@ -32,7 +32,7 @@ TEST_P(Memprof, SummaryOfAScriptedSequenceReportsTheKnownSizes) {
     tm->set_step(0, Phase::forward);
     TensorId p = tm->register_tensor({.name = "layers.0.param",
                                       .kind = Kind::param,
-                                      .dtype = Dtype::bf16,
+                                      .dtype = DType::bf16,
                                       .bytes = 1 * MiB,
                                       .home = Tier::nvme});
     write(p, Tier::pinned, random_bytes(1 * MiB, 1));

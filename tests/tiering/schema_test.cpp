@@ -148,5 +148,16 @@ TEST_P(Schema, ReadingSomethingElseOrACutShortTraceSaysWhat) {
 
 STRATA_TIERING_BACKENDS(Schema);
 
+// Traces and snapshots already written spell dtypes this way; they must keep reading back.
+TEST(SchemaDtype, WrittenSpellingsAreTheOnesOldFilesHold) {
+  const std::pair<const char*, DType> spellings[] = {
+      {"bf16", DType::bf16}, {"fp16", DType::fp16}, {"fp32", DType::fp32}, {"u8", DType::u8}};
+  for (const auto& [name, t] : spellings) {
+    EXPECT_STREQ(dtype_name(t), name);
+    EXPECT_EQ(parse_dtype(name), t) << name;
+  }
+  EXPECT_THROW(parse_dtype("BF16", "tensor.dtype"), ConfigError);
+}
+
 }  // namespace
 }  // namespace strata::tiering

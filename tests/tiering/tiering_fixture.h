@@ -102,7 +102,7 @@ class TieringTest : public ::testing::TestWithParam<std::string> {
   TensorId add(const std::string& name, std::uint64_t bytes, Tier home = Tier::pinned,
                Kind kind = Kind::param) {
     return tm->register_tensor(
-        {.name = name, .kind = kind, .dtype = Dtype::u8, .bytes = bytes, .home = home});
+        {.name = name, .kind = kind, .dtype = DType::u8, .bytes = bytes, .home = home});
   }
 
   // Writes `data` as the tensor's only valid copy on `tier` (device or pinned).

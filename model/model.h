@@ -19,7 +19,7 @@
 //     model.backward(chunks);
 //     // optimizer over chunks.all_params() / chunks.all_grads() (kernels::cpu::adamw_update, cpu_optim)
 //   }
-//   save_weights("out/model.safetensors", chunks, DType::BF16);         // safetensors.h
+//   save_weights("out/model.safetensors", chunks, DType::bf16);         // safetensors.h
 //
 // The engine (zero3/) implements ChunkProvider instead of InMemoryChunks; the model code is the same.
 #pragma once

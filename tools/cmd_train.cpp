@@ -173,6 +173,8 @@ int run_train(const TrainOpts& o) {
   zero3::EngineOptions eo;
   eo.backend = o.backend;
   if (!o.device_cap.empty()) eo.device_memory_cap = parse_byte_size(o.device_cap, "--device-memory-cap");
+  eo.seq_len = seq_len;
+  eo.checkpoint_activations = true;
 
   TempTokens tmp;
   std::string tokens = o.data;
@@ -202,7 +204,7 @@ int run_train(const TrainOpts& o) {
                                 .seed = std::uint64_t(cfg.strata.seed),
                                 .drop_last_batch = true,
                                 .vocab_size = mcfg.vocab_size});
-  model::LlamaModel model(mcfg, {.checkpoint_activations = true});
+  model::LlamaModel model(mcfg, engine.model_options());
   if (!o.load.empty()) engine.load_checkpoint(o.load, o.load_tag, &data);
 
   const bool tty = o.progress && ::isatty(STDERR_FILENO);
@@ -220,9 +222,11 @@ int run_train(const TrainOpts& o) {
                                                                              : "nvme",
       engine.device().caps().name.c_str(), human(double(engine.device().caps().capacity)).c_str());
   const zero3::MemoryPlan& plan = engine.plan();
-  std::printf("device plan: state %s + working set %s + chunk cache %s (docs/train.md, \"Device memory\")\n",
-              human(double(plan.device_state)).c_str(), human(double(plan.device_working_set)).c_str(),
-              human(double(plan.device_cache)).c_str());
+  std::printf(
+      "device plan: state %s + working set %s + activations %s + chunk cache %s (docs/train.md, \"Device "
+      "memory\")\n",
+      human(double(plan.device_state)).c_str(), human(double(plan.device_working_set)).c_str(),
+      human(double(plan.device_activations)).c_str(), human(double(plan.device_cache)).c_str());
   std::fflush(stdout);
 
   Progress progress(o.steps, first, tty, cfg.steps_per_print);

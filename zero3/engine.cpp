@@ -131,6 +131,8 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
                            ") cannot train here: the model's forward and backward run on the CPU ops "
                            "(kernels/cpu), which need device memory the CPU can address. Use --backend host "
                            "(strata.backend: \"host\")"));
+  compute_stream = dev->create_stream("zero3-compute");
+  ops = kernels::make_ops(*dev, *compute_stream);
   plan_memory();
   check_fits();
   open_tiers();
@@ -150,6 +152,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
 
 Engine::Impl::~Impl() {
   try {
+    if (compute_stream) compute_stream->synchronize();
     if (grad_stream) grad_stream->synchronize();
     if (gather_stream) gather_stream->synchronize();
   } catch (const std::exception& e) {
@@ -209,8 +212,11 @@ void Engine::Impl::plan_memory() {
     most = std::max(most, held(slots[std::size_t(layout.head_chunk())]) +
                               held(slots[std::size_t(layout.embedding_chunk())]));
   plan.device_working_set = persistent + most;
+  const int T = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
+  plan.device_activations = model::LlamaModel::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu),
+                                                                T, opts.checkpoint_activations, *ops);
   const std::uint64_t cap = dev->caps().capacity;
-  const std::uint64_t need = plan.device_state + plan.device_working_set;
+  const std::uint64_t need = plan.device_state + plan.device_working_set + plan.device_activations;
   plan.device_cache = cap > need ? cap - need : 0;
 
   std::uint64_t staging = 0;
@@ -259,7 +265,7 @@ void Engine::Impl::check_fits() const {
             3 * (1 + n_states), " lets reads, updates and writes of three sub-groups overlap)"));
 
   const DeviceCaps& caps = dev->caps();
-  const std::uint64_t need = plan.device_state + plan.device_working_set;
+  const std::uint64_t need = plan.device_state + plan.device_working_set + plan.device_activations;
   if (need > caps.capacity) {
     std::uint64_t persistent = 0;
     int n_persistent = 0;
@@ -282,9 +288,12 @@ void Engine::Impl::check_fits() const {
         n_persistent > 0 ? cat(", and ", n_persistent, " persistent chunk", n_persistent > 1 ? "s" : "",
                                " of ", gib(persistent), " below stage3_param_persistence_threshold")
                          : std::string(),
-        ") — and the device has ", gib(caps.capacity), " (", caps.name, "). To fit, ", todo,
-        "or raise strata.device_memory_cap (--device-memory-cap) to at least ", need,
-        " bytes (docs/train.md, \"Device memory\")"));
+        "), and ", gib(plan.device_activations), " of activations for a micro-batch of ",
+        cfg.train_micro_batch_size_per_gpu, " x ", opts.seq_len > 0 ? opts.seq_len : mcfg.max_seq_len,
+        " tokens — and the device has ", gib(caps.capacity), " (", caps.name, "). To fit, ", todo,
+        "lower train_micro_batch_size_per_gpu or the sequence length (--seq-len), "
+        "or raise strata.device_memory_cap (--device-memory-cap) to at least ",
+        need, " bytes (docs/train.md, \"Device memory\")"));
   }
   // On the host backend the device is host memory too.
   const std::uint64_t ram = physical_memory();
@@ -322,6 +331,8 @@ void Engine::Impl::open_tiers() {
   }
   tiering::TierOptions to;
   to.pinned_budget = plan.pinned_budget;
+  // The model allocates its activations from the device beside the pool: the pool gets the rest.
+  to.device_budget = dev->caps().capacity - plan.device_activations;
   tm = std::make_unique<tiering::TierManager>(*dev, to, swap.get());
   if (!cfg.strata.memprof.path.empty())
     trace = std::make_unique<tiering::TraceWriter>(
@@ -491,6 +502,14 @@ tiering::TierManager& Engine::tiers() {
 }
 Device& Engine::device() {
   return *impl_->dev;
+}
+kernels::Ops& Engine::ops() {
+  return *impl_->ops;
+}
+model::ModelOptions Engine::model_options() {
+  return {.checkpoint_activations = impl_->opts.checkpoint_activations,
+          .device = impl_->dev.get(),
+          .ops = impl_->ops.get()};
 }
 
 }  // namespace strata::zero3

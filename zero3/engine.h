@@ -5,8 +5,9 @@
 // Example:
 //   strata::Config cfg = strata::Config::load("configs/zero3_cpu.json");
 //   auto mcfg = strata::model::ModelConfig::preset("10m");
-//   strata::zero3::Engine engine(cfg, mcfg, {.backend = "host", .device_memory_cap = 1ull << 30});
-//   strata::model::LlamaModel model(mcfg, {.checkpoint_activations = true});
+//   strata::zero3::Engine engine(cfg, mcfg, {.backend = "host", .device_memory_cap = 1ull << 30,
+//                                             .seq_len = 256});
+//   strata::model::LlamaModel model(mcfg, engine.model_options());   // runs on the engine's device
 //   strata::model::DataLoader data(file, {.batch_size = engine.micro_batch(), .seq_len = 256, ...});
 //   for (int i = 0; i < 100; ++i) {
 //     strata::zero3::StepResult r = engine.train_batch(model, data);  // accumulation steps + optimizer
@@ -48,6 +49,7 @@
 
 #include "core/config.h"
 #include "core/device.h"
+#include "kernels/ops.h"
 #include "model/chunk.h"
 #include "model/config.h"
 #include "model/data_loader.h"
@@ -62,6 +64,11 @@ struct EngineOptions {
   // strata.device_memory_cap (bytes; 0 keeps the config's).
   std::string backend;
   std::uint64_t device_memory_cap = 0;
+  // The tokens per sequence the model will run at (0: the model's max_seq_len) and whether it checkpoints
+  // activations: the device plan reserves the activations of a micro-batch of that shape (what
+  // model::LlamaModel::activation_bytes says for the engine's ops).
+  int seq_len = 0;
+  bool checkpoint_activations = true;
 };
 
 // Seconds of one optimizer step (its accumulation micro-steps included). `wait` is the part of the
@@ -101,6 +108,9 @@ struct MemoryPlan {
   // What is left of the device for the chunk cache (released chunks kept for reuse, prefetches in
   // flight): capacity - device_state - device_working_set. The step never holds more.
   std::uint64_t device_cache = 0;
+  // The model's activations and scratch for one micro-batch of EngineOptions.seq_len tokens, allocated by
+  // the model from the device beside the tier manager's pool (whose budget is capacity - this).
+  std::uint64_t device_activations = 0;
   std::uint64_t pinned_staging = 0;  // NVMe swap buffers (parameters and optimizer sub-groups)
   std::uint64_t pinned_budget = 0;   // what the tier manager's pinned pool may take
   std::uint64_t total_state() const { return device_state + pinned_state + nvme_state; }
@@ -133,6 +143,10 @@ class Engine final : public model::ChunkProvider {
   StepResult step();
   // gradient_accumulation_steps micro-batches from `data`, then step().
   StepResult train_batch(model::LlamaModel& model, model::DataLoader& data);
+  // The compute interface the model must run on (its device memory counts against the cap), and the
+  // ModelOptions that say so: model::LlamaModel model(mcfg, engine.model_options()).
+  kernels::Ops& ops();
+  model::ModelOptions model_options();
   // For a model other than LlamaModel: its acquires between begin_pass and end_pass form one pass (the
   // unit the prefetcher records and replays). forward_backward brackets its pass this way.
   void begin_pass();

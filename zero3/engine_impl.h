@@ -158,7 +158,8 @@ struct Engine::Impl final : prefetch::FetchTarget {
   std::unique_ptr<nvme::SwapStore> swap;
   std::unique_ptr<tiering::TierManager> tm;
   std::unique_ptr<tiering::TraceWriter> trace;
-  std::unique_ptr<Stream> gather_stream, grad_stream;
+  std::unique_ptr<Stream> gather_stream, grad_stream, compute_stream;
+  std::unique_ptr<kernels::Ops> ops;  // on compute_stream: the model's ops
   std::unique_ptr<prefetch::Prefetcher> pf;
   std::unique_ptr<cpu_optim::Optimizer> opt;
   LossScaler scaler;

@@ -178,9 +178,10 @@ Row run_placement(const std::string& p, const model::ModelConfig& mcfg, const Op
   zero3::EngineOptions eo;
   eo.backend = o.backend;
   if (!o.device_cap.empty()) eo.device_memory_cap = parse_byte_size(o.device_cap, "--device-cap");
+  eo.seq_len = o.seq;
   zero3::Engine e(placement_config(p, o), mcfg, eo);
   r.plan = e.plan();
-  model::LlamaModel m(mcfg, {.checkpoint_activations = true});
+  model::LlamaModel m(mcfg, e.model_options());
   for (int i = 0; i <= o.steps; ++i) {
     e.forward_backward(m, random_batch(mcfg, o.batch, o.seq, 100 + std::uint64_t(i)));
     const zero3::StepResult s = e.step();

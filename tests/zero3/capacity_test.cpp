@@ -38,11 +38,11 @@ TEST_P(Capacity, StateTenTimesTheCapTrainsWithOffload) {
   ASSERT_GE(std::uint64_t(mcfg.num_parameters()) * 16, 10 * kCap);
   Config cfg = make_config(off, off, d.path(), {{"gradient_accumulation_steps", 1}});
   kernels::cpu::set_blas_threads(1);
-  Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = kCap});
+  Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = kCap, .seq_len = 16});
   EXPECT_GE(engine.plan().total_state(), 10 * kCap);
   model::TokenFile file = model::TokenFile::open(make_tokens(d));
   model::DataLoader data(file, {.batch_size = 2, .seq_len = 16, .seed = 3, .vocab_size = 256});
-  model::LlamaModel m(mcfg, {.checkpoint_activations = true});
+  model::LlamaModel m(mcfg, engine.model_options());
   std::vector<double> losses;
   for (int i = 0; i < 3; ++i) {
     StepResult r = engine.train_batch(m, data);

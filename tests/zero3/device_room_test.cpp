@@ -77,21 +77,24 @@ Config user_config(Knobs knobs, OffloadDevice off, const std::string& nvme_dir) 
 
 struct Outcome {
   std::vector<double> losses;
-  std::uint64_t device_peak = 0;  // the tier manager's peak of reserved device bytes
+  std::uint64_t device_peak = 0;        // the tier manager's peak of reserved device bytes
+  std::uint64_t device_total_peak = 0;  // the device's own peak: the pool and the model's activations
   std::uint64_t gathers = 0;
   prefetch::PrefetchStats prefetch;
   MemoryPlan plan;
 };
 
 constexpr int kSteps = 10;
+constexpr int kSeqLen = 16;
 
 Outcome train(const Config& cfg, const model::ModelConfig& mcfg, const std::string& tokens,
               std::uint64_t cap) {
   kernels::cpu::set_blas_threads(1);
-  Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = cap});
+  Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = cap, .seq_len = kSeqLen});
   model::TokenFile file = model::TokenFile::open(tokens);
-  model::DataLoader data(file, {.batch_size = 1, .seq_len = 16, .seed = 3, .vocab_size = mcfg.vocab_size});
-  model::LlamaModel m(mcfg, {.checkpoint_activations = true});
+  model::DataLoader data(file,
+                         {.batch_size = 1, .seq_len = kSeqLen, .seed = 3, .vocab_size = mcfg.vocab_size});
+  model::LlamaModel m(mcfg, engine.model_options());
   Outcome o;
   for (int i = 0; i < kSteps; ++i) {
     StepResult r = engine.train_batch(m, data);
@@ -99,7 +102,8 @@ Outcome train(const Config& cfg, const model::ModelConfig& mcfg, const std::stri
     o.losses.push_back(r.loss);
   }
   o.device_peak = engine.tiers().pool_stats(tiering::Tier::device).reserved.peak;
-  EXPECT_LE(engine.device().memory_stats().peak_in_use, engine.device().caps().capacity);
+  o.device_total_peak = engine.device().memory_stats().peak_in_use;
+  EXPECT_LE(o.device_total_peak, engine.device().caps().capacity);
   o.gathers = engine.transfer_stats().gathers;
   o.prefetch = engine.prefetch_stats();
   o.plan = engine.plan();
@@ -108,7 +112,7 @@ Outcome train(const Config& cfg, const model::ModelConfig& mcfg, const std::stri
 
 // The plan of an engine without a cap: the state and working set do not depend on the cap.
 MemoryPlan unconstrained_plan(const Config& cfg, const model::ModelConfig& mcfg) {
-  Engine engine(cfg, mcfg);
+  Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = 0, .seq_len = kSeqLen});
   return engine.plan();
 }
 
@@ -147,8 +151,8 @@ TEST_P(DeviceRoom, TrainsWithinTheCapWithTheUnconstrainedLosses) {
 
   const MemoryPlan p = unconstrained_plan(cfg, mcfg);
   const Sizes sz = sizes(cfg, mcfg);
-  const std::uint64_t min_cap = p.device_state + p.device_working_set;
-  ASSERT_GE(sz.cacheable, 4 * min_cap) << "the gathered chunks should be several times the smallest cap";
+  const std::uint64_t min_cap = p.device_state + p.device_working_set + p.device_activations;
+  ASSERT_GE(sz.cacheable, 2 * min_cap) << "the gathered chunks should be several times the smallest cap";
   const std::uint64_t cap = min_cap + (room == Room::none    ? 0
                                        : room == Room::one   ? sz.block
                                        : room == Room::three ? 3 * sz.block
@@ -160,9 +164,11 @@ TEST_P(DeviceRoom, TrainsWithinTheCapWithTheUnconstrainedLosses) {
   EXPECT_EQ(o.losses, free_run.losses) << "losses differ from the unconstrained run's";
   EXPECT_LE(o.device_peak, cap);
   EXPECT_EQ(o.plan.device_cache, cap - min_cap);
-  // At the smallest cap the step peaks at exactly what the plan says: the plan is not padded.
+  // At the smallest cap the step peaks at exactly what the plan says: the plan is not padded. (The tier
+  // manager's pool holds state, working set and cache; the model's activations are beside it.)
   if (room == Room::none) {
-    EXPECT_EQ(o.device_peak, min_cap);
+    EXPECT_EQ(o.device_peak, min_cap - o.plan.device_activations);
+    EXPECT_EQ(o.device_total_peak, min_cap);
   }
 }
 
@@ -173,7 +179,7 @@ TEST_P(DeviceRoom, PrefetchesWithoutThrashing) {
   const Config cfg = user_config(knobs, off, d.path());
   const MemoryPlan p = unconstrained_plan(cfg, mcfg);
   const Sizes sz = sizes(cfg, mcfg);
-  const std::uint64_t min_cap = p.device_state + p.device_working_set;
+  const std::uint64_t min_cap = p.device_state + p.device_working_set + p.device_activations;
   const std::uint64_t cap = min_cap + (room == Room::none    ? 0
                                        : room == Room::one   ? sz.block
                                        : room == Room::three ? 3 * sz.block
@@ -213,9 +219,10 @@ TEST(DeviceRoom, OneByteBelowThePlanIsRefusedBeforeTraining) {
   const model::ModelConfig mcfg = deep_model();
   const Config cfg = user_config(Knobs::stock, OffloadDevice::cpu, d.path());
   const MemoryPlan p = unconstrained_plan(cfg, mcfg);
-  const std::uint64_t min_cap = p.device_state + p.device_working_set;
-  EXPECT_THROW(Engine(cfg, mcfg, {.backend = "", .device_memory_cap = min_cap - 1}), OutOfMemory);
-  EXPECT_NO_THROW(Engine(cfg, mcfg, {.backend = "", .device_memory_cap = min_cap}));
+  const std::uint64_t min_cap = p.device_state + p.device_working_set + p.device_activations;
+  EXPECT_THROW(Engine(cfg, mcfg, {.backend = "", .device_memory_cap = min_cap - 1, .seq_len = kSeqLen}),
+               OutOfMemory);
+  EXPECT_NO_THROW(Engine(cfg, mcfg, {.backend = "", .device_memory_cap = min_cap, .seq_len = kSeqLen}));
 }
 
 // State on the device (offload_param or offload_optimizer "none") shares the device with the working set
@@ -242,7 +249,7 @@ TEST_P(DeviceState, EveryCapFromThePlanUpTrains) {
   const std::string tokens = make_tokens(d);
   const MemoryPlan p = unconstrained_plan(cfg, mcfg);
   ASSERT_GT(p.device_state, 0u);
-  const std::uint64_t min_cap = p.device_state + p.device_working_set;
+  const std::uint64_t min_cap = p.device_state + p.device_working_set + p.device_activations;
   const Outcome free_run = train(cfg, mcfg, tokens, 0);
   for (int pct = 0; pct <= 20; pct += 2) {
     const std::uint64_t cap = min_cap + min_cap * std::uint64_t(pct) / 100;

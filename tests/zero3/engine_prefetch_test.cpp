@@ -19,10 +19,10 @@ TEST_P(EnginePrefetch, NoMissesAfterTheFirstStep) {
   Config cfg = make_config(GetParam(), OffloadDevice::cpu, d.path(),
                            {{"zero_optimization", {{"stage3_max_reuse_distance", 0}}}});
   const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
-  Engine engine(cfg, mcfg);
+  Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = 0, .seq_len = 32});
   model::TokenFile file = model::TokenFile::open(make_tokens(d));
   model::DataLoader data(file, {.batch_size = 2, .seq_len = 32, .seed = 3, .vocab_size = 256});
-  model::LlamaModel m(mcfg, {.checkpoint_activations = true});
+  model::LlamaModel m(mcfg, engine.model_options());
   engine.train_batch(m, data);
   const prefetch::PrefetchStats first = engine.prefetch_stats();
   EXPECT_GT(first.recording_fetches, 0u);

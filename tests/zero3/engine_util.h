@@ -68,12 +68,13 @@ struct Run {
 inline Run train(const Config& cfg, const model::ModelConfig& mcfg, const std::string& tokens, int steps,
                  int seq_len = 32, EngineOptions opts = {}) {
   kernels::cpu::set_blas_threads(1);  // one fixed thread count: matrix products are then bit-reproducible
+  if (opts.seq_len == 0) opts.seq_len = seq_len;
   Engine engine(cfg, mcfg, opts);
   model::TokenFile file = model::TokenFile::open(tokens);
   model::DataLoader data(
       file,
       {.batch_size = engine.micro_batch(), .seq_len = seq_len, .seed = 3, .vocab_size = mcfg.vocab_size});
-  model::LlamaModel m(mcfg, {.checkpoint_activations = true});
+  model::LlamaModel m(mcfg, engine.model_options());
   Run r;
   for (int i = 0; i < steps; ++i) {
     StepResult s = engine.train_batch(m, data);

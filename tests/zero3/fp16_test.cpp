@@ -23,10 +23,10 @@ TEST_P(Fp16, OverflowSkipsTheStepAndLowersTheScale) {
                            {{"bf16", {{"enabled", false}}},
                             {"fp16", {{"enabled", true}, {"initial_scale_power", 12}, {"hysteresis", 1}}}});
   const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
-  Engine engine(cfg, mcfg);
+  Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = 0, .seq_len = 32});
   model::TokenFile file = model::TokenFile::open(make_tokens(d));
   model::DataLoader data(file, {.batch_size = 2, .seq_len = 32, .seed = 3, .vocab_size = 256});
-  model::LlamaModel m(mcfg, {.checkpoint_activations = true});
+  model::LlamaModel m(mcfg, engine.model_options());
   EXPECT_EQ(engine.loss_scale(), 4096.0);
   StepResult ok = engine.train_batch(m, data);
   EXPECT_TRUE(ok.applied);

@@ -23,9 +23,11 @@
 //     cos/sin tables: fp32; token ids and targets: i32;
 //   - every buffer is device memory of the Stream's device (on the host backend that is host memory).
 // Ordering: ops run in the order of `stream()`: after the work already enqueued on it, before any enqueued
-// later. On cuda they are kernel launches and return at once; the CPU implementation waits for the
-// stream's earlier work, then computes on the calling thread (Note [CPU ops in stream order] in
-// kernels/cpu_ops.cpp), so callers write one stream-ordered program for both.
+// later, and the call returns at once (cuda: a kernel launch; CPU: a host function on the stream's worker
+// thread, Note [CPU ops on the stream] in kernels/cpu_ops.cpp). Buffers must stay allocated, and inputs
+// unchanged, until the stream has run the op: free them after an event recorded on the stream, or after
+// synchronizing it. Callers write one stream-ordered program for both backends. A `cast` input may also
+// be pinned host memory from the same Device (device-accessible on both backends).
 // Errors: a wrong dtype or a buffer smaller than the shape needs is a programming error (STRATA_CHECK);
 // a device failure raises BackendError. Tokens outside [0, V) raise strata::Error on the CPU and give NaN
 // rows on cuda (kernels/cuda/ops.h).

@@ -228,8 +228,8 @@ Tensor LlamaModel::weight(const ChunkView& p, int index) const {
   const TensorSpec& t = p.layout->tensors[size_t(index)];
   STRATA_CHECK(p.dtype == act_, "LlamaModel: chunk ", p.layout->name, " is gathered as ", dtype_name(p.dtype),
                ", the ops compute in ", dtype_name(act_));
-  return Tensor{reinterpret_cast<char*>(const_cast<float*>(p.data)) + t.offset * dtype_bytes(p.dtype), p.dtype,
-                t.numel};
+  return Tensor{reinterpret_cast<char*>(const_cast<float*>(p.data)) + t.offset * dtype_bytes(p.dtype),
+                p.dtype, t.numel};
 }
 
 Tensor LlamaModel::grad(const ChunkView& p, float* g, int index) {
@@ -485,6 +485,9 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
                            V);
     });
   }
+  // The gradients are complete when backward returns (a provider that hands out its own accumulator
+  // reads them next); an op's failure surfaces here.
+  o.stream().synchronize();
 }
 
 }  // namespace strata::model

@@ -146,6 +146,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
                                                                   .threads = int(cfg.strata.threads),
                                                                   .pin = cfg.strata.cpu_optim.pin_threads});
   gather_stream = dev->create_stream("zero3-gather");
+  gather_ops = kernels::make_ops(*dev, *gather_stream);
   grad_stream = dev->create_stream("zero3-grads");
   init_chunks();
 }

@@ -42,20 +42,6 @@ namespace {
 
 using detail::cat;
 
-void widen(float* dst, const void* src, std::size_t n, DType wd) {
-  namespace kc = kernels::cpu;
-  switch (wd) {
-    case DType::bf16:
-      kc::cast_bf16_to_f32(dst, static_cast<const kc::bf16_t*>(src), n);
-      break;
-    case DType::fp16:
-      kc::cast_f16_to_f32(dst, static_cast<const kc::fp16_t*>(src), n);
-      break;
-    default:
-      std::memcpy(dst, src, n * sizeof(float));
-  }
-}
-
 void accumulate(float* dst, const float* src, std::size_t n, bool fresh) {
   if (fresh) {
     std::memcpy(dst, src, n * sizeof(float));
@@ -184,19 +170,22 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
   }
   if (!s.ready) s.ready = dev->create_event();
   s.error = nullptr;
-  float* dst = s.gptr;
   const std::size_t n = s.shard.numel;
-  const DType dtype = wd;
   std::exception_ptr* err = &s.error;
-  // World size 1: this rank's shard is the whole chunk (an all-gather would assemble it here).
-  gather_stream->host_fn([read, src, dst, n, dtype, err] {
-    try {
-      read.wait();
-      widen(dst, src, n, dtype);
-    } catch (...) {
-      *err = std::current_exception();
-    }
-  });
+  if (read) {
+    // The NVMe read must land in the pinned copy before the cast reads it; its failure is kept for the
+    // acquire that waits for this gather.
+    gather_stream->host_fn([read, err] {
+      try {
+        read.wait();
+      } catch (...) {
+        *err = std::current_exception();
+      }
+    });
+  }
+  // World size 1: this rank's shard is the whole chunk (an all-gather would assemble it here). The source
+  // is device memory or pinned host memory; the cast widens it to the ops' dtype on the gather stream.
+  gather_ops->cast(kernels::Tensor{s.gptr, DType::fp32, n}, kernels::Tensor{const_cast<void*>(src), wd, n});
   gather_stream->record(*s.ready);
   s.g = ChunkSlot::Gather::in_flight;
   ++transfers.gathers;
@@ -251,8 +240,9 @@ void Engine::Impl::wait_fetch(int c) {
 
 void Engine::Impl::drop_gathered(ChunkSlot& s) {
   if (s.g == ChunkSlot::Gather::in_flight) s.ready->synchronize(), finish_fetch(s);
-  // Never marked valid on the device (nothing moves it), so this frees the block without a copy.
-  if (s.gptr) tm->evict(s.gathered, Tier::device, Tier::pinned);
+  // Never marked valid on the device (nothing moves it), so this frees the block without a copy — once
+  // the compute stream has run the ops that read it (enqueued before its release).
+  if (s.gptr) tm->evict(s.gathered, Tier::device, Tier::pinned, s.computed.get());
   s.gptr = nullptr;
   s.g = ChunkSlot::Gather::absent;
 }
@@ -299,6 +289,8 @@ void Engine::Impl::release(int c) {
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.g == ChunkSlot::Gather::held, "zero3: chunk ", s.name, " released but not held");
   s.g = ChunkSlot::Gather::ready;
+  if (!s.computed) s.computed = dev->create_event();
+  compute_stream->record(*s.computed);  // the last op reading the gathered copy
   const bool keep = in_pass && (s.persistent || pf->keep_after_release(c)) &&
                     live_numel() <= cfg.zero_optimization.stage3_max_live_parameters;
   if (!keep) {
@@ -314,7 +306,7 @@ float* Engine::Impl::acquire_grads(int c) {
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.gbuf == nullptr, "zero3: gradients of chunk ", s.name, " acquired while held");
   s.gbuf = static_cast<float*>(device_alloc(s.gradbuf, true));
-  std::memset(s.gbuf, 0, s.numel * sizeof(float));
+  ops->zero(kernels::Tensor{s.gbuf, DType::fp32, s.numel});  // on the compute stream, before the model's ops
   return s.gbuf;
 }
 
@@ -329,9 +321,20 @@ void Engine::Impl::release_grads(int c) {
   ++transfers.grad_handoffs;
   transfers.grad_bytes += n * sizeof(float);
   if (homes.grad == Tier::device) {
-    accumulate(s.grad, src, n, fresh);
-    tm->evict(s.gradbuf, Tier::device, Tier::pinned);  // frees the block (never valid: no copy)
+    // On the compute stream, after the model's ops: copy into the empty shard or add to it.
+    const kernels::Tensor to{s.grad, DType::fp32, n}, from{const_cast<float*>(src), DType::fp32, n};
+    if (fresh)
+      ops->cast(to, from);
+    else
+      ops->add(to, from);
+    auto done = dev->create_event();
+    compute_stream->record(*done);
+    tm->evict(s.gradbuf, Tier::device, Tier::pinned, done.get());  // frees the block (never valid: no copy)
   } else {
+    // The gradient stream waits for the model's ops, then adds on the host into the pinned shard.
+    auto computed = dev->create_event();
+    compute_stream->record(*computed);
+    grad_stream->wait(*computed);
     float* dst = s.grad;
     grad_stream->host_fn([this, dst, src, n, fresh] {
       try {
@@ -350,6 +353,7 @@ void Engine::Impl::release_grads(int c) {
 
 void Engine::Impl::sync_grads() {
   auto t0 = Clock::now();
+  compute_stream->synchronize();  // gradients at home on the device are added there
   grad_stream->synchronize();
   times.wait += seconds_since(t0);
   std::lock_guard<std::mutex> lk(grad_mu);

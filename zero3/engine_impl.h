@@ -51,11 +51,12 @@ struct ChunkSlot {
   enum class Gather : std::uint8_t { absent, in_flight, ready, held };
   Gather g = Gather::absent;
   tiering::TensorId gathered = 0;
-  float* gptr = nullptr;          // (numel) fp32
-  std::unique_ptr<Event> ready;   // recorded on the gather stream after the widening pass
-  std::exception_ptr error;       // set by that pass before `ready` completes
-  bool pins_param = false;        // the gather holds a pin on the param's pinned copy (NVMe home)
-  bool counts_nvme_read = false;  // the gather occupies one of offload_param.buffer_count buffers
+  float* gptr = nullptr;            // (numel) fp32
+  std::unique_ptr<Event> ready;     // recorded on the gather stream after the widening pass
+  std::unique_ptr<Event> computed;  // recorded on the compute stream at release: its last use there
+  std::exception_ptr error;         // set by that pass before `ready` completes
+  bool pins_param = false;          // the gather holds a pin on the param's pinned copy (NVMe home)
+  bool counts_nvme_read = false;    // the gather occupies one of offload_param.buffer_count buffers
   std::uint64_t last_use = 0;
 
   // The gradient buffer handed to the model (device, fp32, numel), between acquire_grads and release.
@@ -159,7 +160,8 @@ struct Engine::Impl final : prefetch::FetchTarget {
   std::unique_ptr<tiering::TierManager> tm;
   std::unique_ptr<tiering::TraceWriter> trace;
   std::unique_ptr<Stream> gather_stream, grad_stream, compute_stream;
-  std::unique_ptr<kernels::Ops> ops;  // on compute_stream: the model's ops
+  std::unique_ptr<kernels::Ops> ops;         // on compute_stream: the model's ops, gradient adds
+  std::unique_ptr<kernels::Ops> gather_ops;  // on gather_stream: the gathers' casts
   std::unique_ptr<prefetch::Prefetcher> pf;
   std::unique_ptr<cpu_optim::Optimizer> opt;
   LossScaler scaler;

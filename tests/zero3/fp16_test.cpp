@@ -36,6 +36,7 @@ TEST_P(Fp16, OverflowSkipsTheStepAndLowersTheScale) {
   engine.forward_backward(m, data.next());
   engine.begin_pass();  // one more contribution to block 0's gradients, with an inf in it
   float* g = engine.acquire_grads(1);
+  engine.ops().stream().synchronize();  // the buffer is zeroed on the compute stream; write after that
   g[5] = std::numeric_limits<float>::infinity();
   engine.release_grads(1);
   engine.end_pass();

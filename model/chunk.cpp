@@ -78,6 +78,17 @@ InMemoryChunks::~InMemoryChunks() {
   std::free(grads_);
 }
 
+void ChunkProvider::read_params(int id, float* out) {
+  ChunkView v = acquire(id);
+  if (v.dtype != DType::fp32) {
+    release(id);
+    STRATA_CHECK(false, "ChunkProvider::read_params: chunk ", id, " is gathered as ", dtype_name(v.dtype),
+                 "; this provider must override read_params");
+  }
+  std::memcpy(out, v.data, v.layout->padded_numel * sizeof(float));
+  release(id);
+}
+
 ChunkView InMemoryChunks::acquire(int id) {
   const ChunkLayout& c = layout_.chunk(id);
   STRATA_CHECK(!held_[size_t(id)], "chunk ", id, " (", c.name, ") acquired while already held");

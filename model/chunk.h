@@ -51,6 +51,10 @@ class ChunkProvider {
   // release_grads(id), which hands this contribution back (see Note [Chunk protocol]).
   virtual float* acquire_grads(int id) = 0;
   virtual void release_grads(int id) = 0;
+  // Chunk `id`'s parameters as fp32 in host memory (`out`: padded_numel), e.g. to export them. The
+  // default acquires the chunk and copies its view, which must be fp32 in host-addressable memory; a
+  // provider whose chunks live in device memory overrides it.
+  virtual void read_params(int id, float* out);
 };
 
 // Fills chunk `id` (padded_numel floats) with the initial parameters: weight matrices N(0, 0.02), the

@@ -244,15 +244,11 @@ void save_weights(const std::string& path, ChunkProvider& chunks, DType dtype,
   std::map<std::string, std::string> meta = metadata;
   meta["strata.model_config"] = layout.config().to_json().dump();
   SafetensorsWriter w(path, std::move(decls), meta);
+  std::vector<float> buf;
   for (const ChunkLayout& c : layout.chunks()) {
-    ChunkView v = chunks.acquire(c.id);
-    try {
-      for (size_t t = 0; t < c.tensors.size(); ++t) w.write_f32(c.tensors[t].hf_name, v.tensor(int(t)));
-    } catch (...) {
-      chunks.release(c.id);
-      throw;
-    }
-    chunks.release(c.id);
+    buf.resize(c.padded_numel);
+    chunks.read_params(c.id, buf.data());
+    for (const TensorSpec& t : c.tensors) w.write_f32(t.hf_name, buf.data() + t.offset);
   }
   w.finish();
 }

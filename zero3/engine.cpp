@@ -126,13 +126,21 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   }
 
   dev = open_device(device_options(cfg, opts));
-  if (!dev->caps().host_addressable)
-    throw BackendError(cat("the ", to_string(dev->caps().backend), " backend (", dev->caps().name,
-                           ") cannot train here: the model's forward and backward run on the CPU ops "
-                           "(kernels/cpu), which need device memory the CPU can address. Use --backend host "
-                           "(strata.backend: \"host\")"));
+  // Model state at home on the device is still initialised, checkpointed and updated by the CPU through
+  // its address (the device optimizer of the compute interface is not wired in yet), so it needs a device
+  // the CPU can address. Offloaded state needs none of that: chunks are gathered by casts on the device
+  // that read pinned memory, gradients leave by copies.
+  if (!dev->caps().host_addressable &&
+      (homes.param == Tier::device || homes.grad == Tier::device || homes.master == Tier::device))
+    throw ConfigError(cat(
+        "offload_param.device = ", offload_name(z.offload_param.device), " and offload_optimizer.device = ",
+        offload_name(z.offload_optimizer.device), " keep model state on the device, which the ",
+        to_string(dev->caps().backend), " backend (", dev->caps().name,
+        ") does not support yet: set both to \"cpu\" or \"nvme\" (configs/zero3_cpu.json), or use --backend "
+        "host"));
   compute_stream = dev->create_stream("zero3-compute");
   ops = kernels::make_ops(*dev, *compute_stream);
+  act = ops->caps().activation;
   plan_memory();
   check_fits();
   open_tiers();
@@ -194,7 +202,7 @@ void Engine::Impl::plan_memory() {
   };
   for (ChunkSlot& s : slots) {
     const std::uint64_t n = s.shard.numel;
-    s.block = block(s.numel * sizeof(float));
+    s.block = block(s.numel * std::max(dtype_bytes(act), sizeof(float)));  // gathered (act), gradients (fp32)
     add(homes.param, n * wd_bytes());
     add(homes.grad, n * 4);
     add(homes.master, n * 4);
@@ -236,6 +244,9 @@ void Engine::Impl::plan_memory() {
   plan.pinned_staging = staging;
   const std::uint64_t slab = 64ull << 20;
   plan.pinned_budget = plan.pinned_state + staging + 2 * slab + (staging + plan.pinned_state) / 16;
+  // The gradient staging buffer (accumulation into a pinned shard) is pinned memory of the engine's own,
+  // outside the tier manager's budget.
+  if (homes.grad == Tier::pinned) plan.pinned_staging += largest * sizeof(float);
 }
 
 void Engine::Impl::check_fits() const {
@@ -314,6 +325,11 @@ void Engine::Impl::check_fits() const {
 
 void Engine::Impl::open_tiers() {
   const auto& z = cfg.zero_optimization;
+  if (homes.grad == Tier::pinned) {
+    std::uint64_t largest = 0;
+    for (const ChunkSlot& s : slots) largest = std::max<std::uint64_t>(largest, s.shard.numel);
+    grad_staging = PinnedBuffer(*dev, largest * sizeof(float));
+  }
   if (plan.nvme_state > 0) {
     const std::string& path = z.offload_optimizer.device == OffloadDevice::nvme
                                   ? z.offload_optimizer.nvme_path
@@ -403,8 +419,8 @@ void Engine::Impl::init_chunks() {
     // The device-side buffers the model reads and writes (blocks allocated only while in use).
     s.gathered = tm->register_tensor({.name = s.name + ".gathered",
                                       .kind = tiering::Kind::param,
-                                      .dtype = DType::fp32,
-                                      .bytes = s.numel * sizeof(float),
+                                      .dtype = act,
+                                      .bytes = s.numel * dtype_bytes(act),
                                       .home = Tier::device,
                                       .chunk = s.id,
                                       .shard = -1});

@@ -111,7 +111,7 @@ struct MemoryPlan {
   // The model's activations and scratch for one micro-batch of EngineOptions.seq_len tokens, allocated by
   // the model from the device beside the tier manager's pool (whose budget is capacity - this).
   std::uint64_t device_activations = 0;
-  std::uint64_t pinned_staging = 0;  // NVMe swap buffers (parameters and optimizer sub-groups)
+  std::uint64_t pinned_staging = 0;  // NVMe swap buffers (params, optimizer sub-groups), gradient staging
   std::uint64_t pinned_budget = 0;   // what the tier manager's pinned pool may take
   std::uint64_t total_state() const { return device_state + pinned_state + nvme_state; }
 };
@@ -134,6 +134,8 @@ class Engine final : public model::ChunkProvider {
   void release(int id) override;
   float* acquire_grads(int id) override;
   void release_grads(int id) override;
+  // The working params (what the model computes with), widened to fp32 from their home tier.
+  void read_params(int id, float* out) override;
 
   // ---- training ----
   // One micro-batch: forward and backward (loss scaled by the loss scale / accumulation steps).

@@ -154,7 +154,7 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
   if (!demand && !s.persistent && !fit_cache(s.block, std::max<std::int64_t>(0, next_use(s)))) return false;
   void* g = device_alloc(s.gathered, demand);
   if (!g) return false;
-  s.gptr = static_cast<float*>(g);
+  s.gptr = g;
 
   const void* src = s.param_home;
   tiering::Move read;
@@ -185,7 +185,7 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
   }
   // World size 1: this rank's shard is the whole chunk (an all-gather would assemble it here). The source
   // is device memory or pinned host memory; the cast widens it to the ops' dtype on the gather stream.
-  gather_ops->cast(kernels::Tensor{s.gptr, DType::fp32, n}, kernels::Tensor{const_cast<void*>(src), wd, n});
+  gather_ops->cast(kernels::Tensor{s.gptr, act, n}, kernels::Tensor{const_cast<void*>(src), wd, n});
   gather_stream->record(*s.ready);
   s.g = ChunkSlot::Gather::in_flight;
   ++transfers.gathers;
@@ -282,7 +282,7 @@ model::ChunkView Engine::Impl::acquire(int c) {
                " is not resident after acquire");
   s.g = ChunkSlot::Gather::held;
   s.last_use = ++use_clock;
-  return model::ChunkView{&layout.chunk(c), s.gptr};
+  return model::ChunkView{&layout.chunk(c), static_cast<const float*>(s.gptr), act};
 }
 
 void Engine::Impl::release(int c) {
@@ -331,19 +331,27 @@ void Engine::Impl::release_grads(int c) {
     compute_stream->record(*done);
     tm->evict(s.gradbuf, Tier::device, Tier::pinned, done.get());  // frees the block (never valid: no copy)
   } else {
-    // The gradient stream waits for the model's ops, then adds on the host into the pinned shard.
+    // The gradient stream waits for the model's ops, then copies the buffer off the device: straight
+    // into the pinned shard when it is empty this step, else into pinned staging and adds it on the host
+    // (the same arithmetic as the device-home path: a copy, or one fp32 add per element).
     auto computed = dev->create_event();
     compute_stream->record(*computed);
     grad_stream->wait(*computed);
     float* dst = s.grad;
-    grad_stream->host_fn([this, dst, src, n, fresh] {
-      try {
-        accumulate(dst, src, n, fresh);
-      } catch (...) {
-        std::lock_guard<std::mutex> lk(grad_mu);
-        if (!grad_error) grad_error = std::current_exception();
-      }
-    });
+    if (fresh) {
+      grad_stream->copy_async(dst, src, n * sizeof(float), CopyKind::device_to_host);
+    } else {
+      float* staged = static_cast<float*>(grad_staging.data());
+      grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
+      grad_stream->host_fn([this, dst, staged, n] {
+        try {
+          accumulate(dst, staged, n, false);
+        } catch (...) {
+          std::lock_guard<std::mutex> lk(grad_mu);
+          if (!grad_error) grad_error = std::current_exception();
+        }
+      });
+    }
     auto done = dev->create_event();
     grad_stream->record(*done);
     tm->evict(s.gradbuf, Tier::device, Tier::pinned, done.get());  // the block is reused after the pass

@@ -51,7 +51,7 @@ struct ChunkSlot {
   enum class Gather : std::uint8_t { absent, in_flight, ready, held };
   Gather g = Gather::absent;
   tiering::TensorId gathered = 0;
-  float* gptr = nullptr;            // (numel) fp32
+  void* gptr = nullptr;             // (numel) in the ops' activation dtype (act)
   std::unique_ptr<Event> ready;     // recorded on the gather stream after the widening pass
   std::unique_ptr<Event> computed;  // recorded on the compute stream at release: its last use there
   std::exception_ptr error;         // set by that pass before `ready` completes
@@ -162,6 +162,10 @@ struct Engine::Impl final : prefetch::FetchTarget {
   std::unique_ptr<Stream> gather_stream, grad_stream, compute_stream;
   std::unique_ptr<kernels::Ops> ops;         // on compute_stream: the model's ops, gradient adds
   std::unique_ptr<kernels::Ops> gather_ops;  // on gather_stream: the gathers' casts
+  DType act = DType::fp32;                   // the ops' activation dtype: gathered chunks hold it
+  // Pinned staging for a gradient buffer on its way to a pinned shard that already holds gradients
+  // (accumulation): copied off the device here, then added on the host. (padded_numel of the largest chunk)
+  PinnedBuffer grad_staging;
   std::unique_ptr<prefetch::Prefetcher> pf;
   std::unique_ptr<cpu_optim::Optimizer> opt;
   LossScaler scaler;

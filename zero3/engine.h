@@ -23,12 +23,18 @@
 //   fp32 master, optimizer states   offload_optimizer none: device | cpu: pinned host | nvme: NVMe
 // The working dtype is bf16 (bf16.enabled), fp16 (fp16.enabled) or fp32 (neither).
 //
-// Note [Compute on the host backend]: the model's ops are the CPU kernels (kernels/cpu), so the engine
-// needs a device whose memory the CPU can address: the host backend. Gathering a chunk (its working params
-// widened to the fp32 the ops read) runs as one pass on the gather copy stream — on the host backend the
-// host-to-device copy and the widening are the same pass over the bytes. The device memory cap counts
-// everything the engine places on the device (gathered chunks, gradient buffers, device-resident state);
-// the model's activations are its own host memory and are not counted.
+// Note [Device work in stream order]: the engine owns three streams of the device — compute (the model's
+// ops, through the compute interface kernels/ops.h, and gradient adds into device-home shards), gather
+// and gradients — and orders them by events, never by synchronising the device in the steady state. A
+// gather is one cast on the gather stream from the working params (device or pinned memory; an NVMe home
+// is read into pinned memory first) into the chunk's gathered block, in the ops' activation dtype; acquire
+// waits for its `ready` event. release records the compute stream's last use, and the gathered block is
+// freed after it. A gradient buffer is zeroed on the compute stream; release_grads either adds it into a
+// device-home shard on the compute stream or has the gradient stream wait for the compute stream and copy
+// it off the device (into pinned staging, then a host add, when the shard already holds gradients). The
+// device memory cap counts everything on the device: state, gathered chunks, gradient buffers and the
+// model's activations (MemoryPlan; docs/train.md, "Device memory"). State at home on the device is still
+// initialised and stepped through its address, so with it the engine needs a host-addressable device.
 //
 // Note [Same losses in every placement]: the arithmetic never depends on where a tensor lives. Every
 // placement initialises the same fp32 master and rounds it to the working dtype the same way; gradients

@@ -19,6 +19,8 @@
 //                   by step  (transfers - exposed) / transfers: also charges the slowdown the copy threads
 //                            cause by sharing the cores with compute (the stricter figure on few cores)
 //   ratio         compute-only step / step (1 = the placement costs nothing)
+//   TFLOPS        model FLOPs per step / step time: 3 x the forward's (6 x parameters x tokens for the
+//                 matrix products, plus attention), the recomputation of checkpointing not counted
 // Prints the table, then one JSON line.
 #include <sys/sysinfo.h>
 
@@ -169,8 +171,15 @@ struct Row {
   std::vector<double> losses;
   std::uint64_t misses = 0, late = 0, gather_bytes = 0, nvme_bytes = 0;
   double peak_device = 0;
+  double tflops = 0;
   zero3::MemoryPlan plan;
 };
+
+// Model FLOPs of one step (forward and backward, without the recomputation), as in the TFLOPS column.
+double model_flops(const model::ModelConfig& mcfg, const Opts& o) {
+  model::LlamaModel m(mcfg);
+  return 3.0 * m.forward_flops(o.batch, o.seq);
+}
 
 Row run_placement(const std::string& p, const model::ModelConfig& mcfg, const Opts& o, const Split& ceiling) {
   Row r;
@@ -210,6 +219,7 @@ Row run_placement(const std::string& p, const model::ModelConfig& mcfg, const Op
     r.overlap_wait = std::clamp((r.transfers - r.step.wait) / r.transfers, 0.0, 1.0);
   }
   r.ratio = ceiling.total / r.step.total;
+  r.tflops = model_flops(mcfg, o) / r.step.total / 1e12;
   r.misses = e.prefetch_stats().misses;
   r.late = e.prefetch_stats().late;
   r.gather_bytes = e.transfer_stats().gather_bytes;
@@ -268,11 +278,13 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     for (const std::string& p : split(o.placements)) rows.push_back(run_placement(p, mcfg, o, c));
 
-    std::printf("\n%-9s %8s %8s %8s %8s %8s %9s %8s %8s %8s %6s %7s %10s %10s\n", "placement", "step s",
+    const double flops = model_flops(mcfg, o);
+    std::printf("\n%-9s %8s %8s %8s %8s %8s %9s %8s %8s %8s %6s %7s %10s %10s %8s\n", "placement", "step s",
                 "fwd", "bwd", "opt", "wait", "transfer", "exposed", "ovl wait", "ovl step", "ratio", "misses",
-                "NVMe GiB", "dev peak");
-    std::printf("%-9s %8.3f %8.3f %8.3f %8.3f %8s %9s %8s %8s %8s %6s %7s %10s %10s\n", "compute", c.total,
-                c.forward, c.backward, c.optimizer, "-", "-", "-", "-", "-", "1.00", "-", "-", "-");
+                "NVMe GiB", "dev peak", "TFLOPS");
+    std::printf("%-9s %8.3f %8.3f %8.3f %8.3f %8s %9s %8s %8s %8s %6s %7s %10s %10s %8.4f\n", "compute",
+                c.total, c.forward, c.backward, c.optimizer, "-", "-", "-", "-", "-", "1.00", "-", "-", "-",
+                flops / c.total / 1e12);
     nlohmann::json out = {{"bench", "step"},
                           {"model", mcfg.name},
                           {"parameters", mcfg.num_parameters()},
@@ -284,17 +296,19 @@ int main(int argc, char** argv) {
                            {{"step_s", c.total},
                             {"forward_s", c.forward},
                             {"backward_s", c.backward},
-                            {"optimizer_s", c.optimizer}}},
+                            {"optimizer_s", c.optimizer},
+                            {"model_tflops", flops / c.total / 1e12}}},
+                          {"model_flops_per_step", flops},
                           {"placements", nlohmann::json::array()}};
     for (const Row& r : rows) {
       char overlap[16] = "-", overlap_wait[16] = "-";
       if (r.overlap >= 0) std::snprintf(overlap, sizeof overlap, "%.2f", r.overlap);
       if (r.overlap_wait >= 0) std::snprintf(overlap_wait, sizeof overlap_wait, "%.2f", r.overlap_wait);
-      std::printf("%-9s %8.3f %8.3f %8.3f %8.3f %8.3f %9.3f %8.3f %8s %8s %6.2f %7llu %10.2f %9.0fM\n",
+      std::printf("%-9s %8.3f %8.3f %8.3f %8.3f %8.3f %9.3f %8.3f %8s %8s %6.2f %7llu %10.2f %9.0fM %8.4f\n",
                   r.placement.c_str(), r.step.total, r.step.forward, r.step.backward, r.step.optimizer,
                   r.step.wait, r.transfers, r.exposed, overlap_wait, overlap, r.ratio,
                   (unsigned long long)r.misses, double(r.nvme_bytes) / double(1ull << 30),
-                  r.peak_device / double(1 << 20));
+                  r.peak_device / double(1 << 20), r.tflops);
       out["placements"].push_back(
           {{"placement", r.placement},
            {"step_s", r.step.total},
@@ -312,6 +326,7 @@ int main(int argc, char** argv) {
            {"prefetch_late", r.late},
            {"nvme_bytes", r.nvme_bytes},
            {"device_peak_bytes", r.peak_device},
+           {"model_tflops", r.tflops},
            {"state_bytes", r.plan.total_state()},
            {"losses", r.losses}});
     }

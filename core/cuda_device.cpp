@@ -203,24 +203,6 @@ struct StreamShared {
   std::unordered_map<CudaStream*, bool> live;
 };
 
-// One completion, set once (the fallback's callback waits on it).
-struct Completion {
-  std::mutex m;
-  std::condition_variable cv;
-  bool done = false;
-  void set() {
-    {
-      std::lock_guard<std::mutex> lk(m);
-      done = true;
-    }
-    cv.notify_all();
-  }
-  void wait() {
-    std::unique_lock<std::mutex> lk(m);
-    cv.wait(lk, [&] { return done; });
-  }
-};
-
 // Runs on the driver's callback thread in the fallback: waits for the worker, calls no CUDA API.
 void CUDART_CB wait_for_worker(void* p) {
   std::unique_ptr<std::shared_ptr<Completion>> done(static_cast<std::shared_ptr<Completion>*>(p));

@@ -23,28 +23,6 @@
 namespace strata::detail {
 namespace {
 
-// One completion: set once by the stream that recorded it.
-struct Completion {
-  std::mutex m;
-  std::condition_variable cv;
-  bool done = false;
-  void set() {
-    {
-      std::lock_guard<std::mutex> lk(m);
-      done = true;
-    }
-    cv.notify_all();
-  }
-  void wait() {
-    std::unique_lock<std::mutex> lk(m);
-    cv.wait(lk, [&] { return done; });
-  }
-  bool ready() {
-    std::lock_guard<std::mutex> lk(m);
-    return done;
-  }
-};
-
 class HostEvent final : public Event {
  public:
   bool query() const override {

@@ -17,17 +17,6 @@ namespace {
 
 namespace ku = kernels::cuda;
 
-void need(const Tensor& t, DType dtype, std::size_t n, const char* what) {
-  STRATA_CHECK(t.dtype == dtype, "kernels: ", what, " is ", dtype_name(t.dtype), ", expected ",
-               dtype_name(dtype));
-  STRATA_CHECK(t.numel >= n, "kernels: ", what, " holds ", t.numel, " elements, the shape needs ", n);
-  STRATA_CHECK(n == 0 || t.data != nullptr, "kernels: ", what, " is null");
-}
-
-std::size_t sz(long a, long b = 1, long c = 1, long d = 1) {
-  return std::size_t(a) * std::size_t(b) * std::size_t(c) * std::size_t(d);
-}
-
 class CudaOps final : public Ops {
  public:
   CudaOps(Device& dev, Stream& s)
@@ -49,134 +38,86 @@ class CudaOps final : public Ops {
   }
   const OpsCaps& caps() const override { return caps_; }
 
-  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int V) override {
-    need(out, A, sz(N, C), "embedding out");
-    need(tokens, DType::i32, sz(N), "tokens");
-    need(wte, A, sz(V, C), "wte");
+  void do_embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int V) override {
     ku::embedding_forward(out.as<ku::bf16>(), tokens.as<std::int32_t>(), wte.as<ku::bf16>(), N, C, V, s_);
   }
-  void embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int V) override {
-    need(dwte, F, sz(V, C), "dwte");
-    need(dout, A, sz(N, C), "embedding dout");
-    need(tokens, DType::i32, sz(N), "tokens");
+  void do_embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int V) override {
     const std::size_t bytes = ku::embedding_backward_scratch_bytes(N, V);
     ku::embedding_backward(dwte.as<float>(), dout.as<ku::bf16>(), tokens.as<std::int32_t>(), N, C, V,
                            scratch(bytes), bytes, s_);
   }
 
-  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps) override {
-    need(out, A, sz(N, C), "rmsnorm out");
-    need(rstd, F, sz(N), "rstd");
-    need(x, A, sz(N, C), "rmsnorm x");
-    need(w, A, sz(C), "rmsnorm w");
+  void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps) override {
     ku::rmsnorm_forward(out.as<ku::bf16>(), rstd.as<float>(), x.as<ku::bf16>(), w.as<ku::bf16>(), N, C, eps,
                         s_);
   }
-  void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N,
-                        int C) override {
-    need(dx, A, sz(N, C), "rmsnorm dx");
-    need(dw, F, sz(C), "rmsnorm dw");
-    need(dout, A, sz(N, C), "rmsnorm dout");
-    need(x, A, sz(N, C), "rmsnorm x");
-    need(w, A, sz(C), "rmsnorm w");
-    need(rstd, F, sz(N), "rstd");
+  void do_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N,
+                           int C) override {
     const std::size_t bytes = ku::rmsnorm_backward_scratch_bytes(N, C);
     ku::rmsnorm_backward(dx.as<ku::bf16>(), dw.as<float>(), dout.as<ku::bf16>(), x.as<ku::bf16>(),
                          w.as<ku::bf16>(), rstd.as<float>(), N, C, scratch(bytes), bytes, s_);
   }
 
-  void linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) override {
-    need(out, A, sz(N, OC), "linear out");
-    need(x, A, sz(N, IC), "linear x");
-    need(w, A, sz(OC, IC), "linear w");
+  void do_linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) override {
     ku::linear_forward(gemm_, out.as<ku::bf16>(), x.as<ku::bf16>(), w.as<ku::bf16>(), N, IC, OC, s_);
   }
-  void linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
-                       int OC) override {
-    if (dx) need(dx, A, sz(N, IC), "linear dx");
-    need(dw, F, sz(OC, IC), "linear dw");
-    need(dout, A, sz(N, OC), "linear dout");
-    need(x, A, sz(N, IC), "linear x");
-    need(w, A, sz(OC, IC), "linear w");
+  void do_linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
+                          int OC) override {
     ku::linear_backward(gemm_, dx ? dx.as<ku::bf16>() : nullptr, dw.as<float>(), dout.as<ku::bf16>(),
                         x.as<ku::bf16>(), w.as<ku::bf16>(), N, IC, OC, s_);
   }
 
-  void rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta) override {
-    need(cos, F, sz(T, HD / 2), "rope cos");
-    need(sin, F, sz(T, HD / 2), "rope sin");
+  void do_rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta) override {
     ku::rope_cache(cos.as<float>(), sin.as<float>(), T, HD, theta, s_);
   }
-  void rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) override {
-    rope_args(out, x, cos, sin, B, T, H, HD);
+  void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) override {
     ku::rope_forward(out.as<ku::bf16>(), x.as<ku::bf16>(), cos.as<float>(), sin.as<float>(), B, T, H, HD, s_);
   }
-  void rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD) override {
-    rope_args(dx, dout, cos, sin, B, T, H, HD);
+  void do_rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H,
+                        int HD) override {
     ku::rope_backward(dx.as<ku::bf16>(), dout.as<ku::bf16>(), cos.as<float>(), sin.as<float>(), B, T, H, HD,
                       s_);
   }
 
-  AttentionSizes attention_sizes(int B, int T, int NH, int, int) const override {
-    return {.saved = sz(B, NH, T, T), .scratch = sz(B, NH, T, T)};
-  }
-  void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
-                         int NKV, int HD) override {
-    attention_args(out, q, k, v, B, T, NH, NKV, HD);
-    need(saved, F, sz(B, NH, T, T), "attention probabilities");
+  void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
+                            int NKV, int HD) override {
     ku::attention_forward(out.as<ku::bf16>(), saved.as<float>(), q.as<ku::bf16>(), k.as<ku::bf16>(),
                           v.as<ku::bf16>(), B, T, NH, NKV, HD, s_);
   }
-  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                          Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD) override {
-    attention_args(dout, q, k, v, B, T, NH, NKV, HD);
-    attention_args(dq, dq, dk, dv, B, T, NH, NKV, HD);
-    need(saved, F, sz(B, NH, T, T), "attention probabilities");
-    need(scratch, F, sz(B, NH, T, T), "attention scratch");
+  void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
+                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD) override {
     ku::attention_backward(dq.as<ku::bf16>(), dk.as<ku::bf16>(), dv.as<ku::bf16>(), scratch.as<float>(),
                            dout.as<ku::bf16>(), q.as<ku::bf16>(), k.as<ku::bf16>(), v.as<ku::bf16>(),
                            saved.as<float>(), B, T, NH, NKV, HD, s_);
   }
 
-  void swiglu_forward(Tensor out, Tensor gate, Tensor up) override {
+  void do_swiglu_forward(Tensor out, Tensor gate, Tensor up) override {
     const std::size_t n = out.numel;
-    for (const Tensor* t : {&out, &gate, &up}) need(*t, A, n, "swiglu operand");
     ku::swiglu_forward(out.as<ku::bf16>(), gate.as<ku::bf16>(), up.as<ku::bf16>(), n, s_);
   }
-  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) override {
+  void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) override {
     const std::size_t n = dout.numel;
-    for (const Tensor* t : {&dgate, &dup, &dout, &gate, &up}) need(*t, A, n, "swiglu operand");
     ku::swiglu_backward(dgate.as<ku::bf16>(), dup.as<ku::bf16>(), dout.as<ku::bf16>(), gate.as<ku::bf16>(),
                         up.as<ku::bf16>(), n, s_);
   }
-  void residual_forward(Tensor out, Tensor a, Tensor b) override {
+  void do_residual_forward(Tensor out, Tensor a, Tensor b) override {
     const std::size_t n = out.numel;
-    for (const Tensor* t : {&out, &a, &b}) need(*t, A, n, "residual operand");
     ku::residual_forward(out.as<ku::bf16>(), a.as<ku::bf16>(), b.as<ku::bf16>(), n, s_);
   }
-  void residual_backward(Tensor da, Tensor db, Tensor dout) override {
+  void do_residual_backward(Tensor da, Tensor db, Tensor dout) override {
     const std::size_t n = dout.numel;
-    need(dout, A, n, "residual dout");
-    if (da) need(da, A, n, "residual da");
-    if (db) need(db, A, n, "residual db");
     ku::residual_backward(da ? da.as<ku::bf16>() : nullptr, db ? db.as<ku::bf16>() : nullptr,
                           dout.as<ku::bf16>(), n, s_);
   }
 
-  void cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits, Tensor targets, int N,
-                     int V, float grad_scale) override {
-    need(logits, A, sz(N, V), "logits");
-    if (dlogits) need(dlogits, A, sz(N, V), "dlogits");
-    need(losses, F, sz(N), "losses");
-    need(mean_loss, F, 1, "mean loss");
-    need(targets, DType::i32, sz(N), "targets");
+  void do_cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits, Tensor targets, int N,
+                        int V, float grad_scale) override {
     ku::cross_entropy_forward_backward(dlogits ? dlogits.as<ku::bf16>() : nullptr, losses.as<float>(),
                                        mean_loss.as<float>(), logits.as<ku::bf16>(),
                                        targets.as<std::int32_t>(), N, V, grad_scale, s_);
   }
 
-  void cast(Tensor out, Tensor in) override {
-    STRATA_CHECK(out.numel == in.numel, "kernels: cast of ", in.numel, " elements into ", out.numel);
+  void do_cast(Tensor out, Tensor in) override {
     const std::size_t n = in.numel;
     if (out.dtype == in.dtype) {
       if (n == 0) return;
@@ -194,72 +135,35 @@ class CudaOps final : public Ops {
       STRATA_CHECK(false, "kernels: no cast from ", dtype_name(in.dtype), " to ", dtype_name(out.dtype));
     }
   }
-  void fill(Tensor x, float value) override {
-    need(x, F, x.numel, "fill target");
-    cuda_ops::fill_f32(x.as<float>(), value, x.numel, s_);
-  }
-  void zero(Tensor x) override {
-    STRATA_CHECK(x.numel == 0 || x.data, "kernels: zero of a null tensor");
+  void do_fill(Tensor x, float value) override { cuda_ops::fill_f32(x.as<float>(), value, x.numel, s_); }
+  void do_zero(Tensor x) override {
     if (x.numel == 0) return;
     detail::CudaDeviceGuard guard(s_);
     STRATA_CUDA_CHECK(cudaMemsetAsync(x.data, 0, x.bytes(), s_));
   }
-  void add(Tensor dst, Tensor src) override {
-    need(dst, F, src.numel, "add dst");
-    need(src, F, src.numel, "add src");
+  void do_add(Tensor dst, Tensor src) override {
     cuda_ops::add_f32(dst.as<float>(), src.as<float>(), src.numel, s_);
   }
-  void scale(Tensor x, float s) override {
-    need(x, F, x.numel, "scale target");
-    ku::scale(x.as<float>(), s, x.numel, s_);
-  }
-  void squared_norm(Tensor out, Tensor x) override {
-    need(out, DType::u8, sizeof(double), "squared norm out");
-    need(x, F, x.numel, "squared norm x");
+  void do_scale(Tensor x, float s) override { ku::scale(x.as<float>(), s, x.numel, s_); }
+  void do_squared_norm(Tensor out, Tensor x) override {
     const std::size_t bytes = ku::squared_norm_scratch_bytes(x.numel);
     ku::squared_norm(static_cast<double*>(out.data), x.as<float>(), x.numel, scratch(bytes), bytes, s_);
   }
-  void nonfinite_check(Tensor out, Tensor x) override {
-    need(out, DType::i32, 1, "non-finite flag");
-    need(x, F, x.numel, "non-finite check x");
+  void do_nonfinite_check(Tensor out, Tensor x) override {
     ku::nonfinite_check(out.as<int>(), x.as<float>(), x.numel, s_);
   }
-  void adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor p_out, const AdamW& hp, std::int64_t step,
-             float grad_scale) override {
+  void do_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor p_out, const AdamW& hp, std::int64_t step,
+                float grad_scale) override {
     const std::size_t n = p.numel;
-    for (const Tensor* t : {&p, &g, &m, &v}) need(*t, F, n, "adamw operand");
-    if (p_out) STRATA_CHECK(p_out.numel >= n, "kernels: adamw p_out holds ", p_out.numel, " of ", n);
-    const ku::AdamWParams k{.lr = hp.lr,
-                            .beta1 = hp.beta1,
-                            .beta2 = hp.beta2,
-                            .eps = hp.eps,
-                            .weight_decay = hp.weight_decay,
-                            .adamw_mode = hp.adamw_mode,
-                            .bias_correction = hp.bias_correction};
     const bool bf16_out = p_out && p_out.dtype == DType::bf16;
     ku::adamw_update(p.as<float>(), g.as<float>(), m.as<float>(), v.as<float>(),
-                     bf16_out ? p_out.as<ku::bf16>() : nullptr, n, k, step, grad_scale, s_);
+                     bf16_out ? p_out.as<ku::bf16>() : nullptr, n, hp, step, grad_scale, s_);
     if (p_out && !bf16_out) cast(p_out.slice(0, n), p.slice(0, n));
   }
 
  private:
   static constexpr DType A = DType::bf16;
   static constexpr DType F = DType::fp32;
-
-  static void rope_args(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int B,
-                        int T, int H, int HD) {
-    need(out, A, sz(B, T, H, HD), "rope out");
-    need(x, A, sz(B, T, H, HD), "rope x");
-    need(cos, F, sz(T, HD / 2), "rope cos");
-    need(sin, F, sz(T, HD / 2), "rope sin");
-  }
-  static void attention_args(const Tensor& out_or_q, const Tensor& q, const Tensor& k, const Tensor& v, int B,
-                             int T, int NH, int NKV, int HD) {
-    need(out_or_q, A, sz(B, T, NH, HD), "attention (B,T,NH,HD) operand");
-    need(q, A, sz(B, T, NH, HD), "attention q");
-    need(k, A, sz(B, T, NKV, HD), "attention k");
-    need(v, A, sz(B, T, NKV, HD), "attention v");
-  }
 
   // Scratch for the kernels that need it, grown to the largest request and reused: calls on one stream run
   // in order, so one buffer serves them all. Device memory, counted against the cap.

@@ -54,3 +54,220 @@ std::int32_t Ops::read_i32(Tensor x) {
 }
 
 }  // namespace strata::kernels
+
+// ------------------------------------------------------------------------------ operand checks, then the op
+
+namespace strata::kernels {
+namespace {
+
+// `t` holds at least `n` elements of `dtype` (a programming error otherwise: STRATA_CHECK).
+void need(const Tensor& t, DType dtype, std::size_t n, const char* what) {
+  STRATA_CHECK(t.dtype == dtype, "kernels: ", what, " is ", dtype_name(t.dtype), ", expected ",
+               dtype_name(dtype));
+  STRATA_CHECK(t.numel >= n, "kernels: ", what, " holds ", t.numel, " elements, the shape needs ", n);
+  STRATA_CHECK(n == 0 || t.data != nullptr, "kernels: ", what, " is null");
+}
+
+std::size_t sz(long a, long b = 1, long c = 1, long d = 1) {
+  return std::size_t(a) * std::size_t(b) * std::size_t(c) * std::size_t(d);
+}
+
+constexpr DType F = DType::fp32, I = DType::i32;
+
+}  // namespace
+
+void Ops::embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int V) {
+  const DType A = caps().activation;
+  need(out, A, sz(N, C), "embedding out");
+  need(tokens, I, sz(N), "tokens");
+  need(wte, A, sz(V, C), "wte");
+  do_embedding_forward(out, tokens, wte, N, C, V);
+}
+
+void Ops::embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int V) {
+  need(dwte, F, sz(V, C), "dwte");
+  need(dout, caps().activation, sz(N, C), "embedding dout");
+  need(tokens, I, sz(N), "tokens");
+  do_embedding_backward(dwte, dout, tokens, N, C, V);
+}
+
+void Ops::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps) {
+  const DType A = caps().activation;
+  need(out, A, sz(N, C), "rmsnorm out");
+  need(rstd, F, sz(N), "rstd");
+  need(x, A, sz(N, C), "rmsnorm x");
+  need(w, A, sz(C), "rmsnorm w");
+  do_rmsnorm_forward(out, rstd, x, w, N, C, eps);
+}
+
+void Ops::rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N, int C) {
+  const DType A = caps().activation;
+  need(dx, A, sz(N, C), "rmsnorm dx");
+  need(dw, F, sz(C), "rmsnorm dw");
+  need(dout, A, sz(N, C), "rmsnorm dout");
+  need(x, A, sz(N, C), "rmsnorm x");
+  need(w, A, sz(C), "rmsnorm w");
+  need(rstd, F, sz(N), "rstd");
+  do_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+}
+
+void Ops::linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) {
+  const DType A = caps().activation;
+  need(out, A, sz(N, OC), "linear out");
+  need(x, A, sz(N, IC), "linear x");
+  need(w, A, sz(OC, IC), "linear w");
+  do_linear_forward(out, x, w, N, IC, OC);
+}
+
+void Ops::linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC, int OC) {
+  const DType A = caps().activation;
+  if (dx) need(dx, A, sz(N, IC), "linear dx");
+  need(dw, F, sz(OC, IC), "linear dw");
+  need(dout, A, sz(N, OC), "linear dout");
+  need(x, A, sz(N, IC), "linear x");
+  need(w, A, sz(OC, IC), "linear w");
+  do_linear_backward(dx, dw, dout, x, w, N, IC, OC);
+}
+
+AttentionSizes Ops::attention_sizes(int B, int T, int NH, int, int) const {
+  return {.saved = sz(B, NH, T, T), .scratch = sz(B, NH, T, T)};
+}
+
+void Ops::rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta) {
+  need(cos, F, sz(T, HD / 2), "rope cos");
+  need(sin, F, sz(T, HD / 2), "rope sin");
+  do_rope_cache(cos, sin, T, HD, theta);
+}
+
+void Ops::rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) {
+  rope_operands(out, x, cos, sin, B, T, H, HD);
+  do_rope_forward(out, x, cos, sin, B, T, H, HD);
+}
+
+void Ops::rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD) {
+  rope_operands(dx, dout, cos, sin, B, T, H, HD);
+  do_rope_backward(dx, dout, cos, sin, B, T, H, HD);
+}
+
+void Ops::rope_operands(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int B,
+                        int T, int H, int HD) const {
+  const DType A = caps().activation;
+  need(out, A, sz(B, T, H, HD), "rope out");
+  need(x, A, sz(B, T, H, HD), "rope x");
+  need(cos, F, sz(T, HD / 2), "rope cos");
+  need(sin, F, sz(T, HD / 2), "rope sin");
+}
+
+void Ops::attention_operands(const Tensor& q_shaped, const Tensor& k, const Tensor& v, const Tensor& saved,
+                             int B, int T, int NH, int NKV, int HD) const {
+  const DType A = caps().activation;
+  need(q_shaped, A, sz(B, T, NH, HD), "attention (B,T,NH,HD) operand");
+  need(k, A, sz(B, T, NKV, HD), "attention (B,T,NKV,HD) operand");
+  need(v, A, sz(B, T, NKV, HD), "attention (B,T,NKV,HD) operand");
+  need(saved, F, attention_sizes(B, T, NH, NKV, HD).saved, "attention saved state");
+}
+
+void Ops::attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
+                            int NKV, int HD) {
+  need(out, caps().activation, sz(B, T, NH, HD), "attention out");
+  attention_operands(q, k, v, saved, B, T, NH, NKV, HD);
+  do_attention_forward(out, saved, q, k, v, B, T, NH, NKV, HD);
+}
+
+void Ops::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
+                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD) {
+  attention_operands(q, k, v, saved, B, T, NH, NKV, HD);
+  attention_operands(dout, dk, dv, saved, B, T, NH, NKV, HD);
+  need(dq, caps().activation, sz(B, T, NH, HD), "attention dq");
+  need(scratch, F, attention_sizes(B, T, NH, NKV, HD).scratch, "attention scratch");
+  do_attention_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD);
+}
+
+void Ops::swiglu_forward(Tensor out, Tensor gate, Tensor up) {
+  for (const Tensor* t : {&out, &gate, &up}) need(*t, caps().activation, out.numel, "swiglu operand");
+  do_swiglu_forward(out, gate, up);
+}
+
+void Ops::swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) {
+  for (const Tensor* t : {&dgate, &dup, &dout, &gate, &up})
+    need(*t, caps().activation, dout.numel, "swiglu operand");
+  do_swiglu_backward(dgate, dup, dout, gate, up);
+}
+
+void Ops::residual_forward(Tensor out, Tensor a, Tensor b) {
+  for (const Tensor* t : {&out, &a, &b}) need(*t, caps().activation, out.numel, "residual operand");
+  do_residual_forward(out, a, b);
+}
+
+void Ops::residual_backward(Tensor da, Tensor db, Tensor dout) {
+  const DType A = caps().activation;
+  need(dout, A, dout.numel, "residual dout");
+  if (da) need(da, A, dout.numel, "residual da");
+  if (db) need(db, A, dout.numel, "residual db");
+  do_residual_backward(da, db, dout);
+}
+
+void Ops::cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits, Tensor targets, int N,
+                        int V, float grad_scale) {
+  const DType A = caps().activation;
+  need(logits, A, sz(N, V), "logits");
+  if (dlogits) need(dlogits, A, sz(N, V), "dlogits");
+  need(losses, F, sz(N), "losses");
+  need(mean_loss, F, 1, "mean loss");
+  need(targets, I, sz(N), "targets");
+  do_cross_entropy(dlogits, losses, mean_loss, logits, targets, N, V, grad_scale);
+}
+
+void Ops::cast(Tensor out, Tensor in) {
+  STRATA_CHECK(out.numel == in.numel, "kernels: cast of ", in.numel, " elements into ", out.numel);
+  const bool known = out.dtype == in.dtype || (in.dtype == F && dtype_is_float(out.dtype)) ||
+                     (out.dtype == F && dtype_is_float(in.dtype));
+  STRATA_CHECK(known, "kernels: no cast from ", dtype_name(in.dtype), " to ", dtype_name(out.dtype));
+  STRATA_CHECK(in.numel == 0 || (in.data && out.data), "kernels: cast of a null tensor");
+  do_cast(out, in);
+}
+
+void Ops::fill(Tensor x, float value) {
+  need(x, F, x.numel, "fill target");
+  do_fill(x, value);
+}
+
+void Ops::zero(Tensor x) {
+  STRATA_CHECK(x.numel == 0 || x.data, "kernels: zero of a null tensor");
+  do_zero(x);
+}
+
+void Ops::add(Tensor dst, Tensor src) {
+  need(dst, F, src.numel, "add dst");
+  need(src, F, src.numel, "add src");
+  do_add(dst, src);
+}
+
+void Ops::scale(Tensor x, float s) {
+  need(x, F, x.numel, "scale target");
+  do_scale(x, s);
+}
+
+void Ops::squared_norm(Tensor out, Tensor x) {
+  need(out, DType::u8, sizeof(double), "squared norm out");
+  need(x, F, x.numel, "squared norm x");
+  do_squared_norm(out, x);
+}
+
+void Ops::nonfinite_check(Tensor out, Tensor x) {
+  need(out, I, 1, "non-finite flag");
+  need(x, F, x.numel, "non-finite check x");
+  do_nonfinite_check(out, x);
+}
+
+void Ops::adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor p_out, const AdamW& hp, std::int64_t step,
+                float grad_scale) {
+  for (const Tensor* t : {&p, &g, &m, &v}) need(*t, F, p.numel, "adamw operand");
+  if (p_out) {
+    STRATA_CHECK(dtype_is_float(p_out.dtype), "kernels: adamw p_out is ", dtype_name(p_out.dtype));
+    STRATA_CHECK(p_out.numel >= p.numel, "kernels: adamw p_out holds ", p_out.numel, " of ", p.numel);
+  }
+  do_adamw(p, g, m, v, p_out, hp, step, grad_scale);
+}
+
+}  // namespace strata::kernels

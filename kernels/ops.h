@@ -40,6 +40,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "kernels/cpu/ops.h"
 
 namespace strata::kernels {
 
@@ -83,65 +84,61 @@ class Ops {
   Stream& stream() { return stream_; }
 
   // ---- embedding ----
-  virtual void embedding_forward(Tensor out /*(N,C)*/, Tensor tokens /*(N) i32*/, Tensor wte /*(V,C)*/, int N,
-                                 int C, int V) = 0;
-  virtual void embedding_backward(Tensor dwte /*(V,C) fp32 +=*/, Tensor dout /*(N,C)*/, Tensor tokens, int N,
-                                  int C, int V) = 0;
+  void embedding_forward(Tensor out /*(N,C)*/, Tensor tokens /*(N) i32*/, Tensor wte /*(V,C)*/, int N, int C,
+                         int V);
+  void embedding_backward(Tensor dwte /*(V,C) fp32 +=*/, Tensor dout /*(N,C)*/, Tensor tokens, int N, int C,
+                          int V);
   // ---- RMSNorm ----
-  virtual void rmsnorm_forward(Tensor out /*(N,C)*/, Tensor rstd /*(N) fp32*/, Tensor x /*(N,C)*/,
-                               Tensor w /*(C)*/, int N, int C, float eps) = 0;
-  virtual void rmsnorm_backward(Tensor dx /*(N,C) +=*/, Tensor dw /*(C) fp32 +=*/, Tensor dout, Tensor x,
-                                Tensor w, Tensor rstd, int N, int C) = 0;
+  void rmsnorm_forward(Tensor out /*(N,C)*/, Tensor rstd /*(N) fp32*/, Tensor x /*(N,C)*/, Tensor w /*(C)*/,
+                       int N, int C, float eps);
+  void rmsnorm_backward(Tensor dx /*(N,C) +=*/, Tensor dw /*(C) fp32 +=*/, Tensor dout, Tensor x, Tensor w,
+                        Tensor rstd, int N, int C);
   // ---- linear (no bias): out = x W^T ----
-  virtual void linear_forward(Tensor out /*(N,OC)*/, Tensor x /*(N,IC)*/, Tensor w /*(OC,IC)*/, int N, int IC,
-                              int OC) = 0;
+  void linear_forward(Tensor out /*(N,OC)*/, Tensor x /*(N,IC)*/, Tensor w /*(OC,IC)*/, int N, int IC,
+                      int OC);
   // dx += dout W (an empty dx skips it); dw += dout^T x (fp32).
-  virtual void linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
-                               int OC) = 0;
+  void linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC, int OC);
   // ---- rotary embedding ----
-  virtual void rope_cache(Tensor cos /*(T,HD/2) fp32*/, Tensor sin, int T, int HD, float theta) = 0;
-  virtual void rope_forward(Tensor out, Tensor x /*(B,T,H,HD)*/, Tensor cos, Tensor sin, int B, int T, int H,
-                            int HD) = 0;
-  virtual void rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD) = 0;
+  void rope_cache(Tensor cos /*(T,HD/2) fp32*/, Tensor sin, int T, int HD, float theta);
+  void rope_forward(Tensor out, Tensor x /*(B,T,H,HD)*/, Tensor cos, Tensor sin, int B, int T, int H, int HD);
+  void rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD);
   // ---- causal attention, grouped-query heads ----
-  virtual AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD) const = 0;
-  virtual void attention_forward(Tensor out /*(B,T,NH,HD)*/, Tensor saved /*attention_sizes().saved*/,
-                                 Tensor q, Tensor k, Tensor v, int B, int T, int NH, int NKV, int HD) = 0;
-  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q,
-                                  Tensor k, Tensor v, Tensor saved, int B, int T, int NH, int NKV,
-                                  int HD) = 0;
+  // What the attention ops need. The default is the unfused algorithm's (kernels/cpu and kernels/cuda):
+  // (B, NH, T, T) probabilities saved and as much scratch; a fused implementation overrides it.
+  virtual AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD) const;
+  void attention_forward(Tensor out /*(B,T,NH,HD)*/, Tensor saved /*attention_sizes().saved*/, Tensor q,
+                         Tensor k, Tensor v, int B, int T, int NH, int NKV, int HD);
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
+                          Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD);
   // ---- SwiGLU, residual ----
-  virtual void swiglu_forward(Tensor out, Tensor gate, Tensor up) = 0;
-  virtual void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) = 0;
-  virtual void residual_forward(Tensor out, Tensor a, Tensor b) = 0;
-  virtual void residual_backward(Tensor da /*+= or empty*/, Tensor db /*+= or empty*/, Tensor dout) = 0;
+  void swiglu_forward(Tensor out, Tensor gate, Tensor up);
+  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
+  void residual_forward(Tensor out, Tensor a, Tensor b);
+  void residual_backward(Tensor da /*+= or empty*/, Tensor db /*+= or empty*/, Tensor dout);
   // ---- cross-entropy fused with its logits gradient ----
   // losses (N, fp32) and mean_loss (1, fp32) are written; dlogits may be empty (forward only) or alias
   // logits.
-  virtual void cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits,
-                             Tensor targets /*(N) i32*/, int N, int V, float grad_scale) = 0;
+  void cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits,
+                     Tensor targets /*(N) i32*/, int N, int V, float grad_scale);
 
   // ---- runtime helpers (the engine's device-side work) ----
   // out = in converted (fp32 <-> bf16 / fp16, core/dtype.h's rounding; same dtype: a copy). Same numel.
-  virtual void cast(Tensor out, Tensor in) = 0;
-  virtual void fill(Tensor x /*fp32*/, float value) = 0;
+  void cast(Tensor out, Tensor in);
+  void fill(Tensor x /*fp32*/, float value);
   // x = 0, any dtype (all bits zero).
-  virtual void zero(Tensor x) = 0;
+  void zero(Tensor x);
   // dst += src (fp32), element by element: the gradient add.
-  virtual void add(Tensor dst, Tensor src) = 0;
-  virtual void scale(Tensor x /*fp32*/, float s) = 0;
+  void add(Tensor dst, Tensor src);
+  void scale(Tensor x /*fp32*/, float s);
   // out (1 element of 8 bytes: a double) = sum of x^2 in double, in a fixed order (deterministic).
-  virtual void squared_norm(Tensor out /*u8 (8)*/, Tensor x /*fp32*/) = 0;
+  void squared_norm(Tensor out /*u8 (8)*/, Tensor x /*fp32*/);
   // out (1, i32) = 1 if any element of x is NaN or +-inf, else 0.
-  virtual void nonfinite_check(Tensor out, Tensor x /*fp32*/) = 0;
+  void nonfinite_check(Tensor out, Tensor x /*fp32*/);
   // The device optimizer: kernels/cpu's AdamW (bit-identical on both implementations). p_out, if not empty,
   // receives the new p rounded to its dtype (bf16, fp16 or fp32).
-  struct AdamW {
-    float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
-    bool adamw_mode = true, bias_correction = true;
-  };
-  virtual void adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor p_out, const AdamW& hp, std::int64_t step,
-                     float grad_scale) = 0;
+  using AdamW = kernels::cpu::AdamWParams;  // lr, betas, eps, weight_decay, adamw_mode, bias_correction
+  void adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor p_out, const AdamW& hp, std::int64_t step,
+             float grad_scale);
 
   // ---- results back to the host (these wait for the stream) ----
   float read_f32(Tensor x);   // x[0] of an fp32 tensor
@@ -150,6 +147,45 @@ class Ops {
 
  protected:
   explicit Ops(Stream& s) : stream_(s) {}
+  void rope_operands(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int B, int T,
+                     int H, int HD) const;
+  void attention_operands(const Tensor& q_shaped, const Tensor& k, const Tensor& v, const Tensor& saved,
+                          int B, int T, int NH, int NKV, int HD) const;
+  // What an implementation provides: the op, on operands the public method above has checked (dtypes
+  // against caps(), sizes against the shape, null pointers). Each enqueues on stream() and returns.
+  virtual void do_embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int V) = 0;
+  virtual void do_embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int V) = 0;
+  virtual void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps) = 0;
+  virtual void do_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N,
+                                   int C) = 0;
+  virtual void do_linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) = 0;
+  virtual void do_linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
+                                  int OC) = 0;
+  virtual void do_rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta) = 0;
+  virtual void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) = 0;
+  virtual void do_rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H,
+                                int HD) = 0;
+  virtual void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T,
+                                    int NH, int NKV, int HD) = 0;
+  virtual void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q,
+                                     Tensor k, Tensor v, Tensor saved, int B, int T, int NH, int NKV,
+                                     int HD) = 0;
+  virtual void do_swiglu_forward(Tensor out, Tensor gate, Tensor up) = 0;
+  virtual void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) = 0;
+  virtual void do_residual_forward(Tensor out, Tensor a, Tensor b) = 0;
+  virtual void do_residual_backward(Tensor da, Tensor db, Tensor dout) = 0;
+  virtual void do_cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits,
+                                Tensor targets, int N, int V, float grad_scale) = 0;
+  virtual void do_cast(Tensor out, Tensor in) = 0;
+  virtual void do_fill(Tensor x, float value) = 0;
+  virtual void do_zero(Tensor x) = 0;
+  virtual void do_add(Tensor dst, Tensor src) = 0;
+  virtual void do_scale(Tensor x, float s) = 0;
+  virtual void do_squared_norm(Tensor out, Tensor x) = 0;
+  virtual void do_nonfinite_check(Tensor out, Tensor x) = 0;
+  virtual void do_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor p_out, const AdamW& hp,
+                        std::int64_t step, float grad_scale) = 0;
+
   // Copies `bytes` from device memory to the host and waits for them.
   void read(void* host, const void* device, std::size_t bytes);
 

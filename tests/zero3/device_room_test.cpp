@@ -17,19 +17,10 @@ namespace {
 using test::make_tokens;
 using test::ScratchDir;
 
-// Ten blocks of 213,248 parameters (833 KiB gathered in fp32: above DeepSpeed's default persistence
-// threshold of 1e5, so they come and go) and an embedding and a head of 32,768 (below it: persistent).
+// Ten blocks of 213,248 parameters (833 KiB gathered: they come and go under DeepSpeed's default
+// persistence threshold) and a persistent embedding and head.
 model::ModelConfig deep_model() {
-  model::ModelConfig c;
-  c.name = "device-room-test";
-  c.vocab_size = 256;
-  c.d_model = 128;
-  c.n_layers = 10;
-  c.n_heads = 4;
-  c.n_kv_heads = 4;
-  c.ffn_dim = 384;
-  c.max_seq_len = 64;
-  return c;
+  return test::block_model("device-room-test", 10);
 }
 
 enum class Knobs { stock, defaults, tight };

@@ -21,6 +21,22 @@ inline const char* name(OffloadDevice d) {
   return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
 }
 
+// A byte-vocabulary model of `layers` blocks of 213,248 parameters each (d_model 128, ffn 384, 4 heads):
+// 833 KiB per block gathered in fp32, above DeepSpeed's default persistence threshold of 1e5 elements;
+// the embedding and head (32,768 each) below it.
+inline model::ModelConfig block_model(const std::string& name, int layers) {
+  model::ModelConfig c;
+  c.name = name;
+  c.vocab_size = 256;
+  c.d_model = 128;
+  c.n_layers = layers;
+  c.n_heads = 4;
+  c.n_kv_heads = 4;
+  c.ffn_dim = 384;
+  c.max_seq_len = 64;
+  return c;
+}
+
 // A ZeRO-3 config with the given offload targets (NVMe under `nvme_dir`), small sub-groups so that the
 // swap pipeline has several, bf16 by default; `extra` is merged over it.
 inline Config make_config(OffloadDevice param, OffloadDevice optim, const std::string& nvme_dir,

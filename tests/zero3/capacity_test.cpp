@@ -10,18 +10,15 @@ namespace {
 using test::make_config;
 using test::ScratchDir;
 
-// About 4.8M parameters (77 MB of state at 16 bytes each); every chunk's fp32 copy stays under 1 MiB.
-model::ModelConfig wide_model() {
-  return test::block_model("capacity-test", 22);
-}
-
 constexpr std::uint64_t kCap = 6ull << 20;
+constexpr int kLayers = 22;  // about 4.8M parameters: 77 MB of state at 16 bytes each, 12x the cap
 
 TEST(Capacity, WithoutOffloadFailsBeforeTrainingNamingTheOffloadSettings) {
   ScratchDir d("capacity-none");
   Config cfg = make_config(OffloadDevice::none, OffloadDevice::none, d.path());
   try {
-    Engine engine(cfg, wide_model(), {.backend = "", .device_memory_cap = kCap});
+    Engine engine(cfg, test::block_model("capacity-test", kLayers),
+                  {.backend = "", .device_memory_cap = kCap});
     FAIL() << "a model with 10x the device's memory in state was accepted without offload";
   } catch (const OutOfMemory& e) {
     const std::string m = e.what();
@@ -35,7 +32,9 @@ TEST(Capacity, OptimizerOffloadAloneIsNotEnoughForParamsThatDoNotFit) {
   ScratchDir d("capacity-param");
   // Working params (2 bytes each) alone are ~9.6 MB: above the cap without offload_param.
   Config cfg = make_config(OffloadDevice::none, OffloadDevice::cpu, d.path());
-  EXPECT_THROW(Engine(cfg, wide_model(), {.backend = "", .device_memory_cap = kCap}), OutOfMemory);
+  EXPECT_THROW(
+      Engine(cfg, test::block_model("capacity-test", kLayers), {.backend = "", .device_memory_cap = kCap}),
+      OutOfMemory);
 }
 
 }  // namespace

@@ -21,6 +21,15 @@
 //   ratio         compute-only step / step (1 = the placement costs nothing)
 //   TFLOPS        model FLOPs per step / step time: 3 x the forward's (6 x parameters x tokens for the
 //                 matrix products, plus attention), the recomputation of checkpointing not counted
+// Copies (the largest chunk, on the engine's device and backend): the engine's two transfers against the
+// plain copy of the same bytes on the same kind of stream, in the same run —
+//   gather      the chunk's bf16 working params in pinned memory cast into the device in the compute
+//               interface's dtype (what a gather does) / a pinned -> device copy of those bf16 bytes
+//   grads       the chunk's fp32 gradient buffer handed to a pinned shard that already holds gradients
+//               (accumulation: device -> pinned staging, then the host add) / a plain device -> pinned
+//               copy of the same bytes (what the hand-off is when the shard is empty)
+// On cuda the plain copy is cudaMemcpyAsync from cudaHostAlloc'd memory; on the host backend a memcpy on
+// the stream's thread. GB/s count the bytes read from pinned memory (gather) or moved (D2H).
 // Prints the table, then one JSON line.
 #include <sys/sysinfo.h>
 
@@ -28,6 +37,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -39,6 +49,7 @@
 #include "core/error.h"
 #include "cpu_optim/cpu_optim.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/ops.h"
 #include "model/model.h"
 #include "zero3/engine.h"
 
@@ -231,6 +242,67 @@ Row run_placement(const std::string& p, const model::ModelConfig& mcfg, const Op
   return r;
 }
 
+struct Copies {
+  std::uint64_t elements = 0;
+  double gather_gbs = 0, h2d_gbs = 0, grads_gbs = 0, d2h_gbs = 0;
+};
+
+// Median seconds of `reps` runs of fn (each ends with the stream synchronized).
+template <typename Fn>
+double median_seconds(int reps, Fn&& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    t.push_back(since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+Copies measure_copies(const model::ModelConfig& mcfg, const Opts& o) {
+  DeviceOptions dopts;
+  dopts.backend = o.backend;
+  std::unique_ptr<Device> dev = open_device(dopts);
+  std::unique_ptr<Stream> s = dev->create_stream("bench-copies");
+  std::unique_ptr<kernels::Ops> ops = kernels::make_ops(*dev, *s);
+  model::ModelLayout layout(mcfg);
+  Copies c;
+  for (const model::ChunkLayout& ch : layout.chunks())
+    c.elements = std::max<std::uint64_t>(c.elements, ch.padded_numel);
+  const std::size_t n = c.elements;
+  const DType act = ops->caps().activation;
+  PinnedBuffer params(*dev, n * 2), grads_host(*dev, n * 4), staging(*dev, n * 4);
+  std::memset(params.data(), 0x3f, n * 2);  // bf16 1.49 everywhere: finite values for the cast
+  DeviceBuffer gathered(*dev, n * dtype_bytes(act)), raw(*dev, n * 2), grads(*dev, n * 4);
+  ops->zero(kernels::Tensor{grads.data(), DType::fp32, n});
+  const int reps = 7;
+  const double gather = median_seconds(reps, [&] {
+    ops->cast(kernels::Tensor{gathered.data(), act, n}, kernels::Tensor{params.data(), DType::bf16, n});
+    s->synchronize();
+  });
+  const double h2d = median_seconds(reps, [&] {
+    s->copy_async(raw.data(), params.data(), n * 2, CopyKind::host_to_device);
+    s->synchronize();
+  });
+  const double d2h = median_seconds(reps, [&] {
+    s->copy_async(grads_host.data(), grads.data(), n * 4, CopyKind::device_to_host);
+    s->synchronize();
+  });
+  const double accumulate = median_seconds(reps, [&] {
+    s->copy_async(staging.data(), grads.data(), n * 4, CopyKind::device_to_host);
+    s->synchronize();
+    float* dst = static_cast<float*>(grads_host.data());
+    const float* src = static_cast<const float*>(staging.data());
+    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+  });
+  c.gather_gbs = double(n) * 2 / gather / 1e9;
+  c.h2d_gbs = double(n) * 2 / h2d / 1e9;
+  c.grads_gbs = double(n) * 4 / accumulate / 1e9;
+  c.d2h_gbs = double(n) * 4 / d2h / 1e9;
+  return c;
+}
+
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> v;
   std::stringstream ss(s);
@@ -275,6 +347,18 @@ int main(int argc, char** argv) {
     std::printf("compute-only step: %.3f s (forward %.3f, backward %.3f, optimizer %.3f)  [ceiling]\n",
                 c.total, c.forward, c.backward, c.optimizer);
     std::fflush(stdout);
+    const Copies cp = measure_copies(mcfg, o);
+    std::printf("copies of the largest chunk (%llu elements), %s backend:\n", (unsigned long long)cp.elements,
+                o.backend.c_str());
+    std::printf(
+        "  gather (pinned bf16 -> device cast) %7.2f GB/s   plain pinned -> device copy %7.2f GB/s   ratio "
+        "%.2f\n",
+        cp.gather_gbs, cp.h2d_gbs, cp.gather_gbs / cp.h2d_gbs);
+    std::printf(
+        "  gradients accumulated into pinned   %7.2f GB/s   plain device -> pinned copy %7.2f GB/s   ratio "
+        "%.2f\n",
+        cp.grads_gbs, cp.d2h_gbs, cp.grads_gbs / cp.d2h_gbs);
+    std::fflush(stdout);
     std::vector<Row> rows;
     for (const std::string& p : split(o.placements)) rows.push_back(run_placement(p, mcfg, o, c));
 
@@ -299,6 +383,12 @@ int main(int argc, char** argv) {
                             {"optimizer_s", c.optimizer},
                             {"model_tflops", flops / c.total / 1e12}}},
                           {"model_flops_per_step", flops},
+                          {"copies",
+                           {{"elements", cp.elements},
+                            {"gather_gbs", cp.gather_gbs},
+                            {"plain_h2d_gbs", cp.h2d_gbs},
+                            {"grads_accumulate_gbs", cp.grads_gbs},
+                            {"plain_d2h_gbs", cp.d2h_gbs}}},
                           {"placements", nlohmann::json::array()}};
     for (const Row& r : rows) {
       char overlap[16] = "-", overlap_wait[16] = "-";

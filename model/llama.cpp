@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/dtype.h"
 
 namespace strata::model {
 namespace {
@@ -81,11 +82,9 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, ModelOptions opts) : cfg_(cfg), o
     own_device_ = open_device({.backend = "host", .ordinal = 0, .memory_cap = 0});
     own_stream_ = own_device_->create_stream("model-compute");
     own_ops_ = kernels::make_ops(*own_device_, *own_stream_);
-    opts_.device = own_device_.get();
-    opts_.ops = own_ops_.get();
   }
-  dev_ = opts_.device;
-  ops_ = opts_.ops;
+  dev_ = opts_.device ? opts_.device : own_device_.get();
+  ops_ = opts_.ops ? opts_.ops : own_ops_.get();
   act_ = ops_->caps().activation;
 }
 
@@ -116,9 +115,9 @@ void LlamaModel::check_layout(const ChunkProvider& chunks) const {
                ")");
 }
 
-template <typename Fn>
+template <typename M, typename Fn>
 void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DType act,
-                             kernels::AttentionSizes as, LlamaModel* m, Fn&& fn) {
+                             kernels::AttentionSizes as, M* m, Fn&& fn) {
   const size_t N = size_t(B) * size_t(T), C = size_t(cfg.d_model), F = size_t(cfg.ffn_dim);
   const size_t Q = size_t(cfg.q_dim()), KV = size_t(cfg.kv_dim()), V = size_t(cfg.vocab_size);
   const size_t L = size_t(cfg.n_layers), half = size_t(cfg.head_dim()) / 2;
@@ -126,7 +125,7 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
   constexpr DType f32 = DType::fp32, i32 = DType::i32;
   auto at = [&](Buf LlamaModel::*b) { return m ? &(m->*b) : nullptr; };
   for (size_t i = 0; i < sets; ++i) {
-    BlockActs* a = m ? &m->acts_[i] : nullptr;
+    auto* a = m ? &m->acts_[i] : nullptr;
     auto in = [&](Buf BlockActs::*b) { return a ? &(a->*b) : nullptr; };
     fn(in(&BlockActs::rstd1), N, f32), fn(in(&BlockActs::xn1), N * C, act), fn(in(&BlockActs::q), N * Q, act);
     fn(in(&BlockActs::k), N * KV, act), fn(in(&BlockActs::v), N * KV, act),
@@ -186,15 +185,11 @@ void LlamaModel::ensure_buffers(int B, int T) {
 }
 
 size_t LlamaModel::activation_bytes() const {
+  if (acts_.empty()) return 0;  // no forward yet: nothing allocated
   size_t n = 0;
-  for (const BlockActs& a : acts_)
-    for (const Buf* b :
-         {&a.rstd1, &a.xn1, &a.q, &a.k, &a.v, &a.att, &a.y, &a.x_mid, &a.rstd2, &a.xn2, &a.gate, &a.up, &a.h})
-      n += b->mem.size();
-  for (const Buf* b :
-       {&inputs_, &targets_, &rope_cos_, &rope_sin_, &resid_, &xf_, &rstdf_, &logits_, &losses_, &loss_,
-        &dresid_, &dxn_,     &dh_,       &dgate_,    &dup_,   &dy_, &dq_,    &dk_,     &dv_,     &datt_})
-    n += b->mem.size();
+  // Every set of block activations allocated so far (one, or one per layer), whatever the shape.
+  const bool one_set = acts_.size() < size_t(cfg_.n_layers);
+  each_buffer(cfg_, 1, 1, one_set, act_, {}, this, [&](const Buf* b, size_t, DType) { n += b->mem.size(); });
   return n;
 }
 
@@ -203,7 +198,7 @@ size_t LlamaModel::activation_bytes(const ModelConfig& cfg, int B, int T, bool c
   const kernels::AttentionSizes as =
       ops.attention_sizes(B, T, int(cfg.n_heads), int(cfg.n_kv_heads), int(cfg.head_dim()));
   size_t n = 0;
-  each_buffer(cfg, B, T, checkpoint_activations, ops.caps().activation, as, nullptr,
+  each_buffer(cfg, B, T, checkpoint_activations, ops.caps().activation, as, static_cast<LlamaModel*>(nullptr),
               [&](Buf*, size_t numel, DType dtype) { n += std::max<size_t>(1, numel * dtype_bytes(dtype)); });
   return n;
 }
@@ -212,15 +207,10 @@ std::vector<float> LlamaModel::logits() const {
   const size_t n = size_t(B_) * size_t(T_) * size_t(cfg_.vocab_size);
   std::vector<float> out(n);
   if (n == 0) return out;
-  if (act_ == DType::fp32) {
-    ops_->stream().copy_async(out.data(), logits_.t.data, n * sizeof(float), CopyKind::device_to_host);
-    ops_->stream().synchronize();
-    return out;
-  }
-  std::vector<std::uint16_t> h(n);
-  ops_->stream().copy_async(h.data(), logits_.t.data, n * 2, CopyKind::device_to_host);
+  std::vector<char> raw(n * dtype_bytes(act_));
+  ops_->stream().copy_async(raw.data(), logits_.t.data, raw.size(), CopyKind::device_to_host);
   ops_->stream().synchronize();
-  for (size_t i = 0; i < n; ++i) out[i] = act_ == DType::bf16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+  convert_to_f32(act_, raw.data(), n, out.data());
   return out;
 }
 

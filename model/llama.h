@@ -106,10 +106,11 @@ class LlamaModel {
     Buf h;      // (N, F) silu(gate) * up
   };
   // Calls fn(buffer, elements, dtype) for every buffer a forward + backward over (B, T) needs, in one
-  // fixed order; `m` null: buffer null (sizes only, for activation_bytes()).
-  template <typename Fn>
+  // fixed order; `m` null: buffer null (sizes only, for the static activation_bytes()). M: LlamaModel,
+  // or const LlamaModel to read what is allocated.
+  template <typename M, typename Fn>
   static void each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DType act,
-                          kernels::AttentionSizes as, LlamaModel* m, Fn&& fn);
+                          kernels::AttentionSizes as, M* m, Fn&& fn);
 
   void ensure_buffers(int B, int T);
   void block_forward(const ChunkView& p, kernels::Tensor x_in, kernels::Tensor x_out, BlockActs& a,

@@ -212,18 +212,19 @@ void Engine::Impl::plan_memory() {
   // with its gradient buffer (the gradient buffer also of a persistent chunk), or — tied embeddings — the
   // head's and the embedding's together while the head runs.
   auto held = [&](const ChunkSlot& s) { return (s.persistent ? 0 : s.block) + s.block; };
-  std::uint64_t persistent = 0, most = 0;
+  std::uint64_t most = 0;
   for (const ChunkSlot& s : slots) {
-    if (s.persistent) persistent += s.block;
+    if (s.persistent) persistent_bytes += s.block, ++persistent_chunks;
     most = std::max(most, held(s));
+    largest_shard = std::max<std::uint64_t>(largest_shard, s.shard.numel);
   }
   if (mcfg.tie_embeddings && layout.head_chunk() != layout.embedding_chunk())
     most = std::max(most, held(slots[std::size_t(layout.head_chunk())]) +
                               held(slots[std::size_t(layout.embedding_chunk())]));
-  plan.device_working_set = persistent + most;
-  const int T = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
-  plan.device_activations = model::LlamaModel::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu),
-                                                                T, opts.checkpoint_activations, *ops);
+  plan.device_working_set = persistent_bytes + most;
+  planned_seq_len = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
+  plan.device_activations = model::LlamaModel::activation_bytes(
+      mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len, opts.checkpoint_activations, *ops);
   const std::uint64_t cap = dev->caps().capacity;
   const std::uint64_t need = plan.device_state + plan.device_working_set + plan.device_activations;
   plan.device_cache = cap > need ? cap - need : 0;
@@ -246,7 +247,7 @@ void Engine::Impl::plan_memory() {
   plan.pinned_budget = plan.pinned_state + staging + 2 * slab + (staging + plan.pinned_state) / 16;
   // The gradient staging buffer (accumulation into a pinned shard) is pinned memory of the engine's own,
   // outside the tier manager's budget.
-  if (homes.grad == Tier::pinned) plan.pinned_staging += largest * sizeof(float);
+  if (homes.grad == Tier::pinned) plan.pinned_staging += largest_shard * sizeof(float);
 }
 
 void Engine::Impl::check_fits() const {
@@ -279,16 +280,12 @@ void Engine::Impl::check_fits() const {
   const DeviceCaps& caps = dev->caps();
   const std::uint64_t need = plan.device_state + plan.device_working_set + plan.device_activations;
   if (need > caps.capacity) {
-    std::uint64_t persistent = 0;
-    int n_persistent = 0;
-    for (const ChunkSlot& s : slots)
-      if (s.persistent) persistent += s.block, ++n_persistent;
     std::string todo;
     if (plan.device_state > 0)
       todo +=
           "set zero_optimization.offload_optimizer.device and offload_param.device to \"cpu\" or \"nvme\" "
           "(configs/zero3_cpu.json, configs/zero3_nvme.json), ";
-    if (persistent > 0)
+    if (persistent_chunks > 0)
       todo += cat("lower zero_optimization.stage3_param_persistence_threshold (now ",
                   z.stage3_param_persistence_threshold, " elements) so that fewer chunks stay gathered, ");
     throw OutOfMemory(cat(
@@ -297,12 +294,13 @@ void Engine::Impl::check_fits() const {
         " of state (offload_param.device = ", offload_name(z.offload_param.device),
         ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ") and a working set of ",
         gib(plan.device_working_set), " (the largest chunk gathered in fp32 with its gradient buffer",
-        n_persistent > 0 ? cat(", and ", n_persistent, " persistent chunk", n_persistent > 1 ? "s" : "",
-                               " of ", gib(persistent), " below stage3_param_persistence_threshold")
-                         : std::string(),
+        persistent_chunks > 0
+            ? cat(", and ", persistent_chunks, " persistent chunk", persistent_chunks > 1 ? "s" : "", " of ",
+                  gib(persistent_bytes), " below stage3_param_persistence_threshold")
+            : std::string(),
         "), and ", gib(plan.device_activations), " of activations for a micro-batch of ",
-        cfg.train_micro_batch_size_per_gpu, " x ", opts.seq_len > 0 ? opts.seq_len : mcfg.max_seq_len,
-        " tokens — and the device has ", gib(caps.capacity), " (", caps.name, "). To fit, ", todo,
+        cfg.train_micro_batch_size_per_gpu, " x ", planned_seq_len, " tokens — and the device has ",
+        gib(caps.capacity), " (", caps.name, "). To fit, ", todo,
         "lower train_micro_batch_size_per_gpu or the sequence length (--seq-len), "
         "or raise strata.device_memory_cap (--device-memory-cap) to at least ",
         need, " bytes (docs/train.md, \"Device memory\")"));
@@ -325,11 +323,7 @@ void Engine::Impl::check_fits() const {
 
 void Engine::Impl::open_tiers() {
   const auto& z = cfg.zero_optimization;
-  if (homes.grad == Tier::pinned) {
-    std::uint64_t largest = 0;
-    for (const ChunkSlot& s : slots) largest = std::max<std::uint64_t>(largest, s.shard.numel);
-    grad_staging = PinnedBuffer(*dev, largest * sizeof(float));
-  }
+  if (homes.grad == Tier::pinned) grad_staging = PinnedBuffer(*dev, largest_shard * sizeof(float));
   if (plan.nvme_state > 0) {
     const std::string& path = z.offload_optimizer.device == OffloadDevice::nvme
                                   ? z.offload_optimizer.nvme_path

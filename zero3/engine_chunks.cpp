@@ -19,22 +19,23 @@
 //   2. the source: the params at home on the device or in pinned memory, or — at home on NVMe — their
 //      pinned copy, read by the tier manager (one of offload_param.buffer_count reads in flight; kept as a
 //      cache afterwards while the cached elements stay within offload_param.max_in_cpu);
-//   3. one host function on the gather stream waits for that read and widens the source into the fp32
-//      copy, then the stream records the chunk's `ready` event.
-// acquire() waits on `ready` (through the prefetcher, which counts the wait). A failed read or widening
-// is stored in the slot and raised by the acquire that waits for it.
+//   3. on the gather stream: a host function waits for that read (NVMe only), then the compute
+//      interface casts the source into the gathered block in the ops' activation dtype, and the stream
+//      records the chunk's `ready` event.
+// acquire() waits on `ready` (through the prefetcher, which counts the wait). A failed read is stored in
+// the slot and raised by the acquire that waits for it.
 //
-// Note [Gradients off the device]: the model adds each chunk's gradients into a zeroed fp32 buffer on the
-// device (acquire_grads). release_grads hands that buffer to the chunk's fp32 gradient shard: copied when
-// the shard is still empty this step, added element by element otherwise — the same arithmetic whether
-// the shard is on the device (done at once on the training thread) or in pinned host memory (done on the
-// gradient stream, overlapping the next chunk's backward; the buffer is freed when that pass has run).
+// Note [Gradients off the device]: the model adds each chunk's gradients into a buffer zeroed on the
+// compute stream (acquire_grads). release_grads hands that buffer to the chunk's fp32 gradient shard:
+// copied when the shard is still empty this step, added element by element otherwise — the same
+// arithmetic whether the shard is on the device (on the compute stream, after the model's ops) or in
+// pinned host memory (the gradient stream waits for the compute stream, copies the buffer off the device,
+// through pinned staging and a host add when accumulating; a failure surfaces at sync_grads). The buffer
+// is freed after the stream that read it last.
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "core/log.h"
-#include "kernels/cpu/ops.h"
 #include "zero3/engine_impl.h"
 
 namespace strata::zero3 {
@@ -42,11 +43,8 @@ namespace {
 
 using detail::cat;
 
-void accumulate(float* dst, const float* src, std::size_t n, bool fresh) {
-  if (fresh) {
-    std::memcpy(dst, src, n * sizeof(float));
-    return;
-  }
+// dst += src, one fp32 add per element (Ops::add's arithmetic, on the host).
+void add_into(float* dst, const float* src, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
@@ -289,8 +287,7 @@ void Engine::Impl::release(int c) {
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.g == ChunkSlot::Gather::held, "zero3: chunk ", s.name, " released but not held");
   s.g = ChunkSlot::Gather::ready;
-  if (!s.computed) s.computed = dev->create_event();
-  compute_stream->record(*s.computed);  // the last op reading the gathered copy
+  computed(s);  // the last op reading the gathered copy: drop_gathered frees the block after it
   const bool keep = in_pass && (s.persistent || pf->keep_after_release(c)) &&
                     live_numel() <= cfg.zero_optimization.stage3_max_live_parameters;
   if (!keep) {
@@ -327,34 +324,23 @@ void Engine::Impl::release_grads(int c) {
       ops->cast(to, from);
     else
       ops->add(to, from);
-    auto done = dev->create_event();
-    compute_stream->record(*done);
-    tm->evict(s.gradbuf, Tier::device, Tier::pinned, done.get());  // frees the block (never valid: no copy)
+    tm->evict(s.gradbuf, Tier::device, Tier::pinned, &computed(s));  // frees the block (never valid: no copy)
   } else {
     // The gradient stream waits for the model's ops, then copies the buffer off the device: straight
     // into the pinned shard when it is empty this step, else into pinned staging and adds it on the host
     // (the same arithmetic as the device-home path: a copy, or one fp32 add per element).
-    auto computed = dev->create_event();
-    compute_stream->record(*computed);
-    grad_stream->wait(*computed);
+    grad_stream->wait(computed(s));
     float* dst = s.grad;
     if (fresh) {
       grad_stream->copy_async(dst, src, n * sizeof(float), CopyKind::device_to_host);
     } else {
       float* staged = static_cast<float*>(grad_staging.data());
       grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
-      grad_stream->host_fn([this, dst, staged, n] {
-        try {
-          accumulate(dst, staged, n, false);
-        } catch (...) {
-          std::lock_guard<std::mutex> lk(grad_mu);
-          if (!grad_error) grad_error = std::current_exception();
-        }
-      });
+      grad_stream->host_fn([dst, staged, n] { add_into(dst, staged, n); });
     }
-    auto done = dev->create_event();
-    grad_stream->record(*done);
-    tm->evict(s.gradbuf, Tier::device, Tier::pinned, done.get());  // the block is reused after the pass
+    if (!s.handed_off) s.handed_off = dev->create_event();
+    grad_stream->record(*s.handed_off);
+    tm->evict(s.gradbuf, Tier::device, Tier::pinned, s.handed_off.get());  // reused once the copy is done
   }
   s.gbuf = nullptr;
 }
@@ -362,14 +348,14 @@ void Engine::Impl::release_grads(int c) {
 void Engine::Impl::sync_grads() {
   auto t0 = Clock::now();
   compute_stream->synchronize();  // gradients at home on the device are added there
-  grad_stream->synchronize();
+  grad_stream->synchronize();     // raises a failed copy or add of the gradient stream
   times.wait += seconds_since(t0);
-  std::lock_guard<std::mutex> lk(grad_mu);
-  if (grad_error) {
-    std::exception_ptr e = grad_error;
-    grad_error = nullptr;
-    std::rethrow_exception(e);
-  }
+}
+
+Event& Engine::Impl::computed(ChunkSlot& s) {
+  if (!s.computed) s.computed = dev->create_event();
+  compute_stream->record(*s.computed);
+  return *s.computed;
 }
 
 }  // namespace strata::zero3

@@ -1,12 +1,11 @@
 // Internal to zero3: the engine's state. One training thread calls every method; the gather and gradient
-// streams run host functions that touch only the buffers they were handed and the error slots below.
+// streams run host functions that touch only the buffers they were handed and a slot's `error`.
 #pragma once
 
 #include <chrono>
 #include <deque>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "cpu_optim/cpu_optim.h"
@@ -51,12 +50,13 @@ struct ChunkSlot {
   enum class Gather : std::uint8_t { absent, in_flight, ready, held };
   Gather g = Gather::absent;
   tiering::TensorId gathered = 0;
-  void* gptr = nullptr;             // (numel) in the ops' activation dtype (act)
-  std::unique_ptr<Event> ready;     // recorded on the gather stream after the widening pass
-  std::unique_ptr<Event> computed;  // recorded on the compute stream at release: its last use there
-  std::exception_ptr error;         // set by that pass before `ready` completes
-  bool pins_param = false;          // the gather holds a pin on the param's pinned copy (NVMe home)
-  bool counts_nvme_read = false;    // the gather occupies one of offload_param.buffer_count buffers
+  void* gptr = nullptr;               // (numel) in the ops' activation dtype (act)
+  std::unique_ptr<Event> ready;       // recorded on the gather stream after the widening pass
+  std::unique_ptr<Event> computed;    // the compute stream's work so far on this chunk (computed())
+  std::unique_ptr<Event> handed_off;  // the gradient stream's copy of the gradient buffer
+  std::exception_ptr error;           // set by that pass before `ready` completes
+  bool pins_param = false;            // the gather holds a pin on the param's pinned copy (NVMe home)
+  bool counts_nvme_read = false;      // the gather occupies one of offload_param.buffer_count buffers
   std::uint64_t last_use = 0;
 
   // The gradient buffer handed to the model (device, fp32, numel), between acquire_grads and release.
@@ -111,6 +111,9 @@ struct Engine::Impl final : prefetch::FetchTarget {
   float* acquire_grads(int c);
   void release_grads(int c);
   void sync_grads();
+  // Records the compute stream's work enqueued so far into s.computed and returns it. Waits and frees made
+  // after it take that point (an event's later records do not move them).
+  Event& computed(ChunkSlot& s);
 
   // ---- the step (engine_step.cpp) ----
   StepResult step();
@@ -166,6 +169,10 @@ struct Engine::Impl final : prefetch::FetchTarget {
   // Pinned staging for a gradient buffer on its way to a pinned shard that already holds gradients
   // (accumulation): copied off the device here, then added on the host. (padded_numel of the largest chunk)
   PinnedBuffer grad_staging;
+  // From plan_memory: the largest shard (elements), the chunks that stay gathered all pass and their device
+  // bytes, and the tokens per sequence the activations are planned for.
+  std::uint64_t largest_shard = 0, persistent_bytes = 0;
+  int persistent_chunks = 0, planned_seq_len = 0;
   std::unique_ptr<prefetch::Prefetcher> pf;
   std::unique_ptr<cpu_optim::Optimizer> opt;
   LossScaler scaler;
@@ -183,8 +190,6 @@ struct Engine::Impl final : prefetch::FetchTarget {
   std::uint64_t param_cache_numel = 0;
 
   TransferStats transfers;
-  std::mutex grad_mu;  // guards grad_error (written by the gradient stream)
-  std::exception_ptr grad_error;
 
   std::int64_t global_step = 0, applied_steps = 0, skipped = 0;
   bool in_pass = false;

@@ -24,6 +24,7 @@
 #include <limits>
 
 #include "core/log.h"
+#include "model/dtype.h"
 #include "zero3/engine_impl.h"
 
 namespace strata::zero3 {
@@ -278,19 +279,7 @@ void Engine::read_params(int id, float* out) {
   const ChunkSlot& s = im.slots.at(std::size_t(id));
   std::memset(out, 0, s.numel * sizeof(float));  // padding (world size 1: the shard is the chunk)
   im.with_host_copy(s.t.param, [&](const void* p) {
-    float* dst = out + s.shard.offset;
-    switch (im.wd) {
-      case DType::bf16:
-        for (std::size_t i = 0; i < s.shard.numel; ++i)
-          dst[i] = bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-        break;
-      case DType::fp16:
-        for (std::size_t i = 0; i < s.shard.numel; ++i)
-          dst[i] = f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-        break;
-      default:
-        std::memcpy(dst, p, s.shard.numel * sizeof(float));
-    }
+    model::convert_to_f32(im.wd, p, s.shard.numel, out + s.shard.offset);
   });
 }
 

@@ -26,9 +26,6 @@ class CpuOps final : public Ops {
     caps_.backend = dev.caps().backend;
     caps_.name = "cpu: fp32, OpenBLAS matrix products, oneTBB loops";
     caps_.activation = DType::fp32;
-    caps_.fused_attention = false;
-    caps_.bit_reproducible = true;
-    caps_.exact_casts = true;
   }
   const OpsCaps& caps() const override { return caps_; }
 

@@ -68,7 +68,6 @@ struct OpsCaps {
   DType activation = DType::fp32;  // activations, weights, activation gradients
   bool fused_attention = false;    // attention without a (B, NH, T, T) probability matrix
   bool bit_reproducible = true;    // same inputs and thread count: the same bits, run to run
-  bool exact_casts = true;         // casts round as core/dtype.h does, bit for bit
 };
 
 // Sizes of the attention buffers an implementation needs (elements, fp32).

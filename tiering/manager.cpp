@@ -573,11 +573,6 @@ PoolStats TierManager::pool_stats(Tier t) const {
   return p ? p->stats() : PoolStats{};
 }
 
-std::uint64_t TierManager::block_bytes(Tier t, std::uint64_t bytes) const {
-  const TierPool* p = impl_->pools[int(t)].get();
-  return p ? p->block_bytes(bytes) : bytes;
-}
-
 bool TierManager::has_tier(Tier t) const {
   return impl_->pools[int(t)] != nullptr;
 }

@@ -216,8 +216,6 @@ class TierManager {
   Snapshot snapshot(bool with_events = true) const;
   // Per-tier pool statistics (capacity, used, reserved, free, ...).
   PoolStats pool_stats(Tier t) const;
-  // Bytes of tier `t`'s budget that a tensor of `bytes` takes there (the pool's rounding).
-  std::uint64_t block_bytes(Tier t, std::uint64_t bytes) const;
   bool has_tier(Tier t) const;
   const Device& device() const;
 

@@ -43,9 +43,6 @@ class CachingPool final : public TierPool {
     s.ooms = a.num_ooms;
     return s;
   }
-  std::uint64_t block_bytes(std::uint64_t bytes) const override {
-    return alloc_->block_bytes(std::size_t(bytes));
-  }
   const CachingAllocator* allocator() const override { return alloc_.get(); }
 
  private:

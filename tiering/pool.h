@@ -60,8 +60,6 @@ class TierPool {
   // Returns a block; it is reused only once `last_use` is ready (null: at once).
   virtual void free(const PoolBlock& b, std::shared_ptr<const Fence> last_use) = 0;
   virtual PoolStats stats() const = 0;
-  // Bytes of the tier's budget a block of `bytes` takes (the pool's rounding).
-  virtual std::uint64_t block_bytes(std::uint64_t bytes) const { return bytes; }
   // The caching allocator behind a pointer pool (its PyTorch-style stats), or null (NVMe).
   virtual const CachingAllocator* allocator() const { return nullptr; }
 };

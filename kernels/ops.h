@@ -111,6 +111,7 @@ class Ops {
                           Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD);
   // ---- SwiGLU, residual ----
   void swiglu_forward(Tensor out, Tensor gate, Tensor up);
+  // May run in place (dgate == gate, dup == up): every implementation reads an element's inputs first.
   void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
   void residual_forward(Tensor out, Tensor a, Tensor b);
   void residual_backward(Tensor da /*+= or empty*/, Tensor db /*+= or empty*/, Tensor dout);

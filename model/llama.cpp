@@ -144,8 +144,7 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
       fn(at(&LlamaModel::logits_), N * V, act);
   fn(at(&LlamaModel::losses_), N, f32), fn(at(&LlamaModel::loss_), 1, f32);
   fn(at(&LlamaModel::dresid_), N * C, act), fn(at(&LlamaModel::dxn_), N * C, act);
-  fn(at(&LlamaModel::dh_), N * F, act), fn(at(&LlamaModel::dgate_), N * F, act),
-      fn(at(&LlamaModel::dup_), N * F, act);
+  fn(at(&LlamaModel::dh_), N * F, act);
   fn(at(&LlamaModel::dy_), N * Q, act), fn(at(&LlamaModel::dq_), N * Q, act);
   fn(at(&LlamaModel::dk_), N * KV, act), fn(at(&LlamaModel::dv_), N * KV, act);
   fn(at(&LlamaModel::datt_), as.scratch, f32);
@@ -305,14 +304,17 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
   timed(
       "down_proj", ph, 2 * linear_flops(N, F, C),
       [&] { o.linear_backward(dh_.t, dw(kWDown), dresid_.t, a.h.t, weight(p, kWDown), N, F, C); }, N, F, C);
-  timed("swiglu", ph, 0, [&] { o.swiglu_backward(dgate_.t, dup_.t, dh_.t, a.gate.t, a.up.t); });
+  // In place: each element's gate and up are read before its dgate and dup are written, and nothing
+  // after this reads the saved gate or up (a checkpointed block recomputes them).
+  timed("swiglu", ph, 0, [&] { o.swiglu_backward(a.gate.t, a.up.t, dh_.t, a.gate.t, a.up.t); });
+  Tensor dgate = a.gate.t, dup = a.up.t;
   o.zero(dxn_.t);
   timed(
       "gate_proj", ph, 2 * linear_flops(N, C, F),
-      [&] { o.linear_backward(dxn_.t, dw(kWGate), dgate_.t, a.xn2.t, weight(p, kWGate), N, C, F); }, N, C, F);
+      [&] { o.linear_backward(dxn_.t, dw(kWGate), dgate, a.xn2.t, weight(p, kWGate), N, C, F); }, N, C, F);
   timed(
       "up_proj", ph, 2 * linear_flops(N, C, F),
-      [&] { o.linear_backward(dxn_.t, dw(kWUp), dup_.t, a.xn2.t, weight(p, kWUp), N, C, F); }, N, C, F);
+      [&] { o.linear_backward(dxn_.t, dw(kWUp), dup, a.xn2.t, weight(p, kWUp), N, C, F); }, N, C, F);
   timed("ffn_norm", ph, 0, [&] {
     o.rmsnorm_backward(dresid_.t, dw(kFfnNorm), dxn_.t, a.x_mid.t, weight(p, kFfnNorm), a.rstd2.t, N, C);
   });

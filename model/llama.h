@@ -151,11 +151,11 @@ class LlamaModel {
   Buf logits_;                   // (N, V); backward turns it into dlogits in place
   Buf losses_, loss_;            // (N), (1) fp32: cross-entropy per row and mean
   // Backward scratch.
-  Buf dresid_, dxn_;      // (N, C)
-  Buf dh_, dgate_, dup_;  // (N, F)
-  Buf dy_, dq_;           // (N, Hq*D)
-  Buf dk_, dv_;           // (N, Hkv*D)
-  Buf datt_;              // attention backward scratch, fp32
+  Buf dresid_, dxn_;  // (N, C)
+  Buf dh_;       // (N, F); the SwiGLU backward writes dgate and dup over the saved gate and up (dead by then)
+  Buf dy_, dq_;  // (N, Hq*D)
+  Buf dk_, dv_;  // (N, Hkv*D)
+  Buf datt_;     // attention backward scratch, fp32
 };
 
 }  // namespace strata::model

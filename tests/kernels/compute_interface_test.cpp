@@ -222,6 +222,17 @@ TEST_P(Compute, SwigluAndResidualMatchTheCpuOps) {
   expect_matches(get(tda), da, "residual da");
 }
 
+TEST_P(Compute, SwigluBackwardInPlaceOverGateAndUpEqualsTheSeparateOutputs) {
+  const std::size_t n = 1000;  // not a multiple of any vector width
+  auto g = act(n, 16), u = act(n, 17), d = act(n, 18);
+  Tensor tg = put(g, A), tu = put(u, A), td = put(d, A), tdg = alloc(n, A), tdu = alloc(n, A);
+  ops->swiglu_backward(tdg, tdu, td, tg, tu);
+  ops->swiglu_backward(tg, tu, td, tg, tu);  // what LlamaModel's backward does
+  const auto want_dg = get(tdg), want_du = get(tdu), got_dg = get(tg), got_du = get(tu);
+  EXPECT_EQ(0, std::memcmp(got_dg.data(), want_dg.data(), n * sizeof(float))) << "dgate in place";
+  EXPECT_EQ(0, std::memcmp(got_du.data(), want_du.data(), n * sizeof(float))) << "dup in place";
+}
+
 TEST_P(Compute, CrossEntropyLossAndGradientMatchTheCpuOps) {
   const int N = 6, V = 33;
   auto logits = act(N * V, 16, 2.0f);

@@ -126,18 +126,16 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   }
 
   dev = open_device(device_options(cfg, opts));
-  // Model state at home on the device is still initialised, checkpointed and updated by the CPU through
-  // its address (the device optimizer of the compute interface is not wired in yet), so it needs a device
-  // the CPU can address. Offloaded state needs none of that: chunks are gathered by casts on the device
-  // that read pinned memory, gradients leave by copies.
-  if (!dev->caps().host_addressable &&
-      (homes.param == Tier::device || homes.grad == Tier::device || homes.master == Tier::device))
-    throw ConfigError(cat(
-        "offload_param.device = ", offload_name(z.offload_param.device), " and offload_optimizer.device = ",
-        offload_name(z.offload_optimizer.device), " keep model state on the device, which the ",
-        to_string(dev->caps().backend), " backend (", dev->caps().name,
-        ") does not support yet: set both to \"cpu\" or \"nvme\" (configs/zero3_cpu.json), or use --backend "
-        "host"));
+  by_ops = !dev->caps().host_addressable || opts.device_state_by_ops;
+  // The device optimizer is the compute interface's AdamW; the others run on the CPU only.
+  if (by_ops && homes.master == Tier::device && n_states != 2)
+    throw ConfigError(
+        cat("optimizer.type ", cfg.optimizer.type == OptimizerType::Lion ? "Lion" : "Adagrad",
+            " with offload_optimizer.device = none needs an optimizer on the device, and the ",
+            to_string(dev->caps().backend), " backend (", dev->caps().name,
+            ") has only Adam and AdamW there: use optimizer.type AdamW, or set "
+            "zero_optimization.offload_optimizer.device to \"cpu\" (the CPU optimizers have all "
+            "four)"));
   compute_stream = dev->create_stream("zero3-compute");
   ops = kernels::make_ops(*dev, *compute_stream);
   act = ops->caps().activation;
@@ -225,6 +223,7 @@ void Engine::Impl::plan_memory() {
   planned_seq_len = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
   plan.device_activations = model::LlamaModel::activation_bytes(
       mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len, opts.checkpoint_activations, *ops);
+  if (by_ops && homes.grad == Tier::device) plan.device_state += block(slots.size() * 16);  // grad_stats
   const std::uint64_t cap = dev->caps().capacity;
   const std::uint64_t need = plan.device_state + plan.device_working_set + plan.device_activations;
   plan.device_cache = cap > need ? cap - need : 0;
@@ -248,6 +247,8 @@ void Engine::Impl::plan_memory() {
   // The gradient staging buffer (accumulation into a pinned shard) is pinned memory of the engine's own,
   // outside the tier manager's budget.
   if (homes.grad == Tier::pinned) plan.pinned_staging += largest_shard * sizeof(float);
+  if (by_ops && homes.param == Tier::device && homes.master != Tier::device)
+    plan.pinned_staging += largest_shard * wd_bytes();  // param_staging
 }
 
 void Engine::Impl::check_fits() const {
@@ -324,6 +325,8 @@ void Engine::Impl::check_fits() const {
 void Engine::Impl::open_tiers() {
   const auto& z = cfg.zero_optimization;
   if (homes.grad == Tier::pinned) grad_staging = PinnedBuffer(*dev, largest_shard * sizeof(float));
+  if (by_ops && homes.param == Tier::device && homes.master != Tier::device)
+    param_staging = PinnedBuffer(*dev, largest_shard * wd_bytes());
   if (plan.nvme_state > 0) {
     const std::string& path = z.offload_optimizer.device == OffloadDevice::nvme
                                   ? z.offload_optimizer.nvme_path
@@ -360,9 +363,22 @@ tiering::Move Engine::Impl::put(tiering::TensorId id, Tier home, const void* src
     return tm->evict(id, Tier::pinned, Tier::nvme);
   }
   void* p = tm->allocate(id, home);
-  std::memcpy(p, src, bytes);
+  if (home == Tier::device && by_ops)
+    to_device(p, src, bytes);
+  else
+    std::memcpy(p, src, bytes);
   tm->mark_written(id, home);
   return {};
+}
+
+void Engine::Impl::to_device(void* dst, const void* src, std::size_t bytes) {
+  compute_stream->copy_async(dst, src, bytes, CopyKind::host_to_device);
+  compute_stream->synchronize();
+}
+
+void Engine::Impl::from_device(void* dst, const void* src, std::size_t bytes) {
+  compute_stream->copy_async(dst, src, bytes, CopyKind::device_to_host);
+  compute_stream->synchronize();
 }
 
 void Engine::Impl::init_chunks() {
@@ -427,6 +443,17 @@ void Engine::Impl::init_chunks() {
                                      .shard = -1});
     tm->pin(s.gathered);
     tm->pin(s.gradbuf);
+  }
+  if (by_ops && homes.grad == Tier::device) {
+    stats_id = tm->register_tensor({.name = "zero3.grad_stats",
+                                    .kind = tiering::Kind::grad,
+                                    .dtype = DType::u8,
+                                    .bytes = slots.size() * 16,
+                                    .home = Tier::device,
+                                    .chunk = -1,
+                                    .shard = -1});
+    stats = static_cast<char*>(tm->allocate(stats_id, Tier::device));
+    tm->pin(stats_id);
   }
   STRATA_LOG_INFO("zero3: ", mcfg.name, " (", mcfg.num_parameters(), " parameters, ", slots.size(),
                   " chunks, ", groups.size(), " optimizer sub-group", groups.size() > 1 ? "s" : "", ") on ",

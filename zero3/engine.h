@@ -75,6 +75,11 @@ struct EngineOptions {
   // model::LlamaModel::activation_bytes says for the engine's ops).
   int seq_len = 0;
   bool checkpoint_activations = true;
+  // Treat the device's memory as not host-addressable even where it is (the host backend): model state at
+  // home on the device is then initialised, reduced, updated and checkpointed by stream work — copies and
+  // the compute interface's ops, the device optimizer among them — exactly as on cuda. For tests of that
+  // path without a GPU; a device whose memory the CPU cannot address always takes it.
+  bool device_state_by_ops = false;
 };
 
 // Seconds of one optimizer step (its accumulation micro-steps included). `wait` is the part of the

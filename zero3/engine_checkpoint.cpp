@@ -5,7 +5,9 @@
 // pinned memory one tensor at a time. Gradients are not saved: checkpoints are taken between steps, when
 // the gradient shards are empty. Loading writes each tensor into the tiers of the loading engine's config,
 // so a run saved with offload cpu can resume with offload nvme and the reverse.
+#include <cstddef>
 #include <cstring>
+#include <vector>
 
 #include "core/log.h"
 #include "zero3/checkpoint.h"
@@ -106,6 +108,12 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
     std::vector<tiering::Move> writes;
     auto read_into = [&](tiering::TensorId id, const std::string& name, std::uint64_t bytes) {
       const Tier home = tm->info(id).desc.home;
+      if (home == Tier::device && by_ops) {  // through host memory, then onto the device
+        std::vector<std::byte> host(bytes);
+        r.read(name, host.data(), bytes);
+        to_device(tm->data(id, home), host.data(), bytes);
+        return;
+      }
       if (home != Tier::nvme) {
         r.read(name, tm->data(id, home), bytes);
         return;

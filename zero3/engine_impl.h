@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <deque>
 #include <exception>
 #include <memory>
@@ -78,6 +79,10 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void init_chunks();
   // Places `bytes` from `src` as the valid copy of `id` in its home tier (through pinned memory for NVMe).
   tiering::Move put(tiering::TensorId id, Tier home, const void* src, std::size_t bytes);
+  // Synchronous copies between host memory and device memory, on the compute stream (ordered after the
+  // ops that wrote the device side): initialisation and checkpoints when `by_ops`.
+  void to_device(void* dst, const void* src, std::size_t bytes);
+  void from_device(void* dst, const void* src, std::size_t bytes);
   std::size_t wd_bytes() const;
 
   // ---- chunks on the device (engine_chunks.cpp) ----
@@ -117,6 +122,13 @@ struct Engine::Impl final : prefetch::FetchTarget {
 
   // ---- the step (engine_step.cpp) ----
   StepResult step();
+  // The squared norm and finiteness of every chunk's gradients (zeroing the shards no gradient reached),
+  // summed in chunk order.
+  void grad_stats(double& sum_sq, bool& finite);
+  // The update of a chunk whose master lives on the device and `by_ops`: the compute interface's AdamW on
+  // the compute stream, writing the new working params to their home (through the device's scratch of
+  // pinned staging when that home is host memory).
+  void update_chunk_on_device(ChunkSlot& s, void* out, double lr, float factor, std::int64_t step_no);
   void update_group(const std::vector<int>& group, double lr, float grad_factor, std::int64_t step_no,
                     std::vector<tiering::Move>& writes);
   void update_chunk(ChunkSlot& s, float* master, float* m, float* v, void* out, double lr, float factor,
@@ -135,7 +147,12 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void with_host_copy(tiering::TensorId id, Fn&& fn) {
     const tiering::TierMask valid = tm->info(id).valid;
     if (tiering::has(valid, Tier::pinned)) return fn(static_cast<const void*>(tm->data(id, Tier::pinned)));
-    if (tiering::has(valid, Tier::device)) return fn(static_cast<const void*>(tm->data(id, Tier::device)));
+    if (tiering::has(valid, Tier::device)) {
+      if (!by_ops) return fn(static_cast<const void*>(tm->data(id, Tier::device)));
+      std::vector<std::byte> host(tm->info(id).desc.bytes);
+      from_device(host.data(), tm->data(id, Tier::device), host.size());
+      return fn(static_cast<const void*>(host.data()));
+    }
     tm->pin(id);
     try {
       tm->fetch(id, Tier::pinned).wait();
@@ -166,6 +183,16 @@ struct Engine::Impl final : prefetch::FetchTarget {
   std::unique_ptr<kernels::Ops> ops;         // on compute_stream: the model's ops, gradient adds
   std::unique_ptr<kernels::Ops> gather_ops;  // on gather_stream: the gathers' casts
   DType act = DType::fp32;                   // the ops' activation dtype: gathered chunks hold it
+  // State at home on the device is reached by stream work only (EngineOptions.device_state_by_ops, or a
+  // device the CPU cannot address): the CPU never dereferences a device pointer.
+  bool by_ops = false;
+  // by_ops: the per-chunk gradient statistics on the device (16 bytes a chunk: the fp64 squared norm and
+  // the int32 non-finite flag), a tensor of the device state; and pinned staging for new working params
+  // that the CPU optimizer computes for a device home (largest shard, working dtype).
+  tiering::TensorId stats_id = 0;
+  char* stats = nullptr;
+  PinnedBuffer param_staging;
+  std::unique_ptr<Event> updated;  // the compute stream after the step's device updates
   // Pinned staging for a gradient buffer on its way to a pinned shard that already holds gradients
   // (accumulation): copied off the device here, then added on the host. (padded_numel of the largest chunk)
   PinnedBuffer grad_staging;

@@ -75,12 +75,17 @@ void Engine::Impl::update_chunk(ChunkSlot& s, float* master, float* m, float* v,
 }
 
 void* Engine::Impl::param_out(ChunkSlot& s) {
-  if (homes.param != Tier::nvme) return s.param_home;  // device (host-addressable) or pinned: in place
+  if (homes.param == Tier::pinned) return s.param_home;  // in place
+  if (homes.param == Tier::device) return by_ops ? param_staging.data() : s.param_home;
   tm->pin(s.t.param);
   return tm->allocate(s.t.param, Tier::pinned);
 }
 
 void Engine::Impl::param_written(ChunkSlot& s, std::vector<tiering::Move>& writes) {
+  if (homes.param == Tier::device && by_ops) {  // param_staging -> the device home; the staging is reused
+    to_device(s.param_home, param_staging.data(), s.shard.numel * wd_bytes());
+    return;
+  }
   if (homes.param != Tier::nvme) return;
   tm->mark_written(s.t.param, Tier::pinned);
   tm->unpin(s.t.param);
@@ -98,6 +103,31 @@ void Engine::Impl::param_written(ChunkSlot& s, std::vector<tiering::Move>& write
   }
 }
 
+void Engine::Impl::update_chunk_on_device(ChunkSlot& s, void* out, double lr, float factor,
+                                          std::int64_t step_no) {
+  using kernels::Tensor;
+  const std::size_t n = s.shard.numel;
+  const OptimizerConfig& o = cfg.optimizer;
+  const kernels::Ops::AdamW hp{.lr = float(lr),
+                               .beta1 = float(o.betas[0]),
+                               .beta2 = float(o.betas[1]),
+                               .eps = float(o.eps),
+                               .weight_decay = float(o.weight_decay),
+                               .adamw_mode = o.type == OptimizerType::AdamW || o.adam_w_mode,
+                               .bias_correction = o.bias_correction};
+  // New working params straight into a device home; for a home in host memory, into the chunk's gradient
+  // buffer block (free between passes; the working set has room for it), then copied off the device.
+  void* scratch = homes.param == Tier::device ? nullptr : device_alloc(s.gradbuf, true);
+  ops->adamw(Tensor{s.master, DType::fp32, n}, Tensor{s.grad, DType::fp32, n},
+             Tensor{s.exp_avg, DType::fp32, n}, Tensor{s.exp_avg_sq, DType::fp32, n},
+             Tensor{scratch ? scratch : out, wd, n}, hp, step_no, factor);
+  s.opt = {.step = step_no, .finite = true};
+  if (scratch) {
+    from_device(out, scratch, n * wd_bytes());
+    tm->evict(s.gradbuf, Tier::device, Tier::pinned);  // frees the block (never valid: no copy)
+  }
+}
+
 void Engine::Impl::update_group(const std::vector<int>& group, double lr, float factor, std::int64_t step_no,
                                 std::vector<tiering::Move>& writes) {
   for (int c : group) {
@@ -110,31 +140,67 @@ void Engine::Impl::update_group(const std::vector<int>& group, double lr, float 
       if (cfg.optimizer.type != OptimizerType::Lion)
         v = static_cast<float*>(tm->data(s.t.exp_avg_sq, Tier::pinned));
     }
+    if (by_ops && homes.master == Tier::device) {  // the device optimizer
+      void* out = homes.param == Tier::device ? s.param_home : param_out(s);
+      update_chunk_on_device(s, out, lr, factor, step_no);
+      if (homes.param != Tier::device) param_written(s, writes);
+      continue;
+    }
     void* out = param_out(s);
     update_chunk(s, master, m, v, out, lr, factor, step_no);
     param_written(s, writes);
   }
 }
 
-StepResult Engine::Impl::step() {
-  STRATA_CHECK(!in_pass, "zero3: step() inside a forward/backward pass");
-  const auto t0 = Clock::now();
-  sync_grads();
-  tm->set_step(global_step + 1, tiering::Phase::optimizer);
-
-  // Global norm and overflow, chunk by chunk in a fixed order.
-  double sum_sq = 0;
-  bool finite = true;
-  for (ChunkSlot& s : slots) {
+void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
+  using kernels::Tensor;
+  const bool on_device = by_ops && homes.grad == Tier::device;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    ChunkSlot& s = slots[i];
+    const Tensor g{s.grad, DType::fp32, s.shard.numel};
     if (s.grads_fresh) {  // no gradients reached this chunk this step
-      std::memset(s.grad, 0, s.shard.numel * sizeof(float));
-      s.grads_fresh = false;
+      if (on_device)
+        ops->zero(g);
+      else
+        std::memset(s.grad, 0, s.shard.numel * sizeof(float));
+      continue;
+    }
+    if (on_device) {  // on the compute stream, after the gradient adds; read back below, all at once
+      ops->squared_norm(Tensor{stats + 16 * i, DType::u8, 8}, g);
+      ops->nonfinite_check(Tensor{stats + 16 * i + 8, DType::i32, 1}, g);
       continue;
     }
     const cpu_optim::GradStats st = opt->grad_stats(s.grad, DType::fp32, s.shard.numel, 1.0f);
     sum_sq += st.sum_sq;
     finite = finite && st.finite;
   }
+  if (on_device) {
+    std::vector<char> host(slots.size() * 16);
+    from_device(host.data(), stats, host.size());
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].grads_fresh) continue;
+      double sq;
+      std::int32_t bad;
+      std::memcpy(&sq, host.data() + 16 * i, sizeof sq);
+      std::memcpy(&bad, host.data() + 16 * i + 8, sizeof bad);
+      sum_sq += sq;
+      finite = finite && bad == 0;
+    }
+  }
+  for (ChunkSlot& s : slots) s.grads_fresh = false;
+}
+
+StepResult Engine::Impl::step() {
+  STRATA_CHECK(!in_pass, "zero3: step() inside a forward/backward pass");
+  const auto t0 = Clock::now();
+  sync_grads();
+  if (by_ops) gather_stream->synchronize();  // no gather still reads a device home the update writes
+  tm->set_step(global_step + 1, tiering::Phase::optimizer);
+
+  // Global norm and overflow, chunk by chunk in a fixed order.
+  double sum_sq = 0;
+  bool finite = true;
+  grad_stats(sum_sq, finite);
   sum_sq = comm->all_reduce_sum(sum_sq);
   finite = comm->all_reduce_and(finite);
 
@@ -205,6 +271,12 @@ StepResult Engine::Impl::step() {
     }
     ++applied_steps;
     sched.step();
+    if (by_ops && homes.param == Tier::device) {
+      // Gathers read the new working params after the compute stream has written them.
+      if (!updated) updated = dev->create_event();
+      compute_stream->record(*updated);
+      gather_stream->wait(*updated);
+    }
     drop_all_gathered();
   } else {
     r.grad_norm = finite ? std::sqrt(sum_sq) / r.loss_scale : std::numeric_limits<double>::infinity();

@@ -27,6 +27,7 @@
 #include "model/chunk.h"
 #include "model/config.h"
 #include "model/data_loader.h"
+#include "model/device_chunks.h"
 #include "model/dtype.h"
 #include "model/layout.h"
 #include "model/llama.h"

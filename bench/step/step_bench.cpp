@@ -4,9 +4,12 @@
 //
 //   step_bench --model 10m -B 4 -T 128 --steps 5 --nvme-path /local_nvme [--device-cap 1GiB]
 //              [--placements none,cpu,nvme] [--backend host] [--max-in-cpu 0] [--sub-group-size 1e8]
+//              [--ceiling auto|host|device]
 //
 // Ceiling: the compute-only step — the same model, batch and AdamW update with every parameter, gradient
-// and state in ordinary memory (model::InMemoryChunks, cpu_optim over the whole model): no gathers, no
+// and state where compute reads it: on the host backend in ordinary memory (model::InMemoryChunks,
+// cpu_optim over the whole model), on cuda in device memory (model::DeviceChunks, the model on the
+// compute interface, the device optimizer; the whole model's state must fit the GPU): no gathers, no
 // gradient hand-off, no NVMe. Per placement:
 //   step          mean wall time of the measured steps (after one warm-up step that records the trace)
 //   transfers     the same step with the model's compute left out (the same acquires and gradient
@@ -65,6 +68,7 @@ double since(Clock::time_point t0) {
 struct Opts {
   std::string model = "10m", nvme_path, device_cap, backend = "host";
   std::string placements = "none,cpu,nvme";
+  std::string ceiling = "auto";  // auto: device where the CPU cannot address it, else host
   int batch = 4, seq = 128, steps = 5, threads = 0;
   std::uint64_t sub_group = 100000000;
   std::uint64_t max_in_cpu = 1000000000;
@@ -91,8 +95,69 @@ struct Split {
   double forward = 0, backward = 0, optimizer = 0, wait = 0, total = 0;
 };
 
-// The ceiling: forward, backward and an AdamW step with everything in ordinary memory.
+// The ceiling on a device the CPU cannot address (cuda): every chunk, its fp32 master and AdamW moments
+// resident on the device (model::DeviceChunks), the model on the compute interface, the update by the
+// device optimizer (Ops::adamw writing the new parameters in the activation dtype). Device memory must
+// hold the whole model: 16 bytes per parameter beside the activations.
+Split compute_only_on_device(Device& dev, const model::ModelConfig& mcfg, const Opts& o) {
+  model::InMemoryChunks host{model::ModelLayout(mcfg)};
+  host.init(1);
+  std::unique_ptr<Stream> stream = dev.create_stream("bench-compute-only");
+  std::unique_ptr<kernels::Ops> ops = kernels::make_ops(dev, *stream);
+  model::DeviceChunks chunks(dev, *ops, host);
+  const int C = chunks.layout().num_chunks();
+  std::vector<DeviceBuffer> master, mom, var;
+  for (int c = 0; c < C; ++c) {
+    const std::size_t n = chunks.layout().chunk(c).padded_numel;
+    master.emplace_back(dev, n * 4, "compute-only master");
+    mom.emplace_back(dev, n * 4, "compute-only exp_avg");
+    var.emplace_back(dev, n * 4, "compute-only exp_avg_sq");
+    stream->copy_async(master.back().data(), host.params(c), n * 4, CopyKind::host_to_device);
+    stream->memset_async(mom.back().data(), 0, n * 4);
+    stream->memset_async(var.back().data(), 0, n * 4);
+  }
+  stream->synchronize();
+  auto f32 = [&](DeviceBuffer& b, int c) {
+    return kernels::Tensor{b.data(), DType::fp32, chunks.layout().chunk(c).padded_numel};
+  };
+  model::LlamaModel m(mcfg, {.checkpoint_activations = true, .device = &dev, .ops = ops.get()});
+  DeviceBuffer norm(dev, 8, "compute-only norm");
+  const model::Batch b = random_batch(mcfg, o.batch, o.seq, 1);
+  Split s;
+  const int reps = std::max(2, std::min(o.steps, 3));
+  for (int i = 0; i <= reps; ++i) {
+    for (int c = 0; c < C; ++c) ops->zero(chunks.grad_tensor(c));
+    auto t0 = Clock::now();
+    m.forward(chunks, b.inputs.data(), b.targets.data(), b.rows, b.seq_len);  // returns the loss: synced
+    const double f = since(t0);
+    t0 = Clock::now();
+    m.backward(chunks);  // ends with the stream synchronized
+    const double bw = since(t0);
+    t0 = Clock::now();
+    for (int c = 0; c < C; ++c)
+      ops->squared_norm(kernels::Tensor{norm.data(), DType::u8, 8}, chunks.grad_tensor(c));
+    for (int c = 0; c < C; ++c)
+      ops->adamw(f32(master[std::size_t(c)], c), chunks.grad_tensor(c), f32(mom[std::size_t(c)], c),
+                 f32(var[std::size_t(c)], c), chunks.param_tensor(c), {.lr = 1e-4f}, i + 1, 1.0f);
+    stream->synchronize();
+    const double op = since(t0);
+    if (i == 0) continue;  // warm-up
+    s.forward += f / reps, s.backward += bw / reps, s.optimizer += op / reps;
+  }
+  s.total = s.forward + s.backward + s.optimizer;
+  return s;
+}
+
+// The ceiling: forward, backward and an AdamW step with everything in ordinary memory (host backend), or
+// with everything on the device (compute_only_on_device).
 Split compute_only(const model::ModelConfig& mcfg, const Opts& o) {
+  {
+    DeviceOptions dopts;
+    dopts.backend = o.backend;
+    std::unique_ptr<Device> dev = open_device(dopts);
+    if (o.ceiling == "device" || (o.ceiling == "auto" && !dev->caps().host_addressable))
+      return compute_only_on_device(*dev, mcfg, o);
+  }
   model::InMemoryChunks chunks{model::ModelLayout(mcfg)};
   chunks.init(1);
   model::LlamaModel m(mcfg, {.checkpoint_activations = true});
@@ -329,6 +394,10 @@ int main(int argc, char** argv) {
   app.add_option("--nvme-path", o.nvme_path, "Directory for the nvme placement");
   app.add_option("--device-cap", o.device_cap, "Device memory cap, e.g. 1GiB");
   app.add_option("--backend", o.backend, "Device backend");
+  app.add_option("--ceiling", o.ceiling,
+                 "Compute-only step: host (ordinary memory, cpu_optim), device (model::DeviceChunks, the "
+                 "device optimizer) or auto (device on cuda)")
+      ->check(CLI::IsMember({"auto", "host", "device"}));
   app.add_option("--threads", o.threads, "CPU threads (0: all)");
   app.add_option("--sub-group-size", o.sub_group, "zero_optimization.sub_group_size");
   app.add_option("--max-in-cpu", o.max_in_cpu,

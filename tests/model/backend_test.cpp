@@ -1,7 +1,7 @@
 // The model on every backend's compute interface against the CPU reference run (InMemoryChunks and the
 // model's own host device): the same weights and batch give the same loss, logits and parameter gradients
 // — bit for bit on the host backend, within stated bf16 bounds on cuda (skipped without a GPU, with the
-// reason). The parameters and gradients live in device memory (DeviceChunks below), as the engine's do,
+// reason). The parameters and gradients live in device memory (model::DeviceChunks), as the engine's do,
 // and the model's activations count against the device's cap.
 #include <gtest/gtest.h>
 
@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "model/chunk.h"
+#include "model/device_chunks.h"
 #include "model/llama.h"
 #include "tests/core/device_fixture.h"
 
@@ -21,45 +22,6 @@ namespace strata::model {
 namespace {
 
 using kernels::Tensor;
-
-// Chunks in device memory: parameters in the ops' activation dtype, gradients fp32 accumulators.
-class DeviceChunks final : public ChunkProvider {
- public:
-  DeviceChunks(Device& dev, kernels::Ops& ops, const InMemoryChunks& ref) : layout_(ref.layout()), ops_(ops) {
-    const DType act = ops.caps().activation;
-    for (int c = 0; c < layout_.num_chunks(); ++c) {
-      const std::size_t n = layout_.chunk(c).padded_numel;
-      params_.emplace_back(dev, n * dtype_bytes(act), "test params");
-      grads_.emplace_back(dev, n * sizeof(float), "test grads");
-      // fp32 staged on the device, then cast to the activation dtype there.
-      DeviceBuffer staged(dev, n * sizeof(float), "test staging");
-      ops.stream().copy_async(staged.data(), ref.params(c), n * sizeof(float), CopyKind::host_to_device);
-      ops.cast(Tensor{params_.back().data(), act, n}, Tensor{staged.data(), DType::fp32, n});
-      ops.zero(Tensor{grads_.back().data(), DType::fp32, n});
-      ops.stream().synchronize();
-    }
-  }
-  const ModelLayout& layout() const override { return layout_; }
-  ChunkView acquire(int id) override {
-    return {&layout_.chunk(id), static_cast<const float*>(params_[std::size_t(id)].data()),
-            ops_.caps().activation};
-  }
-  void release(int) override {}
-  float* acquire_grads(int id) override { return static_cast<float*>(grads_[std::size_t(id)].data()); }
-  void release_grads(int) override {}
-  std::vector<float> grads(int id) {
-    std::vector<float> g(layout_.chunk(id).padded_numel);
-    ops_.stream().copy_async(g.data(), grads_[std::size_t(id)].data(), g.size() * sizeof(float),
-                             CopyKind::device_to_host);
-    ops_.stream().synchronize();
-    return g;
-  }
-
- private:
-  ModelLayout layout_;
-  kernels::Ops& ops_;
-  std::vector<DeviceBuffer> params_, grads_;
-};
 
 // ||a - b|| / ||b||, infinite when anything is NaN.
 double rel_l2(const float* a, const float* b, std::size_t n) {

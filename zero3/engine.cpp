@@ -200,7 +200,8 @@ void Engine::Impl::plan_memory() {
   };
   for (ChunkSlot& s : slots) {
     const std::uint64_t n = s.shard.numel;
-    s.block = block(s.numel * std::max(dtype_bytes(act), sizeof(float)));  // gathered (act), gradients (fp32)
+    s.gather_block = block(s.numel * dtype_bytes(act));
+    s.grad_block = block(s.numel * sizeof(float));
     add(homes.param, n * wd_bytes());
     add(homes.grad, n * 4);
     add(homes.master, n * 4);
@@ -209,10 +210,10 @@ void Engine::Impl::plan_memory() {
   // The working set: persistent chunks stay gathered all pass; besides them the model holds one chunk
   // with its gradient buffer (the gradient buffer also of a persistent chunk), or — tied embeddings — the
   // head's and the embedding's together while the head runs.
-  auto held = [&](const ChunkSlot& s) { return (s.persistent ? 0 : s.block) + s.block; };
+  auto held = [&](const ChunkSlot& s) { return (s.persistent ? 0 : s.gather_block) + s.grad_block; };
   std::uint64_t most = 0;
   for (const ChunkSlot& s : slots) {
-    if (s.persistent) persistent_bytes += s.block, ++persistent_chunks;
+    if (s.persistent) persistent_bytes += s.gather_block, ++persistent_chunks;
     most = std::max(most, held(s));
     largest_shard = std::max<std::uint64_t>(largest_shard, s.shard.numel);
   }
@@ -289,22 +290,23 @@ void Engine::Impl::check_fits() const {
     if (persistent_chunks > 0)
       todo += cat("lower zero_optimization.stage3_param_persistence_threshold (now ",
                   z.stage3_param_persistence_threshold, " elements) so that fewer chunks stay gathered, ");
-    throw OutOfMemory(cat(
-        "the model does not fit the device: ", mcfg.name, " (", mcfg.num_parameters(), " parameters) needs ",
-        gib(need), " on the device — ", gib(plan.device_state),
-        " of state (offload_param.device = ", offload_name(z.offload_param.device),
-        ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ") and a working set of ",
-        gib(plan.device_working_set), " (the largest chunk gathered in fp32 with its gradient buffer",
-        persistent_chunks > 0
-            ? cat(", and ", persistent_chunks, " persistent chunk", persistent_chunks > 1 ? "s" : "", " of ",
-                  gib(persistent_bytes), " below stage3_param_persistence_threshold")
-            : std::string(),
-        "), and ", gib(plan.device_activations), " of activations for a micro-batch of ",
-        cfg.train_micro_batch_size_per_gpu, " x ", planned_seq_len, " tokens — and the device has ",
-        gib(caps.capacity), " (", caps.name, "). To fit, ", todo,
-        "lower train_micro_batch_size_per_gpu or the sequence length (--seq-len), "
-        "or raise strata.device_memory_cap (--device-memory-cap) to at least ",
-        need, " bytes (docs/train.md, \"Device memory\")"));
+    throw OutOfMemory(
+        cat("the model does not fit the device: ", mcfg.name, " (", mcfg.num_parameters(),
+            " parameters) needs ", gib(need), " on the device — ", gib(plan.device_state),
+            " of state (offload_param.device = ", offload_name(z.offload_param.device),
+            ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device),
+            ") and a working set of ", gib(plan.device_working_set), " (the largest chunk gathered in ",
+            dtype_name(act), " with its fp32 gradient buffer",
+            persistent_chunks > 0
+                ? cat(", and ", persistent_chunks, " persistent chunk", persistent_chunks > 1 ? "s" : "",
+                      " of ", gib(persistent_bytes), " below stage3_param_persistence_threshold")
+                : std::string(),
+            "), and ", gib(plan.device_activations), " of activations for a micro-batch of ",
+            cfg.train_micro_batch_size_per_gpu, " x ", planned_seq_len, " tokens — and the device has ",
+            gib(caps.capacity), " (", caps.name, "). To fit, ", todo,
+            "lower train_micro_batch_size_per_gpu or the sequence length (--seq-len), "
+            "or raise strata.device_memory_cap (--device-memory-cap) to at least ",
+            need, " bytes (docs/train.md, \"Device memory\")"));
   }
   // On the host backend the device is host memory too.
   const std::uint64_t ram = physical_memory();

@@ -85,7 +85,7 @@ bool Engine::Impl::cached(const ChunkSlot& s) const {
 std::uint64_t Engine::Impl::cache_bytes() const {
   std::uint64_t b = 0;
   for (const ChunkSlot& s : slots)
-    if (cached(s)) b += s.block;
+    if (cached(s)) b += s.gather_block;
   return b;
 }
 
@@ -116,7 +116,7 @@ bool Engine::Impl::fit_cache(std::uint64_t more, std::int64_t for_position) {
   while (bytes + more > plan.device_cache) {
     ChunkSlot* v = victim(for_position);
     if (!v) return false;
-    bytes -= v->block;
+    bytes -= v->gather_block;
     drop_gathered(*v);
   }
   return true;
@@ -149,7 +149,8 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
   }
   // A prefetch goes into the cache: it must fit the cache's budget, making room only by dropping chunks
   // used after it. A demand fetch is for a chunk about to be held (the working set).
-  if (!demand && !s.persistent && !fit_cache(s.block, std::max<std::int64_t>(0, next_use(s)))) return false;
+  if (!demand && !s.persistent && !fit_cache(s.gather_block, std::max<std::int64_t>(0, next_use(s))))
+    return false;
   void* g = device_alloc(s.gathered, demand);
   if (!g) return false;
   s.gptr = g;

@@ -36,7 +36,9 @@ struct ChunkSlot {
   ShardRange shard;         // this rank's slice of the chunk
   tiering::ShardTensors t;  // param (working dtype), grad, master, exp_avg, exp_avg_sq (fp32)
   bool persistent = false;  // below stage3_param_persistence_threshold: stays gathered across passes
-  std::uint64_t block = 0;  // device budget bytes of its gathered copy, and of its gradient buffer
+  // Device budget bytes (allocator blocks) of its gathered copy (activation dtype) and gradient buffer
+  // (fp32).
+  std::uint64_t gather_block = 0, grad_block = 0;
 
   // Stable addresses of the tensors whose home is the device or pinned host memory (pinned in the tier
   // manager, so never moved); null for NVMe-resident ones.

@@ -1,5 +1,6 @@
 # Decide whether the cuda backend is built. Sets STRATA_WITH_CUDA and, when on, enables the CUDA language
 # with a fixed architecture list (A100 = sm_80, H100/H200 = sm_90; never "native": no GPU at build time).
+# With the cuda backend, StrataCudnn.cmake decides whether the cuDNN attention path is built.
 set(STRATA_WITH_CUDA OFF)
 if(NOT STRATA_CUDA STREQUAL "OFF")
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
@@ -30,6 +31,7 @@ if(NOT STRATA_CUDA STREQUAL "OFF")
     target_include_directories(strata_dep_nccl INTERFACE ${NCCL_INCLUDE_DIR})
     target_link_libraries(strata_dep_nccl INTERFACE ${NCCL_LIBRARY})
     set(STRATA_WITH_CUDA ON)
+    include(StrataCudnn)  # the cuDNN fused attention path: STRATA_WITH_CUDNN
   elseif(STRATA_CUDA STREQUAL "ON")
     message(FATAL_ERROR "STRATA_CUDA=ON but no CUDA compiler (nvcc) was found. Install the CUDA toolkit "
                         "at /usr/local/cuda, or configure with -DSTRATA_CUDA=OFF (or AUTO).")

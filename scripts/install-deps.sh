@@ -2,7 +2,77 @@
 # Installs every Debian package Strata's build, tests and benchmarks need. Idempotent and
 # non-interactive: packages already present are skipped, and apt is only touched when one is missing.
 # The CUDA toolkit (nvcc, cuBLAS, NCCL) is expected at /usr/local/cuda; without it the build is CPU-only.
+# Then fetches the cuDNN frontend's C++ headers (header-only, pinned below) into deps/cudnn-frontend/ for
+# kernels/cuda_attention_cudnn.cpp; when that download fails (offline) the build goes on without the
+# cuDNN attention path (cmake/StrataCudnn.cmake says so) and attention runs on kernels/cuda's own kernel.
+# Usage: scripts/install-deps.sh                    packages, then the cuDNN frontend headers
+#        scripts/install-deps.sh --cudnn-frontend   only the headers (no apt, no sudo)
 set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+# The cuDNN frontend, from NVIDIA's nvidia-cudnn-frontend wheel on PyPI: the wheel carries the headers
+# under include/. Pinned by version and by the wheel's sha256 (the cp311 manylinux_2_28 x86_64 build; the
+# headers are the same in every build of a version). To move the pin, change both and run this again.
+cudnn_fe_version=1.32.0
+cudnn_fe_sha256=c6006556017a4d1c914c52a556c71b1267f2d6a0500f742e7b4edef539878df0
+cudnn_fe_dir=$root/deps/cudnn-frontend  # ignored by git (.gitignore: /deps/)
+
+# Never fails the script: on any error it says why and that the build will use the fallback.
+fetch_cudnn_frontend() {
+  local stamp="$cudnn_fe_dir/VERSION"
+  if [ -f "$cudnn_fe_dir/include/cudnn_frontend.h" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$cudnn_fe_version" ]; then
+    echo "install-deps: cuDNN frontend $cudnn_fe_version present in $cudnn_fe_dir"
+    return 0
+  fi
+  local py tmp wheel
+  py=$(command -v python3 || true)
+  if [ -z "$py" ] || ! "$py" -m pip --version >/dev/null 2>&1; then
+    echo "install-deps: WARNING: no python3 with pip; the cuDNN frontend headers were not fetched, so the" \
+         "build uses kernels/cuda's own attention (install python3-pip and run $0 --cudnn-frontend)"
+    return 0
+  fi
+  tmp=$(mktemp -d)
+  echo "install-deps: fetching nvidia-cudnn-frontend==$cudnn_fe_version (headers only) into $cudnn_fe_dir"
+  if ! "$py" -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+         --python-version 3.11 --implementation cp --dest "$tmp" "nvidia-cudnn-frontend==$cudnn_fe_version"; then
+    echo "install-deps: WARNING: pip download of nvidia-cudnn-frontend==$cudnn_fe_version failed (offline?);" \
+         "the build uses kernels/cuda's own attention. Run $0 --cudnn-frontend once online."
+    rm -rf "$tmp"
+    return 0
+  fi
+  wheel=$(ls "$tmp"/nvidia_cudnn_frontend-"$cudnn_fe_version"-*.whl 2>/dev/null | head -1 || true)
+  if [ -z "$wheel" ] || [ "$(sha256sum "$wheel" | cut -d' ' -f1)" != "$cudnn_fe_sha256" ]; then
+    echo "install-deps: WARNING: the downloaded wheel ${wheel:-(none)} does not have the pinned sha256" \
+         "$cudnn_fe_sha256; not installed, the build uses kernels/cuda's own attention"
+    rm -rf "$tmp"
+    return 0
+  fi
+  rm -rf "$cudnn_fe_dir"
+  mkdir -p "$cudnn_fe_dir"
+  # The wheel is a zip; keep its include/ tree and its licenses only.
+  if ! "$py" - "$wheel" "$cudnn_fe_dir" <<'PY'
+import sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    names = [n for n in z.namelist() if n.startswith("include/") or "/licenses/" in n]
+    if not any(n == "include/cudnn_frontend.h" for n in names):
+        sys.exit("include/cudnn_frontend.h is not in " + wheel)
+    z.extractall(dest, names)
+PY
+  then
+    echo "install-deps: WARNING: could not unpack $wheel; the build uses kernels/cuda's own attention"
+    rm -rf "$tmp" "$cudnn_fe_dir"
+    return 0
+  fi
+  echo "$cudnn_fe_version" >"$stamp"
+  rm -rf "$tmp"
+  echo "install-deps: cuDNN frontend $cudnn_fe_version headers in $cudnn_fe_dir/include"
+}
+
+if [ "${1:-}" = "--cudnn-frontend" ]; then
+  fetch_cudnn_frontend
+  exit 0
+fi
 
 packages=(
   build-essential cmake ninja-build pkg-config git
@@ -24,12 +94,13 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fetch_cudnn_frontend

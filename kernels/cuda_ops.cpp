@@ -2,6 +2,15 @@
 // activation gradients are bf16; everything is enqueued on the interface's stream. A thin mapping: each
 // method checks its operands as the CPU implementation does and calls the kernel of the same name.
 // Compiled in CI; it runs only where a GPU is (tests/kernels/compute_interface_test.cpp, cuda cases).
+//
+// Note [attention paths]: attention runs on cuDNN's fused attention (kernels/cuda_attention_cudnn.h) for
+// every shape cuDNN accepts on this GPU — built in (STRATA_WITH_CUDNN), bf16/fp16 activations, compute
+// capability 8.0 or newer, and the frontend's support check and plan build pass for both graphs — and on
+// kernels/cuda's own unfused kernel otherwise. The choice is made once per shape (the cuDNN plan is cached)
+// and attention_sizes() reports the chosen path's buffers, so forward, backward and the engine's memory
+// plan always agree. caps().fused_attention is true when cuDNN runs on this GPU at all: a shape it still
+// refuses (a head dimension past its limits, say) takes the unfused kernel, with its (B,NH,T,T) buffers.
+// The cuDNN path is compiled, never run on a GPU.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -9,6 +18,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda_attention_cudnn.h"
 #include "kernels/cuda_ops_kernels.h"
 #include "kernels/ops.h"
 
@@ -20,11 +30,15 @@ namespace ku = kernels::cuda;
 class CudaOps final : public Ops {
  public:
   CudaOps(Device& dev, Stream& s)
-      : Ops(s), dev_(dev), s_(static_cast<cudaStream_t>(s.native_handle())), gemm_(dev) {
+      : Ops(s), dev_(dev), s_(static_cast<cudaStream_t>(s.native_handle())), gemm_(dev), cudnn_(s_) {
     STRATA_CHECK(dev.caps().backend == BackendKind::cuda, "kernels: the CUDA ops need a cuda device");
     caps_.backend = BackendKind::cuda;
-    caps_.name = "cuda: bf16 storage, fp32 accumulation, cuBLASLt matrix products";
     caps_.activation = DType::bf16;
+    caps_.fused_attention = cudnn_.available();  // Note [attention paths]
+    caps_.name =
+        caps_.fused_attention
+            ? "cuda: bf16 storage, fp32 accumulation, cuBLASLt matrix products, cuDNN fused attention"
+            : "cuda: bf16 storage, fp32 accumulation, cuBLASLt matrix products";
   }
   // The Gemm's workspace and the scratch must outlive the work queued with them.
   ~CudaOps() override {
@@ -76,13 +90,27 @@ class CudaOps final : public Ops {
                       s_);
   }
 
+  AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD) const override {
+    const CudnnAttention::Plan& p = cudnn_.plan(shape(B, T, NH, NKV, HD));
+    return p.supported ? p.sizes : Ops::attention_sizes(B, T, NH, NKV, HD);
+  }
   void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
                             int NKV, int HD) override {
+    const AttentionShape sh = shape(B, T, NH, NKV, HD);
+    if (const CudnnAttention::Plan& p = cudnn_.plan(sh); p.supported) {
+      cudnn_.forward(sh, out, saved, q, k, v, scratch(p.forward_workspace_bytes));
+      return;
+    }
     ku::attention_forward(out.as<ku::bf16>(), saved.as<float>(), q.as<ku::bf16>(), k.as<ku::bf16>(),
                           v.as<ku::bf16>(), B, T, NH, NKV, HD, s_);
   }
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
                              Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD) override {
+    const AttentionShape sh = shape(B, T, NH, NKV, HD);
+    if (cudnn_.plan(sh).supported) {
+      cudnn_.backward(sh, dq, dk, dv, scratch, dout, q, k, v, saved);
+      return;
+    }
     ku::attention_backward(dq.as<ku::bf16>(), dk.as<ku::bf16>(), dv.as<ku::bf16>(), scratch.as<float>(),
                            dout.as<ku::bf16>(), q.as<ku::bf16>(), k.as<ku::bf16>(), v.as<ku::bf16>(),
                            saved.as<float>(), B, T, NH, NKV, HD, s_);
@@ -160,6 +188,10 @@ class CudaOps final : public Ops {
   static constexpr DType A = DType::bf16;
   static constexpr DType F = DType::fp32;
 
+  AttentionShape shape(int B, int T, int NH, int NKV, int HD) const {
+    return {.B = B, .T = T, .NH = NH, .NKV = NKV, .HD = HD, .dtype = caps_.activation};
+  }
+
   // Scratch for the kernels that need it, grown to the largest request and reused: calls on one stream run
   // in order, so one buffer serves them all. Device memory, counted against the cap.
   void* scratch(std::size_t bytes) {
@@ -174,6 +206,7 @@ class CudaOps final : public Ops {
   Device& dev_;
   cudaStream_t s_;
   ku::Gemm gemm_;
+  CudnnAttention cudnn_;  // Note [attention paths]
   DeviceBuffer scratch_;
   OpsCaps caps_;
 };

@@ -1,0 +1,376 @@
+// cuDNN's fused attention (kernels/cuda_attention_cudnn.h): one forward and one backward cuDNN frontend
+// SDPA graph per shape, built on first use, kept, and executed on the interface's stream. Without
+// STRATA_WITH_CUDNN only the "not built" answers at the end of this file are compiled. Compiled, never run
+// on a GPU.
+//
+// Note [cuDNN attention saved state]: cuDNN's backward needs the forward's output O and its softmax
+// statistics (per query row: max + ln(sum exp) of the scaled scores, fp32). kernels/ops.h hands the
+// backward q, k, v and dout but not out, so the forward keeps both in `saved`, an fp32 tensor of
+// plan().sizes.saved elements:
+//   [0, S)        the statistics, fp32 (B, NH, T); S = B*NH*T rounded up to a multiple of 64 elements, so
+//                 what follows starts 256-byte aligned (cuDNN checks its operands' alignment);
+//   [S, S + O)    a copy of out, (B, T, NH, HD) in the activation dtype, O = ceil(B*T*NH*HD*2 / 4) slots.
+// That is B*NH*T*4 + B*T*NH*HD*2 bytes (plus the padding) instead of the unfused kernel's B*NH*T*T*4.
+// Backward's scratch is cuDNN's workspace for the backward plan (its size, in whole fp32 elements), so the
+// engine plans it with the other activations. The forward's workspace (often 0) is not part of `saved`
+// (which is kept per layer); the caller passes it separately (CudaOps: its grown compute scratch).
+//
+// Note [cuDNN attention determinism]: the backward graph asks for cuDNN's deterministic algorithm, so the
+// interface stays bit-reproducible run to run (OpsCaps::bit_reproducible). Where cuDNN has none for a
+// shape the plan is refused and kernels/cuda's own (deterministic) kernel runs that shape.
+//
+// Note [cuDNN attention mask]: causal is the frontend's diagonal band with TOP_LEFT alignment and right
+// bound 0 (key s is seen by query t when s <= t), which is kernels/cpu's mask for equal query and key
+// lengths. The frontend's older set_causal_mask is the same setting, marked deprecated.
+#include "kernels/cuda_attention_cudnn.h"
+
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "core/log.h"
+
+#ifdef STRATA_WITH_CUDNN
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#define STRATA_CUDNN_CHECK(stmt)                                                          \
+  do {                                                                                    \
+    cudnnStatus_t strata_s_ = (stmt);                                                     \
+    if (strata_s_ != CUDNN_STATUS_SUCCESS)                                                \
+      ::strata::detail::throw_backend(__FILE__, __LINE__, #stmt, "cuDNN", int(strata_s_), \
+                                      cudnnGetErrorString(strata_s_));                    \
+  } while (0)
+
+namespace strata::kernels {
+namespace {
+
+namespace fe = cudnn_frontend;
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+// Tensor ids in the graphs' variant packs.
+enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
+
+constexpr std::size_t kStatsAlign = 64;  // fp32 elements: 256 bytes (Note [cuDNN attention saved state])
+
+std::size_t stats_elems(const AttentionShape& s) {
+  const std::size_t n = std::size_t(s.B) * std::size_t(s.NH) * std::size_t(s.T);
+  return (n + kStatsAlign - 1) / kStatsAlign * kStatsAlign;
+}
+std::size_t out_bytes(const AttentionShape& s) {
+  return std::size_t(s.B) * std::size_t(s.T) * std::size_t(s.NH) * std::size_t(s.HD) * dtype_bytes(s.dtype);
+}
+std::size_t fp32_elems(std::size_t bytes) {
+  return (bytes + sizeof(float) - 1) / sizeof(float);
+}
+
+std::string describe(const AttentionShape& s) {
+  return detail::cat("B=", s.B, " T=", s.T, " NH=", s.NH, " NKV=", s.NKV, " HD=", s.HD, " ",
+                     dtype_name(s.dtype));
+}
+
+// cuDNN's logical dims are (B, H, T, D); ours are stored (B, T, H, D).
+struct Layout {
+  std::vector<std::int64_t> dim, stride;
+};
+Layout bthd(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
+  return {{B, H, T, D}, {T * H * D, D, H * D, 1}};
+}
+Layout stats_layout(const AttentionShape& s) {  // fp32 (B, NH, T, 1)
+  const std::int64_t B = s.B, H = s.NH, T = s.T;
+  return {{B, H, T, 1}, {H * T, T, 1, 1}};
+}
+
+TensorPtr input(fe::graph::Graph& g, const char* name, std::int64_t uid, const Layout& l) {
+  return g.tensor(
+      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(l.dim).set_stride(l.stride));
+}
+void output(const TensorPtr& t, std::int64_t uid, const Layout& l) {
+  t->set_output(true).set_uid(uid).set_dim(l.dim).set_stride(l.stride);
+}
+
+std::shared_ptr<fe::graph::Graph> new_graph(DType dtype) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(dtype == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+float attn_scale(int HD) {
+  return float(1.0 / std::sqrt(double(HD)));
+}  // kernels/cpu's
+
+// out, stats = sdpa(q, k, v), causal, with the statistics for training.
+std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionShape& s) {
+  auto g = new_graph(s.dtype);
+  const Layout ql = bthd(s.B, s.T, s.NH, s.HD), kvl = bthd(s.B, s.T, s.NKV, s.HD);
+  TensorPtr q = input(*g, "q", kQ, ql), k = input(*g, "k", kK, kvl), v = input(*g, "v", kV, kvl);
+  auto attrs = fe::graph::SDPA_attributes()
+                   .set_name("attention")
+                   .set_generate_stats(true)
+                   .set_attn_scale(attn_scale(s.HD))
+                   .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                   .set_diagonal_band_right_bound(0);
+  auto [o, stats] = g->sdpa(q, k, v, attrs);
+  output(o, kO, ql);
+  output(stats, kStats, stats_layout(s));
+  stats->set_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+// dq, dk, dv = sdpa_backward(q, k, v, o, dout, stats): written; dk, dv summed over each group's heads.
+std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionShape& s) {
+  auto g = new_graph(s.dtype);
+  const Layout ql = bthd(s.B, s.T, s.NH, s.HD), kvl = bthd(s.B, s.T, s.NKV, s.HD);
+  TensorPtr q = input(*g, "q", kQ, ql), k = input(*g, "k", kK, kvl), v = input(*g, "v", kV, kvl);
+  TensorPtr o = input(*g, "o", kO, ql), dout = input(*g, "dout", kdO, ql);
+  TensorPtr stats = input(*g, "stats", kStats, stats_layout(s));
+  stats->set_data_type(fe::DataType_t::FLOAT);
+  auto attrs = fe::graph::SDPA_backward_attributes()
+                   .set_name("attention_backward")
+                   .set_attn_scale(attn_scale(s.HD))
+                   .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                   .set_diagonal_band_right_bound(0)
+                   .set_deterministic_algorithm(true);  // Note [cuDNN attention determinism]
+  auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, attrs);
+  output(dq, kdQ, ql);
+  output(dk, kdK, kvl);
+  output(dv, kdV, kvl);
+  return g;
+}
+
+// Validates `g`, builds its operation graph, asks the heuristics for plans, checks support and builds the
+// first plan that works, then reads its workspace size. "" when all of that succeeded, else why not.
+std::string build(fe::graph::Graph& g, cudnnHandle_t handle, std::int64_t* workspace) {
+  try {
+    if (fe::error_t e = g.build(handle, {fe::HeurMode_t::A}); e.is_bad()) return e.get_message();
+    if (fe::error_t e = g.get_workspace_size(*workspace); e.is_bad()) return e.get_message();
+    if (*workspace < 0) return detail::cat("a negative workspace size (", *workspace, ")");
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void execute(const fe::graph::Graph& g, cudnnHandle_t handle, std::unordered_map<std::int64_t, void*>& pack,
+             void* workspace, cudaStream_t stream, const char* what, const AttentionShape& s) {
+  fe::error_t e;
+  try {
+    e = g.execute(handle, pack, workspace);
+  } catch (const std::exception& x) {
+    e = fe::error_t(fe::error_code_t::GRAPH_EXECUTION_FAILED, x.what());
+  }
+  if (e.is_bad())
+    throw BackendError(
+        detail::cat("cuDNN attention ", what, " failed for ", describe(s), ": ", e.get_message()));
+  STRATA_KERNEL_CHECK(stream);
+}
+
+}  // namespace
+
+// Locking: every public method of CudnnAttention takes `mu` once; Impl's methods expect it held.
+struct CudnnAttention::Impl {
+  struct Entry {
+    Plan plan;
+    std::shared_ptr<fe::graph::Graph> fwd, bwd;
+  };
+
+  explicit Impl(cudaStream_t s) : stream(s) {}
+  ~Impl() {
+    if (handle) (void)cudnnDestroy(handle);  // best effort: a destructor does not throw
+  }
+
+  // The handle on first use; false, with why, when cuDNN cannot run on this GPU.
+  bool open(std::string* why) {
+    if (!opened) {
+      opened = true;
+      try {
+        detail::CudaDeviceGuard guard(stream);
+        cudaDeviceProp p{};
+        STRATA_CUDA_CHECK(cudaGetDeviceProperties(&p, guard.device()));
+        if (p.major < 8) {
+          open_error = detail::cat("cuDNN's fused attention needs compute capability 8.0 (Ampere) or newer; ",
+                                   p.name, " is ", p.major, ".", p.minor);
+        } else if (const cudnnStatus_t st = cudnnCreate(&handle); st != CUDNN_STATUS_SUCCESS) {
+          handle = nullptr;
+          open_error =
+              detail::cat("cudnnCreate: ", cudnnGetErrorString(st),
+                          " (cuDNN 9 for CUDA 13 must be on the library path: /usr/local/cuda/lib64 or "
+                          "the nvidia-cudnn-cu13 wheel)");
+        } else {
+          STRATA_CUDNN_CHECK(cudnnSetStream(handle, stream));
+        }
+      } catch (const std::exception& e) {
+        open_error = e.what();
+      }
+      if (!open_error.empty())
+        STRATA_LOG_WARN("attention: cuDNN fused attention is not available (", open_error,
+                        "); kernels/cuda's own attention runs every shape");
+    }
+    if (why) *why = open_error;
+    return open_error.empty();
+  }
+
+  const Entry& entry(const AttentionShape& s) {
+    if (auto it = plans.find(s); it != plans.end()) return it->second;
+    Entry e;
+    std::string why;
+    if (s.dtype != DType::bf16 && s.dtype != DType::fp16) {
+      why =
+          detail::cat("the activations are ", dtype_name(s.dtype), "; cuDNN's attention takes bf16 or fp16");
+    } else if (s.B < 1 || s.T < 1 || s.NH < 1 || s.NKV < 1 || s.HD < 1 || s.NH % s.NKV != 0) {
+      why = "an empty shape, or NH not a multiple of NKV";
+    } else if (open(&why)) {
+      try {
+        detail::CudaDeviceGuard guard(stream);
+        std::int64_t fwd_ws = 0, bwd_ws = 0;
+        e.fwd = forward_graph(s);
+        if (std::string f = build(*e.fwd, handle, &fwd_ws); !f.empty()) {
+          why = "forward: " + f;
+        } else {
+          e.bwd = backward_graph(s);
+          if (std::string b = build(*e.bwd, handle, &bwd_ws); !b.empty()) {
+            why = "backward: " + b;
+          } else {
+            e.plan.supported = true;
+            e.plan.sizes = {.saved = stats_elems(s) + fp32_elems(out_bytes(s)),
+                            .scratch = fp32_elems(std::size_t(bwd_ws))};
+            e.plan.forward_workspace_bytes = std::size_t(fwd_ws);
+          }
+        }
+      } catch (const std::exception& x) {
+        why = x.what();
+      }
+      if (!e.plan.supported)
+        STRATA_LOG_INFO("attention ", describe(s), ": cuDNN refused it (", why,
+                        "); kernels/cuda's own kernel runs this shape");
+    }
+    if (!e.plan.supported) {
+      e.plan.why_not = why;
+      e.fwd.reset();
+      e.bwd.reset();
+    }
+    return plans.emplace(s, std::move(e)).first->second;
+  }
+
+  const Entry& supported(const AttentionShape& s) {
+    const Entry& e = entry(s);
+    STRATA_CHECK(e.plan.supported, "kernels: cuDNN attention called for ", describe(s),
+                 ", which it refused: ", e.plan.why_not);
+    return e;
+  }
+
+  cudaStream_t stream;
+  std::mutex mu;
+  bool opened = false;
+  std::string open_error;
+  cudnnHandle_t handle = nullptr;
+  std::map<AttentionShape, Entry> plans;
+};
+
+bool CudnnAttention::compiled_in() {
+  return true;
+}
+
+CudnnAttention::CudnnAttention(cudaStream_t stream) : impl_(std::make_unique<Impl>(stream)) {}
+CudnnAttention::~CudnnAttention() = default;
+
+bool CudnnAttention::available(std::string* why_not) const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->open(why_not);
+}
+
+const CudnnAttention::Plan& CudnnAttention::plan(const AttentionShape& shape) const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->entry(shape).plan;
+}
+
+void CudnnAttention::forward(const AttentionShape& shape, Tensor out, Tensor saved, Tensor q, Tensor k,
+                             Tensor v, void* forward_workspace) {
+  std::lock_guard lock(impl_->mu);
+  const Impl::Entry& e = impl_->supported(shape);
+  STRATA_CHECK(saved.dtype == DType::fp32 && saved.numel >= e.plan.sizes.saved,
+               "kernels: cuDNN attention's saved state needs ", e.plan.sizes.saved, " fp32 elements, got ",
+               saved.numel, " of ", dtype_name(saved.dtype));
+  float* stats = saved.as<float>();
+  void* saved_out = stats + stats_elems(shape);
+  std::unordered_map<std::int64_t, void*> pack{
+      {kQ, q.data}, {kK, k.data}, {kV, v.data}, {kO, out.data}, {kStats, stats}};
+  detail::CudaDeviceGuard guard(impl_->stream);
+  execute(*e.fwd, impl_->handle, pack, forward_workspace, impl_->stream, "forward", shape);
+  // Backward reads O from saved (Note [cuDNN attention saved state]).
+  STRATA_CUDA_CHECK(
+      cudaMemcpyAsync(saved_out, out.data, out_bytes(shape), cudaMemcpyDeviceToDevice, impl_->stream));
+}
+
+void CudnnAttention::backward(const AttentionShape& shape, Tensor dq, Tensor dk, Tensor dv, Tensor scratch,
+                              Tensor dout, Tensor q, Tensor k, Tensor v, Tensor saved) {
+  std::lock_guard lock(impl_->mu);
+  const Impl::Entry& e = impl_->supported(shape);
+  STRATA_CHECK(saved.dtype == DType::fp32 && saved.numel >= e.plan.sizes.saved,
+               "kernels: cuDNN attention's saved state needs ", e.plan.sizes.saved, " fp32 elements, got ",
+               saved.numel);
+  STRATA_CHECK(scratch.numel >= e.plan.sizes.scratch, "kernels: cuDNN attention's backward needs ",
+               e.plan.sizes.scratch, " fp32 elements of scratch, got ", scratch.numel);
+  float* stats = saved.as<float>();
+  void* saved_out = stats + stats_elems(shape);
+  std::unordered_map<std::int64_t, void*> pack{{kQ, q.data},    {kK, k.data},     {kV, v.data},
+                                               {kO, saved_out}, {kdO, dout.data}, {kStats, stats},
+                                               {kdQ, dq.data},  {kdK, dk.data},   {kdV, dv.data}};
+  detail::CudaDeviceGuard guard(impl_->stream);
+  execute(*e.bwd, impl_->handle, pack, e.plan.sizes.scratch ? scratch.data : nullptr, impl_->stream,
+          "backward", shape);
+}
+
+}  // namespace strata::kernels
+
+#else  // !STRATA_WITH_CUDNN: the path is not built; every plan says so.
+
+namespace strata::kernels {
+namespace {
+constexpr const char* kNotBuilt =
+    "this binary was built without the cuDNN frontend (cmake/StrataCudnn.cmake: run "
+    "scripts/install-deps.sh --cudnn-frontend and reconfigure)";
+}  // namespace
+
+struct CudnnAttention::Impl {};
+
+bool CudnnAttention::compiled_in() {
+  return false;
+}
+CudnnAttention::CudnnAttention(cudaStream_t) {}
+CudnnAttention::~CudnnAttention() = default;
+
+bool CudnnAttention::available(std::string* why_not) const {
+  if (why_not) *why_not = kNotBuilt;
+  return false;
+}
+
+const CudnnAttention::Plan& CudnnAttention::plan(const AttentionShape&) const {
+  static const Plan not_built = [] {
+    Plan p;
+    p.why_not = kNotBuilt;
+    return p;
+  }();
+  return not_built;
+}
+
+void CudnnAttention::forward(const AttentionShape&, Tensor, Tensor, Tensor, Tensor, Tensor, void*) {
+  STRATA_CHECK(false, "kernels: cuDNN attention called, but ", kNotBuilt);
+}
+
+void CudnnAttention::backward(const AttentionShape&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                              Tensor, Tensor) {
+  STRATA_CHECK(false, "kernels: cuDNN attention called, but ", kNotBuilt);
+}
+
+}  // namespace strata::kernels
+
+#endif

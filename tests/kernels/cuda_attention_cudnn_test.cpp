@@ -1,0 +1,158 @@
+// cuDNN's fused attention (kernels/cuda_attention_cudnn.h) against the CPU reference (kernels/cpu's
+// attention) on fresh random bf16 inputs, for shapes with grouped-query heads (NKV < NH, down to one
+// key/value head) and sequence lengths that are not multiples of 64. Bounds, as relative L2 error:
+//   out <= 1e-2 (bf16 storage rounds each output by up to 2^-9; flash attention also rounds the
+//     probabilities to bf16 before multiplying by V);
+//   dq, dk, dv <= 3e-2 (the probabilities and their gradients are rounded to bf16 before each of the
+//     backward's matrix products: two roundings more than kernels/cuda's fp32 score buffer sees);
+//   the saved softmax statistics (max + ln sum exp of the scaled scores, fp32 (B,NH,T)) <= 1e-3.
+// Outputs are poisoned with NaN first, so an element cuDNN does not write fails. Skips, with the reason:
+// no GPU visible, this binary built without the cuDNN frontend, a GPU older than compute capability 8.0.
+// On a GPU of 8.0 or newer with cuDNN built in, a shape cuDNN refuses FAILS with cuDNN's reason: these
+// shapes are within its documented support (head dim a multiple of 8, <= 128).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda_attention_cudnn.h"
+#include "kernels/ops.h"
+#include "tests/kernels/cuda_test_util.h"
+#include "tests/kernels/reference.h"
+
+namespace strata::kernels::test {
+namespace {
+
+namespace cpu = strata::kernels::cpu;
+
+// Why cuDNN's attention cannot be tested on this machine, or "" when it can.
+std::string cudnn_skip_reason(int ordinal) {
+  if (!CudnnAttention::compiled_in())
+    return "this binary was built without the cuDNN frontend (cmake/StrataCudnn.cmake)";
+  cudaDeviceProp p{};
+  STRATA_CUDA_CHECK(cudaGetDeviceProperties(&p, ordinal));
+  if (p.major < 8)
+    return std::string("cuDNN's fused attention needs compute capability 8.0 or newer; ") + p.name + " is " +
+           std::to_string(p.major) + "." + std::to_string(p.minor);
+  return "";
+}
+
+// ln sum_s<=t exp(scale q_t . k_s) per (b, h, t), in double: what cuDNN saves as its statistics.
+std::vector<float> ref_logsumexp(const std::vector<float>& q, const std::vector<float>& k, int B, int T,
+                                 int NH, int NKV, int HD) {
+  std::vector<float> out(std::size_t(B) * NH * T);
+  const double scale = 1.0 / std::sqrt(double(HD));
+  std::vector<double> s(static_cast<std::size_t>(T));
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const float* qt = &q[((std::size_t(b) * T + t) * NH + h) * HD];
+        double mx = -INFINITY;
+        for (int j = 0; j <= t; ++j) {
+          const float* kj = &k[((std::size_t(b) * T + j) * NKV + h / (NH / NKV)) * HD];
+          double d = 0;
+          for (int e = 0; e < HD; ++e) d += double(qt[e]) * double(kj[e]);
+          s[std::size_t(j)] = d * scale;
+          mx = std::max(mx, s[std::size_t(j)]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= t; ++j) sum += std::exp(s[std::size_t(j)] - mx);
+        out[(std::size_t(b) * NH + h) * T + t] = float(mx + std::log(sum));
+      }
+  return out;
+}
+
+class CudaCudnnAttention : public CudaTest, public ::testing::WithParamInterface<AttentionShape> {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
+    const std::string why = cudnn_skip_reason(device_->caps().ordinal);
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+  static std::vector<float> got(const DeviceBuffer<cpu::bf16_t>& d) { return from_bf16(d.download()); }
+  static Tensor bf16_tensor(const DeviceBuffer<cpu::bf16_t>& d, std::size_t n) {
+    return {d.get(), DType::bf16, n};
+  }
+};
+
+TEST_P(CudaCudnnAttention, ForwardAndBackwardMatchTheCpuReference) {
+  const AttentionShape sh = GetParam();
+  const int B = sh.B, T = sh.T, NH = sh.NH, NKV = sh.NKV, HD = sh.HD;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_ << ", B=" << B << " T=" << T << " NH=" << NH
+                                    << " NKV=" << NKV << " HD=" << HD);
+  CudnnAttention att(stream_);
+  const CudnnAttention::Plan& plan = att.plan(sh);
+  ASSERT_TRUE(plan.supported) << "cuDNN refused the shape: " << plan.why_not;
+
+  const std::size_t nq = std::size_t(B) * T * NH * HD, nkv = std::size_t(B) * T * NKV * HD;
+  const auto q = random_bf16_values(nq, next_seed()), k = random_bf16_values(nkv, next_seed());
+  const auto v = random_bf16_values(nkv, next_seed()), dout = random_bf16_values(nq, next_seed());
+  const std::size_t att_n = std::size_t(B) * NH * T * T;
+  std::vector<float> out(nq), probs(att_n), score_grads(att_n), dq(nq), dk(nkv), dv(nkv);
+  cpu::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  cpu::attention_backward(dq.data(), dk.data(), dv.data(), score_grads.data(), dout.data(), q.data(),
+                          k.data(), v.data(), probs.data(), B, T, NH, NKV, HD);
+  const std::vector<float> lse = ref_logsumexp(q, k, B, T, NH, NKV, HD);
+
+  DeviceBuffer<cpu::bf16_t> d_q(to_bf16(q)), d_k(to_bf16(k)), d_v(to_bf16(v)), d_dout(to_bf16(dout));
+  DeviceBuffer<cpu::bf16_t> d_out(nq), d_dq(nq), d_dk(nkv), d_dv(nkv);
+  DeviceBuffer<float> d_saved(std::max<std::size_t>(1, plan.sizes.saved));
+  DeviceBuffer<float> d_scratch(std::max<std::size_t>(1, plan.sizes.scratch));
+  for (auto* b : {&d_out, &d_dq, &d_dk, &d_dv}) b->poison();
+  d_saved.poison();
+  strata::DeviceBuffer fwd_ws = scratch(std::max<std::size_t>(1, plan.forward_workspace_bytes));
+
+  const Tensor saved{d_saved.get(), DType::fp32, plan.sizes.saved};
+  att.forward(sh, bf16_tensor(d_out, nq), saved, bf16_tensor(d_q, nq), bf16_tensor(d_k, nkv),
+              bf16_tensor(d_v, nkv), fwd_ws.data());
+  att.backward(sh, bf16_tensor(d_dq, nq), bf16_tensor(d_dk, nkv), bf16_tensor(d_dv, nkv),
+               Tensor{d_scratch.get(), DType::fp32, plan.sizes.scratch}, bf16_tensor(d_dout, nq),
+               bf16_tensor(d_q, nq), bf16_tensor(d_k, nkv), bf16_tensor(d_v, nkv), saved);
+
+  std::vector<float> stats = d_saved.download();
+  stats.resize(lse.size());  // the statistics lead the saved state, (B, NH, T)
+  EXPECT_LE(rel_l2(got(d_out), out), 1e-2) << "out";
+  EXPECT_LE(rel_l2(stats, lse), 1e-3) << "softmax statistics";
+  EXPECT_LE(rel_l2(got(d_dq), dq), 3e-2) << "dq";
+  EXPECT_LE(rel_l2(got(d_dk), dk), 3e-2) << "dk";
+  EXPECT_LE(rel_l2(got(d_dv), dv), 3e-2) << "dv";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaCudnnAttention,
+    ::testing::Values(AttentionShape{.B = 2, .T = 40, .NH = 4, .NKV = 4, .HD = 64},    // T < 64, MHA
+                      AttentionShape{.B = 1, .T = 100, .NH = 8, .NKV = 2, .HD = 64},   // GQA, T % 64 != 0
+                      AttentionShape{.B = 2, .T = 130, .NH = 6, .NKV = 1, .HD = 128},  // MQA, HD 128
+                      AttentionShape{.B = 2, .T = 257, .NH = 4, .NKV = 2, .HD = 32},   // GQA, T = 4*64+1
+                      AttentionShape{.B = 3, .T = 1, .NH = 2, .NKV = 1, .HD = 64}),    // one token
+    [](const auto& info) {
+      const AttentionShape& s = info.param;
+      std::ostringstream name;  // (operator+ chains trip GCC 12's -Wrestrict false positive at -O3)
+      name << "b" << s.B << "_t" << s.T << "_nh" << s.NH << "_nkv" << s.NKV << "_hd" << s.HD;
+      return name.str();
+    });
+
+// The CUDA compute interface picks the cuDNN path where it runs: attention_sizes() is the statistics plus a
+// copy of the output, not the unfused kernel's (B, NH, T, T) probabilities.
+TEST_F(CudaTest, CudaOpsAttendWithoutTheTxTMatrixWhereCudnnRuns) {
+  const std::string why = cudnn_skip_reason(device_->caps().ordinal);
+  if (!why.empty()) GTEST_SKIP() << why;
+  std::unique_ptr<Stream> s = device_->create_stream("cudnn-attention-test");
+  std::unique_ptr<Ops> ops = make_ops(*device_, *s);
+  EXPECT_TRUE(ops->caps().fused_attention) << ops->caps().name;
+  const int B = 2, T = 1000, NH = 8, NKV = 2, HD = 64;
+  const AttentionSizes as = ops->attention_sizes(B, T, NH, NKV, HD);
+  const std::size_t stats = std::size_t(B) * NH * T, out_slots = std::size_t(B) * T * NH * HD / 2;
+  EXPECT_GE(as.saved, stats + out_slots);
+  EXPECT_LE(as.saved, stats + 64 + out_slots);
+  EXPECT_LT(as.saved, std::size_t(B) * NH * T * T / 8);
+}
+
+}  // namespace
+}  // namespace strata::kernels::test

@@ -2,8 +2,8 @@
 # Builds Strata here (cuda backend on) and gathers what a GPU machine needs to run the tests and
 # benchmarks into one folder: the executables, the non-system shared libraries they load (hwloc, oneTBB,
 # Highway, liburing, OpenBLAS, OpenMPI, ...), the test fixtures, and run.sh. The GPU machine needs only
-# the CUDA driver and a CUDA 13 runtime, cuBLAS and NCCL (from /usr/local/cuda or the nvidia-* Python
-# wheels); those are too large to carry and are found there. See docs/gpu-bundle.md.
+# the CUDA driver and a CUDA 13 runtime, cuBLAS, NCCL, NVRTC and cuDNN 9 (from /usr/local/cuda or the
+# nvidia-* Python wheels); those are too large to carry and are found there. See docs/gpu-bundle.md.
 #
 # Usage: scripts/gpu-bundle.sh [OUT_DIR]     (default: bundle/)
 set -euo pipefail
@@ -11,6 +11,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/bundle}
 build=${BUILD_DIR:-$root/build-gpu}
 
+# The cuDNN frontend headers for the cuDNN attention path (a no-op once fetched; offline, the bundle is
+# built without that path and cmake says so).
+bash "$root/scripts/install-deps.sh" --cudnn-frontend
 BUILD_DIR=$build bash "$root/scripts/build.sh" -DSTRATA_CUDA=ON
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
@@ -23,11 +26,20 @@ for e in "${exes[@]}"; do
 done
 
 # Shared libraries: everything ldd resolves, except the C runtime (present on any Linux) and the CUDA
-# libraries (driver, runtime, cuBLAS, NCCL: found on the GPU machine; cuBLASLt alone is ~500 MiB).
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libcuda\.so|libcudart|libcublas|libcublasLt|libnccl|libnvidia)'
+# libraries (driver, runtime, cuBLAS, NCCL, NVRTC, cuDNN: found on the GPU machine; cuBLASLt alone is
+# ~500 MiB, cuDNN's engines as much). cuDNN's small dispatcher library (libcudnn.so.9) goes to
+# lib-fallback/, last on run.sh's search path: the machine's own cuDNN wins, and where it has none the
+# binaries still start, cuDNN fails to load its engines and attention falls back to kernels/cuda's kernel
+# (the cuDNN attention tests then fail, saying so).
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libcuda\.so|libcudart|libcublas|libcublasLt|libnccl|libnvidia|libnvrtc|libcudnn)'
+mkdir -p "$out/lib-fallback"
 for e in "$out"/bin/*; do
   ldd "$e" | awk '/=> \// {print $1, $3}' | while read -r name path; do
-    if ! [[ $name =~ $skip ]] && [ ! -e "$out/lib/$name" ]; then cp -L "$path" "$out/lib/$name"; fi
+    if [[ $name =~ ^libcudnn\.so ]]; then
+      [ -e "$out/lib-fallback/$name" ] || cp -L "$path" "$out/lib-fallback/$name"
+    elif ! [[ $name =~ $skip ]] && [ ! -e "$out/lib/$name" ]; then
+      cp -L "$path" "$out/lib/$name"
+    fi
   done
 done
 
@@ -71,7 +83,7 @@ cat > "$out/run.sh" <<'RUN'
 # Runs every bundled test binary (or the command given) on this machine with the bundled libraries, then
 # prints a pass/fail table. Exits non-zero when a test binary fails or when no CUDA test actually ran
 # (every cuda test skipped: no GPU, or a driver too old for the CUDA 13 runtime). See docs/gpu-bundle.md.
-# CUDA 13 runtime, cuBLAS and NCCL come from /usr/local/cuda or the nvidia-* Python wheels.
+# CUDA 13 runtime, cuBLAS, NCCL, NVRTC and cuDNN 9 come from /usr/local/cuda or the nvidia-* Python wheels.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cudalibs=/usr/local/cuda/lib64
@@ -88,7 +100,8 @@ PY
 )
   cudalibs="$cudalibs:$wheels"
 fi
-export LD_LIBRARY_PATH="$here/lib:$cudalibs:${LD_LIBRARY_PATH:-}"
+# lib-fallback/ last: cuDNN's dispatcher, used only where the machine has no cuDNN 9 of its own.
+export LD_LIBRARY_PATH="$here/lib:$cudalibs:${LD_LIBRARY_PATH:-}:$here/lib-fallback"
 export STRATA_SOURCE_DIR="$here/src"
 export STRATA_TEST_TMPDIR=${STRATA_TEST_TMPDIR:-/tmp/strata-test}
 mkdir -p "$STRATA_TEST_TMPDIR"

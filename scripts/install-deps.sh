@@ -11,8 +11,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 # The cuDNN frontend, from NVIDIA's nvidia-cudnn-frontend wheel on PyPI: the wheel carries the headers
-# under include/. Pinned by version and by the wheel's sha256 (the cp311 manylinux_2_28 x86_64 build; the
-# headers are the same in every build of a version). To move the pin, change both and run this again.
+# under include/. Pinned by version and by the sha256 of one build of it (cp311, manylinux_2_28 x86_64,
+# fetched whatever the host's Python is; only its headers are used). To move the pin, change both and
+# run this again.
 cudnn_fe_version=1.32.0
 cudnn_fe_sha256=c6006556017a4d1c914c52a556c71b1267f2d6a0500f742e7b4edef539878df0
 cudnn_fe_dir=$root/deps/cudnn-frontend  # ignored by git (.gitignore: /deps/)

@@ -122,6 +122,9 @@ struct ShardStep {
   bool finite = true;     // whether that step's scaled gradients were all finite
 };
 
+// The block grad_stats sums over (Note [deterministic norm] in grad_stats.cpp).
+inline constexpr std::size_t kGradStatsBlock = 8192;
+
 struct GradStats {
   double sum_sq = 0.0;  // sum of (grad * scale)^2 in double: deterministic, identical on every target
   bool finite = true;   // false when some grad * scale is NaN or infinite (sum_sq is then not finite)
@@ -181,6 +184,11 @@ class Optimizer {
   // The squared L2 norm of grads * scale, and whether all were finite, in one read. Summed in double
   // over fixed blocks combined in a fixed order: identical whatever the thread count and SIMD target.
   GradStats grad_stats(const void* grads, DType grad_dtype, std::size_t n, float scale = 1.0f);
+  // grad_stats' partial sums, one per block of kGradStatsBlock elements (the last may be short), in
+  // block order: grad_stats(g, n).sum_sq is 0.0 + sums[0] + sums[1] + ... added left to right. So the
+  // norm of an array cut into slices at multiples of kGradStatsBlock (ranks' shards) can be summed to the
+  // same bits as over the whole.
+  std::vector<double> grad_block_sums(const void* grads, DType grad_dtype, std::size_t n, float scale = 1.0f);
 
   // Runs fn(begin, end) over the same per-thread contiguous ranges of [0, n) that the update calls use,
   // on the same threads (benchmarks measure their ceilings this way).

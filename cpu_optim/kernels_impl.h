@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu_optim/cpu_optim.h"
 #include "hwy/targets.h"
 
 namespace strata::cpu_optim::impl {
@@ -45,7 +46,7 @@ enum class AdamDecay { none = 0, l2 = 1, decoupled = 2 };
 
 // Sum of squares of grads * scale over whole blocks [first_block, last_block) of kStatsBlock elements
 // (the last block of the array may be short: n bounds it), one double per block into block_sums.
-inline constexpr std::size_t kStatsBlock = 8192;
+inline constexpr std::size_t kStatsBlock = kGradStatsBlock;
 inline constexpr std::size_t kVirtualLanes = 32;  // see grad_stats.cpp, Note [deterministic norm]
 using SumSqFn = void (*)(const void* g, std::size_t n, float scale, std::size_t first_block,
                          std::size_t last_block, double* block_sums);

@@ -260,12 +260,12 @@ bool Optimizer::lion(ShardStep& state, const LionParams& hp, std::int64_t step, 
   return state.finite;
 }
 
-GradStats Optimizer::grad_stats(const void* grads, DType grad_dtype, std::size_t n, float scale) {
+std::vector<double> Optimizer::grad_block_sums(const void* grads, DType grad_dtype, std::size_t n,
+                                               float scale) {
   STRATA_CHECK(dtype_is_float(grad_dtype), "grad_stats: grad_dtype ", dtype_name(grad_dtype),
                " is not supported; use fp32, bf16 or fp16");
   check_buffer(grads, n, dtype_bytes(grad_dtype), "grads", "grad_stats");
-  GradStats out;
-  if (n == 0) return out;
+  if (n == 0) return {};
   const impl::StatsTable* table = impl::stats_table(impl_->target.bit);
   STRATA_CHECK(table != nullptr, "cpu_optim: no statistics kernels for the chosen SIMD target");
   const impl::SumSqFn fn = table->fn[int(grad_dtype)];
@@ -276,7 +276,12 @@ GradStats Optimizer::grad_stats(const void* grads, DType grad_dtype, std::size_t
     const std::size_t b = blocks * t / parts, e = blocks * (t + 1) / parts;
     if (b < e) fn(grads, n, scale, b, e, sums.data());
   });
-  for (double s : sums) out.sum_sq += s;
+  return sums;
+}
+
+GradStats Optimizer::grad_stats(const void* grads, DType grad_dtype, std::size_t n, float scale) {
+  GradStats out;
+  for (double s : grad_block_sums(grads, grad_dtype, n, scale)) out.sum_sq += s;
   out.finite = std::isfinite(out.sum_sq);
   return out;
 }

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/comm.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -108,11 +109,12 @@ TierBytes tier_bytes(zero3::Engine& e) {
 
 class Progress {
  public:
-  Progress(std::int64_t total, std::int64_t first, bool tty, std::int64_t every)
+  Progress(std::int64_t total, std::int64_t first, bool tty, std::int64_t every, std::FILE* out)
       : total_(total),
         first_(first),
         tty_(tty),
         every_(std::max<std::int64_t>(1, every)),
+        out_(out),
         t0_(Clock::now()) {}
 
   void update(const zero3::StepResult& r, const TierBytes& b) {
@@ -146,8 +148,8 @@ class Progress {
         (long long)r.step, (long long)(first_ + total_), r.loss, r.applied ? "" : " (skipped)", r.lr,
         r.grad_norm, r.loss_scale, tps, t.total, t.forward, t.backward, t.optimizer, t.wait,
         human(double(b.device)).c_str(), human(double(b.pinned)).c_str(), human(double(b.nvme)).c_str());
-    std::fputs(line, stdout);
-    std::fflush(stdout);
+    std::fputs(line, out_);
+    std::fflush(out_);
   }
   void finish() {
     if (tty_) std::fputs("\n", stderr);
@@ -157,6 +159,7 @@ class Progress {
   std::int64_t total_, first_;
   bool tty_;
   std::int64_t every_;
+  std::FILE* out_;
   Clock::time_point t0_;
 };
 
@@ -164,7 +167,14 @@ int run_train(const TrainOpts& o) {
   if (o.steps < 1) throw ConfigError("--steps must be at least 1");
   if (o.data.empty() == o.text.empty())
     throw ConfigError("give exactly one of --data tokens.bin or --text file.txt");
-  Config cfg = Config::load(o.config, parse_sets(o.sets));
+  // Under mpirun every rank runs this; rank 0 prints the progress, log lines and summary, the others
+  // only warnings and errors, which carry their rank.
+  const comm::RankInfo ri = comm::rank_from_env();
+  if (ri.world_size > 1) {
+    log::set_rank(ri.rank);
+    if (ri.rank != 0 && !std::getenv("STRATA_LOG")) log::set_level(log::Level::warn);
+  }
+  Config cfg = Config::load(o.config, parse_sets(o.sets), ri.world_size);
   const model::ModelConfig mcfg = load_model(o.model);
   const int seq_len = o.seq_len > 0 ? o.seq_len : int(std::min<std::int64_t>(mcfg.max_seq_len, 256));
   if (seq_len > mcfg.max_seq_len)
@@ -199,21 +209,29 @@ int run_train(const TrainOpts& o) {
                                              : int(std::max(1u, std::thread::hardware_concurrency()));
   kernels::cpu::set_blas_threads(threads);
   zero3::Engine engine(cfg, mcfg, eo);
+  const int rank = engine.communicator().rank(), world = engine.communicator().world_size();
+  const bool lead = rank == 0;
   model::DataLoader data(file, {.batch_size = engine.micro_batch(),
                                 .seq_len = seq_len,
+                                .rank = rank,
+                                .world = world,
                                 .seed = std::uint64_t(cfg.strata.seed),
                                 .drop_last_batch = true,
                                 .vocab_size = mcfg.vocab_size});
   model::LlamaModel model(mcfg, engine.model_options());
   if (!o.load.empty()) engine.load_checkpoint(o.load, o.load_tag, &data);
 
-  const bool tty = o.progress && ::isatty(STDERR_FILENO);
+  const bool tty = lead && o.progress && ::isatty(STDERR_FILENO);
   const std::int64_t first = engine.global_step();
-  std::printf(
-      "train: %s, %lld parameters, %d x %d tokens x %d accumulation per step, %lld steps from step %lld, "
-      "offload param %s / optimizer %s, device %s (%s)\n",
+  // Output from rank 0 only: the others write to a sink.
+  std::FILE* out = lead ? stdout : std::fopen("/dev/null", "w");
+  STRATA_SYS_CHECK(out != nullptr, "open /dev/null");
+  std::fprintf(
+      out,
+      "train: %s, %lld parameters, %d x %d tokens x %d accumulation per step x %d rank%s, %lld steps from "
+      "step %lld, offload param %s / optimizer %s, device %s (%s)\n",
       mcfg.name.c_str(), (long long)mcfg.num_parameters(), engine.micro_batch(), seq_len,
-      engine.accumulation_steps(), (long long)o.steps, (long long)first,
+      engine.accumulation_steps(), world, world > 1 ? "s" : "", (long long)o.steps, (long long)first,
       cfg.zero_optimization.offload_param.device == OffloadDevice::none  ? "none"
       : cfg.zero_optimization.offload_param.device == OffloadDevice::cpu ? "cpu"
                                                                          : "nvme",
@@ -222,14 +240,16 @@ int run_train(const TrainOpts& o) {
                                                                              : "nvme",
       engine.device().caps().name.c_str(), human(double(engine.device().caps().capacity)).c_str());
   const zero3::MemoryPlan& plan = engine.plan();
-  std::printf(
-      "device plan: state %s + working set %s + activations %s + chunk cache %s (docs/train.md, \"Device "
+  std::fprintf(
+      out,
+      "device plan%s: state %s + working set %s + activations %s + chunk cache %s (docs/train.md, \"Device "
       "memory\")\n",
-      human(double(plan.device_state)).c_str(), human(double(plan.device_working_set)).c_str(),
-      human(double(plan.device_activations)).c_str(), human(double(plan.device_cache)).c_str());
-  std::fflush(stdout);
+      world > 1 ? " (each rank)" : "", human(double(plan.device_state)).c_str(),
+      human(double(plan.device_working_set)).c_str(), human(double(plan.device_activations)).c_str(),
+      human(double(plan.device_cache)).c_str());
+  std::fflush(out);
 
-  Progress progress(o.steps, first, tty, cfg.steps_per_print);
+  Progress progress(o.steps, first, tty, cfg.steps_per_print, out);
   std::vector<double> losses;
   zero3::StepTimes sum;
   std::int64_t tokens_seen = 0, skipped = 0;
@@ -256,9 +276,23 @@ int run_train(const TrainOpts& o) {
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!o.save.empty()) saved = engine.save_checkpoint(o.save, {{"source", "strata train"}}, &data);
   if (!o.export_path.empty()) {
-    model::save_weights(o.export_path, engine, DType::bf16);
-    std::printf("exported weights to %s\n", o.export_path.c_str());
+    if (lead) {
+      model::save_weights(o.export_path, engine, DType::bf16);
+      std::fprintf(out, "exported weights to %s\n", o.export_path.c_str());
+    } else {  // the same collective reads, chunk by chunk, as rank 0's save_weights
+      std::vector<float> buf;
+      for (const model::ChunkLayout& c : engine.layout().chunks()) {
+        buf.resize(c.padded_numel);
+        engine.read_params(c.id, buf.data());
+      }
+    }
   }
+  // Memory figures: the largest over the ranks.
+  comm::Communicator& cm = engine.communicator();
+  peak.device = std::uint64_t(cm.all_reduce_max(double(peak.device)));
+  peak.pinned = std::uint64_t(cm.all_reduce_max(double(peak.pinned)));
+  peak.nvme = std::uint64_t(cm.all_reduce_max(double(peak.nvme)));
+  const double device_peak = cm.all_reduce_max(double(engine.device().memory_stats().peak_in_use));
 
   const prefetch::PrefetchStats& ps = engine.prefetch_stats();
   const std::size_t n = losses.size();
@@ -268,34 +302,37 @@ int run_train(const TrainOpts& o) {
     return s / double(std::max<std::size_t>(1, to - from));
   };
   const std::size_t k = std::max<std::size_t>(1, n / 10);
-  std::printf("\nsummary: %lld steps (%lld skipped) in %s, %lld tokens, %.0f tokens/s\n", (long long)n,
-              (long long)skipped, duration(wall).c_str(), (long long)tokens_seen,
-              wall > 0 ? double(tokens_seen) / wall : 0.0);
-  std::printf("  loss        %.4f -> %.4f (mean of the first / last %zu steps: %.4f -> %.4f)\n",
-              losses.front(), losses.back(), k, mean(0, k), mean(n - k, n));
-  std::printf(
+  std::fprintf(out, "\nsummary: %lld steps (%lld skipped) in %s, %lld tokens, %.0f tokens/s\n", (long long)n,
+               (long long)skipped, duration(wall).c_str(), (long long)tokens_seen,
+               wall > 0 ? double(tokens_seen) / wall : 0.0);
+  std::fprintf(out, "  loss        %.4f -> %.4f (mean of the first / last %zu steps: %.4f -> %.4f)\n",
+               losses.front(), losses.back(), k, mean(0, k), mean(n - k, n));
+  std::fprintf(
+      out,
       "  step time   %.3fs mean: forward %.3f, backward %.3f, optimizer %.3f; waiting on transfers %.3f\n",
       sum.total / double(n), sum.forward / double(n), sum.backward / double(n), sum.optimizer / double(n),
       sum.wait / double(n));
-  std::printf("  prefetch    %llu hits, %llu late (%.3fs waited), %llu misses, %llu trace invalidations\n",
-              (unsigned long long)ps.hits, (unsigned long long)ps.late, ps.late_wait_s,
-              (unsigned long long)ps.misses, (unsigned long long)ps.invalidations);
-  std::printf("  memory      peak in use: device %s, pinned %s, nvme %s (device peak allocated %s of %s)\n",
-              human(double(peak.device)).c_str(), human(double(peak.pinned)).c_str(),
-              human(double(peak.nvme)).c_str(),
-              human(double(engine.device().memory_stats().peak_in_use)).c_str(),
-              human(double(engine.device().caps().capacity)).c_str());
+  std::fprintf(out,
+               "  prefetch    %llu hits, %llu late (%.3fs waited), %llu misses, %llu trace invalidations\n",
+               (unsigned long long)ps.hits, (unsigned long long)ps.late, ps.late_wait_s,
+               (unsigned long long)ps.misses, (unsigned long long)ps.invalidations);
+  std::fprintf(
+      out, "  memory      %speak in use: device %s, pinned %s, nvme %s (device peak allocated %s of %s)\n",
+      world > 1 ? "largest rank's " : "", human(double(peak.device)).c_str(),
+      human(double(peak.pinned)).c_str(), human(double(peak.nvme)).c_str(), human(device_peak).c_str(),
+      human(double(engine.device().caps().capacity)).c_str());
   const tiering::Snapshot snap = engine.tiers().snapshot(false);
   const zero3::TransferStats& ts = engine.transfer_stats();
-  std::printf("  moved       gathers %s (%llu chunks), gradients off the device %s;",
-              human(double(ts.gather_bytes)).c_str(), (unsigned long long)ts.gathers,
-              human(double(ts.grad_bytes)).c_str());
+  std::fprintf(out, "  moved       gathers %s (%llu chunks), gradients off the device %s;",
+               human(double(ts.gather_bytes)).c_str(), (unsigned long long)ts.gathers,
+               human(double(ts.grad_bytes)).c_str());
   for (int d = 0; d < tiering::kDirectionCount; ++d)
     if (snap.moves[std::size_t(d)].count)
-      std::printf(" %s %s;", tiering::direction_name(d),
-                  human(double(snap.moves[std::size_t(d)].bytes)).c_str());
-  std::printf("\n");
-  if (!saved.empty()) std::printf("  checkpoint  %s\n", saved.c_str());
+      std::fprintf(out, " %s %s;", tiering::direction_name(d),
+                   human(double(snap.moves[std::size_t(d)].bytes)).c_str());
+  std::fprintf(out, "\n");
+  if (!saved.empty()) std::fprintf(out, "  checkpoint  %s\n", saved.c_str());
+  if (out != stdout) std::fclose(out);
   return 0;
 }
 

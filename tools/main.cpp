@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <map>
 
+#include "comm/comm.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "tools/cli.h"
@@ -18,6 +19,23 @@ Command::Command(std::string name, std::string help, Setup setup) {
 }
 
 }  // namespace strata::cli
+
+namespace {
+
+// Prints the error (with the rank under mpirun) and, in a job of several ranks, ends every rank now: the
+// others would otherwise wait for this one in their next collective.
+int fail(int code, const char* what, const char* msg) {
+  const strata::comm::RankInfo r = strata::comm::rank_from_env();
+  if (r.world_size > 1) {
+    std::fprintf(stderr, "strata: %s on rank %d of %d: %s\n", what, r.rank, r.world_size, msg);
+    std::fflush(stderr);
+    strata::comm::abort_all(code);
+  }
+  std::fprintf(stderr, "strata: %s: %s\n", what, msg);
+  return code;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -38,11 +56,9 @@ int main(int argc, char** argv) {
     for (auto& [sub, run] : actions)
       if (sub->parsed()) return run();
   } catch (const strata::Error& e) {
-    std::fprintf(stderr, "strata: error: %s\n", e.what());
-    return 1;
+    return fail(1, "error", e.what());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "strata: internal error: %s\n", e.what());
-    return 2;
+    return fail(2, "internal error", e.what());
   }
   return 0;
 }

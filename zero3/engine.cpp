@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "cpu_optim/cpu_optim.h"
 #include "kernels/cpu/ops.h"
 #include "zero3/engine_impl.h"
 
@@ -47,7 +48,8 @@ DeviceOptions device_options(const Config& cfg, const EngineOptions& opts) {
                 : cfg.strata.backend == StrataConfig::Backend::cuda ? "cuda"
                                                                     : "auto";
   }
-  d.ordinal = int(cfg.strata.device);
+  // Each rank on a machine takes its own GPU: strata.device + the local rank.
+  d.ordinal = int(cfg.strata.device) + comm::rank_from_env().local_rank;
   d.memory_cap = opts.device_memory_cap ? opts.device_memory_cap : cfg.strata.device_memory_cap;
   return d;
 }
@@ -85,16 +87,33 @@ std::size_t Engine::Impl::wd_bytes() const {
 Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOptions& o)
     : cfg(c),
       mcfg(m),
+      // One rank: chunks padded to 64 elements. N ranks: each shard a whole number of the gradient norm's
+      // blocks, so the norm sums the same partials in the same order at any world size (Note [Ranks]).
       layout((m.validate("model"), m),
-             {.tensor_align = 16, .chunk_multiple = std::size_t(c.world_size) * 64}),
+             {.tensor_align = 16,
+              .chunk_multiple =
+                  c.world_size == 1 ? 64 : std::size_t(c.world_size) * cpu_optim::kGradStatsBlock}),
       opts(o),
       scaler(c.fp16),
       sched(c.scheduler, c.optimizer.lr) {
-  if (cfg.world_size != 1)
-    throw ConfigError(cat("world_size ", cfg.world_size,
-                          ": this engine trains on one process (the single-rank communicator); run with "
-                          "world_size 1"));
-  comm = make_single_rank();
+  dev = open_device(device_options(cfg, opts));
+  if (opts.communicator) {
+    comm = opts.communicator;
+  } else {
+    owned_comm = comm::make_communicator(*dev);
+    comm = owned_comm.get();
+  }
+  world = comm->world_size();
+  if (world > 1 && cfg.zero_optimization.stage < 3)
+    throw ConfigError(cat("zero_optimization.stage ", cfg.zero_optimization.stage, " with ", world,
+                          " ranks: this version partitions across ranks at stage 3 only (parameters, "
+                          "gradients and optimizer states); set zero_optimization.stage to 3, or train with "
+                          "one rank (where every stage trains the same)"));
+  if (world != cfg.world_size)
+    throw ConfigError(cat("the config was resolved for world_size ", cfg.world_size, " but ", world,
+                          " ranks are training (", comm->name(),
+                          "); load the config with the launcher's world size (train_batch_size = "
+                          "train_micro_batch_size_per_gpu x gradient_accumulation_steps x ranks)"));
   wd = cfg.bf16.enabled ? DType::bf16 : cfg.fp16.enabled ? DType::fp16 : DType::fp32;
   const auto& z = cfg.zero_optimization;
   homes = tiering::shard_homes(tier_of(z.offload_param.device), tier_of(z.offload_optimizer.device));
@@ -110,7 +129,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
     s.id = i;
     s.name = cl.name;
     s.numel = cl.padded_numel;
-    s.shard = shard_range(cl.padded_numel, comm->world_size(), comm->rank());
+    s.shard = comm::shard_range(cl.padded_numel, world, comm->rank());
     s.persistent = cl.numel < z.stage3_param_persistence_threshold;
   }
   // Optimizer sub-groups: consecutive chunks whose shards add up to at most sub_group_size elements; a
@@ -125,7 +144,6 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
     acc += s.shard.numel;
   }
 
-  dev = open_device(device_options(cfg, opts));
   by_ops = !dev->caps().host_addressable || opts.device_state_by_ops;
   // The device optimizer is the compute interface's AdamW; the others run on the CPU only.
   if (by_ops && homes.master == Tier::device && n_states != 2)
@@ -154,6 +172,11 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   gather_stream = dev->create_stream("zero3-gather");
   gather_ops = kernels::make_ops(*dev, *gather_stream);
   grad_stream = dev->create_stream("zero3-grads");
+  if (world > 1) {  // collective: every rank dups in this order
+    gather_comm = comm->dup();
+    grad_comm = comm->dup();
+    grad_ops = kernels::make_ops(*dev, *grad_stream);
+  }
   init_chunks();
 }
 
@@ -342,7 +365,8 @@ void Engine::Impl::open_tiers() {
     nvme::SwapOptions so;
     so.nvme_path = path;
     so.capacity = plan.nvme_state + plan.nvme_state / 16 + (64ull << 20);
-    so.name = "zero3";
+    // Each rank its own swap file: ranks on one machine may share nvme_path.
+    so.name = world > 1 ? cat("zero3-rank", comm->rank()) : std::string("zero3");
     swap = std::make_unique<nvme::SwapStore>(*aio, so);
   }
   tiering::TierOptions to;
@@ -521,6 +545,9 @@ double Engine::lr() const {
 }
 int Engine::micro_batch() const {
   return int(impl_->cfg.train_micro_batch_size_per_gpu);
+}
+comm::Communicator& Engine::communicator() {
+  return *impl_->comm;
 }
 int Engine::accumulation_steps() const {
   return int(impl_->cfg.gradient_accumulation_steps);

@@ -53,6 +53,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "comm/comm.h"
 #include "core/config.h"
 #include "core/device.h"
 #include "kernels/ops.h"
@@ -80,6 +81,10 @@ struct EngineOptions {
   // the compute interface's ops, the device optimizer among them — exactly as on cuda. For tests of that
   // path without a GPU; a device whose memory the CPU cannot address always takes it.
   bool device_state_by_ops = false;
+  // The ranks to train over (not owned; the engine dup()s it for its streams). Null: the launcher's
+  // (comm::make_communicator: MPI or NCCL under mpirun, else a single rank). Its world size must be the
+  // config's world_size.
+  comm::Communicator* communicator = nullptr;
 };
 
 // Seconds of one optimizer step (its accumulation micro-steps included). `wait` is the part of the
@@ -185,6 +190,9 @@ class Engine final : public model::ChunkProvider {
   double lr() const;
   int micro_batch() const;
   int accumulation_steps() const;
+  // The ranks this engine trains over (world size 1: a single rank). Collective calls (step(),
+  // save_checkpoint, load_checkpoint, read_params) are made by every rank in the same order.
+  comm::Communicator& communicator();
   const Config& config() const;
   const MemoryPlan& plan() const;
   const prefetch::PrefetchStats& prefetch_stats() const;

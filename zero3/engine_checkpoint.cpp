@@ -39,6 +39,11 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
   STRATA_CHECK(!in_pass && micro_steps == 0,
                "zero3: save_checkpoint is called between optimizer steps (after step(), before the next "
                "forward_backward)");
+  if (world > 1)
+    throw ConfigError(cat("save_checkpoint with ", world,
+                          " ranks: checkpoints are written by single-rank runs only in this version (the "
+                          "multi-rank commit and N -> M resharding are not built yet); train with one rank "
+                          "to checkpoint, or run without --save"));
   sync_grads();
   CheckpointWriter w(dir, tag.empty() ? step_tag(global_step) : tag, comm->rank(), comm->world_size());
   for (ChunkSlot& s : slots) {
@@ -77,6 +82,10 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
 nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag, model::DataLoader* data) {
   STRATA_CHECK(!in_pass && micro_steps == 0,
                "zero3: load_checkpoint is called between optimizer steps (before the next forward_backward)");
+  if (world > 1)
+    throw ConfigError(cat("load_checkpoint with ", world,
+                          " ranks: checkpoints load into single-rank runs only in this version (N -> M "
+                          "resharding is not built yet); resume with one rank"));
   CheckpointReader r(dir, tag, comm->rank());
   const nlohmann::json& meta = r.meta();
   const model::ModelConfig saved = model::ModelConfig::from_json(meta.at("model"), r.path() + "/meta.json");

@@ -32,6 +32,17 @@
 // pinned host memory (the gradient stream waits for the compute stream, copies the buffer off the device,
 // through pinned staging and a host add when accumulating; a failure surfaces at sync_grads). The buffer
 // is freed after the stream that read it last.
+//
+// Note [Ranks]: with N ranks (stage 3) rank r holds slice r of every chunk. A gather casts the local
+// shard into its place in the gathered block and all-gathers the rest in place on the gather stream; a
+// gradient hand-off reduce-scatters the buffer (sum; the model scaled its gradients by 1 / (N x
+// accumulation)) in place on the gradient stream and hands on this rank's slice. Collectives on one
+// communicator must be issued in the same order on every rank, so each stream has its own (dup) and
+// every decision that issues one is a function of the program's order, never of timing: a gather in
+// flight stays "in flight" for the prefetcher until acquired or dropped (residency() does not poll its
+// event), and the cache and allocator decisions depend only on what was allocated and freed (the
+// allocator waits for pending frees before refusing). The training thread's collectives (norm,
+// overflow, loss, checkpoints) use the engine's own communicator.
 #include <algorithm>
 #include <limits>
 
@@ -69,7 +80,9 @@ prefetch::Residency Engine::Impl::residency(int c) {
     case ChunkSlot::Gather::absent:
       return prefetch::Residency::absent;
     case ChunkSlot::Gather::in_flight:
-      if (!s.ready->query()) return prefetch::Residency::in_flight;
+      // With N ranks the answer must not depend on timing (Note [Ranks]): a gather stays in flight until
+      // its acquire (or drop) waits for it.
+      if (world > 1 || !s.ready->query()) return prefetch::Residency::in_flight;
       finish_fetch(s);
       return prefetch::Residency::resident;
     default:
@@ -182,9 +195,12 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
       }
     });
   }
-  // World size 1: this rank's shard is the whole chunk (an all-gather would assemble it here). The source
-  // is device memory or pinned host memory; the cast widens it to the ops' dtype on the gather stream.
-  gather_ops->cast(kernels::Tensor{s.gptr, act, n}, kernels::Tensor{const_cast<void*>(src), wd, n});
+  // The source is device memory or pinned host memory; the cast widens this rank's shard to the ops'
+  // dtype at its place in the chunk, on the gather stream. With N ranks the all-gather (in place) then
+  // brings the other ranks' shards.
+  char* mine = static_cast<char*>(s.gptr) + s.shard.offset * dtype_bytes(act);
+  gather_ops->cast(kernels::Tensor{mine, act, n}, kernels::Tensor{const_cast<void*>(src), wd, n});
+  if (world > 1) gather_comm->all_gather(mine, s.gptr, n, act, gather_stream.get());
   gather_stream->record(*s.ready);
   s.g = ChunkSlot::Gather::in_flight;
   ++transfers.gathers;
@@ -311,14 +327,30 @@ float* Engine::Impl::acquire_grads(int c) {
 void Engine::Impl::release_grads(int c) {
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.gbuf != nullptr, "zero3: gradients of chunk ", s.name, " released but not held");
-  // World size 1: the reduce-scatter leaves this rank's slice, the whole buffer.
+  // This rank's slice of the buffer: with N ranks, the sum over ranks left there by the reduce-scatter
+  // (in place, on the gradient stream once the model's ops are done); with one, the whole buffer.
   const float* src = s.gbuf + s.shard.offset;
+  if (world > 1) {
+    grad_stream->wait(computed(s));
+    grad_comm->reduce_scatter(s.gbuf, s.gbuf + s.shard.offset, s.shard.numel, DType::fp32,
+                              comm::ReduceOp::sum, grad_stream.get());
+  }
   const std::size_t n = s.shard.numel;
   const bool fresh = s.grads_fresh;
   s.grads_fresh = false;
   ++transfers.grad_handoffs;
   transfers.grad_bytes += n * sizeof(float);
-  if (homes.grad == Tier::device) {
+  if (homes.grad == Tier::device && world > 1) {
+    // On the gradient stream, after the reduce-scatter: copy into the empty shard or add to it.
+    const kernels::Tensor to{s.grad, DType::fp32, n}, from{const_cast<float*>(src), DType::fp32, n};
+    if (fresh)
+      grad_ops->cast(to, from);
+    else
+      grad_ops->add(to, from);
+    if (!s.handed_off) s.handed_off = dev->create_event();
+    grad_stream->record(*s.handed_off);
+    tm->evict(s.gradbuf, Tier::device, Tier::pinned, s.handed_off.get());
+  } else if (homes.grad == Tier::device) {
     // On the compute stream, after the model's ops: copy into the empty shard or add to it.
     const kernels::Tensor to{s.grad, DType::fp32, n}, from{const_cast<float*>(src), DType::fp32, n};
     if (fresh)
@@ -330,7 +362,7 @@ void Engine::Impl::release_grads(int c) {
     // The gradient stream waits for the model's ops, then copies the buffer off the device: straight
     // into the pinned shard when it is empty this step, else into pinned staging and adds it on the host
     // (the same arithmetic as the device-home path: a copy, or one fp32 add per element).
-    grad_stream->wait(computed(s));
+    if (world == 1) grad_stream->wait(computed(s));
     float* dst = s.grad;
     if (fresh) {
       grad_stream->copy_async(dst, src, n * sizeof(float), CopyKind::device_to_host);

@@ -13,7 +13,6 @@
 #include "nvme/engine.h"
 #include "nvme/swap_store.h"
 #include "tiering/trace_writer.h"
-#include "zero3/communicator.h"
 #include "zero3/engine.h"
 #include "zero3/loss_scaler.h"
 #include "zero3/lr_schedule.h"
@@ -33,7 +32,7 @@ struct ChunkSlot {
   int id = 0;
   std::string name;         // "block.3"
   std::size_t numel = 0;    // gathered elements (padded_numel)
-  ShardRange shard;         // this rank's slice of the chunk
+  comm::ShardRange shard;   // this rank's slice of the chunk
   tiering::ShardTensors t;  // param (working dtype), grad, master, exp_avg, exp_avg_sq (fp32)
   bool persistent = false;  // below stage3_param_persistence_threshold: stays gathered across passes
   // Device budget bytes (allocator blocks) of its gathered copy (activation dtype) and gradient buffer
@@ -176,7 +175,13 @@ struct Engine::Impl final : prefetch::FetchTarget {
   int n_states = 2;  // optimizer state tensors per parameter besides the master (Adam 2, Adagrad 1, Lion 1)
 
   std::unique_ptr<Device> dev;
-  std::unique_ptr<Communicator> comm;
+  // The ranks: `comm` for the training thread's collectives (norms, losses, checkpoints), one dup for
+  // each stream that issues collectives in its own order (gathers, gradients). `owned_comm` when the
+  // engine made it. Note [Ranks] in engine_chunks.cpp.
+  std::unique_ptr<comm::Communicator> owned_comm, gather_comm, grad_comm;
+  comm::Communicator* comm = nullptr;
+  int world = 1;
+  std::unique_ptr<kernels::Ops> grad_ops;  // world > 1: on grad_stream, the device-home gradient adds
   std::unique_ptr<nvme::AioEngine> aio;
   std::unique_ptr<nvme::SwapStore> swap;
   std::unique_ptr<tiering::TierManager> tm;

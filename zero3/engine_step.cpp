@@ -170,9 +170,38 @@ void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
       ops->nonfinite_check(Tensor{stats + 16 * i + 8, DType::i32, 1}, g);
       continue;
     }
+    if (world > 1) continue;  // below: the partials of every rank's shard
     const cpu_optim::GradStats st = opt->grad_stats(s.grad, DType::fp32, s.shard.numel, 1.0f);
     sum_sq += st.sum_sq;
     finite = finite && st.finite;
+  }
+  if (world > 1 && !on_device) {
+    // Each rank's per-block partial sums, all-gathered: chunk c's norm is its blocks' partials added in
+    // global block order — rank 0's shard, then rank 1's, ... — the same additions one rank makes over
+    // the whole chunk (shards are whole blocks: the layout's chunk_multiple). So the norm, the clipping
+    // and the step are those of one rank, bit for bit.
+    const std::size_t per_shard =
+        (largest_shard + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
+    std::vector<double> mine(slots.size() * per_shard, 0.0);
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      ChunkSlot& s = slots[i];
+      if (s.grads_fresh) continue;  // zeroed above: its partials are 0
+      const std::vector<double> b = opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
+      std::copy(b.begin(), b.end(), mine.begin() + std::ptrdiff_t(i * per_shard));
+    }
+    std::vector<double> all(mine.size() * std::size_t(world));
+    comm->all_gather(mine.data(), all.data(), mine.size() * sizeof(double), DType::u8, nullptr);
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].grads_fresh) continue;
+      const std::size_t blocks =
+          (slots[i].shard.numel + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
+      double chunk = 0.0;
+      for (int r = 0; r < world; ++r)
+        for (std::size_t b = 0; b < blocks; ++b)
+          chunk += all[std::size_t(r) * mine.size() + i * per_shard + b];
+      sum_sq += chunk;
+      finite = finite && std::isfinite(chunk);
+    }
   }
   if (on_device) {
     std::vector<char> host(slots.size() * 16);
@@ -185,6 +214,10 @@ void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
       std::memcpy(&bad, host.data() + 16 * i + 8, sizeof bad);
       sum_sq += sq;
       finite = finite && bad == 0;
+    }
+    if (world > 1) {  // the device reductions' sums of each rank's shards (not the one-rank bits)
+      sum_sq = comm->all_reduce_sum(sum_sq);
+      finite = comm->all_reduce_and(finite);
     }
   }
   for (ChunkSlot& s : slots) s.grads_fresh = false;
@@ -200,9 +233,7 @@ StepResult Engine::Impl::step() {
   // Global norm and overflow, chunk by chunk in a fixed order.
   double sum_sq = 0;
   bool finite = true;
-  grad_stats(sum_sq, finite);
-  sum_sq = comm->all_reduce_sum(sum_sq);
-  finite = comm->all_reduce_and(finite);
+  grad_stats(sum_sq, finite);  // over every rank's shards
 
   StepResult r;
   r.loss_scale = scaler.scale();
@@ -288,8 +319,10 @@ StepResult Engine::Impl::step() {
   times.optimizer += seconds_since(t0);
   r.step = global_step;
   r.applied = applied;
-  r.loss = micro_steps > 0 ? loss_sum / micro_steps : 0.0;
-  r.tokens = tokens;
+  // Every rank's micro-batches: the mean of world x micro_steps losses, and their tokens.
+  const double losses = world > 1 ? comm->all_reduce_sum(loss_sum) : loss_sum;
+  r.loss = micro_steps > 0 ? losses / (double(micro_steps) * world) : 0.0;
+  r.tokens = world > 1 ? std::int64_t(comm->all_reduce_sum(double(tokens))) : tokens;
   r.times = times;
   r.times.total = times.forward + times.backward + times.optimizer;
   micro_steps = 0;
@@ -327,7 +360,8 @@ float Engine::forward_backward(model::LlamaModel& model, const model::Batch& bat
     im.times.forward += seconds_since(t0);
     im.tm->set_step(im.global_step + 1, tiering::Phase::backward);
     t0 = Clock::now();
-    model.backward(*this, float(im.scaler.scale() / double(im.cfg.gradient_accumulation_steps)));
+    // The mean over the step's micro-batches on every rank: the reduce-scatter sums the ranks'.
+    model.backward(*this, float(im.scaler.scale() / (double(im.cfg.gradient_accumulation_steps) * im.world)));
     im.times.backward += seconds_since(t0);
   } catch (...) {
     end_pass();
@@ -349,10 +383,12 @@ StepResult Engine::train_batch(model::LlamaModel& model, model::DataLoader& data
 void Engine::read_params(int id, float* out) {
   Impl& im = *impl_;
   const ChunkSlot& s = im.slots.at(std::size_t(id));
-  std::memset(out, 0, s.numel * sizeof(float));  // padding (world size 1: the shard is the chunk)
+  std::memset(out, 0, s.numel * sizeof(float));
   im.with_host_copy(s.t.param, [&](const void* p) {
     model::convert_to_f32(im.wd, p, s.shard.numel, out + s.shard.offset);
   });
+  // The other ranks' shards, in place (collective: every rank reads the same chunk).
+  if (im.world > 1) im.comm->all_gather(out + s.shard.offset, out, s.shard.numel, DType::fp32, nullptr);
 }
 
 std::vector<float> Engine::master_params(int id) {

@@ -16,13 +16,11 @@
 //   zero3/lr_schedule.h   WarmupLR, WarmupDecayLR, WarmupCosineLR with DeepSpeed's arithmetic
 //   zero3/checkpoint.h    the checkpoint directory format: atomic tags, latest, shard files, checksums
 //   zero3/checksum.h      CRC-32C
-//   zero3/communicator.h  collectives behind one interface (single rank here) and shard ranges
 // docs/train.md describes a run end to end; `strata train` (tools/cmd_train.cpp) is the command.
 #pragma once
 
 #include "zero3/checkpoint.h"
 #include "zero3/checksum.h"
-#include "zero3/communicator.h"
 #include "zero3/engine.h"
 #include "zero3/loss_scaler.h"
 #include "zero3/lr_schedule.h"

@@ -40,7 +40,7 @@ inline model::ModelConfig block_model(const std::string& name, int layers) {
 // A ZeRO-3 config with the given offload targets (NVMe under `nvme_dir`), small sub-groups so that the
 // swap pipeline has several, bf16 by default; `extra` is merged over it.
 inline Config make_config(OffloadDevice param, OffloadDevice optim, const std::string& nvme_dir,
-                          const nlohmann::json& extra = nlohmann::json::object()) {
+                          const nlohmann::json& extra = nlohmann::json::object(), int world_size = 1) {
   nlohmann::json j = {
       {"train_micro_batch_size_per_gpu", 2},
       {"gradient_accumulation_steps", 2},
@@ -62,7 +62,7 @@ inline Config make_config(OffloadDevice param, OffloadDevice optim, const std::s
   j.merge_patch(extra);
   // Through text: core's size keys accept only JSON's unsigned integers, which a document built in C++
   // with int literals does not have (they are signed until dumped and parsed again).
-  return Config::parse(nlohmann::json::parse(j.dump()));
+  return Config::parse(nlohmann::json::parse(j.dump()), {}, world_size);
 }
 
 // A token file of byte-level "text" with structure a model can learn (repeated phrases).

@@ -1,0 +1,139 @@
+// The engine at world size 2 (stage 3, host backend), run as two MPI ranks: each rank also trains the
+// one-rank reference in-process over a single-rank communicator. DESIGN.md §7: N ranks give the losses of
+// one rank that sees the same samples per step — here bit for bit: 2 ranks x micro-batch 1 against
+// 1 rank x micro-batch 1 x accumulation 2 (two fp32 addends sum the same in either order, and the
+// gradient norm adds the same per-block partials in the same order; zero3/engine_chunks.cpp, Note
+// [Ranks]).
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "cpu_optim/cpu_optim.h"
+#include "engine_util.h"
+#include "tests/ranks/ranks_env.h"
+
+namespace strata::zero3 {
+namespace {
+
+using test::make_config;
+using test::make_tokens;
+using test::ScratchDir;
+
+struct RunResult {
+  std::vector<double> losses, norms;
+  std::uint64_t pinned_state = 0, nvme_state = 0, device_state = 0;
+};
+
+RunResult train(const Config& cfg, comm::Communicator& c, const std::string& tokens, int steps) {
+  kernels::cpu::set_blas_threads(1);
+  const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
+  Engine e(cfg, mcfg, {.backend = "host", .device_memory_cap = 0, .seq_len = 32, .communicator = &c});
+  model::TokenFile file = model::TokenFile::open(tokens);
+  model::DataLoader data(file, {.batch_size = e.micro_batch(),
+                                .seq_len = 32,
+                                .rank = c.rank(),
+                                .world = c.world_size(),
+                                .seed = 3,
+                                .vocab_size = 256});
+  model::LlamaModel m(mcfg, e.model_options());
+  RunResult r;
+  for (int i = 0; i < steps; ++i) {
+    const StepResult s = e.train_batch(m, data);
+    r.losses.push_back(s.loss);
+    r.norms.push_back(s.grad_norm);
+  }
+  r.pinned_state = e.plan().pinned_state;
+  r.nvme_state = e.plan().nvme_state;
+  r.device_state = e.plan().device_state;
+  return r;
+}
+
+using Placement = std::tuple<OffloadDevice, OffloadDevice>;
+class TwoRanks : public ::testing::TestWithParam<Placement> {
+ protected:
+  void SetUp() override {
+    if (testing::ranks().world_size() != 2) GTEST_SKIP() << "run under mpirun -np 2 (ctest does)";
+  }
+  Config config(const ScratchDir& d, int accumulation, int world) const {
+    return make_config(std::get<0>(GetParam()), std::get<1>(GetParam()), d.path(),
+                       {{"train_micro_batch_size_per_gpu", 1}, {"gradient_accumulation_steps", accumulation}},
+                       world);
+  }
+};
+
+TEST_P(TwoRanks, LossesAndNormsAreOneRanksWithTheSameSamplesBitForBit) {
+  ScratchDir d("ranks-exact-r" + std::to_string(testing::ranks().rank()));
+  const std::string tokens = make_tokens(d);
+  std::unique_ptr<comm::Communicator> one = comm::make_single_rank();
+  const RunResult ref = train(config(d, 2, 1), *one, tokens, 6);
+  const RunResult two = train(config(d, 1, 2), testing::ranks(), tokens, 6);
+  ASSERT_EQ(two.losses.size(), ref.losses.size());
+  for (std::size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_EQ(two.losses[i], ref.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(two.norms[i], ref.norms[i]) << "step " << i + 1;
+  }
+  EXPECT_LT(two.losses.back(), two.losses.front());
+}
+
+// Each rank holds its 1/N of the partitioned state: the shards of chunks padded to whole multiples of
+// world x the norm's block, so at most 2 x 8192 elements of padding per chunk beyond an even split.
+TEST_P(TwoRanks, EachRankHoldsHalfTheState) {
+  ScratchDir d("ranks-half-r" + std::to_string(testing::ranks().rank()));
+  const std::string tokens = make_tokens(d);
+  std::unique_ptr<comm::Communicator> one = comm::make_single_rank();
+  const RunResult ref = train(config(d, 2, 1), *one, tokens, 1);
+  const RunResult two = train(config(d, 1, 2), testing::ranks(), tokens, 1);
+  const model::ModelLayout layout(model::ModelConfig::preset("tiny"));
+  const std::uint64_t per_param = 2 + 4 + 4 + 8;  // bf16 working, fp32 gradient, master, two moments
+  const std::uint64_t padding =
+      std::uint64_t(layout.num_chunks()) * 2 * cpu_optim::kGradStatsBlock * per_param;
+  const std::uint64_t total_ref = ref.pinned_state + ref.nvme_state + ref.device_state;
+  const std::uint64_t mine = two.pinned_state + two.nvme_state + two.device_state;
+  EXPECT_GE(2 * mine, total_ref);
+  EXPECT_LE(2 * mine, total_ref + padding);
+  // Every rank the same share.
+  EXPECT_EQ(testing::ranks().all_reduce_max(double(mine)), double(mine));
+}
+
+INSTANTIATE_TEST_SUITE_P(Stage3, TwoRanks,
+                         ::testing::Values(Placement{OffloadDevice::cpu, OffloadDevice::cpu},
+                                           Placement{OffloadDevice::none, OffloadDevice::none},
+                                           Placement{OffloadDevice::none, OffloadDevice::cpu},
+                                           Placement{OffloadDevice::cpu, OffloadDevice::nvme},
+                                           Placement{OffloadDevice::nvme, OffloadDevice::nvme}),
+                         [](const auto& info) {
+                           return std::string("param_") + test::name(std::get<0>(info.param)) + "_optim_" +
+                                  test::name(std::get<1>(info.param));
+                         });
+
+// A config resolved for one world size refuses another, and stages 1 and 2 refuse N > 1, both naming
+// what to change, before training.
+TEST(RanksConfig, AWorldSizeMismatchIsRefusedNamingBoth) {
+  if (testing::ranks().world_size() != 2) GTEST_SKIP() << "run under mpirun -np 2 (ctest does)";
+  ScratchDir d("ranks-mismatch-r" + std::to_string(testing::ranks().rank()));
+  try {
+    Engine e(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()),
+             model::ModelConfig::preset("tiny"),
+             {.backend = "host", .device_memory_cap = 0, .seq_len = 32, .communicator = &testing::ranks()});
+    FAIL() << "world_size 1 config accepted by 2 ranks";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("world_size 1 but 2 ranks"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RanksConfig, StageTwoWithTwoRanksIsRefused) {
+  if (testing::ranks().world_size() != 2) GTEST_SKIP() << "run under mpirun -np 2 (ctest does)";
+  ScratchDir d("ranks-stage-r" + std::to_string(testing::ranks().rank()));
+  try {
+    Engine e(make_config(OffloadDevice::none, OffloadDevice::cpu, d.path(),
+                         {{"zero_optimization", {{"stage", 2}, {"offload_param", {{"device", "none"}}}}}}, 2),
+             model::ModelConfig::preset("tiny"),
+             {.backend = "host", .device_memory_cap = 0, .seq_len = 32, .communicator = &testing::ranks()});
+    FAIL() << "stage 2 accepted with 2 ranks";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.stage 2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace strata::zero3

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -137,8 +138,10 @@ std::string latest_tag(const std::string& dir) {
 
 // ---------------------------------------------------------------------------------------------- writer
 
-CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, int rank, int world)
-    : dir_(std::move(dir)), tag_(std::move(tag)), rank_(rank), world_(world) {
+CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, int rank, int world,
+                                   comm::Communicator* comm)
+    : dir_(std::move(dir)), tag_(std::move(tag)), rank_(rank), world_(world), comm_(comm) {
+  STRATA_CHECK(world_ == 1 || comm_, "CheckpointWriter: ", world_, " ranks need a communicator");
   check_tag(tag_);
   std::error_code ec;
   fs::create_directories(dir_, ec);
@@ -151,6 +154,7 @@ CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, int rank, i
     fs::create_directory(tmp_, ec);
     if (ec) throw IoError(cat("cannot create ", tmp_, " (", ec.message(), ")"));
   }
+  if (world_ > 1) comm_->barrier();  // DIR/TAG.tmp/ exists, emptied, before any rank writes into it
   file_ = tmp_ + "/" + shard_name(rank_);
   fd_ = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   STRATA_SYS_CHECK(fd_ >= 0, "create checkpoint file ", file_);
@@ -159,7 +163,7 @@ CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, int rank, i
 
 CheckpointWriter::~CheckpointWriter() {
   if (fd_ >= 0) ::close(fd_);
-  if (!committed_) {
+  if (!committed_ && rank_ == 0) {  // the directory is rank 0's; other ranks' failures end the job
     std::error_code ec;
     fs::remove_all(tmp_, ec);
   }
@@ -204,16 +208,29 @@ std::string CheckpointWriter::commit(nlohmann::json meta) {
   ::close(fd_);
   fd_ = -1;
 
-  // World size 1 here: rank 0 writes meta.json and moves the directory into place. (With more ranks,
-  // every rank's file must be complete first: a barrier of the communicator before this point.)
+  // Every rank's file is complete (each rank's description gathered to all); rank 0 writes meta.json
+  // and moves the directory into place, the others wait for that.
+  std::uint64_t mine[3] = {table_offset + table_text.size(), table_.size(), table_crc};
+  std::vector<std::uint64_t> all(3 * std::size_t(world_));
+  if (world_ > 1)
+    comm_->all_gather(mine, all.data(), sizeof mine, DType::u8, nullptr);
+  else
+    std::copy(mine, mine + 3, all.begin());
+  if (rank_ != 0) {
+    comm_->barrier();  // rank 0 committed (or failed, which ends the job)
+    committed_ = true;
+    return dir_ + "/" + tag_;
+  }
   meta["format"] = kCheckpointFormat;
   meta["version"] = kCheckpointVersion;
   meta["world_size"] = world_;
-  meta["files"] = nlohmann::json::array({{{"rank", rank_},
-                                          {"file", shard_name(rank_)},
-                                          {"bytes", table_offset + table_text.size()},
-                                          {"tensors", table_.size()},
-                                          {"table_crc32c", table_crc}}});
+  meta["files"] = nlohmann::json::array();
+  for (int r = 0; r < world_; ++r)
+    meta["files"].push_back({{"rank", r},
+                             {"file", shard_name(r)},
+                             {"bytes", all[3 * std::size_t(r)]},
+                             {"tensors", all[3 * std::size_t(r) + 1]},
+                             {"table_crc32c", std::uint32_t(all[3 * std::size_t(r) + 2])}});
   write_small_file(tmp_ + "/meta.json", meta.dump(2) + "\n");
   fsync_path(tmp_, true);
 
@@ -233,6 +250,7 @@ std::string CheckpointWriter::commit(nlohmann::json meta) {
   fsync_path(dir_, true);
   fs::remove_all(old, ec);
   committed_ = true;
+  if (world_ > 1) comm_->barrier();
   return final_dir;
 }
 

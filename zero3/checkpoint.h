@@ -32,6 +32,8 @@
 #include <string_view>
 #include <vector>
 
+#include "comm/comm.h"
+
 namespace strata::zero3 {
 
 inline constexpr int kCheckpointVersion = 1;
@@ -49,7 +51,12 @@ class CheckpointWriter {
  public:
   // Creates DIR (if missing) and DIR/TAG.tmp/ (removing a stale one) and opens this rank's shard file.
   // Throws IoError naming the path, ConfigError for a tag that is not a plain file name.
-  CheckpointWriter(std::string dir, std::string tag, int rank = 0, int world = 1);
+  // With `comm` (world > 1, collective: every rank constructs and commits together) rank 0 prepares
+  // DIR/TAG.tmp/ before any rank opens its file, and commit() waits for every rank's file before rank 0
+  // writes meta.json (listing all of them) and moves the directory into place; every rank returns once
+  // the checkpoint is committed.
+  CheckpointWriter(std::string dir, std::string tag, int rank = 0, int world = 1,
+                   comm::Communicator* comm = nullptr);
   // Without commit(): closes and removes DIR/TAG.tmp.
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
@@ -67,6 +74,7 @@ class CheckpointWriter {
  private:
   std::string dir_, tag_, tmp_, file_;
   int rank_, world_;
+  comm::Communicator* comm_ = nullptr;
   int fd_ = -1;
   std::uint64_t end_ = 0;
   std::vector<TensorRecord> table_;

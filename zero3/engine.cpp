@@ -89,10 +89,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
       mcfg(m),
       // One rank: chunks padded to 64 elements. N ranks: each shard a whole number of the gradient norm's
       // blocks, so the norm sums the same partials in the same order at any world size (Note [Ranks]).
-      layout((m.validate("model"), m),
-             {.tensor_align = 16,
-              .chunk_multiple =
-                  c.world_size == 1 ? 64 : std::size_t(c.world_size) * cpu_optim::kGradStatsBlock}),
+      layout((m.validate("model"), m), {.tensor_align = 16, .chunk_multiple = chunk_multiple(c.world_size)}),
       opts(o),
       scaler(c.fp16),
       sched(c.scheduler, c.optimizer.lr) {

@@ -5,8 +5,10 @@
 // pinned memory one tensor at a time. Gradients are not saved: checkpoints are taken between steps, when
 // the gradient shards are empty. Loading writes each tensor into the tiers of the loading engine's config,
 // so a run saved with offload cpu can resume with offload nvme and the reverse.
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/log.h"
@@ -39,13 +41,8 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
   STRATA_CHECK(!in_pass && micro_steps == 0,
                "zero3: save_checkpoint is called between optimizer steps (after step(), before the next "
                "forward_backward)");
-  if (world > 1)
-    throw ConfigError(cat("save_checkpoint with ", world,
-                          " ranks: checkpoints are written by single-rank runs only in this version (the "
-                          "multi-rank commit and N -> M resharding are not built yet); train with one rank "
-                          "to checkpoint, or run without --save"));
   sync_grads();
-  CheckpointWriter w(dir, tag.empty() ? step_tag(global_step) : tag, comm->rank(), comm->world_size());
+  CheckpointWriter w(dir, tag.empty() ? step_tag(global_step) : tag, comm->rank(), world, comm);
   for (ChunkSlot& s : slots) {
     const std::uint64_t n = s.shard.numel;
     with_host_copy(s.t.param, [&](const void* p) {
@@ -73,20 +70,29 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
       // model/data_loader.h); there is no other generator state to carry.
       {"rng", {{"seed", cfg.strata.seed}}},
       {"client_state", client_state.is_null() ? nlohmann::json::object() : client_state},
+      // The layout the shards cut (rank r of world_size holds [r, r + 1) x padded_numel / world_size of
+      // every chunk): what a load at another world size reshards from.
+      {"chunks", chunk_table()},
   };
   const std::string path = w.commit(std::move(meta));
-  STRATA_LOG_INFO("zero3: saved checkpoint ", path, " (", format_bytes(w.bytes_written()), ")");
+  STRATA_LOG_INFO("zero3: saved checkpoint ", path, " (", format_bytes(w.bytes_written()),
+                  world > 1 ? " on this rank)" : ")");
   return path;
+}
+
+nlohmann::json Engine::Impl::chunk_table() const {
+  nlohmann::json t = nlohmann::json::array();
+  for (const model::ChunkLayout& c : layout.chunks())
+    t.push_back({{"name", c.name}, {"numel", c.numel}, {"padded_numel", c.padded_numel}});
+  return t;
 }
 
 nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag, model::DataLoader* data) {
   STRATA_CHECK(!in_pass && micro_steps == 0,
                "zero3: load_checkpoint is called between optimizer steps (before the next forward_backward)");
-  if (world > 1)
-    throw ConfigError(cat("load_checkpoint with ", world,
-                          " ranks: checkpoints load into single-rank runs only in this version (N -> M "
-                          "resharding is not built yet); resume with one rank"));
-  CheckpointReader r(dir, tag, comm->rank());
+  // Rank 0's file and the metadata first: which ranks' files this rank needs depends on the saved world
+  // size.
+  CheckpointReader r(dir, tag, 0);
   const nlohmann::json& meta = r.meta();
   const model::ModelConfig saved = model::ModelConfig::from_json(meta.at("model"), r.path() + "/meta.json");
   if (!(saved == mcfg))
@@ -104,45 +110,61 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
                           " optimizer states; this config's "
                           "optimizer.type is ",
                           optimizer_name(cfg.optimizer.type)));
-  if (meta.value("world_size", 1) != comm->world_size())
-    throw ConfigError(cat("checkpoint ", r.path(), " was saved by ", meta.value("world_size", 1),
-                          " ranks; this run has ", comm->world_size()));
+  const int saved_world = meta.value("world_size", 1);
+  if (saved_world < 1)
+    throw IoError(cat(r.path(), "/meta.json: world_size ", saved_world,
+                      " is not a rank count; the checkpoint is damaged"));
 
   sync_grads();
   drop_all_gathered();
   tm->synchronize();
   const std::int64_t applied = meta.at("applied_steps").get<std::int64_t>();
+  // The saved layout: its chunks padded for `saved_world` ranks, rank q's shard of chunk c the elements
+  // [q, q + 1) x padded / saved_world. This rank's shard of the current layout is put together from the
+  // saved shards it overlaps (the same rank's alone when the world size is unchanged); elements beyond the
+  // saved chunk's end are padding, zero.
+  const model::ModelLayout saved_layout(mcfg,
+                                        {.tensor_align = 16, .chunk_multiple = chunk_multiple(saved_world)});
+  std::vector<std::unique_ptr<CheckpointReader>> readers;
+  readers.resize(std::size_t(saved_world));
+  auto reader = [&](int q) -> CheckpointReader& {
+    if (q == 0) return r;
+    auto& p = readers[std::size_t(q)];
+    if (!p) p = std::make_unique<CheckpointReader>(dir, r.tag(), q);
+    return *p;
+  };
+  std::vector<char> staged, piece;
   for (ChunkSlot& s : slots) {
     const std::uint64_t n = s.shard.numel;
+    const std::uint64_t saved_shard = saved_layout.chunk(s.id).padded_numel / std::uint64_t(saved_world);
     std::vector<tiering::Move> writes;
-    auto read_into = [&](tiering::TensorId id, const std::string& name, std::uint64_t bytes) {
+    auto read_into = [&](tiering::TensorId id, const std::string& name, std::size_t elt) {
+      staged.assign(n * elt, 0);
+      for (int q = 0; q < saved_world; ++q) {
+        const std::uint64_t lo = std::max<std::uint64_t>(s.shard.offset, std::uint64_t(q) * saved_shard);
+        const std::uint64_t hi =
+            std::min<std::uint64_t>(s.shard.offset + n, std::uint64_t(q + 1) * saved_shard);
+        if (lo >= hi) continue;
+        piece.resize(saved_shard * elt);
+        reader(q).read(name, piece.data(), piece.size());
+        std::memcpy(staged.data() + (lo - s.shard.offset) * elt,
+                    piece.data() + (lo - std::uint64_t(q) * saved_shard) * elt, (hi - lo) * elt);
+      }
       const Tier home = tm->info(id).desc.home;
-      if (home == Tier::device && by_ops) {  // through host memory, then onto the device
-        std::vector<std::byte> host(bytes);
-        r.read(name, host.data(), bytes);
-        to_device(tm->data(id, home), host.data(), bytes);
+      if (home == Tier::device && by_ops) {
+        to_device(tm->data(id, home), staged.data(), staged.size());
         return;
       }
       if (home != Tier::nvme) {
-        r.read(name, tm->data(id, home), bytes);
+        std::memcpy(tm->data(id, home), staged.data(), staged.size());
         return;
       }
-      tm->pin(id);
-      void* p = tm->allocate(id, Tier::pinned);
-      try {
-        r.read(name, p, bytes);
-      } catch (...) {
-        tm->unpin(id);
-        throw;
-      }
-      tm->mark_written(id, Tier::pinned);
-      tm->unpin(id);
-      writes.push_back(tm->evict(id, Tier::pinned, Tier::nvme));
+      writes.push_back(put(id, Tier::nvme, staged.data(), staged.size()));
     };
-    read_into(s.t.param, s.name + ".param", n * wd_bytes());
+    read_into(s.t.param, s.name + ".param", wd_bytes());
     for (tiering::TensorId id : optimizer_tensors(s)) {
       const std::string suffix = id == s.t.master ? "master" : id == s.t.exp_avg ? "exp_avg" : "exp_avg_sq";
-      read_into(id, s.name + "." + suffix, n * 4);
+      read_into(id, s.name + "." + suffix, 4);
     }
     for (const tiering::Move& m : writes) m.wait();
     s.opt = {.step = applied, .finite = true};
@@ -155,8 +177,26 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
   global_step = meta.at("step").get<std::int64_t>();
   applied_steps = applied;
   skipped = meta.value("skipped_steps", std::int64_t(0));
-  if (data && !meta.at("data").is_null()) data->set_position(model::DataPosition::from_json(meta.at("data")));
-  STRATA_LOG_INFO("zero3: loaded checkpoint ", r.path(), " at step ", global_step);
+  if (data && !meta.at("data").is_null()) {
+    model::DataPosition pos = model::DataPosition::from_json(meta.at("data"));
+    const int now = data->position().world;
+    if (pos.world != now) {
+      // DistributedSampler order: after k samples on each of W ranks, positions [0, k x W) of the epoch's
+      // list are consumed on every rank count; M ranks go on from there with k x W / M each.
+      const std::int64_t consumed = pos.sample * pos.world;
+      if (consumed % now != 0)
+        throw ConfigError(cat("checkpoint ", r.path(), ": ", pos.world, " ranks had consumed ", consumed,
+                              " samples of epoch ", pos.epoch, ", which ", now,
+                              " ranks cannot split evenly; resume with a rank count that divides it (the "
+                              "global batch micro x accumulation x ranks should stay the same)"));
+      pos.sample = consumed / now;
+      pos.world = now;
+    }
+    data->set_position(pos);
+  }
+  STRATA_LOG_INFO("zero3: loaded checkpoint ", r.path(), " at step ", global_step,
+                  saved_world != world ? cat(" (saved by ", saved_world, " ranks, resharded for ", world, ")")
+                                       : std::string());
   return meta.value("client_state", nlohmann::json::object());
 }
 

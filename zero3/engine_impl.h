@@ -22,6 +22,12 @@ namespace strata::zero3 {
 using tiering::Tier;
 using Clock = std::chrono::steady_clock;
 
+// Chunks are padded to a multiple of this many elements at `world` ranks: 64 for one rank; for N, shards
+// of whole gradient-norm blocks (Note [Ranks] in engine_chunks.cpp).
+inline std::size_t chunk_multiple(int world) {
+  return world == 1 ? 64 : std::size_t(world) * cpu_optim::kGradStatsBlock;
+}
+
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -142,6 +148,7 @@ struct Engine::Impl final : prefetch::FetchTarget {
   std::string save(const std::string& dir, const nlohmann::json& client_state, const model::DataLoader* data,
                    const std::string& tag);
   nlohmann::json load(const std::string& dir, const std::string& tag, model::DataLoader* data);
+  nlohmann::json chunk_table() const;  // [{"name", "numel", "padded_numel"}] of this layout
   // Calls fn(ptr) with a host-readable copy of tensor `id` (fetched from NVMe into pinned memory if that is
   // the only copy, and dropped again after).
   template <typename Fn>

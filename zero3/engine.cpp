@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/devices.h"
 #include "core/log.h"
 #include "cpu_optim/cpu_optim.h"
 #include "kernels/cpu/ops.h"
@@ -48,8 +49,9 @@ DeviceOptions device_options(const Config& cfg, const EngineOptions& opts) {
                 : cfg.strata.backend == StrataConfig::Backend::cuda ? "cuda"
                                                                     : "auto";
   }
-  // Each rank on a machine takes its own GPU: strata.device + the local rank.
-  d.ordinal = int(cfg.strata.device) + comm::rank_from_env().local_rank;
+  // Each rank on a machine takes its own GPU: strata.device + the local rank, or the local rank's entry
+  // of STRATA_LOCAL_DEVICES, which `strata launch` sets (Note [STRATA_LOCAL_DEVICES] in comm/devices.h).
+  d.ordinal = comm::local_device_ordinal(int(cfg.strata.device), comm::rank_from_env().local_rank);
   d.memory_cap = opts.device_memory_cap ? opts.device_memory_cap : cfg.strata.device_memory_cap;
   return d;
 }

@@ -352,10 +352,11 @@ TensorId TierManager::register_tensor(const TensorDesc& d) {
 ShardTensors TierManager::register_shard(const ShardDesc& d) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   auto one = [&](const char* suffix, Kind k, DType dt, Tier home) {
+    const std::uint64_t n = k == Kind::param && d.param_numel ? d.param_numel : d.numel;
     return impl_->add({.name = d.prefix + "." + suffix,
                        .kind = k,
                        .dtype = dt,
-                       .bytes = d.numel * dtype_bytes(dt),
+                       .bytes = n * dtype_bytes(dt),
                        .home = home,
                        .chunk = d.chunk,
                        .shard = d.shard});

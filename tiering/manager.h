@@ -113,6 +113,9 @@ struct ShardDesc {
   std::int32_t chunk = -1, shard = 0;
   std::uint64_t numel = 0;
   DType working = DType::bf16;  // the params' dtype; the other four are fp32
+  // Elements of the param tensor when it differs from the shard's (ZeRO stages 1 and 2 over N ranks
+  // keep the whole chunk's working params on every rank); 0: numel.
+  std::uint64_t param_numel = 0;
   ShardHomes homes;
 };
 struct ShardTensors {

@@ -103,11 +103,8 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
     comm = owned_comm.get();
   }
   world = comm->world_size();
-  if (world > 1 && cfg.zero_optimization.stage < 3)
-    throw ConfigError(cat("zero_optimization.stage ", cfg.zero_optimization.stage, " with ", world,
-                          " ranks: this version partitions across ranks at stage 3 only (parameters, "
-                          "gradients and optimizer states); set zero_optimization.stage to 3, or train with "
-                          "one rank (where every stage trains the same)"));
+  replicated = world > 1 && cfg.zero_optimization.stage < 3;
+  // (offload_param and NVMe offload need stage 3: the config refuses them below it, as DeepSpeed does.)
   if (world != cfg.world_size)
     throw ConfigError(cat("the config was resolved for world_size ", cfg.world_size, " but ", world,
                           " ranks are training (", comm->name(),
@@ -224,7 +221,7 @@ void Engine::Impl::plan_memory() {
     const std::uint64_t n = s.shard.numel;
     s.gather_block = block(s.numel * dtype_bytes(act));
     s.grad_block = block(s.numel * sizeof(float));
-    add(homes.param, n * wd_bytes());
+    add(homes.param, param_numel(s) * wd_bytes());
     add(homes.grad, n * 4);
     add(homes.master, n * 4);
     for (int i = 0; i < n_states; ++i) add(homes.optim, n * 4);
@@ -414,21 +411,29 @@ void Engine::Impl::init_chunks() {
   std::vector<tiering::Move> writes;
   for (ChunkSlot& s : slots) {
     const std::size_t n = s.shard.numel;
-    s.t = tm->register_shard(
-        {.prefix = s.name, .chunk = s.id, .shard = comm->rank(), .numel = n, .working = wd, .homes = homes});
+    s.t = tm->register_shard({.prefix = s.name,
+                              .chunk = s.id,
+                              .shard = comm->rank(),
+                              .numel = n,
+                              .working = wd,
+                              .param_numel = param_numel(s),
+                              .homes = homes});
     full.assign(s.numel, 0.0f);
     model::init_chunk(layout, s.id, seed, full.data());
     const float* mine = full.data() + s.shard.offset;
     writes.push_back(put(s.t.master, homes.master, mine, n * 4));
+    // The working params: this rank's shard, or the whole chunk when replicated (stages 1 and 2).
+    const float* params = replicated ? full.data() : mine;
+    const std::size_t pn = param_numel(s);
     if (wd == DType::fp32) {
-      writes.push_back(put(s.t.param, homes.param, mine, n * 4));
+      writes.push_back(put(s.t.param, homes.param, params, pn * 4));
     } else {
-      half.resize(n);
+      half.resize(pn);
       if (wd == DType::bf16)
-        kc::cast_f32_to_bf16(half.data(), mine, n);
+        kc::cast_f32_to_bf16(half.data(), params, pn);
       else
-        kc::cast_f32_to_f16(half.data(), mine, n);
-      writes.push_back(put(s.t.param, homes.param, half.data(), n * 2));
+        kc::cast_f32_to_f16(half.data(), params, pn);
+      writes.push_back(put(s.t.param, homes.param, half.data(), pn * 2));
     }
     zeros.assign(n, 0.0f);
     for (tiering::TensorId st : optimizer_tensors(s))

@@ -42,11 +42,13 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
                "zero3: save_checkpoint is called between optimizer steps (after step(), before the next "
                "forward_backward)");
   sync_grads();
+  gather_stream->synchronize();  // replicated params: the step's all-gather has landed
   CheckpointWriter w(dir, tag.empty() ? step_tag(global_step) : tag, comm->rank(), world, comm);
   for (ChunkSlot& s : slots) {
     const std::uint64_t n = s.shard.numel;
-    with_host_copy(s.t.param, [&](const void* p) {
-      w.add({.name = s.name + ".param", .dtype = dtype_name(wd), .bytes = n * wd_bytes()}, p);
+    with_host_copy(s.t.param, [&](const void* p) {  // this rank's slice (of the whole chunk if replicated)
+      w.add({.name = s.name + ".param", .dtype = dtype_name(wd), .bytes = n * wd_bytes()},
+            static_cast<const char*>(p) + param_offset(s) * wd_bytes());
     });
     for (tiering::TensorId id : optimizer_tensors(s)) {
       const std::string suffix = id == s.t.master ? "master" : id == s.t.exp_avg ? "exp_avg" : "exp_avg_sq";
@@ -138,16 +140,17 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
     const std::uint64_t n = s.shard.numel;
     const std::uint64_t saved_shard = saved_layout.chunk(s.id).padded_numel / std::uint64_t(saved_world);
     std::vector<tiering::Move> writes;
-    auto read_into = [&](tiering::TensorId id, const std::string& name, std::size_t elt) {
-      staged.assign(n * elt, 0);
+    // Elements [first, first + count) of the chunk, from the saved shards that hold them.
+    auto read_into = [&](tiering::TensorId id, const std::string& name, std::size_t elt, std::uint64_t first,
+                         std::uint64_t count) {
+      staged.assign(count * elt, 0);
       for (int q = 0; q < saved_world; ++q) {
-        const std::uint64_t lo = std::max<std::uint64_t>(s.shard.offset, std::uint64_t(q) * saved_shard);
-        const std::uint64_t hi =
-            std::min<std::uint64_t>(s.shard.offset + n, std::uint64_t(q + 1) * saved_shard);
+        const std::uint64_t lo = std::max<std::uint64_t>(first, std::uint64_t(q) * saved_shard);
+        const std::uint64_t hi = std::min<std::uint64_t>(first + count, std::uint64_t(q + 1) * saved_shard);
         if (lo >= hi) continue;
         piece.resize(saved_shard * elt);
         reader(q).read(name, piece.data(), piece.size());
-        std::memcpy(staged.data() + (lo - s.shard.offset) * elt,
+        std::memcpy(staged.data() + (lo - first) * elt,
                     piece.data() + (lo - std::uint64_t(q) * saved_shard) * elt, (hi - lo) * elt);
       }
       const Tier home = tm->info(id).desc.home;
@@ -161,10 +164,11 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
       }
       writes.push_back(put(id, Tier::nvme, staged.data(), staged.size()));
     };
-    read_into(s.t.param, s.name + ".param", wd_bytes());
+    // The working params: this rank's shard or — replicated — the whole chunk.
+    read_into(s.t.param, s.name + ".param", wd_bytes(), replicated ? 0 : s.shard.offset, param_numel(s));
     for (tiering::TensorId id : optimizer_tensors(s)) {
       const std::string suffix = id == s.t.master ? "master" : id == s.t.exp_avg ? "exp_avg" : "exp_avg_sq";
-      read_into(id, s.name + "." + suffix, 4);
+      read_into(id, s.name + "." + suffix, 4, s.shard.offset, n);
     }
     for (const tiering::Move& m : writes) m.wait();
     s.opt = {.step = applied, .finite = true};

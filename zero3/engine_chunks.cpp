@@ -182,7 +182,7 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
   }
   if (!s.ready) s.ready = dev->create_event();
   s.error = nullptr;
-  const std::size_t n = s.shard.numel;
+  const std::size_t n = param_numel(s);  // replicated (stages 1 and 2): the whole chunk, no all-gather
   std::exception_ptr* err = &s.error;
   if (read) {
     // The NVMe read must land in the pinned copy before the cast reads it; its failure is kept for the
@@ -198,9 +198,9 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
   // The source is device memory or pinned host memory; the cast widens this rank's shard to the ops'
   // dtype at its place in the chunk, on the gather stream. With N ranks the all-gather (in place) then
   // brings the other ranks' shards.
-  char* mine = static_cast<char*>(s.gptr) + s.shard.offset * dtype_bytes(act);
+  char* mine = static_cast<char*>(s.gptr) + (replicated ? 0 : s.shard.offset) * dtype_bytes(act);
   gather_ops->cast(kernels::Tensor{mine, act, n}, kernels::Tensor{const_cast<void*>(src), wd, n});
-  if (world > 1) gather_comm->all_gather(mine, s.gptr, n, act, gather_stream.get());
+  if (world > 1 && !replicated) gather_comm->all_gather(mine, s.gptr, n, act, gather_stream.get());
   gather_stream->record(*s.ready);
   s.g = ChunkSlot::Gather::in_flight;
   ++transfers.gathers;
@@ -332,8 +332,11 @@ void Engine::Impl::release_grads(int c) {
   const float* src = s.gbuf + s.shard.offset;
   if (world > 1) {
     grad_stream->wait(computed(s));
-    grad_comm->reduce_scatter(s.gbuf, s.gbuf + s.shard.offset, s.shard.numel, DType::fp32,
-                              comm::ReduceOp::sum, grad_stream.get());
+    if (cfg.zero_optimization.stage == 1)  // DeepSpeed's stage 1: gradients all-reduced, the slice kept
+      grad_comm->all_reduce(s.gbuf, s.gbuf, s.numel, DType::fp32, comm::ReduceOp::sum, grad_stream.get());
+    else
+      grad_comm->reduce_scatter(s.gbuf, s.gbuf + s.shard.offset, s.shard.numel, DType::fp32,
+                                comm::ReduceOp::sum, grad_stream.get());
   }
   const std::size_t n = s.shard.numel;
   const bool fresh = s.grads_fresh;

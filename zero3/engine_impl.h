@@ -188,6 +188,16 @@ struct Engine::Impl final : prefetch::FetchTarget {
   std::unique_ptr<comm::Communicator> owned_comm, gather_comm, grad_comm;
   comm::Communicator* comm = nullptr;
   int world = 1;
+  // ZeRO stages 1 and 2 over N ranks: every rank keeps the whole chunk's working params (at home on the
+  // device); only the gradients (stage 2), the master and the optimizer states are partitioned. Then the
+  // param tensor is the chunk, and this rank's slice of it starts at shard.offset.
+  bool replicated = false;
+  std::size_t param_numel(const ChunkSlot& s) const { return replicated ? s.numel : s.shard.numel; }
+  std::size_t param_offset(const ChunkSlot& s) const { return replicated ? s.shard.offset : 0; }
+  // This rank's slice of the working params at their home (device or pinned memory).
+  void* my_params(const ChunkSlot& s) const {
+    return static_cast<char*>(s.param_home) + param_offset(s) * dtype_bytes(wd);
+  }
   std::unique_ptr<kernels::Ops> grad_ops;  // world > 1: on grad_stream, the device-home gradient adds
   std::unique_ptr<nvme::AioEngine> aio;
   std::unique_ptr<nvme::SwapStore> swap;

@@ -76,14 +76,14 @@ void Engine::Impl::update_chunk(ChunkSlot& s, float* master, float* m, float* v,
 
 void* Engine::Impl::param_out(ChunkSlot& s) {
   if (homes.param == Tier::pinned) return s.param_home;  // in place
-  if (homes.param == Tier::device) return by_ops ? param_staging.data() : s.param_home;
+  if (homes.param == Tier::device) return by_ops ? param_staging.data() : my_params(s);
   tm->pin(s.t.param);
   return tm->allocate(s.t.param, Tier::pinned);
 }
 
 void Engine::Impl::param_written(ChunkSlot& s, std::vector<tiering::Move>& writes) {
   if (homes.param == Tier::device && by_ops) {  // param_staging -> the device home; the staging is reused
-    to_device(s.param_home, param_staging.data(), s.shard.numel * wd_bytes());
+    to_device(my_params(s), param_staging.data(), s.shard.numel * wd_bytes());
     return;
   }
   if (homes.param != Tier::nvme) return;
@@ -141,7 +141,7 @@ void Engine::Impl::update_group(const std::vector<int>& group, double lr, float 
         v = static_cast<float*>(tm->data(s.t.exp_avg_sq, Tier::pinned));
     }
     if (by_ops && homes.master == Tier::device) {  // the device optimizer
-      void* out = homes.param == Tier::device ? s.param_home : param_out(s);
+      void* out = homes.param == Tier::device ? my_params(s) : param_out(s);
       update_chunk_on_device(s, out, lr, factor, step_no);
       if (homes.param != Tier::device) param_written(s, writes);
       continue;
@@ -308,6 +308,12 @@ StepResult Engine::Impl::step() {
       compute_stream->record(*updated);
       gather_stream->wait(*updated);
     }
+    if (replicated) {
+      // Stages 1 and 2: each rank updated its slice of every chunk's working params; the all-gather
+      // (in place, on the gather stream, before any later gather reads them) gives every rank all of them.
+      for (ChunkSlot& s : slots)
+        gather_comm->all_gather(my_params(s), s.param_home, s.shard.numel, wd, gather_stream.get());
+    }
     drop_all_gathered();
   } else {
     r.grad_norm = finite ? std::sqrt(sum_sq) / r.loss_scale : std::numeric_limits<double>::infinity();
@@ -384,11 +390,12 @@ void Engine::read_params(int id, float* out) {
   Impl& im = *impl_;
   const ChunkSlot& s = im.slots.at(std::size_t(id));
   std::memset(out, 0, s.numel * sizeof(float));
-  im.with_host_copy(s.t.param, [&](const void* p) {
-    model::convert_to_f32(im.wd, p, s.shard.numel, out + s.shard.offset);
-  });
+  im.gather_stream->synchronize();  // replicated params: the step's all-gather has landed
+  const std::size_t n = im.param_numel(s), at = im.replicated ? 0 : s.shard.offset;
+  im.with_host_copy(s.t.param, [&](const void* p) { model::convert_to_f32(im.wd, p, n, out + at); });
   // The other ranks' shards, in place (collective: every rank reads the same chunk).
-  if (im.world > 1) im.comm->all_gather(out + s.shard.offset, out, s.shard.numel, DType::fp32, nullptr);
+  if (im.world > 1 && !im.replicated)
+    im.comm->all_gather(out + s.shard.offset, out, s.shard.numel, DType::fp32, nullptr);
 }
 
 std::vector<float> Engine::master_params(int id) {

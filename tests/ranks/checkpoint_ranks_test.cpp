@@ -25,18 +25,20 @@ std::string shared_dir() {
   return d;
 }
 
-Config config(const std::string& dir, int micro, int accumulation, int world) {
+// Stage 3 with cpu offload, or stage 2 (parameters whole on every rank's device) with the optimizer's.
+Config config(const std::string& dir, int micro, int accumulation, int world, int stage = 3) {
   return make_config(
-      OffloadDevice::cpu, OffloadDevice::cpu, dir,
+      stage == 3 ? OffloadDevice::cpu : OffloadDevice::none, OffloadDevice::cpu, dir,
       {{"train_micro_batch_size_per_gpu", micro},
        {"gradient_accumulation_steps", accumulation},
+       {"zero_optimization", {{"stage", stage}}},
        {"scheduler",
         {{"type", "WarmupDecayLR"},
          {"params", {{"warmup_num_steps", 2}, {"total_num_steps", 20}, {"warmup_max_lr", 3e-3}}}}}},
       world);
 }
 
-// One engine with its data and model, training `steps` from a checkpoint (if `load` is given).
+// One engine with its data and model.
 struct Trainer {
   Trainer(const Config& cfg, comm::Communicator& c, const std::string& tokens)
       : mcfg(model::ModelConfig::preset("tiny")),
@@ -88,21 +90,30 @@ TEST_F(RanksAtTwo, ACheckpointResumesOnTwoRanksBitForBit) {
   EXPECT_EQ(resumed[1], straight[3]);
 }
 
-// Resharded onto one rank with twice the accumulation: the losses the two ranks would have had.
-TEST_F(RanksAtTwo, ACheckpointOfTwoRanksResumesOnOneRankBitForBit) {
+// Resharded onto one rank with twice the accumulation: the losses the two ranks would have had. Stage 3
+// (every tensor sharded) and stage 2 (working params whole on each rank, saved as slices).
+class RanksAtTwoByStage : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (testing::ranks().world_size() != 2) GTEST_SKIP() << "run under mpirun -np 2 (ctest's ranks_np2)";
+  }
+};
+
+TEST_P(RanksAtTwoByStage, ACheckpointOfTwoRanksResumesOnOneRankBitForBit) {
+  const int stage = GetParam();
   comm::Communicator& w = testing::ranks();
   ScratchDir d("ranks-ckpt1-r" + std::to_string(w.rank()));
   const std::string tokens = make_tokens(d);
-  const std::string ckpt = shared_dir() + "/to-one";
-  const std::vector<double> straight = Trainer(config(d.path(), 1, 1, 2), w, tokens).run(4);
+  const std::string ckpt = shared_dir() + "/to-one-stage" + std::to_string(stage);
+  const std::vector<double> straight = Trainer(config(d.path(), 1, 1, 2, stage), w, tokens).run(4);
   {
-    Trainer t(config(d.path(), 1, 1, 2), w, tokens);
+    Trainer t(config(d.path(), 1, 1, 2, stage), w, tokens);
     t.run(2);
     t.engine.save_checkpoint(ckpt, {}, &t.data);
   }
   if (w.rank() == 0) {  // one rank on its own: the single-rank communicator
     std::unique_ptr<comm::Communicator> one = comm::make_single_rank();
-    Trainer t(config(d.path(), 1, 2, 1), *one, tokens);
+    Trainer t(config(d.path(), 1, 2, 1, stage), *one, tokens);
     t.engine.load_checkpoint(ckpt, "", &t.data);
     const std::vector<double> resumed = t.run(2);
     EXPECT_EQ(resumed[0], straight[2]);
@@ -110,6 +121,9 @@ TEST_F(RanksAtTwo, ACheckpointOfTwoRanksResumesOnOneRankBitForBit) {
   }
   w.barrier();
 }
+
+INSTANTIATE_TEST_SUITE_P(Stages, RanksAtTwoByStage, ::testing::Values(3, 2),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
 
 // Saves for ranks_np3: two ranks of micro-batch 3 (6 samples a step), the uninterrupted losses written
 // next to the checkpoint.

@@ -352,23 +352,9 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiCommunicator>(c);
   }
 
-  // Host scalars: gathered, then folded in rank order, so every rank gets the same bits.
-  double all_reduce_sum(double x) override {
-    double s = 0;
-    for (double v : gather_scalar(x, "all_reduce_sum")) s += v;
-    return s;
-  }
-  bool all_reduce_and(bool x) override {
-    bool r = true;
-    for (double v : gather_scalar(x ? 1.0 : 0.0, "all_reduce_and")) r = r && v != 0;
-    return r;
-  }
-  double all_reduce_max(double x) override {
-    const std::vector<double> v = gather_scalar(x, "all_reduce_max");
-    double m = v[0];
-    for (double y : v) m = std::isnan(m) ? m : std::isnan(y) ? y : y > m ? y : m;
-    return m;
-  }
+  double all_reduce_sum(double x) override { return mpi_scalar_sum(comm_, x); }
+  bool all_reduce_and(bool x) override { return mpi_scalar_and(comm_, x); }
+  double all_reduce_max(double x) override { return mpi_scalar_max(comm_, x); }
 
  private:
   void check_root(const char* what, int root) const {
@@ -473,12 +459,6 @@ class MpiCommunicator final : public Communicator {
     return p->get();
   }
 
-  std::vector<double> gather_scalar(double x, const char* what) {
-    std::vector<double> all(world_);
-    STRATA_MPI_CHECK(what, MPI_Allgather(&x, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, comm_));
-    return all;
-  }
-
   MPI_Comm comm_;
   int rank_ = 0, world_ = 1;
   std::unique_ptr<std::byte[]> scratch_, block_;
@@ -489,6 +469,37 @@ class MpiCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+namespace {
+
+std::vector<double> gather_scalar(MPI_Comm c, double x, const char* what) {
+  int world = 1;
+  STRATA_MPI_CHECK(what, MPI_Comm_size(c, &world));
+  std::vector<double> all(static_cast<std::size_t>(world));
+  STRATA_MPI_CHECK(what, MPI_Allgather(&x, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, c));
+  return all;
+}
+
+}  // namespace
+
+double mpi_scalar_sum(MPI_Comm c, double x) {
+  double s = 0;
+  for (double v : gather_scalar(c, x, "all_reduce_sum")) s += v;
+  return s;
+}
+
+bool mpi_scalar_and(MPI_Comm c, bool x) {
+  bool r = true;
+  for (double v : gather_scalar(c, x ? 1.0 : 0.0, "all_reduce_and")) r = r && v != 0;
+  return r;
+}
+
+double mpi_scalar_max(MPI_Comm c, double x) {
+  const std::vector<double> v = gather_scalar(c, x, "all_reduce_max");
+  double m = v[0];
+  for (double y : v) m = std::isnan(m) ? m : std::isnan(y) ? y : y > m ? y : m;
+  return m;
+}
 
 std::unique_ptr<Communicator> make_mpi_communicator() {
   STRATA_CHECK(mpi_active(), "make_mpi_communicator before mpi_init_once");

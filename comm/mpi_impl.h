@@ -35,6 +35,12 @@ void mpi_check(int rc, const char* call, const char* what);
 // (what the atexit handler looks at).
 void mpi_pending_add(int delta);
 
+// Host scalars over `c` (the MPI and NCCL communicators' all_reduce_sum / _and / _max): every rank's
+// value gathered, then folded in rank order, so that every rank gets the same bits. max propagates NaN.
+double mpi_scalar_sum(MPI_Comm c, double x);
+bool mpi_scalar_and(MPI_Comm c, bool x);
+double mpi_scalar_max(MPI_Comm c, double x);
+
 // A communicator over a dup of MPI_COMM_WORLD. Requires mpi_init_once().
 std::unique_ptr<Communicator> make_mpi_communicator();
 

@@ -137,22 +137,9 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclCommunicator>(c, device_);
   }
 
-  double all_reduce_sum(double x) override {
-    double s = 0;
-    for (double v : gather_scalar(x, "all_reduce_sum")) s += v;
-    return s;
-  }
-  bool all_reduce_and(bool x) override {
-    bool r = true;
-    for (double v : gather_scalar(x ? 1.0 : 0.0, "all_reduce_and")) r = r && v != 0;
-    return r;
-  }
-  double all_reduce_max(double x) override {
-    const std::vector<double> v = gather_scalar(x, "all_reduce_max");
-    double m = v[0];
-    for (double y : v) m = std::isnan(m) ? m : std::isnan(y) ? y : y > m ? y : m;
-    return m;
-  }
+  double all_reduce_sum(double x) override { return mpi_scalar_sum(mpi_, x); }
+  bool all_reduce_and(bool x) override { return mpi_scalar_and(mpi_, x); }
+  double all_reduce_max(double x) override { return mpi_scalar_max(mpi_, x); }
 
  private:
   void check_root(const char* what, int root) const {
@@ -173,12 +160,6 @@ class NcclCommunicator final : public Communicator {
     ::strata::detail::CudaDeviceGuard guard(device_);
     f(s);
     if (!stream) STRATA_CUDA_CHECK(cudaStreamSynchronize(own_));
-  }
-
-  std::vector<double> gather_scalar(double x, const char* what) {
-    std::vector<double> all(world_);
-    STRATA_MPI_CHECK(what, MPI_Allgather(&x, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, mpi_));
-    return all;
   }
 
   MPI_Comm mpi_;

@@ -16,6 +16,7 @@ namespace {
 using test::make_config;
 using test::make_tokens;
 using test::ScratchDir;
+using test::Trainer;
 
 // A directory both jobs see: ranks_np2 saves there, ranks_np3 loads.
 std::string shared_dir() {
@@ -38,33 +39,6 @@ Config config(const std::string& dir, int micro, int accumulation, int world, in
       world);
 }
 
-// One engine with its data and model.
-struct Trainer {
-  Trainer(const Config& cfg, comm::Communicator& c, const std::string& tokens)
-      : mcfg(model::ModelConfig::preset("tiny")),
-        engine(cfg, mcfg, {.backend = "host", .device_memory_cap = 0, .seq_len = 32, .communicator = &c}),
-        file(model::TokenFile::open(tokens)),
-        data(file, {.batch_size = engine.micro_batch(),
-                    .seq_len = 32,
-                    .rank = c.rank(),
-                    .world = c.world_size(),
-                    .seed = 3,
-                    .vocab_size = 256}),
-        m(mcfg, engine.model_options()) {
-    kernels::cpu::set_blas_threads(1);
-  }
-  std::vector<double> run(int steps) {
-    std::vector<double> l;
-    for (int i = 0; i < steps; ++i) l.push_back(engine.train_batch(m, data).loss);
-    return l;
-  }
-  model::ModelConfig mcfg;
-  Engine engine;
-  model::TokenFile file;
-  model::DataLoader data;
-  model::LlamaModel m;
-};
-
 class RanksAtTwo : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -77,13 +51,13 @@ TEST_F(RanksAtTwo, ACheckpointResumesOnTwoRanksBitForBit) {
   ScratchDir d("ranks-ckpt2-r" + std::to_string(w.rank()));
   const std::string tokens = make_tokens(d);
   const std::string ckpt = shared_dir() + "/two";
-  const std::vector<double> straight = Trainer(config(d.path(), 1, 1, 2), w, tokens).run(4);
+  const std::vector<double> straight = Trainer(config(d.path(), 1, 1, 2), tokens, &w).run(4);
   {
-    Trainer t(config(d.path(), 1, 1, 2), w, tokens);
+    Trainer t(config(d.path(), 1, 1, 2), tokens, &w);
     t.run(2);
     t.engine.save_checkpoint(ckpt, {}, &t.data);
   }
-  Trainer t(config(d.path(), 1, 1, 2), w, tokens);
+  Trainer t(config(d.path(), 1, 1, 2), tokens, &w);
   t.engine.load_checkpoint(ckpt, "", &t.data);
   const std::vector<double> resumed = t.run(2);
   EXPECT_EQ(resumed[0], straight[2]);
@@ -105,15 +79,15 @@ TEST_P(RanksAtTwoByStage, ACheckpointOfTwoRanksResumesOnOneRankBitForBit) {
   ScratchDir d("ranks-ckpt1-r" + std::to_string(w.rank()));
   const std::string tokens = make_tokens(d);
   const std::string ckpt = shared_dir() + "/to-one-stage" + std::to_string(stage);
-  const std::vector<double> straight = Trainer(config(d.path(), 1, 1, 2, stage), w, tokens).run(4);
+  const std::vector<double> straight = Trainer(config(d.path(), 1, 1, 2, stage), tokens, &w).run(4);
   {
-    Trainer t(config(d.path(), 1, 1, 2, stage), w, tokens);
+    Trainer t(config(d.path(), 1, 1, 2, stage), tokens, &w);
     t.run(2);
     t.engine.save_checkpoint(ckpt, {}, &t.data);
   }
   if (w.rank() == 0) {  // one rank on its own: the single-rank communicator
     std::unique_ptr<comm::Communicator> one = comm::make_single_rank();
-    Trainer t(config(d.path(), 1, 2, 1, stage), *one, tokens);
+    Trainer t(config(d.path(), 1, 2, 1, stage), tokens, one.get());
     t.engine.load_checkpoint(ckpt, "", &t.data);
     const std::vector<double> resumed = t.run(2);
     EXPECT_EQ(resumed[0], straight[2]);
@@ -132,8 +106,8 @@ TEST_F(RanksAtTwo, SavesACheckpointForThreeRanks) {
   ScratchDir d("ranks-ckpt3-r" + std::to_string(w.rank()));
   const std::string tokens = make_tokens(d);
   const std::string ckpt = shared_dir() + "/to-three";
-  const std::vector<double> straight = Trainer(config(d.path(), 3, 1, 2), w, tokens).run(4);
-  Trainer t(config(d.path(), 3, 1, 2), w, tokens);
+  const std::vector<double> straight = Trainer(config(d.path(), 3, 1, 2), tokens, &w).run(4);
+  Trainer t(config(d.path(), 3, 1, 2), tokens, &w);
   t.run(2);
   t.engine.save_checkpoint(ckpt, {}, &t.data);
   if (w.rank() == 0) {
@@ -153,7 +127,7 @@ TEST(RanksAtThree, ACheckpointOfTwoRanksResumesOnThree) {
   for (double l; in >> l;) straight.push_back(l);
   ASSERT_EQ(straight.size(), 4u);
   ScratchDir d("ranks-ckpt3-load-r" + std::to_string(w.rank()));
-  Trainer t(config(d.path(), 2, 1, 3), w, make_tokens(d));
+  Trainer t(config(d.path(), 2, 1, 3), make_tokens(d), &w);
   t.engine.load_checkpoint(shared_dir() + "/to-three", "", &t.data);
   EXPECT_EQ(t.engine.global_step(), 2);
   const std::vector<double> resumed = t.run(2);

@@ -100,4 +100,33 @@ inline Run train(const Config& cfg, const model::ModelConfig& mcfg, const std::s
   return r;
 }
 
+// The tiny preset training under `cfg` on `tokens`, 32 tokens a row: an engine with its data loader
+// (this rank's DistributedSampler slice under `c`; one rank without) and model, kept between calls of
+// run() — for checkpoint tests that save from one and load into another.
+struct Trainer {
+  Trainer(const Config& cfg, const std::string& tokens, comm::Communicator* c = nullptr)
+      : mcfg(model::ModelConfig::preset("tiny")),
+        engine(cfg, mcfg, {.backend = "host", .device_memory_cap = 0, .seq_len = 32, .communicator = c}),
+        file(model::TokenFile::open(tokens)),
+        data(file, {.batch_size = engine.micro_batch(),
+                    .seq_len = 32,
+                    .rank = c ? c->rank() : 0,
+                    .world = c ? c->world_size() : 1,
+                    .seed = 3,
+                    .vocab_size = 256}),
+        m(mcfg, engine.model_options()) {
+    kernels::cpu::set_blas_threads(1);
+  }
+  std::vector<double> run(int steps) {
+    std::vector<double> l;
+    for (int i = 0; i < steps; ++i) l.push_back(engine.train_batch(m, data).loss);
+    return l;
+  }
+  model::ModelConfig mcfg;
+  Engine engine;
+  model::TokenFile file;
+  model::DataLoader data;
+  model::LlamaModel m;
+};
+
 }  // namespace strata::zero3::test

@@ -16,25 +16,7 @@ namespace {
 using test::make_config;
 using test::make_tokens;
 using test::ScratchDir;
-
-struct Trainer {
-  Trainer(const Config& cfg, const std::string& tokens)
-      : mcfg(model::ModelConfig::preset("tiny")),
-        engine(cfg, mcfg, {.backend = "", .device_memory_cap = 0, .seq_len = 32}),
-        file(model::TokenFile::open(tokens)),
-        data(file, {.batch_size = 2, .seq_len = 32, .seed = 3, .vocab_size = 256}),
-        m(mcfg, engine.model_options()) {}
-  std::vector<double> run(int steps) {
-    std::vector<double> l;
-    for (int i = 0; i < steps; ++i) l.push_back(engine.train_batch(m, data).loss);
-    return l;
-  }
-  model::ModelConfig mcfg;
-  Engine engine;
-  model::TokenFile file;
-  model::DataLoader data;
-  model::LlamaModel m;
-};
+using test::Trainer;
 
 // Warmup schedule and fp16-free bf16 run: the schedule's position matters for the resumed losses.
 nlohmann::json schedule() {

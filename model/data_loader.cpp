@@ -91,6 +91,13 @@ std::vector<int64_t> DataLoader::epoch_samples(int64_t epoch) const {
   return mine;
 }
 
+void DataLoader::set_epoch(int64_t epoch) {
+  if (epoch < 0) throw ConfigError(detail::cat("data loader: set_epoch(", epoch, "): epochs count from 0"));
+  epoch_ = epoch;
+  cursor_ = 0;
+  order_ = epoch_samples(epoch_);
+}
+
 Batch DataLoader::next() {
   if (cursor_ >= per_rank_ || (opts_.drop_last_batch && per_rank_ - cursor_ < opts_.batch_size)) {
     ++epoch_;

@@ -75,6 +75,10 @@ class DataLoader {
   std::vector<int64_t> epoch_samples(int64_t epoch) const;
 
   Batch next();
+  // DistributedSampler.set_epoch: the next batch is the first of `epoch` (>= 0), whose permutation is the
+  // same on every rank. Loops that count epochs themselves call it at each epoch's start; next() also
+  // moves on by itself after an epoch's last batch.
+  void set_epoch(int64_t epoch);
 
   DataPosition position() const;
   // Throws ConfigError when the position was saved with another seed, world or seq_len, or is past

@@ -243,6 +243,28 @@ TEST_F(SamplerTest, LastBatchIsShortUnlessDropped) {
   EXPECT_EQ(b.rows, 10);
 }
 
+// set_epoch(e) starts epoch e on every rank: its first batch is the head of that epoch's list, and the
+// batches after it are those of a loader that ran through the epochs before.
+TEST_F(SamplerTest, SetEpochStartsThatEpochsBatchesOnEveryRank) {
+  TokenFile f = TokenFile::open(path_);
+  for (int rank = 0; rank < 3; ++rank) {
+    const DataOptions o{.batch_size = 4, .seq_len = 8, .rank = rank, .world = 3, .seed = 5};
+    DataLoader ran(f, o), jumped(f, o);
+    while (ran.next().epoch < 2) {
+    }  // consumed epoch 2's first batch
+    const std::vector<int64_t> second = ran.next().sample_ids;
+    const std::vector<int64_t> order = ran.epoch_samples(2);
+    jumped.next();  // part-way through epoch 0
+    jumped.set_epoch(2);
+    EXPECT_EQ(jumped.next().sample_ids, std::vector<int64_t>(order.begin(), order.begin() + 4))
+        << "rank " << rank;
+    EXPECT_EQ(jumped.position().epoch, 2);
+    EXPECT_EQ(jumped.next().sample_ids, second) << "rank " << rank;
+  }
+  DataLoader dl(f, {.batch_size = 4, .seq_len = 8, .seed = 5});
+  EXPECT_THROW(dl.set_epoch(-1), ConfigError);
+}
+
 TEST_F(SamplerTest, RestoredPositionContinuesWithTheSameBatches) {
   TokenFile f = TokenFile::open(path_);
   DataOptions o{.batch_size = 5, .seq_len = 8, .rank = 1, .world = 2, .seed = 9};

@@ -246,7 +246,7 @@ class MpiCommunicator final : public Communicator {
 
   void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root,
                  Stream* stream) override {
-    check_root("broadcast", root);
+    check_root("broadcast", root, world_);
     if (count == 0) return;
     STRATA_CHECK(recv && (rank_ != root || send), "broadcast: null buffer");
     run(stream, [=, this] {
@@ -322,7 +322,7 @@ class MpiCommunicator final : public Communicator {
   void reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, int root,
               Stream* stream) override {
     check_reducible("reduce", dtype);
-    check_root("reduce", root);
+    check_root("reduce", root, world_);
     if (count == 0) return;
     const std::size_t es = dtype_bytes(dtype);
     STRATA_CHECK(send && (rank_ != root || recv), "reduce: null buffer");
@@ -357,14 +357,6 @@ class MpiCommunicator final : public Communicator {
   double all_reduce_max(double x) override { return mpi_scalar_max(comm_, x); }
 
  private:
-  void check_root(const char* what, int root) const {
-    STRATA_CHECK(root >= 0 && root < world_, what, ": root ", root, " is not a rank of world ", world_);
-  }
-  static void check_reducible(const char* what, DType t) {
-    STRATA_CHECK(dtype_is_float(t), what, ": reductions take fp32, bf16 or fp16 buffers, not ",
-                 dtype_name(t));
-  }
-
   // Now (no stream) or as a host function on the stream (Note [MPI on a stream]).
   void run(Stream* stream, std::function<void()> fn) {
     if (!stream) return fn();

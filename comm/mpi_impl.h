@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "comm/comm.h"
+#include "core/error.h"
 
 namespace strata::comm::detail {
 
@@ -34,6 +35,14 @@ void mpi_check(int rc, const char* call, const char* what);
 // Collectives enqueued on streams and not yet finished, all communicators of the process together
 // (what the atexit handler looks at).
 void mpi_pending_add(int delta);
+
+// Argument checks shared by the MPI and NCCL communicators (programming errors: STRATA_CHECK).
+inline void check_root(const char* what, int root, int world) {
+  STRATA_CHECK(root >= 0 && root < world, what, ": root ", root, " is not a rank of world ", world);
+}
+inline void check_reducible(const char* what, DType t) {
+  STRATA_CHECK(dtype_is_float(t), what, ": reductions take fp32, bf16 or fp16 buffers, not ", dtype_name(t));
+}
 
 // Host scalars over `c` (the MPI and NCCL communicators' all_reduce_sum / _and / _max): every rank's
 // value gathered, then folded in rank order, so that every rank gets the same bits. max propagates NaN.

@@ -89,7 +89,7 @@ class NcclCommunicator final : public Communicator {
 
   void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root,
                  Stream* stream) override {
-    check_root("broadcast", root);
+    check_root("broadcast", root, world_);
     if (count == 0) return;
     launch(stream, [&](cudaStream_t s) {
       STRATA_NCCL_CHECK(ncclBroadcast(send, recv, count, nccl_type(dtype), root, nccl_, s));
@@ -121,7 +121,7 @@ class NcclCommunicator final : public Communicator {
   void reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, int root,
               Stream* stream) override {
     check_reducible("reduce", dtype);
-    check_root("reduce", root);
+    check_root("reduce", root, world_);
     if (count == 0) return;
     launch(stream, [&](cudaStream_t s) {
       STRATA_NCCL_CHECK(ncclReduce(send, recv, count, nccl_type(dtype), nccl_op(op), root, nccl_, s));
@@ -142,14 +142,6 @@ class NcclCommunicator final : public Communicator {
   double all_reduce_max(double x) override { return mpi_scalar_max(mpi_, x); }
 
  private:
-  void check_root(const char* what, int root) const {
-    STRATA_CHECK(root >= 0 && root < world_, what, ": root ", root, " is not a rank of world ", world_);
-  }
-  static void check_reducible(const char* what, DType t) {
-    STRATA_CHECK(dtype_is_float(t), what, ": reductions take fp32, bf16 or fp16 buffers, not ",
-                 dtype_name(t));
-  }
-
   // On the caller's stream, or on this communicator's own stream followed by a wait (stream == nullptr:
   // the call returns when the collective is complete).
   template <class F>

@@ -205,6 +205,11 @@ int run_train(const TrainOpts& o) {
   }
   model::TokenFile file = model::TokenFile::open(tokens);
 
+  // strata.threads 0: the machine's cores, shared among the ranks on it (as DeepSpeed's launcher sets
+  // OMP_NUM_THREADS = cores / local ranks), for the matrix products and the CPU optimizer alike.
+  if (cfg.strata.threads == 0 && ri.local_size > 1)
+    cfg.strata.threads =
+        std::max<std::int64_t>(1, std::int64_t(std::thread::hardware_concurrency()) / ri.local_size);
   const int threads = cfg.strata.threads > 0 ? int(cfg.strata.threads)
                                              : int(std::max(1u, std::thread::hardware_concurrency()));
   kernels::cpu::set_blas_threads(threads);

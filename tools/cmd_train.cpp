@@ -87,6 +87,19 @@ model::ModelConfig load_model(const std::string& spec) {
 }
 
 // A temporary token file for --text, removed when the run ends.
+// `dir` exists (created if missing) and this process can create files in it; ConfigError naming `what`
+// and the reason otherwise.
+void check_writable_dir(const std::string& dir, const char* what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw ConfigError(cat(what, " ", dir, ": cannot create the directory (", ec.message(),
+                          "); choose a writable location"));
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw ConfigError(
+        cat(what, " ", dir, ": not writable (", detail::errno_text(errno), "); choose a writable location"));
+}
+
 struct TempTokens {
   std::string path;
   ~TempTokens() {
@@ -175,6 +188,16 @@ int run_train(const TrainOpts& o) {
     if (ri.rank != 0 && !std::getenv("STRATA_LOG")) log::set_level(log::Level::warn);
   }
   Config cfg = Config::load(o.config, parse_sets(o.sets), ri.world_size);
+  // Where the run will write, checked now rather than after the training.
+  if (!o.save.empty()) check_writable_dir(o.save, "--save");
+  if (!o.export_path.empty()) {
+    const std::filesystem::path parent = std::filesystem::absolute(o.export_path).parent_path();
+    check_writable_dir(parent.string(), "--export's directory");
+  }
+  if (o.save_interval > 0 && o.save.empty())
+    throw ConfigError("--save-interval needs --save DIR (where the checkpoints go)");
+  if (!o.text.empty() && std::filesystem::file_size(o.text) == 0)
+    throw ConfigError(cat("--text ", o.text, " is empty; give a text file to train on"));
   const model::ModelConfig mcfg = load_model(o.model);
   const int seq_len = o.seq_len > 0 ? o.seq_len : int(std::min<std::int64_t>(mcfg.max_seq_len, 256));
   if (seq_len > mcfg.max_seq_len)
@@ -204,6 +227,8 @@ int run_train(const TrainOpts& o) {
     tokens = tmp.path;
   }
   model::TokenFile file = model::TokenFile::open(tokens);
+  // The token file is mapped: its name can go now, so that no kill leaves it behind.
+  if (!tmp.path.empty()) std::remove(tmp.path.c_str()), tmp.path.clear();
 
   // strata.threads 0: the machine's cores, shared among the ranks on it (as DeepSpeed's launcher sets
   // OMP_NUM_THREADS = cores / local ranks), for the matrix products and the CPU optimizer alike.
@@ -341,6 +366,18 @@ int run_train(const TrainOpts& o) {
   return 0;
 }
 
+// A whole number >= 1 (CLI11's PositiveNumber would print its range in full).
+const CLI::Validator at_least_one(
+    [](std::string& v) -> std::string {
+      try {
+        std::size_t used = 0;
+        if (std::stoll(v, &used) >= 1 && used == v.size()) return {};
+      } catch (const std::exception&) {
+      }
+      return "must be a whole number of at least 1, not " + v;
+    },
+    "INT >= 1");
+
 Command train(
     "train", "Train a model with the ZeRO-3 offload engine from a DeepSpeed config", [](CLI::App& sub) {
       auto o = std::make_shared<TrainOpts>();
@@ -348,13 +385,15 @@ Command train(
       sub.add_option("--model", o->model,
                      "Model preset (tiny, 10m, 125m, 350m, 1b, 3b, llama2-7b, ...) or model.json")
           ->required();
-      sub.add_option("--data", o->data, "Token file (llm.c .bin or flat uint16)");
-      sub.add_option("--text", o->text, "Text file, tokenized as bytes (models with vocab_size >= 256)");
+      sub.add_option("--data", o->data, "Token file (llm.c .bin or flat uint16)")->check(CLI::ExistingFile);
+      sub.add_option("--text", o->text, "Text file, tokenized as bytes (models with vocab_size >= 256)")
+          ->check(CLI::ExistingFile);
       sub.add_option("--steps", o->steps, "Optimizer steps to run")->required();
-      sub.add_option("--seq-len", o->seq_len, "Tokens per sequence (default: min(max_seq_len, 256))");
+      sub.add_option("--seq-len", o->seq_len, "Tokens per sequence (default: min(max_seq_len, 256))")
+          ->check(at_least_one);
       sub.add_option("--save", o->save,
                      "Checkpoint directory: written at the end (and every --save-interval steps)");
-      sub.add_option("--save-interval", o->save_interval, "Also save every N steps");
+      sub.add_option("--save-interval", o->save_interval, "Also save every N steps")->check(at_least_one);
       sub.add_option("--load", o->load, "Resume from this checkpoint directory (its `latest` tag)");
       sub.add_option("--load-tag", o->load_tag, "Resume from this tag instead of `latest`");
       sub.add_option("--export", o->export_path,

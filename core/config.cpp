@@ -503,11 +503,19 @@ void ConfigParser::check_cross_keys() {
                     "zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_path);
 
   const auto& s = cfg.scheduler;
-  if ((s.type == SchedulerType::WarmupDecayLR || s.type == SchedulerType::WarmupCosineLR) &&
-      s.total_num_steps > 0 && s.total_num_steps < s.warmup_num_steps)
-    warn(detail::cat("scheduler.params.total_num_steps ", s.total_num_steps,
-                     " is less than warmup_num_steps ", s.warmup_num_steps,
-                     "; the schedule never leaves warmup"));
+  if (s.type == SchedulerType::WarmupDecayLR && s.total_num_steps > 0 && s.total_num_steps < s.warmup_num_steps)
+    warn(detail::cat("scheduler.params.total_num_steps ", s.total_num_steps, " is less than warmup_num_steps ",
+                     s.warmup_num_steps, ": the rate warms up for ", s.warmup_num_steps,
+                     " steps and then drops straight to warmup_min_lr (the decay would have ended at step ",
+                     s.total_num_steps, ")"));
+  // The cosine runs over the steps after warmup; with none (DeepSpeed divides by their count, zero) the
+  // rate would jump between its maximum and minimum every step.
+  if (s.type == SchedulerType::WarmupCosineLR && s.total_num_steps > 0 &&
+      s.total_num_steps <= s.warmup_num_steps)
+    error(detail::cat("scheduler.params.total_num_steps: ", s.total_num_steps,
+                      " must be greater than warmup_num_steps (", s.warmup_num_steps,
+                      ") for WarmupCosineLR, whose cosine decays over the steps after warmup; raise "
+                      "total_num_steps to the run's optimizer steps, or lower warmup_num_steps"));
   if ((s.type == SchedulerType::WarmupDecayLR || s.type == SchedulerType::WarmupCosineLR) &&
       s.total_num_steps == 0 &&
       !is_auto[std::size_t(

@@ -282,7 +282,12 @@ CheckpointReader::CheckpointReader(const std::string& dir, const std::string& ta
 
   file_ = path_ + "/" + shard_name(rank);
   fd_ = ::open(file_.c_str(), O_RDONLY | O_CLOEXEC);
-  STRATA_SYS_CHECK(fd_ >= 0, "open checkpoint file ", file_);
+  if (fd_ < 0) {
+    const int err = errno;
+    throw IoError(cat("checkpoint ", path_, ": cannot open ", shard_name(rank), " (", detail::errno_text(err),
+                      "); meta.json says ", meta_.value("world_size", 1),
+                      " rank(s) wrote this checkpoint, so it is incomplete or damaged: load another tag"));
+  }
   try {
     unsigned char h[kHeaderUsed];
     read_all(fd_, h, kHeaderUsed, 0, file_, "the header");

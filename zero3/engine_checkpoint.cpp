@@ -34,6 +34,12 @@ const char* optimizer_name(OptimizerType t) {
   return "?";
 }
 
+// The update the optimizer states belong to: Adam with adam_w_mode (DeepSpeed's default) is AdamW's, so
+// a checkpoint of one resumes under the other.
+std::string update_rule(const std::string& type, bool adam_w_mode) {
+  return type == "Adam" && adam_w_mode ? "AdamW" : type;
+}
+
 }  // namespace
 
 std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& client_state,
@@ -107,11 +113,17 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
                           " working params; this config trains in ", dtype_name(wd),
                           " (bf16.enabled / fp16.enabled must match the saved run)"));
   const std::string saved_opt = meta.at("optimizer").get<std::string>();
-  if (saved_opt != optimizer_name(cfg.optimizer.type))
-    throw ConfigError(cat("checkpoint ", r.path(), " holds ", saved_opt,
-                          " optimizer states; this config's "
-                          "optimizer.type is ",
-                          optimizer_name(cfg.optimizer.type)));
+  bool saved_w_mode = true;  // DeepSpeed's default, and what a checkpoint without its config means
+  if (const auto c = meta.find("config"); c != meta.end() && c->is_object())
+    saved_w_mode = c->value("/optimizer/params/adam_w_mode"_json_pointer, true);
+  const std::string ours = optimizer_name(cfg.optimizer.type);
+  if (update_rule(saved_opt, saved_w_mode) != update_rule(ours, cfg.optimizer.adam_w_mode))
+    throw ConfigError(cat(
+        "checkpoint ", r.path(), " holds ", saved_opt,
+        saved_opt == "Adam" ? (saved_w_mode ? " (adam_w_mode true)" : " (adam_w_mode false)") : "",
+        " optimizer states; this config's optimizer.type is ", ours,
+        ours == "Adam" ? (cfg.optimizer.adam_w_mode ? " (adam_w_mode true)" : " (adam_w_mode false)") : "",
+        ", a different update: use the saved run's optimizer"));
   const int saved_world = meta.value("world_size", 1);
   if (saved_world < 1)
     throw IoError(cat(r.path(), "/meta.json: world_size ", saved_world,

@@ -26,6 +26,9 @@ TEST_P(BadInputs, MessageNamesKeyValueAndAllowedSet) {
 }
 
 const BadInput kBadInputs[] = {
+    {"CosineScheduleWithNoStepsAfterWarmup",
+     R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100, "warmup_num_steps": 100}}})",
+     {"scheduler.params.total_num_steps: 100 must be greater than warmup_num_steps (100) for WarmupCosineLR"}},
     {"ChoiceNotAllowed",
      R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "gpu"}}})",
      {R"(zero_optimization.offload_optimizer.device: "gpu" is not one of none, cpu, nvme)"}},

@@ -91,6 +91,30 @@ TEST(Resume, DamagedCheckpointFailsToLoad) {
   }
 }
 
+// A checkpoint missing a rank's shard file is named as incomplete (an IoError a user can act on, not an
+// internal check).
+TEST(Resume, AMissingShardFileIsNamed) {
+  ScratchDir d("resume-missing");
+  const std::string tokens = make_tokens(d);
+  std::string path;
+  {
+    Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), tokens);
+    t.run(1);
+    path = t.engine.save_checkpoint(d / "ckpt", {}, &t.data);
+  }
+  ASSERT_EQ(std::remove((path + "/rank0.shard").c_str()), 0);
+  Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), tokens);
+  try {
+    t.engine.load_checkpoint(d / "ckpt");
+    FAIL() << "a checkpoint without its shard file loaded";
+  } catch (const IoError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cannot open rank0.shard"), std::string::npos) << what;
+    EXPECT_NE(what.find("load another tag"), std::string::npos) << what;
+    EXPECT_EQ(what.find("failed:"), std::string::npos) << "an internal check's form: " << what;
+  }
+}
+
 TEST(Resume, OtherModelIsRejected) {
   ScratchDir d("resume-model");
   const std::string tokens = make_tokens(d);
@@ -122,6 +146,38 @@ TEST(Resume, WeightsExportToSafetensors) {
         ASSERT_EQ(back.params(c)[back.layout().chunk(c).tensor(ts.name).offset + i], want)
             << ts.hf_name << " " << i;
       }
+  }
+}
+
+// Adam with adam_w_mode (DeepSpeed's default) is AdamW's update: a checkpoint of one resumes under the
+// other with the uninterrupted run's losses; Adam without it (L2 in the gradient) is refused by name.
+TEST(ResumeOptimizer, AdamWAndAdamInAdamWModeAreOneUpdate) {
+  ScratchDir d("resume-adam");
+  const std::string tokens = make_tokens(d);
+  const nlohmann::json adam_w = {{"optimizer", {{"type", "Adam"}, {"params", {{"adam_w_mode", true}}}}}};
+  const nlohmann::json adam_l2 = {{"optimizer", {{"type", "Adam"}, {"params", {{"adam_w_mode", false}}}}}};
+  std::vector<double> straight;
+  {
+    Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), tokens);
+    straight = t.run(3);
+  }
+  {
+    Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), tokens);
+    t.run(2);
+    t.engine.save_checkpoint(d / "ckpt", {}, &t.data);
+  }
+  {
+    Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path(), adam_w), tokens);
+    t.engine.load_checkpoint(d / "ckpt", "", &t.data);
+    EXPECT_EQ(t.run(1)[0], straight[2]);
+  }
+  Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path(), adam_l2), tokens);
+  try {
+    t.engine.load_checkpoint(d / "ckpt", "", &t.data);
+    FAIL() << "an AdamW checkpoint loaded under Adam with adam_w_mode false";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.type is Adam (adam_w_mode false)"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -35,7 +35,13 @@ class Stream {
 }  // namespace
 
 nlohmann::json DataPosition::to_json() const {
-  return {{"seed", seed}, {"epoch", epoch}, {"sample", sample}, {"world", world}, {"seq_len", seq_len}};
+  return {{"seed", seed},
+          {"epoch", epoch},
+          {"sample", sample},
+          {"world", world},
+          {"seq_len", seq_len},
+          {"file_tokens", file_tokens},
+          {"file_digest", file_digest}};
 }
 
 DataPosition DataPosition::from_json(const nlohmann::json& j) {
@@ -50,12 +56,14 @@ DataPosition DataPosition::from_json(const nlohmann::json& j) {
   p.sample = need("sample").get<int64_t>();
   p.world = need("world").get<int>();
   p.seq_len = need("seq_len").get<int>();
+  if (j.contains("file_tokens")) p.file_tokens = need("file_tokens").get<uint64_t>();  // absent: older files
+  if (j.contains("file_digest")) p.file_digest = need("file_digest").get<uint64_t>();
   return p;
 }
 
 DataLoader::DataLoader(const TokenFile& file, DataOptions opts) : file_(file), opts_(opts) {
   auto bad = [&](const char* what, int64_t v, const char* allowed) {
-    throw ConfigError(detail::cat("data loader for ", file.path(), ": ", what, " is ", v, "; ", allowed));
+    throw ConfigError(detail::cat("data loader for ", name(), ": ", what, " is ", v, "; ", allowed));
   };
   if (opts.batch_size < 1) bad("batch_size", opts.batch_size, "it must be at least 1");
   if (opts.seq_len < 1) bad("seq_len", opts.seq_len, "it must be at least 1");
@@ -64,10 +72,16 @@ DataLoader::DataLoader(const TokenFile& file, DataOptions opts) : file_(file), o
   num_samples_ = int64_t(file.size() > 0 ? (file.size() - 1) / size_t(opts.seq_len) : 0);
   per_rank_ = opts.drop_last ? num_samples_ / opts.world : (num_samples_ + opts.world - 1) / opts.world;
   if (per_rank_ < 1)
-    throw ConfigError(detail::cat("data loader for ", file.path(), ": ", file.size(), " tokens make ",
+    throw ConfigError(detail::cat("data loader for ", name(), ": ", file.size(), " tokens make ",
                                   num_samples_, " samples of ", opts.seq_len,
                                   "+1 tokens, fewer than one per rank (", opts.world,
                                   " ranks); use a shorter seq_len or more data"));
+  const TokenFile::Scan scan = file.scan(opts.vocab_size > 0 ? uint64_t(opts.vocab_size) : UINT64_MAX);
+  if (scan.first_at_or_above < file.size())
+    throw ConfigError(detail::cat("token file ", name(), ": token ", scan.first_at_or_above, " is ",
+                                  file.at(scan.first_at_or_above), ", outside the model's vocabulary of ",
+                                  opts.vocab_size, "; tokenize with a matching vocabulary"));
+  digest_ = scan.digest;
   order_ = epoch_samples(0);
 }
 
@@ -105,7 +119,7 @@ Batch DataLoader::next() {
     order_ = epoch_samples(epoch_);
   }
   if (batches_per_epoch() == 0)
-    throw ConfigError(detail::cat("data loader for ", file_.path(), ": drop_last_batch with batch_size ",
+    throw ConfigError(detail::cat("data loader for ", name(), ": drop_last_batch with batch_size ",
                                   opts_.batch_size, " leaves no batch from ", per_rank_,
                                   " samples per rank"));
   Batch b;
@@ -122,7 +136,7 @@ Batch DataLoader::next() {
     if (opts_.vocab_size > 0) {
       for (size_t i = 0; i <= T; ++i) {
         if (window[i] < 0 || window[i] >= opts_.vocab_size)
-          throw ConfigError(detail::cat("token file ", file_.path(), ": token ", size_t(s) * T + i, " is ",
+          throw ConfigError(detail::cat("token file ", name(), ": token ", size_t(s) * T + i, " is ",
                                         uint32_t(window[i]), ", outside the model's vocabulary of ",
                                         opts_.vocab_size, "; tokenize with a matching vocabulary"));
       }
@@ -142,6 +156,8 @@ DataPosition DataLoader::position() const {
   p.sample = cursor_;
   p.world = opts_.world;
   p.seq_len = opts_.seq_len;
+  p.file_tokens = file_.size();
+  p.file_digest = digest_;
   return p;
 }
 
@@ -151,6 +167,14 @@ void DataLoader::set_position(const DataPosition& pos) {
                                   pos.seq_len, ") was saved by a loader with other settings (seed ",
                                   opts_.seed, ", world ", opts_.world, ", seq_len ", opts_.seq_len,
                                   "); resume with the same seed, world size and sequence length"));
+  if ((pos.file_tokens != 0 && pos.file_tokens != file_.size()) ||
+      (pos.file_digest != 0 && pos.file_digest != digest_))
+    throw ConfigError(detail::cat("data position was saved over another token file (", pos.file_tokens,
+                                  " tokens, digest ", pos.file_digest, "); ", name(), " has ", file_.size(),
+                                  " tokens, digest ", digest_,
+                                  ": resume on the data the checkpoint trained on (the same --data file, or "
+                                  "the same --text), or start a "
+                                  "new run"));
   if (pos.epoch < 0 || pos.sample < 0 || pos.sample > per_rank_)
     throw ConfigError(detail::cat("data position epoch ", pos.epoch, " sample ", pos.sample,
                                   " is outside an epoch of ", per_rank_, " samples per rank"));

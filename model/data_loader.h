@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -39,6 +40,7 @@ struct DataOptions {
   bool drop_last = false;        // DistributedSampler's: truncate instead of padding to a multiple of world
   bool drop_last_batch = false;  // skip a final batch with fewer than batch_size rows
   int64_t vocab_size = 0;        // > 0: every token read is checked to be below it
+  std::string source = {};       // how messages name the data ("--text book.txt"); empty: the file's path
 };
 
 struct Batch {
@@ -57,6 +59,8 @@ struct DataPosition {
   int64_t sample = 0;  // samples of this rank's epoch list already returned
   int world = 1;
   int seq_len = 1;
+  // The token file it walks: its token count and TokenFile::scan's digest (0: not recorded).
+  uint64_t file_tokens = 0, file_digest = 0;
 
   nlohmann::json to_json() const;
   static DataPosition from_json(const nlohmann::json& j);  // ConfigError naming a missing/bad key
@@ -64,7 +68,9 @@ struct DataPosition {
 
 class DataLoader {
  public:
-  // Throws ConfigError when an option is out of range or the file holds fewer than one sample per rank.
+  // Throws ConfigError when an option is out of range, the file holds fewer than one sample per rank, or
+  // (vocab_size > 0) any token of the file is outside the vocabulary: the whole file is scanned once here,
+  // so a bad token is found before training rather than at the batch that holds it.
   // `file` is read on every next() and must outlive the loader.
   DataLoader(const TokenFile& file, DataOptions opts);
 
@@ -81,16 +87,19 @@ class DataLoader {
   void set_epoch(int64_t epoch);
 
   DataPosition position() const;
-  // Throws ConfigError when the position was saved with another seed, world or seq_len, or is past
-  // the end of its epoch.
+  // Throws ConfigError when the position was saved with another seed, world or seq_len, over another
+  // token file (a different token count or contents), or is past the end of its epoch.
   void set_position(const DataPosition& pos);
 
  private:
+  const std::string& name() const { return opts_.source.empty() ? file_.path() : opts_.source; }
+
   const TokenFile& file_;
   DataOptions opts_;
   int64_t num_samples_ = 0, per_rank_ = 0;
   int64_t epoch_ = 0, cursor_ = 0;
   std::vector<int64_t> order_;  // epoch_samples(epoch_)
+  uint64_t digest_ = 0;         // of the file's tokens (TokenFile::scan)
 };
 
 }  // namespace strata::model

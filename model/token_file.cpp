@@ -116,6 +116,24 @@ TokenFile::~TokenFile() {
   if (map_) ::munmap(map_, map_bytes_);
 }
 
+TokenFile::Scan TokenFile::scan(uint64_t limit) const {
+  Scan s{.first_at_or_above = count_, .digest = 0xcbf29ce484222325ull};
+  auto walk = [&](auto token) {
+    using T = decltype(token);
+    for (size_t i = 0; i < count_; ++i) {
+      T v;
+      std::memcpy(&v, tokens_ + sizeof(T) * i, sizeof(T));
+      if (v >= limit && s.first_at_or_above == count_) s.first_at_or_above = i;
+      s.digest = (s.digest ^ uint64_t(v)) * 0x100000001b3ull;
+    }
+  };
+  if (type_ == TokenType::u16)
+    walk(uint16_t{});
+  else
+    walk(uint32_t{});
+  return s;
+}
+
 uint32_t TokenFile::at(size_t i) const {
   STRATA_CHECK(i < count_, "token ", i, " is past the end of ", path_, " (", count_, " tokens)");
   if (type_ == TokenType::u16) {

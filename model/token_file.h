@@ -46,6 +46,13 @@ class TokenFile {
   TokenType type() const { return type_; }
   bool has_llmc_header() const { return header_; }
   uint32_t at(size_t i) const;
+  // One pass over every token: the index of the first token >= `limit` (size() when none), and a digest
+  // of the whole contents (FNV-1a over the token values), which tells one file's tokens from another's.
+  struct Scan {
+    size_t first_at_or_above = 0;
+    uint64_t digest = 0;
+  };
+  Scan scan(uint64_t limit) const;
   // Copies tokens [begin, begin + count) into dst; throws strata::Error when the range is out of bounds.
   void read(size_t begin, size_t count, int32_t* dst) const;
 

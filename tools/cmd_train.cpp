@@ -247,7 +247,8 @@ int run_train(const TrainOpts& o) {
                                 .world = world,
                                 .seed = std::uint64_t(cfg.strata.seed),
                                 .drop_last_batch = true,
-                                .vocab_size = mcfg.vocab_size});
+                                .vocab_size = mcfg.vocab_size,
+                                .source = o.text.empty() ? o.data : cat("--text ", o.text)});
   model::LlamaModel model(mcfg, engine.model_options());
   if (!o.load.empty()) engine.load_checkpoint(o.load, o.load_tag, &data);
 

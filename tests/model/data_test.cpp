@@ -282,16 +282,42 @@ TEST_F(SamplerTest, RestoredPositionContinuesWithTheSameBatches) {
   EXPECT_THROW(DataPosition::from_json(nlohmann::json{{"seed", 1}}), ConfigError);
 }
 
-TEST_F(SamplerTest, TokensOutsideTheVocabularyAreReported) {
+// Found when the loader is made (the whole file is scanned), not at the batch that holds the token.
+TEST_F(SamplerTest, TokensOutsideTheVocabularyAreReportedBeforeAnyBatch) {
   TokenFile f = TokenFile::open(path_);
-  DataLoader dl(f, {.batch_size = 2, .seq_len = 8, .seed = 1, .vocab_size = 100});
   try {
-    for (int i = 0; i < 20; ++i) dl.next();
+    DataLoader dl(f, {.batch_size = 2, .seq_len = 8, .seed = 1, .vocab_size = 100});
     FAIL() << "no throw";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("outside the model's vocabulary of 100"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("token 100 is 100, outside the model's vocabulary of 100"),
+              std::string::npos)
         << e.what();
   }
+}
+
+// A position saved over one token file is refused over another (other length, or same length and other
+// tokens), naming both.
+TEST_F(SamplerTest, APositionOfAnotherTokenFileIsRefused) {
+  TokenFile f = TokenFile::open(path_);
+  const DataOptions o{.batch_size = 4, .seq_len = 8, .seed = 2};
+  DataLoader a(f, o);
+  a.next();
+  const DataPosition pos = a.position();
+  std::vector<uint32_t> t(n_tokens_);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = uint32_t(i ^ 1);  // the same length, other tokens
+  const std::string other = testing::scratch_path("sampler-other.bin");
+  write_token_file(other, t, TokenType::u32);
+  TokenFile g = TokenFile::open(other);
+  DataLoader b(g, o);
+  try {
+    b.set_position(pos);
+    FAIL() << "a position of another file was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("saved over another token file"), std::string::npos) << e.what();
+  }
+  DataLoader same(f, o);
+  same.set_position(pos);  // the same file: accepted
+  EXPECT_EQ(same.next().sample_ids, a.next().sample_ids);
 }
 
 TEST_F(SamplerTest, TooLittleDataIsAConfigError) {

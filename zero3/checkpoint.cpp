@@ -231,6 +231,10 @@ std::string CheckpointWriter::commit(nlohmann::json meta) {
                              {"bytes", all[3 * std::size_t(r)]},
                              {"tensors", all[3 * std::size_t(r) + 1]},
                              {"table_crc32c", std::uint32_t(all[3 * std::size_t(r) + 2])}});
+  // meta.json carries the CRC-32C of its own compact dump without that field (keys sorted, so the text is
+  // canonical): a flipped digit anywhere in it is found on load.
+  meta.erase("meta_crc32c");
+  meta["meta_crc32c"] = crc32c(meta.dump().data(), meta.dump().size());
   write_small_file(tmp_ + "/meta.json", meta.dump(2) + "\n");
   fsync_path(tmp_, true);
 
@@ -274,6 +278,15 @@ CheckpointReader::CheckpointReader(const std::string& dir, const std::string& ta
   if (!meta_.is_object() || meta_.value("format", std::string()) != kCheckpointFormat)
     throw ConfigError(
         cat(meta_path, " is not a Strata checkpoint (format is not \"", kCheckpointFormat, "\")"));
+  if (const auto c = meta_.find("meta_crc32c"); c != meta_.end()) {  // older checkpoints have none
+    nlohmann::json rest = meta_;
+    rest.erase("meta_crc32c");
+    const std::string text = rest.dump();
+    const std::uint32_t got = crc32c(text.data(), text.size());
+    if (!c->is_number_unsigned() || c->get<std::uint64_t>() != got)
+      throw IoError(cat(meta_path, ": checksum mismatch (stored ", c->dump(), ", computed ", got,
+                        "); the metadata is damaged, load another tag"));
+  }
   int version = meta_.value("version", 0);
   if (version < 1 || version > kCheckpointVersion)
     throw ConfigError(cat(meta_path, ": checkpoint format version ", version,

@@ -12,7 +12,8 @@
 //
 // Layout of DIR/TAG/:
 //   meta.json           {"format": "strata.checkpoint", "version": 1, ... caller's fields ...,
-//                        "files": [{"rank", "file", "bytes", "tensors", "table_crc32c"}]}
+//                        "files": [{"rank", "file", "bytes", "tensors", "table_crc32c"}],
+//                        "meta_crc32c": CRC-32C of the compact dump of everything else (checked on load)}
 //   rank<r>.shard       a 4096-byte header, the tensors' bytes back to back (each 4096-aligned), then the
 //                       table: one JSON array of {"name", "dtype", "bytes", "offset", "crc32c"}.
 // Header (little-endian): "STRATACK" magic, u32 version, u32 rank, u32 world, u32 reserved, u64 table

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "engine_util.h"
 #include "zero3/checkpoint.h"
@@ -88,6 +89,34 @@ TEST(Resume, DamagedCheckpointFailsToLoad) {
     FAIL() << "a damaged checkpoint loaded";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("block.0.exp_avg_sq"), std::string::npos) << e.what();
+  }
+}
+
+// One changed digit in meta.json (here the step) is found on load: the metadata carries its checksum.
+TEST(Resume, AChangedDigitInTheMetadataIsFound) {
+  ScratchDir d("resume-meta");
+  const std::string tokens = make_tokens(d);
+  std::string path;
+  {
+    Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), tokens);
+    t.run(1);
+    path = t.engine.save_checkpoint(d / "ckpt", {}, &t.data);
+  }
+  std::string text;
+  {
+    std::ifstream in(path + "/meta.json");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::size_t at = text.find("\"step\": 1");
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + 8] = '7';
+  std::ofstream(path + "/meta.json") << text;
+  Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), tokens);
+  try {
+    t.engine.load_checkpoint(d / "ckpt");
+    FAIL() << "a changed meta.json loaded";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("meta.json: checksum mismatch"), std::string::npos) << e.what();
   }
 }
 

@@ -8,9 +8,11 @@
 // forward / backward / optimizer / waiting on transfers, bytes per tier); otherwise one plain log line per
 // steps_per_print steps. A summary follows the last step. Everything a bad argument or config can get
 // wrong fails before the first step.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -99,6 +101,39 @@ void check_writable_dir(const std::string& dir, const char* what) {
     throw ConfigError(
         cat(what, " ", dir, ": not writable (", detail::errno_text(errno), "); choose a writable location"));
 }
+
+// Note [Stop signals]: SIGINT and SIGTERM (what a preemptible machine sends before it takes the machine
+// back) let the step in progress finish; the run then saves its checkpoint when --save was given, prints
+// its summary, releases the device, pinned memory and swap files, and exits 128 + the signal (130 / 143).
+// A second signal exits at once. With several ranks they agree after every step on whether any rank was
+// signalled, so all stop after the same step (the save is collective).
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal.exchange(sig) != 0) ::_exit(128 + sig);
+}
+
+// Installs on_stop_signal for SIGINT and SIGTERM for the lifetime of the object.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa = {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int i = 0; i < 2; ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~StopSignals() {
+    for (int i = 0; i < 2; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  static constexpr int kSignals[2] = {SIGINT, SIGTERM};
+  struct sigaction old_[2] = {};
+};
 
 struct TempTokens {
   std::string path;
@@ -287,6 +322,8 @@ int run_train(const TrainOpts& o) {
   TierBytes peak;
   std::string saved;
   const auto t0 = Clock::now();
+  StopSignals stop_signals;
+  int stopped_by = 0;
   for (std::int64_t i = 0; i < o.steps; ++i) {
     const zero3::StepResult r = engine.train_batch(model, data);
     losses.push_back(r.loss);
@@ -302,11 +339,25 @@ int run_train(const TrainOpts& o) {
       progress.finish();
       saved = engine.save_checkpoint(o.save, {{"source", "strata train"}}, &data);
     }
+    stopped_by = g_stop_signal.load();
+    if (world > 1) stopped_by = int(engine.communicator().all_reduce_max(double(stopped_by)));
+    if (stopped_by != 0 && i + 1 < o.steps) {
+      progress.finish();
+      STRATA_LOG_WARN(
+          "train: ",
+          stopped_by == SIGINT    ? "SIGINT"
+          : stopped_by == SIGTERM ? "SIGTERM"
+                                  : "a signal",
+          " after step ", r.step,
+          o.save.empty() ? ": stopping (no --save: nothing is saved)" : ": saving a checkpoint and stopping");
+      break;
+    }
+    stopped_by = 0;  // signalled during the last step: the run ends as usual
   }
   progress.finish();
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!o.save.empty()) saved = engine.save_checkpoint(o.save, {{"source", "strata train"}}, &data);
-  if (!o.export_path.empty()) {
+  if (!o.export_path.empty() && stopped_by == 0) {
     if (lead) {
       model::save_weights(o.export_path, engine, DType::bf16);
       std::fprintf(out, "exported weights to %s\n", o.export_path.c_str());
@@ -364,7 +415,7 @@ int run_train(const TrainOpts& o) {
   std::fprintf(out, "\n");
   if (!saved.empty()) std::fprintf(out, "  checkpoint  %s\n", saved.c_str());
   if (out != stdout) std::fclose(out);
-  return 0;
+  return stopped_by != 0 ? 128 + stopped_by : 0;
 }
 
 // A whole number >= 1 (CLI11's PositiveNumber would print its range in full).

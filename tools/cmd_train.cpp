@@ -332,8 +332,6 @@ int run_train(const TrainOpts& o) {
     tokens_seen += r.tokens;
     skipped += r.applied ? 0 : 1;
     const TierBytes b = tier_bytes(engine);
-    peak.device = std::max(peak.device, b.device), peak.pinned = std::max(peak.pinned, b.pinned);
-    peak.nvme = std::max(peak.nvme, b.nvme);
     progress.update(r, b);
     if (!o.save.empty() && o.save_interval > 0 && (i + 1) % o.save_interval == 0 && i + 1 < o.steps) {
       progress.finish();
@@ -369,7 +367,11 @@ int run_train(const TrainOpts& o) {
       }
     }
   }
-  // Memory figures: the largest over the ranks.
+  // Memory figures: the tier manager's peaks over the whole run (every block in use at once, gathered
+  // chunks and staging included — not the state between steps), the largest over the ranks.
+  peak.device = engine.tiers().pool_stats(tiering::Tier::device).used.peak;
+  peak.pinned = engine.tiers().pool_stats(tiering::Tier::pinned).used.peak;
+  peak.nvme = engine.tiers().pool_stats(tiering::Tier::nvme).used.peak;
   comm::Communicator& cm = engine.communicator();
   peak.device = std::uint64_t(cm.all_reduce_max(double(peak.device)));
   peak.pinned = std::uint64_t(cm.all_reduce_max(double(peak.pinned)));

@@ -150,6 +150,13 @@ CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, int rank, i
                       "); choose a writable --save directory"));
   tmp_ = dir_ + "/" + tag_ + ".tmp";
   if (rank_ == 0) {
+    // Partial checkpoints of interrupted saves (TAG.tmp) are never loaded; they go now, each named.
+    for (const fs::directory_entry& e : fs::directory_iterator(dir_, ec))
+      if (e.is_directory() && e.path().filename().string().ends_with(".tmp") && e.path() != fs::path(tmp_)) {
+        STRATA_LOG_WARN("checkpoint: removing ", e.path().string(),
+                        ", a partial checkpoint left by an interrupted save");
+        fs::remove_all(e.path(), ec);
+      }
     fs::remove_all(tmp_, ec);
     fs::create_directory(tmp_, ec);
     if (ec) throw IoError(cat("cannot create ", tmp_, " (", ec.message(), ")"));
@@ -266,6 +273,13 @@ CheckpointReader::CheckpointReader(const std::string& dir, const std::string& ta
     throw IoError(cat("checkpoint directory ", dir, " does not exist; check --load"));
   tag_ = tag.empty() ? latest_tag(dir) : tag;
   path_ = dir + "/" + tag_;
+  // A save that replaced TAG moves the old one to TAG.old before the new one takes its name; killed in
+  // between, only TAG.old holds it.
+  if (!fs::is_directory(path_, ec) && fs::is_directory(path_ + ".old", ec)) {
+    STRATA_LOG_WARN("checkpoint: ", path_, " is missing and ", path_,
+                    ".old holds it (a save over it was interrupted); loading that");
+    path_ += ".old";
+  }
   if (!fs::is_directory(path_, ec))
     throw IoError(cat("checkpoint ", path_, " does not exist",
                       tag.empty() ? " (named by " + dir + "/latest)" : std::string()));

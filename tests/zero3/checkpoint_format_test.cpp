@@ -75,6 +75,29 @@ TEST(CheckpointFormat, NewerTagMovesLatestAndSameTagIsReplaced) {
   EXPECT_FALSE(fs::exists(d / "global_step2.old"));
 }
 
+// A save killed part-way leaves TAG.tmp; the next save removes it (every .tmp of the directory).
+TEST(CheckpointFormat, ThePartialDirectoryOfAKilledSaveGoesAtTheNextSave) {
+  ScratchDir d("ckfmt-leftover");
+  fs::create_directories(d / "global_step7.tmp");
+  std::ofstream(d / "global_step7.tmp/rank0.shard") << "partial";
+  save(d.path(), "global_step8", 1.0f, 8);
+  EXPECT_FALSE(fs::exists(d / "global_step7.tmp"));
+  EXPECT_EQ(latest_tag(d.path()), "global_step8");
+}
+
+// A save over an existing tag moves the old one to TAG.old before the new one takes the name; killed in
+// between, `latest` names TAG and only TAG.old holds it: loading finds it there.
+TEST(CheckpointFormat, AnInterruptedReplacementLoadsTheOldCopy) {
+  ScratchDir d("ckfmt-old");
+  save(d.path(), "global_step2", 2.0f, 2);
+  fs::rename(d / "global_step2", d / "global_step2.old");
+  CheckpointReader r(d.path());
+  EXPECT_EQ(r.meta().at("step"), 2);
+  std::vector<float> a(1000);
+  r.read("chunk0.master", a.data(), 4000);
+  EXPECT_EQ(a, ramp(1000, 2.0f));
+}
+
 TEST(CheckpointFormat, AbandonedWriterLeavesNothingAndKeepsLatest) {
   ScratchDir d("ckfmt-abandon");
   save(d.path(), "global_step1", 1.0f, 1);

@@ -113,6 +113,11 @@ struct ZeroConfig {
   bool round_robin_gradients = false;
 };
 
+// The limits of the aio settings: one place, read by the schema (config files, `strata config`) and by
+// the NVMe engine's own validation.
+inline constexpr std::int64_t kAioMaxQueueDepth = 4096;
+inline constexpr std::int64_t kAioMaxIntraOpParallelism = 64;
+
 struct AioConfig {
   std::uint64_t block_size = 1048576;  // bytes
   std::int64_t queue_depth = 8;

@@ -464,13 +464,15 @@ std::vector<Option> build_options() {
                .def = false,
                .meaning = "Initialise NVMe-resident optimizer states without a read-modify-write pass.",
                .field = STRATA_FIELD(zero_optimization.offload_optimizer.fast_init)});
-  o.push_back({.path = "zero_optimization.offload_optimizer.ratio",
-               .kind = Kind::real,
-               .def = 1.0,
-               .meaning = "Fraction of the optimizer states offloaded; Strata offloads them all and warns once below 1.",
-               .field = STRATA_FIELD(zero_optimization.offload_optimizer.ratio),
-               .min = 0,
-               .max = 1});
+  o.push_back(
+      {.path = "zero_optimization.offload_optimizer.ratio",
+       .kind = Kind::real,
+       .def = 1.0,
+       .meaning =
+           "Fraction of the optimizer states offloaded; Strata offloads them all and warns once below 1.",
+       .field = STRATA_FIELD(zero_optimization.offload_optimizer.ratio),
+       .min = 0,
+       .max = 1});
   o.push_back({.path = "zero_optimization.stage3_prefetch_bucket_size",
                .kind = Kind::count,
                .def = 50000000u,
@@ -559,14 +561,14 @@ std::vector<Option> build_options() {
                .meaning = "NVMe requests in flight per I/O thread.",
                .field = STRATA_FIELD(aio.queue_depth),
                .min = 1,
-               .max = 32768});
+               .max = kAioMaxQueueDepth});
   o.push_back({.path = "aio.intra_op_parallelism",
                .kind = Kind::integer,
                .def = 1,
                .meaning = "I/O threads that split each large read or write.",
                .field = STRATA_FIELD(aio.intra_op_parallelism),
                .min = 1,
-               .max = 1024});
+               .max = kAioMaxIntraOpParallelism});
   o.push_back({.path = "aio.single_submit",
                .kind = Kind::boolean,
                .def = false,

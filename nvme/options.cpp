@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/config.h"
 #include "core/error.h"
 
 namespace strata::nvme {
@@ -35,12 +36,13 @@ void AioOptions::validate() const {
     throw ConfigError(strata::detail::cat("aio.block_size: ", block_size,
                                           " must be a positive multiple of 4096 no larger than 1 GiB (",
                                           kMaxBlock, "); DeepSpeed's default is 1048576"));
-  if (queue_depth < 1 || queue_depth > 4096)
-    throw ConfigError(strata::detail::cat("aio.queue_depth: ", queue_depth,
-                                          " is outside 1..4096; DeepSpeed's default is 8"));
-  if (intra_op_parallelism < 1 || intra_op_parallelism > 64)
+  if (queue_depth < 1 || queue_depth > kAioMaxQueueDepth)
+    throw ConfigError(strata::detail::cat("aio.queue_depth: ", queue_depth, " is outside 1..",
+                                          kAioMaxQueueDepth, "; DeepSpeed's default is 8"));
+  if (intra_op_parallelism < 1 || intra_op_parallelism > kAioMaxIntraOpParallelism)
     throw ConfigError(strata::detail::cat("aio.intra_op_parallelism: ", intra_op_parallelism,
-                                          " is outside 1..64; DeepSpeed's default is 1"));
+                                          " is outside 1..", kAioMaxIntraOpParallelism,
+                                          "; DeepSpeed's default is 1"));
   if (sqpoll && backend != Backend::io_uring && backend != Backend::auto_select)
     throw ConfigError(strata::detail::cat(
         "strata.aio.sqpoll: true needs strata.aio.backend io_uring (or auto), not ", to_string(backend)));

@@ -36,8 +36,10 @@ void expect_documented(const std::string& md, const nlohmann::json& section, con
 }
 
 TEST(ConfigDocs, EveryResolvedKeyIsDocumented) {
-  nlohmann::json doc = {{"train_batch_size", 8},
-                        {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", 10}}}}}};
+  nlohmann::json doc = {
+      {"train_batch_size", 8},
+      {"scheduler",
+       {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", 10}, {"warmup_num_steps", 2}}}}}};
   expect_documented(config_reference_markdown(), Config::parse(doc).to_json(), "");
 }
 

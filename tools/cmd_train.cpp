@@ -9,6 +9,7 @@
 // steps_per_print steps. A summary follows the last step. Everything a bad argument or config can get
 // wrong fails before the first step.
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -285,6 +286,19 @@ int run_train(const TrainOpts& o) {
                                 .vocab_size = mcfg.vocab_size,
                                 .source = o.text.empty() ? o.data : cat("--text ", o.text)});
   model::LlamaModel model(mcfg, engine.model_options());
+  // Room for the checkpoints --save will write, checked before training rather than at the end.
+  if (!o.save.empty()) {
+    struct statvfs fsst;
+    if (::statvfs(o.save.c_str(), &fsst) == 0) {
+      const std::uint64_t free = std::uint64_t(fsst.f_bavail) * fsst.f_frsize;
+      const std::uint64_t need = engine.checkpoint_bytes() * std::uint64_t(std::max(1, ri.local_size));
+      if (free < need)
+        throw ConfigError(cat("--save ", o.save, ": a checkpoint of this run takes ", format_bytes(need),
+                              ri.local_size > 1 ? " for the ranks on this machine" : "",
+                              " and the file system has ", format_bytes(free),
+                              " free; free space or choose another --save directory"));
+    }
+  }
   if (!o.load.empty()) engine.load_checkpoint(o.load, o.load_tag, &data);
 
   const bool tty = lead && o.progress && ::isatty(STDERR_FILENO);

@@ -53,6 +53,11 @@ void write_all(int fd, const void* data, std::uint64_t bytes, std::uint64_t offs
     std::size_t n = std::size_t(std::min<std::uint64_t>(bytes, 1ull << 30));
     ssize_t w = ::pwrite(fd, p, n, off_t(offset));
     if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == ENOSPC || errno == EDQUOT))
+      throw IoError(cat("checkpoint file ", path, ": the file system is full (", detail::errno_text(errno),
+                        ") with ", bytes,
+                        " bytes still to write; the previous checkpoint is kept. Free space or "
+                        "save elsewhere (--save)"));
     STRATA_SYS_CHECK(w > 0, "write ", n, " bytes at offset ", offset, " of checkpoint file ", path);
     p += w;
     bytes -= std::uint64_t(w);

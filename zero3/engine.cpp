@@ -559,6 +559,10 @@ int Engine::accumulation_steps() const {
 const Config& Engine::config() const {
   return impl_->cfg;
 }
+std::uint64_t Engine::checkpoint_bytes() const {
+  return impl_->checkpoint_bytes();
+}
+
 const MemoryPlan& Engine::plan() const {
   return impl_->plan;
 }

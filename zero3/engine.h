@@ -195,6 +195,9 @@ class Engine final : public model::ChunkProvider {
   comm::Communicator& communicator();
   const Config& config() const;
   const MemoryPlan& plan() const;
+  // Bytes this rank writes for one checkpoint (its working params, master and optimizer states, each
+  // 4096-aligned, plus the header and table): what save_checkpoint checks the file system has free.
+  std::uint64_t checkpoint_bytes() const;
   const prefetch::PrefetchStats& prefetch_stats() const;
   const TransferStats& transfer_stats() const;
   tiering::TierManager& tiers();

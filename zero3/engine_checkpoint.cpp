@@ -5,6 +5,8 @@
 // pinned memory one tensor at a time. Gradients are not saved: checkpoints are taken between steps, when
 // the gradient shards are empty. Loading writes each tensor into the tiers of the loading engine's config,
 // so a run saved with offload cpu can resume with offload nvme and the reverse.
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -42,6 +44,16 @@ std::string update_rule(const std::string& type, bool adam_w_mode) {
 
 }  // namespace
 
+std::uint64_t Engine::Impl::checkpoint_bytes() const {
+  auto aligned = [](std::uint64_t b) { return (b + 4095) / 4096 * 4096; };
+  std::uint64_t b = 4096 + (std::uint64_t(64) << 10);  // the header, and room for the table
+  for (const ChunkSlot& s : slots) {
+    b += aligned(s.shard.numel * wd_bytes());
+    b += std::uint64_t(1 + n_states) * aligned(s.shard.numel * 4);
+  }
+  return b;
+}
+
 std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& client_state,
                                const model::DataLoader* data, const std::string& tag) {
   STRATA_CHECK(!in_pass && micro_steps == 0,
@@ -50,6 +62,15 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
   sync_grads();
   gather_stream->synchronize();  // replicated params: the step's all-gather has landed
   CheckpointWriter w(dir, tag.empty() ? step_tag(global_step) : tag, comm->rank(), world, comm);
+  // Enough room for this rank's file, checked before writing (a full disk part-way loses nothing either:
+  // the previous checkpoint stays until this one is complete).
+  if (struct statvfs fsst; ::statvfs(w.tmp_dir().c_str(), &fsst) == 0) {
+    const std::uint64_t free = std::uint64_t(fsst.f_bavail) * fsst.f_frsize, need = checkpoint_bytes();
+    if (free < need)
+      throw IoError(cat("checkpoint ", dir, ": this rank's part needs ", format_bytes(need),
+                        " and the file system has ", format_bytes(free),
+                        " free; free space or save elsewhere (--save)"));
+  }
   for (ChunkSlot& s : slots) {
     const std::uint64_t n = s.shard.numel;
     with_host_copy(s.t.param, [&](const void* p) {  // this rank's slice (of the whole chunk if replicated)

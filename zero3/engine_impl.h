@@ -148,7 +148,9 @@ struct Engine::Impl final : prefetch::FetchTarget {
   std::string save(const std::string& dir, const nlohmann::json& client_state, const model::DataLoader* data,
                    const std::string& tag);
   nlohmann::json load(const std::string& dir, const std::string& tag, model::DataLoader* data);
-  nlohmann::json chunk_table() const;  // [{"name", "numel", "padded_numel"}] of this layout
+  nlohmann::json chunk_table() const;
+  std::uint64_t checkpoint_bytes()
+      const;  // Engine::checkpoint_bytes  // [{"name", "numel", "padded_numel"}] of this layout
   // Calls fn(ptr) with a host-readable copy of tensor `id` (fetched from NVMe into pinned memory if that is
   // the only copy, and dropped again after).
   template <typename Fn>

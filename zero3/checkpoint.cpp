@@ -1,6 +1,7 @@
 #include "zero3/checkpoint.h"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -253,12 +254,22 @@ std::string CheckpointWriter::commit(nlohmann::json meta) {
   const std::string final_dir = dir_ + "/" + tag_, old = final_dir + ".old";
   std::error_code ec;
   fs::remove_all(old, ec);
+  bool swapped = false;
   if (fs::exists(final_dir)) {
-    fs::rename(final_dir, old, ec);
-    if (ec) throw IoError(cat("cannot move the previous ", final_dir, " aside (", ec.message(), ")"));
+    // Replacing a tag: one atomic exchange of the two directories where the file system has it, so
+    // DIR/TAG always exists; else moved aside first (a load finds TAG.old if killed in between).
+    if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+      swapped = true;
+      fs::rename(tmp_, old, ec);  // the previous checkpoint, removed below
+    } else {
+      fs::rename(final_dir, old, ec);
+      if (ec) throw IoError(cat("cannot move the previous ", final_dir, " aside (", ec.message(), ")"));
+    }
   }
-  fs::rename(tmp_, final_dir, ec);
-  if (ec) throw IoError(cat("cannot rename ", tmp_, " to ", final_dir, " (", ec.message(), ")"));
+  if (!swapped) {
+    fs::rename(tmp_, final_dir, ec);
+    if (ec) throw IoError(cat("cannot rename ", tmp_, " to ", final_dir, " (", ec.message(), ")"));
+  }
   const std::string latest_tmp = dir_ + "/latest.tmp";
   write_small_file(latest_tmp, tag_ + "\n");
   fs::rename(latest_tmp, dir_ + "/latest", ec);

@@ -2,6 +2,7 @@
 // the checks that span keys. Types and ranges of single keys live in config_values.cpp; the keys
 // themselves in config_schema.cpp.
 #include "core/config.h"
+#include "core/files.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -465,16 +466,9 @@ void ConfigParser::check_nvme_path(const char* device_key, const char* path_key,
                       " at a directory on an NVMe drive"));
     return;
   }
-  // Try a real file: access(W_OK) says yes to root on a read-only mount and does not see quotas.
-  std::string probe = path + "/.strata-write-probe-XXXXXX";
-  int fd = ::mkstemp(probe.data());
-  if (fd < 0) {
-    error(detail::cat(key, ": \"", path, "\" is not writable (", detail::errno_text(errno),
+  if (const int err = probe_writable(path); err != 0)
+    error(detail::cat(key, ": \"", path, "\" is not writable (", detail::errno_text(err),
                       "); choose a directory this user can write"));
-    return;
-  }
-  ::close(fd);
-  ::unlink(probe.c_str());
 }
 
 void ConfigParser::check_cross_keys() {
@@ -503,9 +497,11 @@ void ConfigParser::check_cross_keys() {
                     "zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_path);
 
   const auto& s = cfg.scheduler;
-  if (s.type == SchedulerType::WarmupDecayLR && s.total_num_steps > 0 && s.total_num_steps < s.warmup_num_steps)
-    warn(detail::cat("scheduler.params.total_num_steps ", s.total_num_steps, " is less than warmup_num_steps ",
-                     s.warmup_num_steps, ": the rate warms up for ", s.warmup_num_steps,
+  if (s.type == SchedulerType::WarmupDecayLR && s.total_num_steps > 0 &&
+      s.total_num_steps < s.warmup_num_steps)
+    warn(detail::cat("scheduler.params.total_num_steps ", s.total_num_steps,
+                     " is less than warmup_num_steps ", s.warmup_num_steps, ": the rate warms up for ",
+                     s.warmup_num_steps,
                      " steps and then drops straight to warmup_min_lr (the decay would have ended at step ",
                      s.total_num_steps, ")"));
   // The cosine runs over the steps after warmup; with none (DeepSpeed divides by their count, zero) the

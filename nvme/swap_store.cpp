@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 
 namespace strata::nvme {
@@ -25,12 +25,6 @@ namespace {
 
 constexpr const char* kRunDirPrefix = "strata-swap-";
 constexpr const char* kLockName = ".lock";
-
-std::uint64_t free_space(const std::string& path) {
-  struct statvfs vfs {};
-  if (::statvfs(path.c_str(), &vfs) != 0) return 0;
-  return std::uint64_t(vfs.f_bavail) * vfs.f_frsize;
-}
 
 std::uint64_t dir_bytes(const fs::path& dir) {
   std::uint64_t total = 0;
@@ -104,7 +98,7 @@ SwapStore::SwapStore(AioEngine& engine, SwapOptions opts)
 
   remove_leftovers(opts_.nvme_path);
 
-  const std::uint64_t avail = free_space(opts_.nvme_path);
+  const std::uint64_t avail = free_disk_bytes(opts_.nvme_path).value_or(0);
   if (opts_.capacity > avail)
     throw OutOfMemory(cat("NVMe swap at ", opts_.nvme_path, ": the offload config needs ",
                           format_bytes(opts_.capacity), " here but the file system has only ",
@@ -255,9 +249,9 @@ SwapStats SwapStore::stats() const {
   s.reserved_bytes = a.reserved_bytes.current;
   s.capacity_bytes = a.capacity;
   s.file_bytes = file_bytes_;
-  s.free_bytes = a.capacity
-                     ? a.capacity - std::min(a.capacity, a.reserved_bytes.current)
-                     : free_space(run_dir_) + a.hole_bytes + (file_bytes_ - std::min(file_bytes_, a.end));
+  s.free_bytes = a.capacity ? a.capacity - std::min(a.capacity, a.reserved_bytes.current)
+                            : free_disk_bytes(run_dir_).value_or(0) + a.hole_bytes +
+                                  (file_bytes_ - std::min(file_bytes_, a.end));
   s.hole_bytes = a.hole_bytes;
   s.largest_hole_bytes = a.largest_hole;
   s.fragmentation = a.fragmentation();

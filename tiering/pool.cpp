@@ -1,12 +1,11 @@
 #include "tiering/pool.h"
 
-#include <sys/statvfs.h>
-
 #include <algorithm>
 #include <mutex>
 #include <vector>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace strata::tiering {
 namespace {
@@ -49,12 +48,6 @@ class CachingPool final : public TierPool {
   PoolCaps caps_;
   std::unique_ptr<CachingAllocator> alloc_;
 };
-
-std::uint64_t fs_free(const std::string& dir) {
-  struct statvfs v {};
-  if (::statvfs(dir.c_str(), &v) != 0) return 0;
-  return std::uint64_t(v.f_bavail) * v.f_frsize;
-}
 
 // NVMe extents. Frees wait for their fence like the caching allocator's (an extent must not be reused
 // while a read of it may still be running); SwapStore::allocate's OutOfMemory means "full".
@@ -104,7 +97,7 @@ class NvmePool final : public TierPool {
     s.blocks = blocks_;
     s.pending = pending_bytes_;
     s.free = s.capacity ? s.capacity - std::min(s.capacity, reserved_.current)
-                        : fs_free(store_.run_dir()) + st.hole_bytes;
+                        : free_disk_bytes(store_.run_dir()).value_or(0) + st.hole_bytes;
     s.retries = retries_;
     s.ooms = ooms_;
     return s;

@@ -9,7 +9,6 @@
 // steps_per_print steps. A summary follows the last step. Everything a bad argument or config can get
 // wrong fails before the first step.
 #include <signal.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +26,7 @@
 #include "comm/comm.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "kernels/cpu/ops.h"
 #include "model/model.h"
@@ -98,9 +98,9 @@ void check_writable_dir(const std::string& dir, const char* what) {
   if (ec)
     throw ConfigError(cat(what, " ", dir, ": cannot create the directory (", ec.message(),
                           "); choose a writable location"));
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+  if (const int err = probe_writable(dir); err != 0)
     throw ConfigError(
-        cat(what, " ", dir, ": not writable (", detail::errno_text(errno), "); choose a writable location"));
+        cat(what, " ", dir, ": not writable (", detail::errno_text(err), "); choose a writable location"));
 }
 
 // Note [Stop signals]: SIGINT and SIGTERM (what a preemptible machine sends before it takes the machine
@@ -288,9 +288,8 @@ int run_train(const TrainOpts& o) {
   model::LlamaModel model(mcfg, engine.model_options());
   // Room for the checkpoints --save will write, checked before training rather than at the end.
   if (!o.save.empty()) {
-    struct statvfs fsst;
-    if (::statvfs(o.save.c_str(), &fsst) == 0) {
-      const std::uint64_t free = std::uint64_t(fsst.f_bavail) * fsst.f_frsize;
+    if (const std::optional<std::uint64_t> room = free_disk_bytes(o.save)) {
+      const std::uint64_t free = *room;
       const std::uint64_t need = engine.checkpoint_bytes() * std::uint64_t(std::max(1, ri.local_size));
       if (free < need)
         throw ConfigError(cat("--save ", o.save, ": a checkpoint of this run takes ", format_bytes(need),

@@ -5,14 +5,13 @@
 // pinned memory one tensor at a time. Gradients are not saved: checkpoints are taken between steps, when
 // the gradient shards are empty. Loading writes each tensor into the tiers of the loading engine's config,
 // so a run saved with offload cpu can resume with offload nvme and the reverse.
-#include <sys/statvfs.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "core/files.h"
 #include "core/log.h"
 #include "zero3/checkpoint.h"
 #include "zero3/engine_impl.h"
@@ -64,8 +63,8 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
   CheckpointWriter w(dir, tag.empty() ? step_tag(global_step) : tag, comm->rank(), world, comm);
   // Enough room for this rank's file, checked before writing (a full disk part-way loses nothing either:
   // the previous checkpoint stays until this one is complete).
-  if (struct statvfs fsst; ::statvfs(w.tmp_dir().c_str(), &fsst) == 0) {
-    const std::uint64_t free = std::uint64_t(fsst.f_bavail) * fsst.f_frsize, need = checkpoint_bytes();
+  if (const std::optional<std::uint64_t> room = free_disk_bytes(w.tmp_dir())) {
+    const std::uint64_t free = *room, need = checkpoint_bytes();
     if (free < need)
       throw IoError(cat("checkpoint ", dir, ": this rank's part needs ", format_bytes(need),
                         " and the file system has ", format_bytes(free),

@@ -343,24 +343,24 @@ void Engine::Impl::release_grads(int c) {
   s.grads_fresh = false;
   ++transfers.grad_handoffs;
   transfers.grad_bytes += n * sizeof(float);
-  if (homes.grad == Tier::device && world > 1) {
-    // On the gradient stream, after the reduce-scatter: copy into the empty shard or add to it.
+  if (homes.grad == Tier::device) {
+    // Copied into the empty shard or added to it: with one rank on the compute stream after the model's
+    // ops; with N on the gradient stream after the reduce-scatter. The block is freed after that stream.
+    kernels::Ops& o = world > 1 ? *grad_ops : *ops;
     const kernels::Tensor to{s.grad, DType::fp32, n}, from{const_cast<float*>(src), DType::fp32, n};
     if (fresh)
-      grad_ops->cast(to, from);
+      o.cast(to, from);
     else
-      grad_ops->add(to, from);
-    if (!s.handed_off) s.handed_off = dev->create_event();
-    grad_stream->record(*s.handed_off);
-    tm->evict(s.gradbuf, Tier::device, Tier::pinned, s.handed_off.get());
-  } else if (homes.grad == Tier::device) {
-    // On the compute stream, after the model's ops: copy into the empty shard or add to it.
-    const kernels::Tensor to{s.grad, DType::fp32, n}, from{const_cast<float*>(src), DType::fp32, n};
-    if (fresh)
-      ops->cast(to, from);
-    else
-      ops->add(to, from);
-    tm->evict(s.gradbuf, Tier::device, Tier::pinned, &computed(s));  // frees the block (never valid: no copy)
+      o.add(to, from);
+    const Event* after = nullptr;
+    if (world > 1) {
+      if (!s.handed_off) s.handed_off = dev->create_event();
+      grad_stream->record(*s.handed_off);
+      after = s.handed_off.get();
+    } else {
+      after = &computed(s);
+    }
+    tm->evict(s.gradbuf, Tier::device, Tier::pinned, after);  // frees the block (never valid: no copy)
   } else {
     // The gradient stream waits for the model's ops, then copies the buffer off the device: straight
     // into the pinned shard when it is empty this step, else into pinned staging and adds it on the host

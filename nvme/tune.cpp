@@ -67,13 +67,15 @@ std::size_t measure_buffer_bytes(const AioOptions& o) {
 }
 
 Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_bytes, Pattern pattern,
-                    double seconds, void* buffer, std::size_t buffer_bytes) {
+                    double seconds, void* buffer, std::size_t buffer_bytes, double ramp_seconds) {
   const AioOptions& o = engine.options();
   const std::uint64_t bs = o.block_size;
   STRATA_CHECK(file_bytes >= bs, "measure: the file (", file_bytes, " bytes) is smaller than one block (", bs,
                ")");
   STRATA_CHECK(buffer_bytes >= bs, "measure: the buffer (", buffer_bytes,
                " bytes) is smaller than one block (", bs, ")");
+  STRATA_CHECK(seconds > 0 && ramp_seconds >= 0, "measure: seconds (", seconds,
+               ") must be positive and ramp (", ramp_seconds, ") not negative");
   const std::uint64_t blocks = file_bytes / bs, span = blocks * bs;
   const bool seq = pattern == Pattern::seq_read || pattern == Pattern::seq_write;
   const bool wr = is_write(pattern);
@@ -95,30 +97,44 @@ Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_byte
   std::uint64_t pos = 0;
   std::deque<std::pair<IoHandle, std::uint64_t>> q;
   auto submit = [&] {
-    std::uint64_t off;
+    std::uint64_t off, len = req;
     if (seq) {
-      if (pos + req > span) pos = 0;
+      if (pos >= span) pos = 0;  // wrap at the end of the range, as fio does
       off = pos;
-      pos += req;
+      len = std::min(req, span - pos);
+      pos += len;
     } else {
       off = (rng() % blocks) * bs;
     }
     IoHandle h =
-        wr ? engine.submit_write(file, buffer, req, off) : engine.submit_read(file, buffer, req, off);
-    q.emplace_back(h, req);
+        wr ? engine.submit_write(file, buffer, len, off) : engine.submit_read(file, buffer, len, off);
+    q.emplace_back(h, len);
   };
   using clock = std::chrono::steady_clock;
+  auto span_of = [](double s) {
+    return std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(s));
+  };
   const auto t0 = clock::now();
-  const auto deadline =
-      t0 + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
+  // Without a ramp the window opens at the first submit; with one, at the first completion after it.
+  bool open = ramp_seconds <= 0;
+  clock::time_point start = t0, deadline = t0 + span_of(seconds), last = t0;
+  const clock::time_point ramp_end = t0 + span_of(ramp_seconds);
   Measurement m;
   try {
     for (std::size_t i = 0; i < outstanding; ++i) submit();
     while (!q.empty()) {
       engine.wait(q.front().first);
-      m.bytes += q.front().second;
+      const std::uint64_t n = q.front().second;
       q.pop_front();
-      if (clock::now() < deadline) submit();
+      last = clock::now();
+      if (open) {
+        m.bytes += n;
+      } else if (last >= ramp_end) {
+        open = true;
+        start = last;
+        deadline = start + span_of(seconds);
+      }
+      if (!open || last < deadline) submit();
     }
   } catch (...) {
     for (auto& [h, n] : q) {
@@ -129,7 +145,7 @@ Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_byte
     }
     throw;
   }
-  m.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  m.seconds = std::chrono::duration<double>(last - start).count();
   m.gbps = m.seconds > 0 ? double(m.bytes) / m.seconds / 1e9 : 0;
   return m;
 }

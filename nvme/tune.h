@@ -28,18 +28,25 @@ bool is_write(Pattern p);
 
 struct Measurement {
   double gbps = 0;          // 1e9 bytes per second
-  std::uint64_t bytes = 0;  // bytes moved
-  double seconds = 0;       // from the first submit to the last completion
+  std::uint64_t bytes = 0;  // bytes counted (those moved inside the timed window)
+  double seconds = 0;       // the timed window
 };
 
 // Runs `pattern` on the first `file_bytes` of `file` (which must already be that long; writes overwrite
-// it) through `engine` for about `seconds`, the way fio does with --bs=block_size
-// --iodepth=queue_depth: sequential patterns sweep the file in order and wrap around, random ones move
-// one block at a uniformly random block-aligned offset. `buffer` ((buffer_bytes) bytes, page-aligned) is
-// reused by every request in flight; it must hold at least one block, and sequential requests use up to
-// buffer_bytes at a time.
+// it) through `engine` the way fio does with --bs=block_size --iodepth=queue_depth --size=S, where S is
+// file_bytes rounded down to whole blocks: sequential patterns sweep [0, S) in order and wrap around to 0,
+// random ones move one block at a uniformly random block-aligned offset in [0, S). `buffer`
+// (buffer_bytes bytes, page-aligned) is reused by every request in flight; it must hold at least one
+// block, and sequential requests use up to buffer_bytes at a time.
+//
+// Timing as fio's --time_based --ramp_time=R --runtime=T: with ramp_seconds R > 0, the first R seconds
+// are not counted; the window opens at the first request completion at or after R, submitting stops
+// `seconds` (T) after that, and what is still in flight then is collected and counted (fio counts its
+// drain too); the figure is the bytes of the requests that complete after the window opened over the
+// time from then to the last completion. With R == 0 the window is from the first submit to the last
+// completion, every byte counted.
 Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_bytes, Pattern pattern,
-                    double seconds, void* buffer, std::size_t buffer_bytes);
+                    double seconds, void* buffer, std::size_t buffer_bytes, double ramp_seconds = 0);
 
 // Bytes of buffer measure() can use to keep sequential requests large (min(block x depth x threads, 64 MiB)).
 std::size_t measure_buffer_bytes(const AioOptions& opts);

@@ -144,10 +144,24 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
       fn(at(&LlamaModel::logits_), N * V, act);
   fn(at(&LlamaModel::losses_), N, f32), fn(at(&LlamaModel::loss_), 1, f32);
   fn(at(&LlamaModel::dresid_), N * C, act), fn(at(&LlamaModel::dxn_), N * C, act);
-  fn(at(&LlamaModel::dh_), N * F, act);
-  fn(at(&LlamaModel::dy_), N * Q, act), fn(at(&LlamaModel::dq_), N * Q, act);
-  fn(at(&LlamaModel::dk_), N * KV, act), fn(at(&LlamaModel::dv_), N * KV, act);
+  fn(at(&LlamaModel::dblock_), backward_scratch(N, F, Q, KV).numel, act);
   fn(at(&LlamaModel::datt_), as.scratch, f32);
+}
+
+LlamaModel::BackwardScratch LlamaModel::backward_scratch(size_t N, size_t F, size_t Q, size_t KV) {
+  constexpr size_t kAlign = 128;
+  auto up = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
+  BackwardScratch s;
+  // The MLP's phase: dh from the down projection to the SwiGLU backward. The attention's phase starts
+  // after it: dy from the o projection to the attention backward, dq/dk/dv from there to the q/k/v
+  // projections' backward.
+  s.dh = 0;
+  s.dy = 0;
+  s.dq = up(N * Q);
+  s.dk = s.dq + up(N * Q);
+  s.dv = s.dk + up(N * KV);
+  s.numel = std::max(N * F, s.dv + N * KV);
+  return s;
 }
 
 void LlamaModel::ensure_buffers(int B, int T) {
@@ -298,15 +312,19 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
   const Phase ph = Phase::backward;
   kernels::Ops& o = *ops_;
   auto dw = [&](int i) { return grad(p, g, i); };
+  const BackwardScratch sc = backward_scratch(size_t(N), size_t(F), size_t(Q), size_t(KV));
+  const Tensor dh = dblock_.t.slice(sc.dh, size_t(N) * F), dy = dblock_.t.slice(sc.dy, size_t(N) * Q);
+  const Tensor dq = dblock_.t.slice(sc.dq, size_t(N) * Q), dk = dblock_.t.slice(sc.dk, size_t(N) * KV);
+  const Tensor dv = dblock_.t.slice(sc.dv, size_t(N) * KV);
 
   // x_out = x_mid + down_proj(h): the residual passes dresid_ to both.
-  o.zero(dh_.t);
+  o.zero(dh);
   timed(
       "down_proj", ph, 2 * linear_flops(N, F, C),
-      [&] { o.linear_backward(dh_.t, dw(kWDown), dresid_.t, a.h.t, weight(p, kWDown), N, F, C); }, N, F, C);
+      [&] { o.linear_backward(dh, dw(kWDown), dresid_.t, a.h.t, weight(p, kWDown), N, F, C); }, N, F, C);
   // In place: each element's gate and up are read before its dgate and dup are written, and nothing
   // after this reads the saved gate or up (a checkpointed block recomputes them).
-  timed("swiglu", ph, 0, [&] { o.swiglu_backward(a.gate.t, a.up.t, dh_.t, a.gate.t, a.up.t); });
+  timed("swiglu", ph, 0, [&] { o.swiglu_backward(a.gate.t, a.up.t, dh, a.gate.t, a.up.t); });
   Tensor dgate = a.gate.t, dup = a.up.t;
   o.zero(dxn_.t);
   timed(
@@ -319,27 +337,27 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
     o.rmsnorm_backward(dresid_.t, dw(kFfnNorm), dxn_.t, a.x_mid.t, weight(p, kFfnNorm), a.rstd2.t, N, C);
   });
   // x_mid = x_in + o_proj(y).
-  o.zero(dy_.t);
+  o.zero(dy);
   timed(
       "o_proj", ph, 2 * linear_flops(N, Q, C),
-      [&] { o.linear_backward(dy_.t, dw(kWo), dresid_.t, a.y.t, weight(p, kWo), N, Q, C); }, N, Q, C);
+      [&] { o.linear_backward(dy, dw(kWo), dresid_.t, a.y.t, weight(p, kWo), N, Q, C); }, N, Q, C);
   timed("attention", ph, 2 * attention_flops(B, T, NH, D), [&] {
-    o.attention_backward(dq_.t, dk_.t, dv_.t, datt_.t, dy_.t, a.q.t, a.k.t, a.v.t, a.att.t, B, T, NH, NKV, D);
+    o.attention_backward(dq, dk, dv, datt_.t, dy, a.q.t, a.k.t, a.v.t, a.att.t, B, T, NH, NKV, D);
   });
   timed("rope", ph, 0, [&] {
-    o.rope_backward(dq_.t, dq_.t, rope_cos_.t, rope_sin_.t, B, T, NH, D);
-    o.rope_backward(dk_.t, dk_.t, rope_cos_.t, rope_sin_.t, B, T, NKV, D);
+    o.rope_backward(dq, dq, rope_cos_.t, rope_sin_.t, B, T, NH, D);
+    o.rope_backward(dk, dk, rope_cos_.t, rope_sin_.t, B, T, NKV, D);
   });
   o.zero(dxn_.t);
   timed(
       "q_proj", ph, 2 * linear_flops(N, C, Q),
-      [&] { o.linear_backward(dxn_.t, dw(kWq), dq_.t, a.xn1.t, weight(p, kWq), N, C, Q); }, N, C, Q);
+      [&] { o.linear_backward(dxn_.t, dw(kWq), dq, a.xn1.t, weight(p, kWq), N, C, Q); }, N, C, Q);
   timed(
       "k_proj", ph, 2 * linear_flops(N, C, KV),
-      [&] { o.linear_backward(dxn_.t, dw(kWk), dk_.t, a.xn1.t, weight(p, kWk), N, C, KV); }, N, C, KV);
+      [&] { o.linear_backward(dxn_.t, dw(kWk), dk, a.xn1.t, weight(p, kWk), N, C, KV); }, N, C, KV);
   timed(
       "v_proj", ph, 2 * linear_flops(N, C, KV),
-      [&] { o.linear_backward(dxn_.t, dw(kWv), dv_.t, a.xn1.t, weight(p, kWv), N, C, KV); }, N, C, KV);
+      [&] { o.linear_backward(dxn_.t, dw(kWv), dv, a.xn1.t, weight(p, kWv), N, C, KV); }, N, C, KV);
   timed("attn_norm", ph, 0, [&] {
     o.rmsnorm_backward(dresid_.t, dw(kAttnNorm), dxn_.t, x_in, weight(p, kAttnNorm), a.rstd1.t, N, C);
   });

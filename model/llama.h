@@ -116,6 +116,13 @@ class LlamaModel {
   void block_forward(const ChunkView& p, kernels::Tensor x_in, kernels::Tensor x_out, BlockActs& a,
                      Phase phase);
   void block_backward(const ChunkView& p, float* g, kernels::Tensor x_in, BlockActs& a);
+  // Where dh, dy, dq, dk and dv sit in dblock_ (element offsets, each rounded up to 128
+  // elements: 512 bytes in fp32, 256 in bf16, the alignment the cuBLASLt and cuDNN paths want), and the
+  // region's size.
+  struct BackwardScratch {
+    size_t dh = 0, dy = 0, dq = 0, dk = 0, dv = 0, numel = 0;
+  };
+  static BackwardScratch backward_scratch(size_t N, size_t F, size_t Q, size_t KV);
   void head_forward_logits(kernels::Tensor w_head, kernels::Tensor x);
   void check_layout(const ChunkProvider& chunks) const;
   // Chunk tensor `index` as the ops see it, and its fp32 gradient in `g`.
@@ -152,10 +159,10 @@ class LlamaModel {
   Buf losses_, loss_;            // (N), (1) fp32: cross-entropy per row and mean
   // Backward scratch.
   Buf dresid_, dxn_;  // (N, C)
-  Buf dh_;       // (N, F); the SwiGLU backward writes dgate and dup over the saved gate and up (dead by then)
-  Buf dy_, dq_;  // (N, Hq*D)
-  Buf dk_, dv_;  // (N, Hkv*D)
-  Buf datt_;     // attention backward scratch, fp32
+  // One region for the block's two backward phases, which never overlap (backward_scratch()): the MLP's
+  // dh (N, F), then the attention's dy (N, Hq*D), dq (N, Hq*D), dk and dv (N, Hkv*D).
+  Buf dblock_;
+  Buf datt_;  // attention backward scratch, fp32
 };
 
 }  // namespace strata::model

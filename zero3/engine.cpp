@@ -226,10 +226,11 @@ void Engine::Impl::plan_memory() {
     add(homes.master, n * 4);
     for (int i = 0; i < n_states; ++i) add(homes.optim, n * 4);
   }
-  // The working set: persistent chunks stay gathered all pass; besides them the model holds one chunk
-  // with its gradient buffer (the gradient buffer also of a persistent chunk), or — tied embeddings — the
-  // head's and the embedding's together while the head runs.
-  auto held = [&](const ChunkSlot& s) { return (s.persistent ? 0 : s.gather_block) + s.grad_block; };
+  // The working set: what the model holds at once — one chunk with its gradient buffer, or (tied
+  // embeddings) the head's and the embedding's together while the head runs. Persistent chunks (below
+  // stage3_param_persistence_threshold) are kept after release whatever their reuse distance, but in the
+  // cache: they give way to the working set like any kept chunk (Note [Device room]).
+  auto held = [&](const ChunkSlot& s) { return s.gather_block + s.grad_block; };
   std::uint64_t most = 0;
   for (const ChunkSlot& s : slots) {
     if (s.persistent) persistent_bytes += s.gather_block, ++persistent_chunks;
@@ -239,7 +240,7 @@ void Engine::Impl::plan_memory() {
   if (mcfg.tie_embeddings && layout.head_chunk() != layout.embedding_chunk())
     most = std::max(most, held(slots[std::size_t(layout.head_chunk())]) +
                               held(slots[std::size_t(layout.embedding_chunk())]));
-  plan.device_working_set = persistent_bytes + most;
+  plan.device_working_set = most;
   planned_seq_len = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
   plan.device_activations = model::LlamaModel::activation_bytes(
       mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len, opts.checkpoint_activations, *ops);
@@ -306,26 +307,18 @@ void Engine::Impl::check_fits() const {
       todo +=
           "set zero_optimization.offload_optimizer.device and offload_param.device to \"cpu\" or \"nvme\" "
           "(configs/zero3_cpu.json, configs/zero3_nvme.json), ";
-    if (persistent_chunks > 0)
-      todo += cat("lower zero_optimization.stage3_param_persistence_threshold (now ",
-                  z.stage3_param_persistence_threshold, " elements) so that fewer chunks stay gathered, ");
-    throw OutOfMemory(
-        cat("the model does not fit the device: ", mcfg.name, " (", mcfg.num_parameters(),
-            " parameters) needs ", gib(need), " on the device — ", gib(plan.device_state),
-            " of state (offload_param.device = ", offload_name(z.offload_param.device),
-            ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device),
-            ") and a working set of ", gib(plan.device_working_set), " (the largest chunk gathered in ",
-            dtype_name(act), " with its fp32 gradient buffer",
-            persistent_chunks > 0
-                ? cat(", and ", persistent_chunks, " persistent chunk", persistent_chunks > 1 ? "s" : "",
-                      " of ", gib(persistent_bytes), " below stage3_param_persistence_threshold")
-                : std::string(),
-            "), and ", gib(plan.device_activations), " of activations for a micro-batch of ",
-            cfg.train_micro_batch_size_per_gpu, " x ", planned_seq_len, " tokens — and the device has ",
-            gib(caps.capacity), " (", caps.name, "). To fit, ", todo,
-            "lower train_micro_batch_size_per_gpu or the sequence length (--seq-len), "
-            "or raise strata.device_memory_cap (--device-memory-cap) to at least ",
-            need, " bytes (docs/train.md, \"Device memory\")"));
+    throw OutOfMemory(cat(
+        "the model does not fit the device: ", mcfg.name, " (", mcfg.num_parameters(), " parameters) needs ",
+        gib(need), " on the device — ", gib(plan.device_state),
+        " of state (offload_param.device = ", offload_name(z.offload_param.device),
+        ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ") and a working set of ",
+        gib(plan.device_working_set), " (the largest chunk gathered in ", dtype_name(act),
+        " with its fp32 gradient buffer), and ", gib(plan.device_activations),
+        " of activations for a micro-batch of ", cfg.train_micro_batch_size_per_gpu, " x ", planned_seq_len,
+        " tokens — and the device has ", gib(caps.capacity), " (", caps.name, "). To fit, ", todo,
+        "lower train_micro_batch_size_per_gpu or the sequence length (--seq-len), "
+        "or raise strata.device_memory_cap (--device-memory-cap) to at least ",
+        need, " bytes (docs/train.md, \"Device memory\")"));
   }
   // On the host backend the device is host memory too.
   const std::uint64_t ram = physical_memory();
@@ -489,6 +482,12 @@ void Engine::Impl::init_chunks() {
                   " chunks, ", groups.size(), " optimizer sub-group", groups.size() > 1 ? "s" : "", ") on ",
                   dev->caps().name, ": state ", gib(plan.device_state), " device, ", gib(plan.pinned_state),
                   " pinned host, ", gib(plan.nvme_state), " NVMe");
+  if (persistent_bytes > plan.device_cache)
+    STRATA_LOG_INFO("zero3: the device's chunk cache (", gib(plan.device_cache), ") cannot keep the ",
+                    persistent_chunks, " chunk", persistent_chunks > 1 ? "s" : "",
+                    " below stage3_param_persistence_threshold (", gib(persistent_bytes),
+                    ") gathered: they are gathered again when the room is needed; a device cap of ",
+                    dev->caps().capacity - plan.device_cache + persistent_bytes, " bytes keeps them");
 }
 
 std::vector<tiering::TensorId> Engine::Impl::optimizer_tensors(const ChunkSlot& s) const {

@@ -4,10 +4,10 @@
 // Note [Device room]: the device holds the state the config puts there, the working set and the chunk
 // cache (MemoryPlan; the formula is in docs/train.md, "Device memory"). Every device byte is counted as
 // the allocator's block (exact segments, so no fragmentation can refuse what the count allows).
-//   - working set: what the model holds — acquired chunks and their gradient buffers — plus persistent
-//     chunks (below stage3_param_persistence_threshold), which stay gathered for the whole pass;
+//   - working set: what the model holds — acquired chunks and their gradient buffers;
 //   - cache: gathered chunks not held: released ones kept for reuse (stage3_max_reuse_distance,
-//     stage3_max_live_parameters) and prefetches, in flight or arrived. It never exceeds plan.device_cache.
+//     stage3_max_live_parameters, and every chunk below stage3_param_persistence_threshold) and
+//     prefetches, in flight or arrived. It never exceeds plan.device_cache.
 // A demand allocation (the chunk being acquired, a gradient buffer) may drop any cached chunk, the one
 // used furthest in the future first (in flight ones after their copy ends). A prefetch must fit the
 // cache's budget and may drop only chunks used after the use it is for; otherwise it is declined. A
@@ -91,8 +91,7 @@ prefetch::Residency Engine::Impl::residency(int c) {
 }
 
 bool Engine::Impl::cached(const ChunkSlot& s) const {
-  return !s.persistent && s.id != acquiring &&
-         (s.g == ChunkSlot::Gather::ready || s.g == ChunkSlot::Gather::in_flight);
+  return s.id != acquiring && (s.g == ChunkSlot::Gather::ready || s.g == ChunkSlot::Gather::in_flight);
 }
 
 std::uint64_t Engine::Impl::cache_bytes() const {
@@ -162,8 +161,7 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
   }
   // A prefetch goes into the cache: it must fit the cache's budget, making room only by dropping chunks
   // used after it. A demand fetch is for a chunk about to be held (the working set).
-  if (!demand && !s.persistent && !fit_cache(s.gather_block, std::max<std::int64_t>(0, next_use(s))))
-    return false;
+  if (!demand && !fit_cache(s.gather_block, std::max<std::int64_t>(0, next_use(s)))) return false;
   void* g = device_alloc(s.gathered, demand);
   if (!g) return false;
   s.gptr = g;
@@ -313,7 +311,7 @@ void Engine::Impl::release(int c) {
   }
   // Kept for reuse, it joins the cache, which must stay within its budget: the chunks used furthest in
   // the future leave first (this one, if its reuse is the furthest).
-  if (!s.persistent) fit_cache(0, -1);
+  fit_cache(0, -1);
 }
 
 float* Engine::Impl::acquire_grads(int c) {

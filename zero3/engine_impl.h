@@ -40,7 +40,9 @@ struct ChunkSlot {
   std::size_t numel = 0;    // gathered elements (padded_numel)
   comm::ShardRange shard;   // this rank's slice of the chunk
   tiering::ShardTensors t;  // param (working dtype), grad, master, exp_avg, exp_avg_sq (fp32)
-  bool persistent = false;  // below stage3_param_persistence_threshold: stays gathered across passes
+  // Below stage3_param_persistence_threshold: kept gathered after release whatever its reuse distance
+  // (in the cache, which gives way to what the model holds: Note [Device room]).
+  bool persistent = false;
   // Device budget bytes (allocator blocks) of its gathered copy (activation dtype) and gradient buffer
   // (fp32).
   std::uint64_t gather_block = 0, grad_block = 0;
@@ -101,8 +103,8 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void finish_fetch(ChunkSlot& s);
   void drop_gathered(ChunkSlot& s);
   void drop_all_gathered();
-  // The chunk cache (Note [Device room] in engine_chunks.cpp): gathered chunks neither held nor
-  // persistent, ready or in flight, and the device bytes they take.
+  // The chunk cache (Note [Device room] in engine_chunks.cpp): gathered chunks not held, ready or in
+  // flight, and the device bytes they take.
   bool cached(const ChunkSlot& s) const;
   std::uint64_t cache_bytes() const;
   // The trace position of the next acquire of `s` not yet made in this pass; -1: none (or unknown).

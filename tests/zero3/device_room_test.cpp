@@ -18,7 +18,7 @@ using test::make_tokens;
 using test::ScratchDir;
 
 // Ten blocks of 213,248 parameters (833 KiB gathered: they come and go under DeepSpeed's default
-// persistence threshold) and a persistent embedding and head.
+// persistence threshold) and an embedding and head below it (kept gathered while the cache has room).
 model::ModelConfig deep_model() {
   return test::block_model("device-room-test", 10);
 }
@@ -78,13 +78,13 @@ struct Outcome {
 constexpr int kSteps = 10;
 constexpr int kSeqLen = 16;
 
-Outcome train(const Config& cfg, const model::ModelConfig& mcfg, const std::string& tokens,
-              std::uint64_t cap) {
+Outcome train(const Config& cfg, const model::ModelConfig& mcfg, const std::string& tokens, std::uint64_t cap,
+              int seq_len = kSeqLen) {
   kernels::cpu::set_blas_threads(1);
-  Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = cap, .seq_len = kSeqLen});
+  Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = cap, .seq_len = seq_len});
   model::TokenFile file = model::TokenFile::open(tokens);
   model::DataLoader data(file,
-                         {.batch_size = 1, .seq_len = kSeqLen, .seed = 3, .vocab_size = mcfg.vocab_size});
+                         {.batch_size = 1, .seq_len = seq_len, .seed = 3, .vocab_size = mcfg.vocab_size});
   model::LlamaModel m(mcfg, engine.model_options());
   Outcome o;
   for (int i = 0; i < kSteps; ++i) {
@@ -107,17 +107,18 @@ MemoryPlan unconstrained_plan(const Config& cfg, const model::ModelConfig& mcfg)
   return engine.plan();
 }
 
-// The device bytes of one block's gathered copy, and of all gathered chunks that are not persistent.
+// The device bytes of one block's gathered copy, and of all chunks gathered at once (persistent ones
+// included: they are kept in the cache too).
 struct Sizes {
   std::uint64_t block = 0, cacheable = 0;
 };
-Sizes sizes(const Config& cfg, const model::ModelConfig& mcfg) {
+Sizes sizes(const model::ModelConfig& mcfg) {
   model::ModelLayout layout(mcfg, {.tensor_align = 16, .chunk_multiple = 64});
   const tiering::AllocatorOptions da = tiering::device_allocator_options({});
   Sizes s;
   for (int c = 0; c < layout.num_chunks(); ++c) {
     const std::uint64_t b = tiering::CachingAllocator::block_bytes(da, layout.chunk(c).padded_numel * 4);
-    if (layout.chunk(c).numel >= cfg.zero_optimization.stage3_param_persistence_threshold) s.cacheable += b;
+    s.cacheable += b;
     s.block = std::max(s.block, b);
   }
   return s;
@@ -141,7 +142,7 @@ TEST_P(DeviceRoom, TrainsWithinTheCapWithTheUnconstrainedLosses) {
   const std::string tokens = make_tokens(d);
 
   const MemoryPlan p = unconstrained_plan(cfg, mcfg);
-  const Sizes sz = sizes(cfg, mcfg);
+  const Sizes sz = sizes(mcfg);
   const std::uint64_t min_cap = p.device_state + p.device_working_set + p.device_activations;
   ASSERT_GE(sz.cacheable, 2 * min_cap) << "the gathered chunks should be several times the smallest cap";
   const std::uint64_t cap = min_cap + (room == Room::none    ? 0
@@ -169,7 +170,7 @@ TEST_P(DeviceRoom, PrefetchesWithoutThrashing) {
   const model::ModelConfig mcfg = deep_model();
   const Config cfg = user_config(knobs, off, d.path());
   const MemoryPlan p = unconstrained_plan(cfg, mcfg);
-  const Sizes sz = sizes(cfg, mcfg);
+  const Sizes sz = sizes(mcfg);
   const std::uint64_t min_cap = p.device_state + p.device_working_set + p.device_activations;
   const std::uint64_t cap = min_cap + (room == Room::none    ? 0
                                        : room == Room::one   ? sz.block
@@ -214,6 +215,30 @@ TEST(DeviceRoom, OneByteBelowThePlanIsRefusedBeforeTraining) {
   EXPECT_THROW(Engine(cfg, mcfg, {.backend = "", .device_memory_cap = min_cap - 1, .seq_len = kSeqLen}),
                OutOfMemory);
   EXPECT_NO_THROW(Engine(cfg, mcfg, {.backend = "", .device_memory_cap = min_cap, .seq_len = kSeqLen}));
+}
+
+// The 10m preset (eight 6.75 MiB chunks gathered in fp32) with the stock configs/zero3_cpu.json — DeepSpeed's
+// default reuse distance and live-parameter budget, which keep every released chunk they can — at micro-batch
+// 1 x 32 tokens: from a 15 MiB cap, where only the chunk in use and its gradient buffer fit beside the
+// activations, to 48 MiB, where all but one chunk can stay gathered.
+TEST(DeviceRoom, TenMillionPresetTrainsAtEveryCapFrom15To48MiB) {
+  ScratchDir d("room-10m");
+  const model::ModelConfig mcfg = model::ModelConfig::preset("10m");
+  nlohmann::json j = read_json(std::string(STRATA_SOURCE_DIR) + "/configs/zero3_cpu.json");
+  j["train_micro_batch_size_per_gpu"] = 1;
+  j["gradient_accumulation_steps"] = 1;
+  j["strata"] = {{"backend", "host"}, {"seed", 5}, {"cpu_optim", {{"pin_threads", false}}}};
+  const Config cfg = Config::parse(nlohmann::json::parse(j.dump()));
+  const std::string tokens = make_tokens(d);
+  constexpr int kTokens = 32;
+  const Outcome free_run = train(cfg, mcfg, tokens, 0, kTokens);
+  for (std::uint64_t mib : {15, 16, 18, 20, 24, 28, 32, 40, 48}) {
+    const std::uint64_t cap = mib << 20;
+    SCOPED_TRACE("cap " + std::to_string(mib) + " MiB");
+    const Outcome o = train(cfg, mcfg, tokens, cap, kTokens);
+    EXPECT_EQ(o.losses, free_run.losses);
+    EXPECT_LE(o.device_total_peak, cap);
+  }
 }
 
 // State on the device (offload_param or offload_optimizer "none") shares the device with the working set

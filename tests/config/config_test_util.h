@@ -1,16 +1,15 @@
-// Helpers shared by the config tests: fixtures, scratch directories and error capture.
+// Helpers shared by the config tests: fixtures, the scratch directory (tests/common) and error capture.
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "core/config.h"
 #include "core/error.h"
+#include "tests/common/scratch_dir.h"
 
 namespace strata::testing {
 
@@ -25,16 +24,6 @@ inline nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << "cannot open " << path;
   return nlohmann::json::parse(in);
-}
-
-// A fresh directory under STRATA_TEST_TMPDIR (or the system temp dir), unique to this process and name.
-inline std::string scratch_dir(const std::string& name) {
-  const char* base = std::getenv("STRATA_TEST_TMPDIR");
-  std::filesystem::path dir = base && *base ? base : std::filesystem::temp_directory_path().string();
-  dir /= "config-" + std::to_string(::getpid()) + "-" + name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
 }
 
 inline std::string write_file(const std::string& path, const std::string& text) {

@@ -47,7 +47,8 @@ class ExampleConfigs : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ExampleConfigs, LoadWithoutWarnings) {
   nlohmann::json doc = testing::read_json(testing::source_path(std::string("configs/") + GetParam()));
-  std::string swap = testing::scratch_dir(std::string("example-") + GetParam());
+  test::ScratchDir dir("config");
+  const std::string& swap = dir.path();
   for (const char* off : {"offload_param", "offload_optimizer"})
     if (doc["zero_optimization"].contains(off) && doc["zero_optimization"][off]["device"] == "nvme")
       doc["zero_optimization"][off]["nvme_path"] = swap;  // the examples name /local_nvme

@@ -15,20 +15,22 @@ std::string load_error(const std::string& path) {
 }
 
 TEST(ConfigFile, MissingFileNamesThePathAndTheReason) {
-  std::string path = testing::scratch_dir("missing") + "/nope.json";
+  test::ScratchDir dir("config");
+  std::string path = dir.file("nope.json");
   std::string msg = load_error(path);
   EXPECT_TRUE(testing::contains(msg, path + ": cannot read the config file")) << msg;
   EXPECT_TRUE(testing::contains(msg, "No such file or directory")) << msg;
 }
 
 TEST(ConfigFile, DirectoryIsNotAConfigFile) {
-  std::string dir = testing::scratch_dir("dir-as-file");
-  std::string msg = load_error(dir);
-  EXPECT_TRUE(testing::contains(msg, dir + ": is a directory, not a JSON config file")) << msg;
+  test::ScratchDir dir("config");
+  std::string msg = load_error(dir.path());
+  EXPECT_TRUE(testing::contains(msg, dir.path() + ": is a directory, not a JSON config file")) << msg;
 }
 
 TEST(ConfigFile, MalformedJsonReportsLineAndColumn) {
-  std::string path = testing::scratch_dir("malformed") + "/bad.json";
+  test::ScratchDir dir("config");
+  std::string path = dir.file("bad.json");
   testing::write_file(path, "{\n  \"train_batch_size\": 8,\n  \"fp16\": {\"enabled\": true,}\n}\n");
   std::string msg = load_error(path);
   EXPECT_TRUE(testing::contains(msg, path + ": malformed JSON: parse error at line 3, column")) << msg;
@@ -36,7 +38,8 @@ TEST(ConfigFile, MalformedJsonReportsLineAndColumn) {
 }
 
 TEST(ConfigFile, ErrorsInsideTheFileArePrefixedWithItsPath) {
-  std::string path = testing::scratch_dir("bad-value") + "/stage.json";
+  test::ScratchDir dir("config");
+  std::string path = dir.file("stage.json");
   testing::write_file(path, R"({"train_batch_size": 8, "zero_optimization": {"stage": "three"}})");
   std::string msg = load_error(path);
   EXPECT_EQ(msg.rfind(path + ": zero_optimization.stage: \"three\" is not an integer", 0), 0u) << msg;

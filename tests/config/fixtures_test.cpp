@@ -37,7 +37,8 @@ TEST(Fixtures, Zero3CpuOffloadParsesEveryKeyAndInfersAccumulation) {
 
 TEST(Fixtures, Zero3NvmeOffloadParsesWithAnExistingSwapDirectory) {
   nlohmann::json doc = testing::read_json(fixture_path("zero3_nvme_offload.json"));
-  std::string swap = testing::scratch_dir("fixture-nvme");
+  test::ScratchDir dir("config");
+  const std::string& swap = dir.path();
   doc["zero_optimization"]["offload_param"]["nvme_path"] = swap;
   doc["zero_optimization"]["offload_optimizer"]["nvme_path"] = swap;
   Config c = Config::parse(doc);

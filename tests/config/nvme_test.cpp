@@ -1,5 +1,6 @@
 // An nvme offload needs an existing, writable nvme_path; both offloads are checked the same way.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "config_test_util.h"
 
@@ -18,7 +19,8 @@ class NvmePath : public ::testing::TestWithParam<const char*> {
 };
 
 TEST_P(NvmePath, WritableDirectoryIsAccepted) {
-  std::string dir = testing::scratch_dir(std::string("nvme-ok-") + GetParam());
+  test::ScratchDir scratch("config");
+  const std::string& dir = scratch.path();
   Config c = Config::parse(doc(dir));
   EXPECT_EQ(std::string(GetParam()) == "offload_param" ? c.zero_optimization.offload_param.nvme_path
                                                        : c.zero_optimization.offload_optimizer.nvme_path,
@@ -33,20 +35,23 @@ TEST_P(NvmePath, MissingKeyIsRequired) {
 }
 
 TEST_P(NvmePath, NonexistentDirectoryIsNamed) {
-  std::string dir = testing::scratch_dir(std::string("nvme-missing-") + GetParam()) + "/not/here";
+  test::ScratchDir scratch("config");
+  std::string dir = scratch.file("not/here");
   std::string msg = testing::parse_error(doc(dir));
   EXPECT_TRUE(testing::contains(msg, key() + ": \"" + dir + "\" does not exist")) << msg;
 }
 
 TEST_P(NvmePath, RegularFileIsNotADirectory) {
-  std::string file = testing::scratch_dir(std::string("nvme-file-") + GetParam()) + "/swap";
+  test::ScratchDir scratch("config");
+  std::string file = scratch.file("swap");
   testing::write_file(file, "x");
   std::string msg = testing::parse_error(doc(file));
   EXPECT_TRUE(testing::contains(msg, key() + ": \"" + file + "\" is not a directory")) << msg;
 }
 
 TEST_P(NvmePath, PathBelowAFileCannotBeUsed) {
-  std::string file = testing::scratch_dir(std::string("nvme-below-") + GetParam()) + "/swap";
+  test::ScratchDir scratch("config");
+  std::string file = scratch.file("swap");
   testing::write_file(file, "x");
   std::string msg = testing::parse_error(doc(file + "/dir"));
   EXPECT_TRUE(testing::contains(msg, key() + ": \"" + file + "/dir\" cannot be used")) << msg;
@@ -55,7 +60,8 @@ TEST_P(NvmePath, PathBelowAFileCannotBeUsed) {
 
 TEST_P(NvmePath, ReadOnlyDirectoryIsNotWritable) {
   if (::geteuid() == 0) GTEST_SKIP() << "running as root: permission bits do not deny root writes";
-  std::string dir = testing::scratch_dir(std::string("nvme-ro-") + GetParam());
+  test::ScratchDir scratch("config");
+  const std::string& dir = scratch.path();
   ASSERT_EQ(::chmod(dir.c_str(), 0555), 0);
   std::string msg = testing::parse_error(doc(dir));
   ::chmod(dir.c_str(), 0755);

@@ -111,7 +111,8 @@ TEST(ModelConfig, ReadsHuggingFaceConfigJson) {
 }
 
 TEST(ModelConfig, FromFileReadsOurKeys) {
-  std::string path = testing::scratch_path("tiny_config.json");
+  test::ScratchDir dir("model");
+  std::string path = dir.file("tiny_config.json");
   json j = ModelConfig::preset("tiny").to_json();
   j["name"] = "mine";
   std::ofstream(path) << j.dump(2);

@@ -38,8 +38,8 @@ class TokenFileTest : public ::testing::TestWithParam<FileCase> {};
 TEST_P(TokenFileTest, WrittenTokensReadBackExactly) {
   const auto [type, header] = GetParam();
   std::vector<uint32_t> tokens = iota_tokens(1001, type == TokenType::u16 ? 65536u : 4000000000u);
-  std::string path = testing::scratch_path(std::string("tokens_") + (type == TokenType::u16 ? "u16" : "u32") +
-                                           (header ? "_hdr" : "_flat") + ".bin");
+  test::ScratchDir dir("model");
+  std::string path = dir.file("tokens.bin");
   write_token_file(path, tokens, type, header);
   TokenFile f = TokenFile::open(path, type);
   EXPECT_EQ(f.has_llmc_header(), header);
@@ -65,7 +65,8 @@ TEST(TokenFile, ReadsAnLlmcFileWrittenByHand) {
   std::vector<int32_t> header(256, 0);
   header[0] = 20240520, header[1] = 1, header[2] = 3;
   std::vector<uint16_t> toks = {50256, 7, 65535};
-  std::string path = testing::scratch_path("llmc_by_hand.bin");
+  test::ScratchDir dir("model");
+  std::string path = dir.file("llmc_by_hand.bin");
   {
     std::ofstream out(path, std::ios::binary);
     out.write(reinterpret_cast<const char*>(header.data()), 1024);
@@ -82,7 +83,8 @@ TEST(TokenFile, BadFilesAreRejectedNamingThePath) {
   std::vector<int32_t> header(256, 0);
   header[0] = 20240520, header[1] = 1, header[2] = 10;  // claims 10 tokens, holds 2
   std::vector<uint16_t> toks = {1, 2};
-  std::string path = testing::scratch_path("llmc_truncated.bin");
+  test::ScratchDir dir("model");
+  std::string path = dir.file("llmc_truncated.bin");
   {
     std::ofstream out(path, std::ios::binary);
     out.write(reinterpret_cast<const char*>(header.data()), 1024);
@@ -99,12 +101,12 @@ TEST(TokenFile, BadFilesAreRejectedNamingThePath) {
   write_bytes(path, header.data(), 1024);
   EXPECT_THROW(TokenFile::open(path), ConfigError);
 
-  std::string odd = testing::scratch_path("odd.bin");
+  std::string odd = dir.file("odd.bin");
   write_bytes(odd, "abc", 3);
   EXPECT_THROW(TokenFile::open(odd, TokenType::u16), ConfigError);
-  EXPECT_THROW(TokenFile::open(testing::scratch_path("does_not_exist.bin")), IoError);
+  EXPECT_THROW(TokenFile::open(dir.file("does_not_exist.bin")), IoError);
   std::vector<uint32_t> big = {70000};
-  EXPECT_THROW(write_token_file(testing::scratch_path("big.bin"), big, TokenType::u16), ConfigError);
+  EXPECT_THROW(write_token_file(dir.file("big.bin"), big, TokenType::u16), ConfigError);
 }
 
 TEST(ByteTokenizer, AnyBytesRoundTrip) {
@@ -121,7 +123,8 @@ TEST(ByteTokenizer, AnyBytesRoundTrip) {
 }
 
 TEST(ByteTokenizer, TextFileBecomesAnLlmcTokenFile) {
-  std::string txt = testing::scratch_path("tok.txt"), bin = testing::scratch_path("tok.bin");
+  test::ScratchDir dir("model");
+  std::string txt = dir.file("tok.txt"), bin = dir.file("tok.bin");
   std::string text = testing::grammar_text(5000, 1);
   write_bytes(txt, text.data(), text.size());
   EXPECT_EQ(ByteTokenizer::text_file_to_tokens(txt, bin), text.size());
@@ -137,11 +140,12 @@ TEST(ByteTokenizer, TextFileBecomesAnLlmcTokenFile) {
 class SamplerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    path_ = testing::scratch_path("sampler.bin");
+    path_ = dir_.file("sampler.bin");
     std::vector<uint32_t> t(n_tokens_);
     for (size_t i = 0; i < t.size(); ++i) t[i] = uint32_t(i);
     write_token_file(path_, t, TokenType::u32);
   }
+  test::ScratchDir dir_{"model"};
   std::string path_;
   size_t n_tokens_ = 8 * 37 + 1;  // 37 samples of T = 8
 };
@@ -305,7 +309,7 @@ TEST_F(SamplerTest, APositionOfAnotherTokenFileIsRefused) {
   const DataPosition pos = a.position();
   std::vector<uint32_t> t(n_tokens_);
   for (size_t i = 0; i < t.size(); ++i) t[i] = uint32_t(i ^ 1);  // the same length, other tokens
-  const std::string other = testing::scratch_path("sampler-other.bin");
+  const std::string other = dir_.file("sampler-other.bin");
   write_token_file(other, t, TokenType::u32);
   TokenFile g = TokenFile::open(other);
   DataLoader b(g, o);

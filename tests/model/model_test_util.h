@@ -1,11 +1,7 @@
-// tests/model/model_test_util.h: helpers shared by the model tests — a scratch directory, deterministic
-// text, a tiny-model config, and an AdamW training step over InMemoryChunks.
+// tests/model/model_test_util.h: helpers shared by the model tests — the scratch directory (tests/common),
+// deterministic text, a tiny-model config, and an AdamW training step over InMemoryChunks.
 #pragma once
 
-#include <unistd.h>
-
-#include <cstdlib>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,18 +9,9 @@
 #include "kernels/cpu/ops.h"
 #include "model/chunk.h"
 #include "model/llama.h"
+#include "tests/common/scratch_dir.h"
 
 namespace strata::model::testing {
-
-// $STRATA_TEST_TMPDIR/model-<pid>/<name>, created if missing (falls back to the system temp dir).
-inline std::string scratch_path(const std::string& name) {
-  const char* env = std::getenv("STRATA_TEST_TMPDIR");
-  std::filesystem::path dir =
-      env && *env ? std::filesystem::path(env) : std::filesystem::temp_directory_path();
-  dir /= "model-" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
-}
 
 // Sentences drawn from a small grammar with a fixed seed: text with structure a model can learn.
 inline std::string grammar_text(size_t bytes, uint32_t seed) {

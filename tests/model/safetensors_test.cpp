@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -44,8 +45,8 @@ TEST_P(WeightsRoundTrip, SaveThenLoadIsBitExact) {
   InMemoryChunks src{ModelLayout(cfg, {16, 64})};
   src.init(21);
   make_representable(src, dtype);
-  std::string path = testing::scratch_path(std::string("weights_") + safetensors_dtype_name(dtype) +
-                                           (tied ? "_tied" : "") + ".safetensors");
+  test::ScratchDir dir("model");
+  std::string path = dir.file("weights.safetensors");
   save_weights(path, src, dtype, {{"step", "12"}});
 
   // Into a layout with other alignment: tensors land at other offsets, values must be identical.
@@ -78,7 +79,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, WeightsRoundTrip,
 
 // The bytes on disk follow the format: 8-byte LE length, JSON header padded to 8, tensors back to back.
 TEST(Safetensors, FileLayoutFollowsTheFormat) {
-  std::string path = testing::scratch_path("layout.safetensors");
+  test::ScratchDir dir("model");
+  std::string path = dir.file("layout.safetensors");
   std::vector<float> a = {1.0f, -2.0f, 3.5f}, b = {0.25f, 8.0f};
   SafetensorsWriter w(path, {{"a", DType::fp32, {3}}, {"b", DType::bf16, {1, 2}}});
   w.write_f32("a", a.data());
@@ -104,7 +106,8 @@ TEST(Safetensors, FileLayoutFollowsTheFormat) {
 
 // Weights are written as F32, BF16 or F16; a tensor declared as another dtype is refused up front.
 TEST(Safetensors, WriterRefusesNonFloatingPointDtypes) {
-  std::string path = testing::scratch_path("ids.safetensors");
+  test::ScratchDir dir("model");
+  std::string path = dir.file("ids.safetensors");
   EXPECT_THROW(SafetensorsWriter(path, {{"ids", DType::i32, {4}}}), Error);
 }
 
@@ -121,7 +124,8 @@ TEST(Safetensors, ReadsAFileWrittenByHand) {
   const auto* hp = reinterpret_cast<const unsigned char*>(halves);
   bytes.insert(bytes.end(), hp, hp + 4);
   bytes.insert(bytes.end(), 8, 0);
-  std::string path = testing::scratch_path("by_hand.safetensors");
+  test::ScratchDir dir("model");
+  std::string path = dir.file("by_hand.safetensors");
   std::ofstream(path, std::ios::binary)
       .write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
 
@@ -147,7 +151,8 @@ TEST(Safetensors, MissingTensorErrorNamesTheTensorAndTheFile) {
   tied.tie_embeddings = true;
   InMemoryChunks src{ModelLayout(tied)};
   src.init(1);
-  std::string path = testing::scratch_path("tied_only.safetensors");
+  test::ScratchDir dir("model");
+  std::string path = dir.file("tied_only.safetensors");
   save_weights(path, src, DType::fp32);
   InMemoryChunks dst{ModelLayout(untied)};
   try {
@@ -166,7 +171,8 @@ TEST(Safetensors, WrongShapeErrorNamesBothShapes) {
   wider.ffn_dim = 96;
   InMemoryChunks src{ModelLayout(wider)};
   src.init(1);
-  std::string path = testing::scratch_path("wider.safetensors");
+  test::ScratchDir dir("model");
+  std::string path = dir.file("wider.safetensors");
   save_weights(path, src, DType::bf16);
   InMemoryChunks dst{ModelLayout(cfg)};
   try {
@@ -185,7 +191,8 @@ TEST(Safetensors, TiedModelSkipsAnUntiedHead) {
   tied.tie_embeddings = true;
   InMemoryChunks src{ModelLayout(untied)};
   src.init(3);
-  std::string path = testing::scratch_path("untied_for_tied.safetensors");
+  test::ScratchDir dir("model");
+  std::string path = dir.file("untied_for_tied.safetensors");
   save_weights(path, src, DType::fp32);
   InMemoryChunks dst{ModelLayout(tied)};
   EXPECT_NO_THROW(load_weights(path, dst));
@@ -199,8 +206,7 @@ TEST(Safetensors, LoadsAShardedCheckpointThroughItsIndex) {
   InMemoryChunks src{ModelLayout(cfg)};
   src.init(8);
   const ModelLayout& layout = src.layout();
-  std::string dir = testing::scratch_path("sharded");
-  std::filesystem::create_directories(dir);
+  test::ScratchDir dir("model");
   json weight_map = json::object();
   for (int shard = 0; shard < 2; ++shard) {
     std::vector<SafetensorsWriter::Decl> decls;
@@ -212,22 +218,23 @@ TEST(Safetensors, LoadsAShardedCheckpointThroughItsIndex) {
           data.push_back(src.params(c.id) + t.offset);
         }
     std::string file = "model-0000" + std::to_string(shard + 1) + "-of-00002.safetensors";
-    SafetensorsWriter w(dir + "/" + file, decls);
+    SafetensorsWriter w(dir.file(file), decls);
     for (size_t i = 0; i < decls.size(); ++i) {
       w.write_f32(decls[i].name, data[i]);
       weight_map[decls[i].name] = file;
     }
     w.finish();
   }
-  std::ofstream(dir + "/model.safetensors.index.json")
+  std::ofstream(dir.file("model.safetensors.index.json"))
       << json{{"metadata", json::object()}, {"weight_map", weight_map}}.dump();
   InMemoryChunks dst{ModelLayout(cfg)};
-  load_weights(dir + "/model.safetensors.index.json", dst);
+  load_weights(dir.file("model.safetensors.index.json"), dst);
   EXPECT_EQ(std::memcmp(dst.all_params(), src.all_params(), layout.total_padded_numel() * 4), 0);
 }
 
 TEST(Safetensors, CorruptFilesAreRejected) {
-  std::string path = testing::scratch_path("corrupt.safetensors");
+  test::ScratchDir dir("model");
+  std::string path = dir.file("corrupt.safetensors");
   const unsigned char huge[8] = {0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0};
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(huge), 8);
   EXPECT_THROW(SafetensorsReader r(path), ConfigError);
@@ -249,8 +256,8 @@ TEST(Safetensors, CorruptFilesAreRejected) {
 }
 
 TEST(Safetensors, WriterRefusesOutOfOrderTensorsAndLeavesNoFile) {
-  std::string path = testing::scratch_path("unfinished.safetensors");
-  std::filesystem::remove(path);
+  test::ScratchDir dir("model");
+  std::string path = dir.file("unfinished.safetensors");
   std::vector<float> v(4, 1.0f);
   {
     SafetensorsWriter w(path, {{"a", DType::fp32, {4}}, {"b", DType::fp32, {4}}});

@@ -50,7 +50,8 @@ class TrainOnTextTest : public ::testing::TestWithParam<TrainCase> {};
 TEST_P(TrainOnTextTest, LossFallsOnByteLevelText) {
   const TrainCase& tc = GetParam();
   ModelConfig cfg = ModelConfig::preset(tc.preset);
-  const std::string bin = testing::scratch_path(std::string("grammar_") + tc.preset + ".bin");
+  test::ScratchDir dir("model");
+  const std::string bin = dir.file("grammar.bin");
   const std::string txt = bin + ".txt";
   {
     std::FILE* f = std::fopen(txt.c_str(), "wb");

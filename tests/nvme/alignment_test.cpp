@@ -15,7 +15,7 @@
 namespace strata::nvme {
 namespace {
 
-using test::TempDir;
+using test::ScratchDir;
 
 class Alignment : public ::testing::TestWithParam<Backend> {
  protected:
@@ -30,7 +30,7 @@ class Alignment : public ::testing::TestWithParam<Backend> {
 };
 
 TEST_P(Alignment, UnalignedWritesLeaveNeighbouringBytesUntouched) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   const std::string path = dir.file("n.bin");
   const std::size_t n = 64 << 10;
   auto before = test::random_bytes(n, 21);
@@ -57,11 +57,11 @@ TEST_P(Alignment, UnalignedWritesLeaveNeighbouringBytesUntouched) {
 }
 
 TEST_P(Alignment, MisalignedMemoryRoundTripsThroughBounceBuffers) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine(opts());
   File f = File::open(dir.file("b.bin"), OpenMode::create);
   if (!f.direct())
-    GTEST_SKIP() << "O_DIRECT is not in effect on " << dir.str() << ": no alignment to violate";
+    GTEST_SKIP() << "O_DIRECT is not in effect on " << dir.path() << ": no alignment to violate";
   const std::size_t n = 100'000;
   std::vector<std::uint8_t> src_store(n + 64), dst_store(n + 64);
   std::uint8_t* src = src_store.data() + 1;  // deliberately off any dio_mem_align
@@ -75,10 +75,10 @@ TEST_P(Alignment, MisalignedMemoryRoundTripsThroughBounceBuffers) {
 }
 
 TEST_P(Alignment, AlignedMemoryGoesDirectWithoutBounceBuffers) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine(opts());
   File f = File::open(dir.file("a.bin"), OpenMode::create);
-  if (!f.direct()) GTEST_SKIP() << "O_DIRECT is not in effect on " << dir.str();
+  if (!f.direct()) GTEST_SKIP() << "O_DIRECT is not in effect on " << dir.path();
   const std::size_t n = 256 << 10;
   void* p = nullptr;
   ASSERT_EQ(posix_memalign(&p, 4096, n), 0);
@@ -95,7 +95,7 @@ TEST_P(Alignment, AlignedMemoryGoesDirectWithoutBounceBuffers) {
 }
 
 TEST_P(Alignment, FixedBuffersCarryTheDataWhereTheBackendHasThem) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine(opts());
   if (!engine.caps().fixed_buffers) GTEST_SKIP() << to_string(GetParam()) << " has no fixed buffers";
   File f = File::open(dir.file("fx.bin"), OpenMode::create);
@@ -121,9 +121,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, Alignment, ::testing::ValuesIn(test::all_back
                          test::backend_param_name);
 
 TEST(DirectIo, AlignmentIsWhatStatxReports) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   File f = File::open(dir.file("q.bin"), OpenMode::create);
-  if (!f.direct()) GTEST_SKIP() << "O_DIRECT is not in effect on " << dir.str();
+  if (!f.direct()) GTEST_SKIP() << "O_DIRECT is not in effect on " << dir.path();
   struct statx sx {};
   ASSERT_EQ(::statx(AT_FDCWD, f.path().c_str(), 0, STATX_DIOALIGN, &sx), 0);
   if (!(sx.stx_mask & STATX_DIOALIGN))
@@ -139,7 +139,7 @@ int refuse_direct(const char*, int, mode_t) {
 }
 
 TEST(DirectIo, RefusedDirectFallsBackToBufferedWithOneWarningNamingThePath) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   detail::OpenFn previous = detail::exchange_direct_open(&refuse_direct);
   ::testing::internal::CaptureStderr();
   File a = File::open(dir.file("one.bin"), OpenMode::create);

@@ -20,7 +20,7 @@
 namespace strata::nvme {
 namespace {
 
-using test::TempDir;
+using test::ScratchDir;
 
 class Errors : public ::testing::TestWithParam<Backend> {
  protected:
@@ -34,7 +34,7 @@ class Errors : public ::testing::TestWithParam<Backend> {
 };
 
 TEST_P(Errors, ReadPastTheEndRaisesIoErrorNamingFileOffsetAndLength) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   auto content = test::random_bytes(10'000, 1);
   test::oracle_write(dir.file("short.bin"), content.data(), content.size(), 0);
   AioEngine engine(opts());
@@ -53,7 +53,7 @@ TEST_P(Errors, ReadPastTheEndRaisesIoErrorNamingFileOffsetAndLength) {
 }
 
 TEST_P(Errors, WriteThroughReadOnlyFileRaisesIoErrorWithErrnoTextAndEngineKeepsWorking) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   auto content = test::random_bytes(100'000, 2);
   test::oracle_write(dir.file("ro.bin"), content.data(), content.size(), 0);
   AioEngine engine(opts());
@@ -79,7 +79,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, Errors, ::testing::ValuesIn(test::all_backend
                          test::backend_param_name);
 
 TEST(UnwritablePath, OpeningUnderARegularFileRaisesIoErrorNamingThePath) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   std::ofstream(dir.file("plain")) << "x";
   const std::string path = dir.file("plain") + "/swap.bin";
   try {
@@ -93,7 +93,7 @@ TEST(UnwritablePath, OpeningUnderARegularFileRaisesIoErrorNamingThePath) {
 }
 
 TEST(UnwritablePath, SwapStoreOnAMissingDirectoryRaisesIoErrorNamingIt) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine;
   const std::string missing = dir.file("no/such/dir");
   try {
@@ -108,7 +108,7 @@ TEST(UnwritablePath, SwapStoreOnAMissingDirectoryRaisesIoErrorNamingIt) {
 
 TEST(UnwritablePath, SwapStoreOnAReadOnlyDirectoryRaisesIoError) {
   if (::geteuid() == 0) GTEST_SKIP() << "running as root, which ignores directory permission bits";
-  TempDir dir;
+  ScratchDir dir("nvme");
   const std::string ro = dir.file("ro");
   ASSERT_EQ(::mkdir(ro.c_str(), 0500), 0);
   AioEngine engine;
@@ -159,7 +159,7 @@ bool block_syscalls(bool io_uring, bool libaio) {
 
 TEST(BackendChoice, AutoFallsBackToLibaioWhenIoUringIsRefusedAndNamedIoUringRaises) {
   if (!backend_available(Backend::libaio)) GTEST_SKIP() << "libaio is unavailable here";
-  TempDir dir;
+  ScratchDir dir("nvme");
   const std::string path = dir.file("fallback.bin");
   test::ChildResult r = test::run_in_child([&] {
     if (!block_syscalls(true, false)) {
@@ -192,7 +192,7 @@ TEST(BackendChoice, AutoFallsBackToLibaioWhenIoUringIsRefusedAndNamedIoUringRais
 }
 
 TEST(BackendChoice, AutoFallsBackToPsyncWhenBothAsyncInterfacesAreRefused) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   const std::string path = dir.file("psync.bin");
   test::ChildResult r = test::run_in_child([&] {
     if (!block_syscalls(true, true)) {

@@ -15,7 +15,7 @@
 namespace strata::nvme {
 namespace {
 
-using test::TempDir;
+using test::ScratchDir;
 
 constexpr std::uint64_t kLimit = (2 << 20) + 8192;  // page-aligned, so O_DIRECT writes stop short, not EINVAL
 constexpr std::size_t kExtent = 300'001;            // odd: every extent has unaligned ends
@@ -70,7 +70,7 @@ class FullDisk : public ::testing::TestWithParam<Backend> {
 };
 
 TEST_P(FullDisk, WriteRaisesIoErrorAndEarlierExtentsReadBackIntact) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   const std::string path = dir.file("full.bin");
   AioOptions o = opts();
   test::ChildResult r = test::run_in_child([&] {
@@ -98,9 +98,9 @@ TEST_P(FullDisk, WriteRaisesIoErrorAndEarlierExtentsReadBackIntact) {
 }
 
 TEST_P(FullDisk, SwapStoreWriteFailsAndEarlierTensorsReadBackIntact) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioOptions o = opts();
-  const std::string nvme_path = dir.str();
+  const std::string nvme_path = dir.path();
   test::ChildResult r = test::run_in_child([&] {
     if (!limit_file_size()) return test::kChildSkip;
     AioEngine engine(o);
@@ -142,9 +142,9 @@ TEST_P(FullDisk, SwapStoreWriteFailsAndEarlierTensorsReadBackIntact) {
 }
 
 TEST_P(FullDisk, PreallocatingSwapStoreReportsFullAtAllocateAsOutOfMemory) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioOptions o = opts();
-  const std::string nvme_path = dir.str();
+  const std::string nvme_path = dir.path();
   test::ChildResult r = test::run_in_child([&] {
     if (!limit_file_size()) return test::kChildSkip;
     AioEngine engine(o);

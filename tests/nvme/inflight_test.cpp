@@ -14,7 +14,7 @@
 namespace strata::nvme {
 namespace {
 
-using test::TempDir;
+using test::ScratchDir;
 
 class InFlight : public ::testing::TestWithParam<Backend> {
  protected:
@@ -30,7 +30,7 @@ class InFlight : public ::testing::TestWithParam<Backend> {
 };
 
 TEST_P(InFlight, FiveHundredRequestsSubmittedBeforeAnyWaitAllLandAndReadBack) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine(opts(2));
   File f = File::open(dir.file("many.bin"), OpenMode::create);
   constexpr int kRequests = 512;
@@ -78,7 +78,7 @@ TEST_P(InFlight, FiveHundredRequestsSubmittedBeforeAnyWaitAllLandAndReadBack) {
 }
 
 TEST_P(InFlight, WaitAllCollectsEveryPendingRequestAndHandlesThenBecomeUnknown) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine(opts(1));
   File f = File::open(dir.file("all.bin"), OpenMode::create);
   auto content = test::random_bytes(300 * 4096, 5);
@@ -93,7 +93,7 @@ TEST_P(InFlight, WaitAllCollectsEveryPendingRequestAndHandlesThenBecomeUnknown) 
 }
 
 TEST_P(InFlight, SubmittersOnSeveralThreadsShareOneEngine) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine(opts(2));
   File f = File::open(dir.file("shared.bin"), OpenMode::create);
   constexpr int kThreads = 4, kEach = 64, kLen = 5000;

@@ -15,7 +15,7 @@
 namespace strata::nvme {
 namespace {
 
-using test::TempDir;
+using test::ScratchDir;
 
 enum class Faults { mixed, always_eagain };
 std::atomic<Faults> g_faults{Faults::mixed};
@@ -78,7 +78,7 @@ class Retry : public ::testing::Test {
 };
 
 TEST_F(Retry, InterruptedRefusedAndShortTransfersAreRetriedUntilEveryByteMoved) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine(opts());
   File f = File::open(dir.file("r.bin"), OpenMode::create, /*direct=*/false);
   const std::size_t n = 300'001;
@@ -97,7 +97,7 @@ TEST_F(Retry, InterruptedRefusedAndShortTransfersAreRetriedUntilEveryByteMoved) 
 
 TEST_F(Retry, AnEagainThatNeverClearsEndsAsIoErrorNamingTheErrno) {
   g_faults = Faults::always_eagain;
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine(opts());
   File f = File::open(dir.file("e.bin"), OpenMode::create, false);
   std::vector<std::uint8_t> buf(5000, 1);
@@ -114,7 +114,7 @@ TEST_F(Retry, AnEagainThatNeverClearsEndsAsIoErrorNamingTheErrno) {
 
 TEST(IoUringSqpoll, RoundTripsWithAKernelPollingThread) {
   STRATA_SKIP_IF_UNAVAILABLE(Backend::io_uring);
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioOptions o;
   o.backend = Backend::io_uring;
   o.sqpoll = true;

@@ -13,7 +13,7 @@
 namespace strata::nvme {
 namespace {
 
-using test::TempDir;
+using test::ScratchDir;
 
 struct Range {
   std::uint64_t off;
@@ -51,7 +51,7 @@ class RoundTrip : public ::testing::TestWithParam<std::tuple<Backend, bool>> {
 };
 
 TEST_P(RoundTrip, WritesAtOddSizesAndOffsetsReadBackIdenticallyThroughTheOracle) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine(small_blocks(backend(), direct()));
   File f = File::open(dir.file("data.bin"), OpenMode::create, direct());
   auto ranges = odd_ranges(1, 24, 300'000);
@@ -79,7 +79,7 @@ TEST_P(RoundTrip, WritesAtOddSizesAndOffsetsReadBackIdenticallyThroughTheOracle)
 }
 
 TEST_P(RoundTrip, ReadsAtOddSizesAndOffsetsMatchWhatTheOracleWrote) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   const std::size_t n = 3'000'001;
   auto content = test::random_bytes(n, 7);
   test::oracle_write(dir.file("data.bin"), content.data(), n, 0);
@@ -98,7 +98,7 @@ TEST_P(RoundTrip, ReadsAtOddSizesAndOffsetsMatchWhatTheOracleWrote) {
 }
 
 TEST_P(RoundTrip, RequestsSplitAcrossThreadsKeepEveryByte) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioOptions o = small_blocks(backend(), direct());
   o.intra_op_parallelism = 3;
   AioEngine engine(o);
@@ -127,7 +127,7 @@ class SubmitModes : public ::testing::TestWithParam<std::tuple<Backend, bool, bo
 TEST_P(SubmitModes, SingleSubmitAndLockStepCompletionMoveTheSameBytes) {
   auto [backend, single_submit, overlap] = GetParam();
   STRATA_SKIP_IF_UNAVAILABLE(backend);
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioOptions o = small_blocks(backend, true);
   o.queue_depth = 3;
   o.single_submit = single_submit;

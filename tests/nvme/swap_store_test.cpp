@@ -12,7 +12,7 @@ namespace strata::nvme {
 namespace {
 
 namespace fs = std::filesystem;
-using test::TempDir;
+using test::ScratchDir;
 
 // The run directory a crashed child printed as "run_dir=<path>".
 std::string run_dir_of(const std::string& output) {
@@ -35,9 +35,9 @@ class Swap : public ::testing::TestWithParam<Backend> {
 };
 
 TEST_P(Swap, TensorsOfOddSizesRoundTripByHandleWhileOthersAreFreedAndReplaced) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine(opts());
-  SwapStore store(engine, {.nvme_path = dir.str(), .capacity = 64 << 20, .grow_bytes = 4 << 20});
+  SwapStore store(engine, {.nvme_path = dir.path(), .capacity = 64 << 20, .grow_bytes = 4 << 20});
   std::mt19937_64 rng(8);
   std::vector<SwapExtent> ext;
   std::vector<std::vector<std::uint8_t>> data;
@@ -68,9 +68,9 @@ TEST_P(Swap, TensorsOfOddSizesRoundTripByHandleWhileOthersAreFreedAndReplaced) {
 }
 
 TEST_P(Swap, PartialReadsAndWritesStayInsideTheExtent) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine(opts());
-  SwapStore store(engine, {.nvme_path = dir.str()});
+  SwapStore store(engine, {.nvme_path = dir.path()});
   SwapExtent a = store.allocate(10'000), b = store.allocate(10'000);
   auto fa = test::random_bytes(10'000, 1), fb = test::random_bytes(10'000, 2),
        patch = test::random_bytes(333, 3);
@@ -90,9 +90,9 @@ TEST_P(Swap, PartialReadsAndWritesStayInsideTheExtent) {
 INSTANTIATE_TEST_SUITE_P(Backends, Swap, ::testing::ValuesIn(test::all_backends()), test::backend_param_name);
 
 TEST(SwapStore, SameSizedShardsReuseTheirHolesAndTheFileStopsGrowing) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine;
-  SwapStore store(engine, {.nvme_path = dir.str(), .grow_bytes = 1 << 20});
+  SwapStore store(engine, {.nvme_path = dir.path(), .grow_bytes = 1 << 20});
   const std::uint64_t shard = 3 * 4096 + 100;
   std::vector<SwapExtent> step;
   for (int i = 0; i < 32; ++i) step.push_back(store.allocate(shard));
@@ -111,9 +111,9 @@ TEST(SwapStore, SameSizedShardsReuseTheirHolesAndTheFileStopsGrowing) {
 }
 
 TEST(SwapStore, FragmentationIsReportedWhenHolesSplinter) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine;
-  SwapStore store(engine, {.nvme_path = dir.str(), .grow_bytes = 0});
+  SwapStore store(engine, {.nvme_path = dir.path(), .grow_bytes = 0});
   std::vector<SwapExtent> e;
   for (int i = 0; i < 8; ++i) e.push_back(store.allocate(4096));
   store.free(e[1]);
@@ -126,14 +126,14 @@ TEST(SwapStore, FragmentationIsReportedWhenHolesSplinter) {
 }
 
 TEST(SwapStore, RunDirectoryExistsWhileTheStoreLivesAndIsRemovedAfter) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine;
   std::string run;
   {
-    SwapStore store(engine, {.nvme_path = dir.str()});
+    SwapStore store(engine, {.nvme_path = dir.path()});
     run = store.run_dir();
     EXPECT_TRUE(fs::is_directory(run));
-    EXPECT_EQ(fs::path(run).parent_path(), fs::path(dir.str()));
+    EXPECT_EQ(fs::path(run).parent_path(), fs::path(dir.path()));
     SwapExtent e = store.allocate(5000);
     auto d = test::random_bytes(5000, 4);
     store.write(e, d.data());  // left pending on purpose: the destructor must wait for it
@@ -143,11 +143,11 @@ TEST(SwapStore, RunDirectoryExistsWhileTheStoreLivesAndIsRemovedAfter) {
 }
 
 TEST(SwapStore, LeftoversOfACrashedRunAreReportedAndRemovedButLiveOnesAreKept) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   // A run that dies without cleaning up: the child writes a tensor and exits skipping destructors.
   test::ChildResult crashed = test::run_in_child([&] {
     AioEngine engine;
-    auto* store = new SwapStore(engine, {.nvme_path = dir.str()});
+    auto* store = new SwapStore(engine, {.nvme_path = dir.path()});
     SwapExtent e = store->allocate(100'000);
     auto d = test::random_bytes(100'000, 5);
     store->wait(store->write(e, d.data()));
@@ -162,23 +162,23 @@ TEST(SwapStore, LeftoversOfACrashedRunAreReportedAndRemovedButLiveOnesAreKept) {
 
   AioEngine engine;
   ::testing::internal::CaptureStderr();
-  SwapStore live(engine, {.nvme_path = dir.str()});
+  SwapStore live(engine, {.nvme_path = dir.path()});
   std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_FALSE(fs::exists(leftover)) << "the next store under the same nvme_path must remove it";
   EXPECT_NE(log.find(leftover), std::string::npos) << "and say so: " << log;
   // Stores that are alive are not leftovers, whoever looks.
-  SwapStore second(engine, {.nvme_path = dir.str()});
-  LeftoverReport again = SwapStore::remove_leftovers(dir.str());
+  SwapStore second(engine, {.nvme_path = dir.path()});
+  LeftoverReport again = SwapStore::remove_leftovers(dir.path());
   EXPECT_TRUE(again.dirs.empty());
   EXPECT_TRUE(fs::is_directory(live.run_dir()));
   EXPECT_TRUE(fs::is_directory(second.run_dir()));
 }
 
 TEST(SwapStore, LeftoverReportNamesTheDirectoryAndItsSize) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   test::ChildResult crashed = test::run_in_child([&] {
     AioEngine engine;
-    auto* store = new SwapStore(engine, {.nvme_path = dir.str(), .grow_bytes = 0});
+    auto* store = new SwapStore(engine, {.nvme_path = dir.path(), .grow_bytes = 0});
     SwapExtent e = store->allocate(40'000);
     auto d = test::random_bytes(40'000, 6);
     store->wait(store->write(e, d.data()));
@@ -190,7 +190,7 @@ TEST(SwapStore, LeftoverReportNamesTheDirectoryAndItsSize) {
   ASSERT_EQ(crashed.code, 0) << crashed.output;
   std::string leftover = run_dir_of(crashed.output);
   ::testing::internal::CaptureStderr();
-  LeftoverReport r = SwapStore::remove_leftovers(dir.str());
+  LeftoverReport r = SwapStore::remove_leftovers(dir.path());
   std::string log = ::testing::internal::GetCapturedStderr();
   ASSERT_EQ(r.dirs.size(), 1u);
   EXPECT_EQ(r.dirs[0], leftover);
@@ -200,25 +200,25 @@ TEST(SwapStore, LeftoverReportNamesTheDirectoryAndItsSize) {
 }
 
 TEST(SwapStore, CapacityBeyondTheFreeSpaceIsRefusedUpFrontNamingPathAndSizes) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine;
   const std::uint64_t huge = std::uint64_t(1) << 60;
   try {
-    SwapStore store(engine, {.nvme_path = dir.str(), .capacity = huge});
+    SwapStore store(engine, {.nvme_path = dir.path(), .capacity = huge});
     FAIL() << "no error";
   } catch (const OutOfMemory& e) {
     std::string m = e.what();
-    EXPECT_NE(m.find(dir.str()), std::string::npos) << m;
+    EXPECT_NE(m.find(dir.path()), std::string::npos) << m;
     EXPECT_NE(m.find(format_bytes(huge)), std::string::npos) << m;
     EXPECT_NE(m.find("nvme_path"), std::string::npos) << m;
   }
-  EXPECT_TRUE(fs::is_empty(dir.str())) << "nothing may be left behind";
+  EXPECT_TRUE(fs::is_empty(dir.path())) << "nothing may be left behind";
 }
 
 TEST(SwapStore, AllocationsBeyondTheCapacityRaiseOutOfMemoryWithTheStoreState) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine;
-  SwapStore store(engine, {.nvme_path = dir.str(), .capacity = 1 << 20});
+  SwapStore store(engine, {.nvme_path = dir.path(), .capacity = 1 << 20});
   SwapExtent a = store.allocate(600'000);
   try {
     store.allocate(600'000);
@@ -233,9 +233,9 @@ TEST(SwapStore, AllocationsBeyondTheCapacityRaiseOutOfMemoryWithTheStoreState) {
 }
 
 TEST(SwapStore, FreeingTwiceOrUsingAFreedExtentIsRejected) {
-  TempDir dir;
+  ScratchDir dir("nvme");
   AioEngine engine;
-  SwapStore store(engine, {.nvme_path = dir.str()});
+  SwapStore store(engine, {.nvme_path = dir.path()});
   SwapExtent e = store.allocate(100);
   store.free(e);
   EXPECT_THROW(store.free(e), Error);

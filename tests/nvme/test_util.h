@@ -22,12 +22,7 @@
 
 namespace strata::nvme::test {
 
-// A fresh directory under $STRATA_TEST_TMPDIR (or /tmp)/nvme, named after the running test, removed at the
-// end.
-class TempDir : public strata::test::ScratchDir {
- public:
-  TempDir() : strata::test::ScratchDir("nvme") {}
-};
+using strata::test::ScratchDir;  // tests/common/scratch_dir.h; the nvme tests' area is "nvme"
 
 inline std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);

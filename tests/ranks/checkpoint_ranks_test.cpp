@@ -20,8 +20,7 @@ using test::Trainer;
 
 // A directory both jobs see: ranks_np2 saves there, ranks_np3 loads.
 std::string shared_dir() {
-  const char* root = std::getenv("STRATA_TEST_TMPDIR");
-  const std::string d = std::string(root && *root ? root : "/tmp") + "/ranks-reshard";
+  const std::string d = (strata::test::scratch_root() / "ranks-reshard").string();
   std::filesystem::create_directories(d);
   return d;
 }

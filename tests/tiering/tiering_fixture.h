@@ -47,13 +47,6 @@ inline std::string label(const char* prefix, int i, int j = -1) {
   return b;
 }
 
-// A fresh directory under $STRATA_TEST_TMPDIR (or /tmp)/tiering, named after the running test, removed at the
-// end.
-class ScratchDir : public strata::test::ScratchDir {
- public:
-  ScratchDir() : strata::test::ScratchDir("tiering") {}
-};
-
 struct RigOptions {
   std::uint64_t device_budget = 8 << 20;
   std::uint64_t pinned_budget = 8 << 20;
@@ -88,7 +81,7 @@ class TieringTest : public ::testing::TestWithParam<std::string> {
       engine = std::make_unique<nvme::AioEngine>(aio);
       swap = std::make_unique<nvme::SwapStore>(
           *engine,
-          nvme::SwapOptions{.nvme_path = dir.str(), .capacity = o.nvme_capacity, .grow_bytes = 4 << 20});
+          nvme::SwapOptions{.nvme_path = dir.path(), .capacity = o.nvme_capacity, .grow_bytes = 4 << 20});
     }
     TierOptions to;
     to.device_budget = o.device_budget;
@@ -139,7 +132,7 @@ class TieringTest : public ::testing::TestWithParam<std::string> {
     }
   }
 
-  ScratchDir dir;
+  strata::test::ScratchDir dir{"tiering"};
   std::unique_ptr<Device> dev;
   std::unique_ptr<nvme::AioEngine> engine;
   std::unique_ptr<nvme::SwapStore> swap;

@@ -233,11 +233,11 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(FindProgram, SearchesThePathInOrder) {
   test::ScratchDir dir("tools");
   std::ofstream(dir.file("tool")) << "#!/bin/sh\n";
-  EXPECT_EQ(find_program("tool", "/nonexistent:" + dir.str()), "");  // not executable
+  EXPECT_EQ(find_program("tool", "/nonexistent:" + dir.path()), "");  // not executable
   std::filesystem::permissions(dir.file("tool"), std::filesystem::perms::owner_exec,
                                std::filesystem::perm_options::add);
-  EXPECT_EQ(find_program("tool", "/nonexistent:" + dir.str()), dir.file("tool"));
-  EXPECT_EQ(find_program("no-such-tool", dir.str()), "");
+  EXPECT_EQ(find_program("tool", "/nonexistent:" + dir.path()), dir.file("tool"));
+  EXPECT_EQ(find_program("no-such-tool", dir.path()), "");
 }
 
 }  // namespace

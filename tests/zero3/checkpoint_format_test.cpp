@@ -10,14 +10,14 @@
 #include <vector>
 
 #include "core/error.h"
-#include "test_util.h"
+#include "tests/common/scratch_dir.h"
 #include "zero3/checkpoint.h"
 
 namespace strata::zero3 {
 namespace {
 
 namespace fs = std::filesystem;
-using test::ScratchDir;
+using strata::test::ScratchDir;
 
 std::vector<float> ramp(std::size_t n, float base) {
   std::vector<float> v(n);
@@ -47,7 +47,7 @@ TEST(CheckpointFormat, RoundTripThroughLatest) {
   ScratchDir d("ckfmt-rt");
   save(d.path(), "global_step3", 1.0f, 3);
   EXPECT_EQ(latest_tag(d.path()), "global_step3");
-  EXPECT_FALSE(fs::exists(d / "global_step3.tmp"));
+  EXPECT_FALSE(fs::exists(d.file("global_step3.tmp")));
   CheckpointReader r(d.path());
   EXPECT_EQ(r.tag(), "global_step3");
   EXPECT_EQ(r.meta().at("step"), 3);
@@ -72,16 +72,16 @@ TEST(CheckpointFormat, NewerTagMovesLatestAndSameTagIsReplaced) {
   std::vector<float> a(1000);
   r.read("chunk0.master", a.data(), 4000);
   EXPECT_EQ(a[0], 9.0f);
-  EXPECT_FALSE(fs::exists(d / "global_step2.old"));
+  EXPECT_FALSE(fs::exists(d.file("global_step2.old")));
 }
 
 // A save killed part-way leaves TAG.tmp; the next save removes it (every .tmp of the directory).
 TEST(CheckpointFormat, ThePartialDirectoryOfAKilledSaveGoesAtTheNextSave) {
   ScratchDir d("ckfmt-leftover");
-  fs::create_directories(d / "global_step7.tmp");
-  std::ofstream(d / "global_step7.tmp/rank0.shard") << "partial";
+  fs::create_directories(d.file("global_step7.tmp"));
+  std::ofstream(d.file("global_step7.tmp/rank0.shard")) << "partial";
   save(d.path(), "global_step8", 1.0f, 8);
-  EXPECT_FALSE(fs::exists(d / "global_step7.tmp"));
+  EXPECT_FALSE(fs::exists(d.file("global_step7.tmp")));
   EXPECT_EQ(latest_tag(d.path()), "global_step8");
 }
 
@@ -90,7 +90,7 @@ TEST(CheckpointFormat, ThePartialDirectoryOfAKilledSaveGoesAtTheNextSave) {
 TEST(CheckpointFormat, AnInterruptedReplacementLoadsTheOldCopy) {
   ScratchDir d("ckfmt-old");
   save(d.path(), "global_step2", 2.0f, 2);
-  fs::rename(d / "global_step2", d / "global_step2.old");
+  fs::rename(d.file("global_step2"), d.file("global_step2.old"));
   CheckpointReader r(d.path());
   EXPECT_EQ(r.meta().at("step"), 2);
   std::vector<float> a(1000);
@@ -106,8 +106,8 @@ TEST(CheckpointFormat, AbandonedWriterLeavesNothingAndKeepsLatest) {
     float x = 1;
     w.add({.name = "t", .dtype = "fp32", .bytes = 4}, &x);
   }  // destroyed without commit (a crash or an exception while saving)
-  EXPECT_FALSE(fs::exists(d / "global_step2.tmp"));
-  EXPECT_FALSE(fs::exists(d / "global_step2"));
+  EXPECT_FALSE(fs::exists(d.file("global_step2.tmp")));
+  EXPECT_FALSE(fs::exists(d.file("global_step2")));
   EXPECT_EQ(latest_tag(d.path()), "global_step1");
 }
 
@@ -117,7 +117,7 @@ TEST(CheckpointFormat, CorruptTensorIsDetected) {
   CheckpointReader clean(d.path());
   const TensorRecord* rec = clean.find("chunk0.master");
   ASSERT_NE(rec, nullptr);
-  flip_byte(d / "global_step1/rank0.shard", rec->offset + 100);
+  flip_byte(d.file("global_step1/rank0.shard"), rec->offset + 100);
   CheckpointReader r(d.path());
   std::vector<float> a(1000), b(5);
   try {
@@ -133,7 +133,7 @@ TEST(CheckpointFormat, CorruptTensorIsDetected) {
 TEST(CheckpointFormat, CorruptHeaderOrTableIsDetected) {
   ScratchDir d("ckfmt-header");
   save(d.path(), "global_step1", 1.0f, 1);
-  const std::string file = d / "global_step1/rank0.shard";
+  const std::string file = d.file("global_step1/rank0.shard");
   flip_byte(file, 13);  // inside the header
   EXPECT_THROW(CheckpointReader r(d.path()), IoError);
   flip_byte(file, 13);  // restore
@@ -146,17 +146,17 @@ TEST(CheckpointFormat, CorruptHeaderOrTableIsDetected) {
 TEST(CheckpointFormat, TruncatedFileIsDetected) {
   ScratchDir d("ckfmt-trunc");
   save(d.path(), "global_step1", 1.0f, 1);
-  const std::string file = d / "global_step1/rank0.shard";
+  const std::string file = d.file("global_step1/rank0.shard");
   fs::resize_file(file, 5000);
   EXPECT_THROW(CheckpointReader r(d.path()), IoError);
 }
 
 TEST(CheckpointFormat, MissingOrForeignDirectoryIsAClearError) {
   ScratchDir d("ckfmt-missing");
-  EXPECT_THROW(CheckpointReader r(d / "nope"), IoError);
+  EXPECT_THROW(CheckpointReader r(d.file("nope")), IoError);
   EXPECT_THROW(CheckpointReader r(d.path()), IoError);  // no latest
-  fs::create_directories(d / "t1");
-  std::ofstream(d / "t1/meta.json") << R"({"format": "something else"})";
+  fs::create_directories(d.file("t1"));
+  std::ofstream(d.file("t1/meta.json")) << R"({"format": "something else"})";
   EXPECT_THROW(CheckpointReader r(d.path(), "t1"), ConfigError);
   EXPECT_THROW(CheckpointWriter w(d.path(), "bad/tag"), ConfigError);
 }

@@ -93,13 +93,13 @@ TEST_P(StateOnTheDevice, CheckpointResumesBitIdentically) {
     model::DataLoader data(file, dopt);
     model::LlamaModel m(mcfg, e.model_options());
     run(e, data, m, 2);
-    e.save_checkpoint(d / "ckpt", {}, &data);
+    e.save_checkpoint(d.file("ckpt"), {}, &data);
   }
   {
     Engine e(config(d), mcfg, by_ops());
     model::DataLoader data(file, dopt);
     model::LlamaModel m(mcfg, e.model_options());
-    e.load_checkpoint(d / "ckpt", "", &data);
+    e.load_checkpoint(d.file("ckpt"), "", &data);
     resumed = run(e, data, m, 2);
   }
   ASSERT_EQ(resumed.size(), 2u);

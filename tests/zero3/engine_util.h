@@ -1,5 +1,5 @@
-// Helpers for the engine tests: configs for each offload placement, a token file to train on, and short
-// training runs that return their per-step losses.
+// Helpers for the engine tests: the scratch directory (tests/common), configs for each offload placement, a
+// token file to train on, and short training runs that return their per-step losses.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,10 +12,12 @@
 #include "core/config.h"
 #include "kernels/cpu/ops.h"
 #include "model/model.h"
-#include "test_util.h"
+#include "tests/common/scratch_dir.h"
 #include "zero3/engine.h"
 
 namespace strata::zero3::test {
+
+using strata::test::ScratchDir;  // tests/common/scratch_dir.h
 
 inline const char* name(OffloadDevice d) {
   return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
@@ -70,7 +72,7 @@ inline std::string make_tokens(const ScratchDir& d, std::size_t n = 20000) {
   const std::string phrase = "the quick brown fox jumps over the lazy dog. strata trains big models. ";
   std::vector<std::uint32_t> t(n);
   for (std::size_t i = 0; i < n; ++i) t[i] = std::uint8_t(phrase[(i * 7 / 5 + i / 97) % phrase.size()]);
-  const std::string path = d / "tokens.bin";
+  const std::string path = d.file("tokens.bin");
   model::write_token_file(path, t, model::TokenType::u16);
   return path;
 }

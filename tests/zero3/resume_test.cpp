@@ -44,10 +44,10 @@ TEST_P(Resume, ContinuesWithBitIdenticalLosses) {
     std::vector<double> first = t.run(2);
     EXPECT_EQ(first[0], straight[0]);
     EXPECT_EQ(first[1], straight[1]);
-    t.engine.save_checkpoint(d / "ckpt", {{"epoch", 0}, {"note", "resume test"}}, &t.data);
+    t.engine.save_checkpoint(d.file("ckpt"), {{"epoch", 0}, {"note", "resume test"}}, &t.data);
   }
   Trainer t(make_config(resumed_with, resumed_with, d.path(), schedule()), tokens);
-  nlohmann::json client = t.engine.load_checkpoint(d / "ckpt", "", &t.data);
+  nlohmann::json client = t.engine.load_checkpoint(d.file("ckpt"), "", &t.data);
   EXPECT_EQ(client.at("note"), "resume test");
   EXPECT_EQ(t.engine.global_step(), 2);
   std::vector<double> rest = t.run(3);
@@ -73,9 +73,9 @@ TEST(Resume, DamagedCheckpointFailsToLoad) {
   {
     Trainer t(make_config(OffloadDevice::nvme, OffloadDevice::nvme, d.path()), tokens);
     t.run(1);
-    path = t.engine.save_checkpoint(d / "ckpt", {}, &t.data);
+    path = t.engine.save_checkpoint(d.file("ckpt"), {}, &t.data);
   }
-  CheckpointReader r(d / "ckpt");
+  CheckpointReader r(d.file("ckpt"));
   const TensorRecord* rec = r.find("block.0.exp_avg_sq");
   ASSERT_NE(rec, nullptr);
   int fd = ::open((path + "/rank0.shard").c_str(), O_RDWR);
@@ -85,7 +85,7 @@ TEST(Resume, DamagedCheckpointFailsToLoad) {
   ::close(fd);
   Trainer t(make_config(OffloadDevice::nvme, OffloadDevice::nvme, d.path()), tokens);
   try {
-    t.engine.load_checkpoint(d / "ckpt");
+    t.engine.load_checkpoint(d.file("ckpt"));
     FAIL() << "a damaged checkpoint loaded";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("block.0.exp_avg_sq"), std::string::npos) << e.what();
@@ -100,7 +100,7 @@ TEST(Resume, AChangedDigitInTheMetadataIsFound) {
   {
     Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), tokens);
     t.run(1);
-    path = t.engine.save_checkpoint(d / "ckpt", {}, &t.data);
+    path = t.engine.save_checkpoint(d.file("ckpt"), {}, &t.data);
   }
   std::string text;
   {
@@ -113,7 +113,7 @@ TEST(Resume, AChangedDigitInTheMetadataIsFound) {
   std::ofstream(path + "/meta.json") << text;
   Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), tokens);
   try {
-    t.engine.load_checkpoint(d / "ckpt");
+    t.engine.load_checkpoint(d.file("ckpt"));
     FAIL() << "a changed meta.json loaded";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("meta.json: checksum mismatch"), std::string::npos) << e.what();
@@ -129,12 +129,12 @@ TEST(Resume, AMissingShardFileIsNamed) {
   {
     Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), tokens);
     t.run(1);
-    path = t.engine.save_checkpoint(d / "ckpt", {}, &t.data);
+    path = t.engine.save_checkpoint(d.file("ckpt"), {}, &t.data);
   }
   ASSERT_EQ(std::remove((path + "/rank0.shard").c_str()), 0);
   Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), tokens);
   try {
-    t.engine.load_checkpoint(d / "ckpt");
+    t.engine.load_checkpoint(d.file("ckpt"));
     FAIL() << "a checkpoint without its shard file loaded";
   } catch (const IoError& e) {
     const std::string what = e.what();
@@ -149,19 +149,19 @@ TEST(Resume, OtherModelIsRejected) {
   const std::string tokens = make_tokens(d);
   {
     Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), tokens);
-    t.engine.save_checkpoint(d / "ckpt");
+    t.engine.save_checkpoint(d.file("ckpt"));
   }
   model::ModelConfig other = model::ModelConfig::preset("tiny");
   other.n_layers = 3;
   Engine e(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), other);
-  EXPECT_THROW(e.load_checkpoint(d / "ckpt"), ConfigError);
+  EXPECT_THROW(e.load_checkpoint(d.file("ckpt")), ConfigError);
 }
 
 TEST(Resume, WeightsExportToSafetensors) {
   ScratchDir d("resume-export");
   Trainer t(make_config(OffloadDevice::nvme, OffloadDevice::nvme, d.path()), make_tokens(d));
   t.run(2);
-  const std::string path = d / "model.safetensors";
+  const std::string path = d.file("model.safetensors");
   model::save_weights(path, t.engine, DType::bf16);
   // Read back into an in-memory model: every tensor equals the engine's master rounded to bf16.
   model::InMemoryChunks back{model::ModelLayout(t.mcfg)};
@@ -193,16 +193,16 @@ TEST(ResumeOptimizer, AdamWAndAdamInAdamWModeAreOneUpdate) {
   {
     Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path()), tokens);
     t.run(2);
-    t.engine.save_checkpoint(d / "ckpt", {}, &t.data);
+    t.engine.save_checkpoint(d.file("ckpt"), {}, &t.data);
   }
   {
     Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path(), adam_w), tokens);
-    t.engine.load_checkpoint(d / "ckpt", "", &t.data);
+    t.engine.load_checkpoint(d.file("ckpt"), "", &t.data);
     EXPECT_EQ(t.run(1)[0], straight[2]);
   }
   Trainer t(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path(), adam_l2), tokens);
   try {
-    t.engine.load_checkpoint(d / "ckpt", "", &t.data);
+    t.engine.load_checkpoint(d.file("ckpt"), "", &t.data);
     FAIL() << "an AdamW checkpoint loaded under Adam with adam_w_mode false";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("optimizer.type is Adam (adam_w_mode false)"), std::string::npos)

@@ -1,15 +1,17 @@
-// Streams and events: copies run in order and move bytes exactly; a copy overlaps the caller's work;
-// events order work across streams and threads.
+// Streams and events: copies run in order and move bytes exactly; events order work across streams and
+// threads. Work that must not have run yet is held by a gate (tests/common/stream_gate.h), not a sleep.
+// (How far a copy overlaps the caller's work is measured by bench/core/overlap_bench.)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <numeric>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "core/error.h"
+#include "tests/common/stream_gate.h"
 #include "tests/core/device_fixture.h"
 
 namespace strata::testing {
@@ -49,38 +51,48 @@ TEST_P(DeviceStream, EventsOrderWorkAcrossTwoStreams) {
   DeviceBuffer d(*dev, n);
   std::memset(out.data(), 0, n);
   auto a = dev->create_stream("a"), b = dev->create_stream("b");
-  auto filled = dev->create_event();
-  // Stream a: a slow step, then the fill; b must not read before the fill completes.
-  a->host_fn([] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); });
+  auto filled = dev->create_event(), read = dev->create_event();
+  test::StreamGate gate;
+  // Stream a: held at the gate, then the fill; b must not read before the fill completes.
+  a->host_fn(gate.wait_fn());
   std::memset(host.data(), 0x5a, n);
   a->copy_async(d.data(), host.data(), n, CopyKind::host_to_device);
   a->record(*filled);
-  EXPECT_FALSE(filled->query());  // the slow step is still running
   b->wait(*filled);
   b->copy_async(out.data(), d.data(), n, CopyKind::device_to_host);
+  b->record(*read);
+  EXPECT_FALSE(filled->query());  // a is held at the gate
+  EXPECT_FALSE(read->query());    // and b waits for a's fill
+  gate.open();
   b->synchronize();
   EXPECT_TRUE(filled->query());
+  EXPECT_TRUE(read->query());
   const auto* o = static_cast<const unsigned char*>(out.data());
   EXPECT_TRUE(std::all_of(o, o + n, [](unsigned char c) { return c == 0x5a; }));
 }
 
+// The other thread's synchronize() cannot return while the gate holds the stream (whatever the timing, so
+// the bounded wait below is only how long a wrong early return has to show), and returns after the work
+// before the event ran.
 TEST_P(DeviceStream, AnEventCanBeWaitedOnFromAnotherThread) {
   auto dev = open();
   auto s = dev->create_stream("s");
   auto e = dev->create_event();
+  test::StreamGate gate;
   std::atomic<bool> ran{false};
-  s->host_fn([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  s->host_fn([wait = gate.wait_fn(), &ran] {
+    wait();
     ran = true;
   });
   s->record(*e);
-  bool seen = false;
-  std::thread waiter([&] {
+  std::future<bool> seen = std::async(std::launch::async, [&] {
     e->synchronize();
-    seen = ran.load();
+    return ran.load();
   });
-  waiter.join();
-  EXPECT_TRUE(seen);
+  EXPECT_EQ(seen.wait_for(std::chrono::milliseconds(20)), std::future_status::timeout)
+      << "synchronize() returned while the stream was held";
+  gate.open();
+  EXPECT_TRUE(seen.get());
   s->synchronize();
 }
 

@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "kernels/cuda/ops.h"
+#include "tests/common/stream_gate.h"
 #include "tests/kernels/cuda_test_util.h"
 
 namespace strata::kernels::test {
@@ -23,17 +24,22 @@ using namespace std::chrono_literals;
 
 class CudaDevice : public CudaTest {};
 
+// The stream is held at a gate (tests/common/stream_gate.h), so the event cannot be complete while it is
+// queried.
 TEST_F(CudaDevice, EventQueryThatIsNotReadyLeavesNoErrorBehind) {
   auto s = device_->create_stream("s");
   auto e = device_->create_event();
-  s->host_fn([] { std::this_thread::sleep_for(200ms); });
+  strata::test::StreamGate gate;
+  s->host_fn(gate.wait_fn());
   s->record(*e);
   EXPECT_FALSE(e->query());
   EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
   DeviceBuffer<float> x(std::vector<float>{1.0f});
-  EXPECT_NO_THROW(kc::scale(x.get(), 2.0f, 1, stream_));  // STRATA_KERNEL_CHECK sees no stale error
+  kc::scale(x.get(), 2.0f, 1, stream_);  // STRATA_KERNEL_CHECK sees no stale error: no throw
+  gate.open();
   e->synchronize();
   EXPECT_TRUE(e->query());
+  EXPECT_EQ(x.download(), std::vector<float>{2.0f});
 }
 
 TEST_F(CudaDevice, HostFunctionMayCallCuda) {

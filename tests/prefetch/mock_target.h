@@ -1,10 +1,13 @@
 // A FetchTarget that models the engine's chunks: fetches stay in flight until the test lets them land
-// (land_all) or the prefetcher waits for one; it checks the budgets at every start.
+// (land_all) or the prefetcher waits for one (taking at least set_transfer_time, timed here as the
+// prefetcher's wait must contain it); it checks the budgets at every start.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "prefetch/prefetch.h"
@@ -14,7 +17,7 @@ namespace strata::prefetch::test {
 class MockTarget final : public FetchTarget {
  public:
   explicit MockTarget(std::vector<std::uint64_t> sizes)
-      : sizes_(std::move(sizes)), state_(sizes_.size(), Residency::absent) {}
+      : sizes_(std::move(sizes)), state_(sizes_.size(), Residency::absent), demand_(sizes_.size(), false) {}
 
   std::uint64_t numel(int c) const override { return sizes_.at(std::size_t(c)); }
   Residency residency(int c) override { return state_.at(std::size_t(c)); }
@@ -31,14 +34,19 @@ class MockTarget final : public FetchTarget {
       max_in_flight_ = std::max(max_in_flight_, flying + sizes_.at(std::size_t(c)));
     }
     state_.at(std::size_t(c)) = Residency::in_flight;
+    demand_.at(std::size_t(c)) = demand;
     (demand ? demand_starts_ : prefetch_starts_).push_back(c);
     max_live_ = std::max(max_live_, live_numel());
     return true;
   }
   void wait_fetch(int c) override {
     EXPECT_EQ(state_.at(std::size_t(c)), Residency::in_flight);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (transfer_time_.count() > 0) std::this_thread::sleep_for(transfer_time_);
     state_.at(std::size_t(c)) = Residency::resident;
     ++waits_;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    (demand_.at(std::size_t(c)) ? demand_wait_s_ : prefetch_wait_s_) += s;
   }
   std::uint64_t live_numel() const override {
     std::uint64_t n = 0;
@@ -55,6 +63,11 @@ class MockTarget final : public FetchTarget {
   void drop(int c) { state_.at(std::size_t(c)) = Residency::absent; }
   void drop_all() { std::fill(state_.begin(), state_.end(), Residency::absent); }
   void decline_next(int n) { declines_left_ = n; }
+  // Each wait_fetch takes at least `t` (a transfer still under way when its chunk is needed).
+  void set_transfer_time(std::chrono::microseconds t) { transfer_time_ = t; }
+  // Seconds spent inside wait_fetch for fetches the prefetcher started ahead, and for demand fetches.
+  double prefetch_wait_s() const { return prefetch_wait_s_; }
+  double demand_wait_s() const { return demand_wait_s_; }
 
   const std::vector<int>& prefetch_starts() const { return prefetch_starts_; }
   const std::vector<int>& demand_starts() const { return demand_starts_; }
@@ -68,7 +81,10 @@ class MockTarget final : public FetchTarget {
  private:
   std::vector<std::uint64_t> sizes_;
   std::vector<Residency> state_;
+  std::vector<bool> demand_;  // how each chunk's last fetch was started
   std::vector<int> prefetch_starts_, demand_starts_;
+  std::chrono::microseconds transfer_time_{0};
+  double prefetch_wait_s_ = 0, demand_wait_s_ = 0;
   std::uint64_t max_in_flight_ = 0, max_live_ = 0;
   int waits_ = 0, declines_left_ = 0;
 };

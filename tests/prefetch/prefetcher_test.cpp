@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "mock_target.h"
 
@@ -39,17 +40,28 @@ TEST(Prefetcher, FixedOrderHasNoMissesAfterTheFirstPass) {
   EXPECT_GT(pf.stats().issued, 0u);
 }
 
+// Transfers still in flight when their chunk is needed: the acquire waits for the prefetch (late), it does
+// not start a demand fetch (miss). late_wait_s is the time spent in those waits: it contains every wait the
+// target measured for prefetched chunks (the prefetcher's clock brackets the target's), it lies within the
+// pass, and none of it is counted as demand wait.
 TEST(Prefetcher, SlowTransfersArriveLateNotMissed) {
   MockTarget t(sizes());
   Prefetcher pf(t, {.bucket_numel = 1500, .max_live_numel = 100000, .max_reuse_distance = 0});
   const auto order = model_order(4);
   run_pass(pf, t, order);
   t.drop_all();
+  t.set_transfer_time(std::chrono::milliseconds(2));
+  const double demand_wait_before = pf.stats().demand_wait_s;
+  const auto t0 = std::chrono::steady_clock::now();
   auto got = run_pass(pf, t, order, /*transfers_land_during_compute=*/false);
+  const double pass_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(count(got, Access::miss), 0u);
   EXPECT_GT(count(got, Access::late), 0u);
   EXPECT_EQ(pf.stats().late, count(got, Access::late));
-  EXPECT_GE(pf.stats().late_wait_s, 0.0);
+  EXPECT_GT(t.prefetch_wait_s(), 0.0);
+  EXPECT_GE(pf.stats().late_wait_s, t.prefetch_wait_s());
+  EXPECT_LE(pf.stats().late_wait_s, pass_s);
+  EXPECT_EQ(pf.stats().demand_wait_s, demand_wait_before);
 }
 
 TEST(Prefetcher, InFlightElementsStayWithinTheBucket) {

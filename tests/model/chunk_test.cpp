@@ -196,33 +196,5 @@ TEST(LlamaModel, RejectsAProviderForAnotherConfig) {
   EXPECT_THROW(model.forward(ch, in.data(), nullptr, 1, 8), Error);
 }
 
-TEST(LlamaModel, RejectsSequencesLongerThanMaxSeqLen) {
-  ModelConfig cfg = ModelConfig::preset("tiny");
-  InMemoryChunks ch{ModelLayout(cfg)};
-  LlamaModel model(cfg);
-  std::vector<int32_t> in(size_t(cfg.max_seq_len) + 1, 1);
-  EXPECT_THROW(model.forward(ch, in.data(), nullptr, 1, int(cfg.max_seq_len) + 1), ConfigError);
-}
-
-}  // namespace
-}  // namespace strata::model
-
-namespace strata::model {
-namespace {
-
-TEST(LlamaModel, BackwardNeedsAForwardWithTargetsEachTime) {
-  ModelConfig cfg = ModelConfig::preset("tiny");
-  InMemoryChunks ch{ModelLayout(cfg)};
-  ch.init(1);
-  LlamaModel model(cfg);
-  std::vector<int32_t> in(8, 1), tgt(8, 2);
-  EXPECT_THROW(model.backward(ch), Error);
-  model.forward(ch, in.data(), nullptr, 1, 8);
-  EXPECT_THROW(model.backward(ch), Error);
-  model.forward(ch, in.data(), tgt.data(), 1, 8);
-  EXPECT_NO_THROW(model.backward(ch));
-  EXPECT_THROW(model.backward(ch), Error);  // the logits were consumed
-}
-
 }  // namespace
 }  // namespace strata::model

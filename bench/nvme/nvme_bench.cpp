@@ -392,10 +392,18 @@ int main(int argc, char** argv) {
         std::printf("; fio runs:");
         for (double v : fio) std::printf(" %.3f", v);
         std::printf(")\n");
+        // Both sides count the bytes in flight when the window opens, up to block x depth moved before
+        // it (measure() in nvme/tune.h): against a short window that decides the figure.
+        const double inflight = mf > 0 ? double(t.block) * t.depth / (mf * 1e9 * headline_seconds) : 0;
+        if (inflight > 0.05)
+          std::printf(
+              "          the %s in flight are %.0f%% of what a %.2f s window moves: ratios this short are "
+              "not a comparison (raise --headline-seconds)\n",
+              human(t.block * std::size_t(t.depth)).c_str(), 100 * inflight, headline_seconds);
         std::fflush(stdout);
-        headline[to_string(p)] = {{"block", t.block}, {"depth", t.depth}, {"engine_gbps", mo},
-                                  {"fio_gbps", mf},   {"ratio", ratio},   {"engine_runs", ours},
-                                  {"fio_runs", fio}};
+        headline[to_string(p)] = {{"block", t.block},    {"depth", t.depth}, {"engine_gbps", mo},
+                                  {"fio_gbps", mf},      {"ratio", ratio},   {"inflight_share", inflight},
+                                  {"engine_runs", ours}, {"fio_runs", fio}};
       }
     }
 

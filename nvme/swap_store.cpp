@@ -100,10 +100,11 @@ SwapStore::SwapStore(AioEngine& engine, SwapOptions opts)
 
   const std::uint64_t avail = free_disk_bytes(opts_.nvme_path).value_or(0);
   if (opts_.capacity > avail)
-    throw OutOfMemory(cat("NVMe swap at ", opts_.nvme_path, ": the offload config needs ",
-                          format_bytes(opts_.capacity), " here but the file system has only ",
-                          format_bytes(avail), " free. Free space on it, point ", nvme_path_hint(),
-                          " at a larger drive, or keep more state in host memory (offload device \"cpu\")."));
+    throw OutOfMemory(cat(
+        "NVMe swap at ", opts_.nvme_path, ": the offload config needs ", format_bytes(opts_.capacity),
+        opts_.capacity_why.empty() ? std::string() : cat(" (", opts_.capacity_why, ")"),
+        " here but the file system has only ", format_bytes(avail), " free. Free space on it, point ",
+        nvme_path_hint(), " at a larger drive, or keep more state in host memory (offload device \"cpu\")."));
 
   // The run directory: a fresh name per store, then the lock, taken before it gets the name that
   // remove_leftovers looks for.

@@ -40,6 +40,9 @@ struct SwapOptions {
   // system's free space when the store is created, and enforced by allocate(). 0: no up-front check;
   // the store grows until the file system is full.
   std::uint64_t capacity = 0;
+  // What the capacity is made of, for the message when the file system lacks it ("144 MiB of state,
+  // plus ..."); empty: not explained.
+  std::string capacity_why = {};
   // The swap file is preallocated (fallocate) in steps of at least this many bytes, so that a full disk
   // shows up in allocate() and writes never extend the file. 0: no preallocation; writes extend it.
   std::uint64_t grow_bytes = std::uint64_t(256) << 20;

@@ -13,14 +13,6 @@ namespace strata::tiering {
 using detail::Tensor;
 using strata::detail::cat;
 
-ShardHomes shard_homes(Tier param_home, Tier optim_home) {
-  ShardHomes h;
-  h.param = param_home;
-  h.master = h.optim = optim_home;
-  h.grad = optim_home == Tier::device ? Tier::device : Tier::pinned;
-  return h;
-}
-
 // ---------------------------------------------------------------- Impl: construction
 
 AllocatorOptions device_allocator_options(const TierOptions& opts) {

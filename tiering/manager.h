@@ -99,14 +99,11 @@ struct TensorDesc {
   std::int32_t shard = 0;    // rank's slice
 };
 
-// Homes of the five tensors of a shard for one offload configuration (DESIGN.md §2).
+// Homes of the five tensors of a shard (which offload config puts them where is zero3's placement:
+// zero3/placement.h, shard_homes).
 struct ShardHomes {
   Tier param = Tier::device, grad = Tier::device, master = Tier::device, optim = Tier::device;
 };
-// param_home: offload_param.device (none: device, cpu: pinned, nvme: nvme); optim_home likewise for
-// offload_optimizer.device. The gradient accumulator lives on the device without optimizer offload and
-// in pinned host memory with it (nvme: written out with the states by the optimizer pipeline).
-ShardHomes shard_homes(Tier param_home, Tier optim_home);
 
 struct ShardDesc {
   std::string prefix;  // "layers.3" -> "layers.3.param", ".grad", ".master", ".exp_avg", ".exp_avg_sq"

@@ -1,5 +1,5 @@
 // strata/tiering/tiering.h: the tier manager — where every byte of model state lives (device memory,
-// pinned host memory, NVMe), how it moves, and what it costs; plus the memprof trace and its reader.
+// pinned host memory, NVMe), how it moves, and what it costs; plus the memprof trace writer (tools/memprof reads the traces).
 //
 // Example:
 //   #include "tiering/tiering.h"
@@ -8,7 +8,8 @@
 //   strata::tiering::TierManager tm(*dev, {.device_budget = 20ull << 30, .pinned_budget = 8ull << 30},
 //   &swap); strata::tiering::TraceWriter trace(tm, {.path = "run.memprof.jsonl"});   // strata.memprof.path
 //   auto s = tm.register_shard({.prefix = "layers.3", .chunk = 3, .numel = n,
-//                               .homes = strata::tiering::shard_homes(Tier::nvme, Tier::nvme)});
+//                               .homes = {.param = Tier::nvme, .grad = Tier::pinned,
+//                                         .master = Tier::nvme, .optim = Tier::nvme}});
 //   tm.set_step(0, Phase::forward);
 //   tm.pin(s.param);
 //   tm.fetch(s.param, Tier::device).enqueue_wait(*compute);  // NVMe -> pinned staging -> device
@@ -25,14 +26,12 @@
 //   tiering/manager.h            TierManager: registry, moves, eviction, OutOfMemory
 //   tiering/snapshot.h           Snapshot and its versioned JSON
 //   tiering/trace_writer.h       TraceWriter: the memprof trace file
-//   tiering/memprof.h            reading traces: replay, summary; the memory estimate
 #pragma once
 
 #include "tiering/accounting.h"
 #include "tiering/caching_allocator.h"
 #include "tiering/fence.h"
 #include "tiering/manager.h"
-#include "tiering/memprof.h"
 #include "tiering/pool.h"
 #include "tiering/snapshot.h"
 #include "tiering/trace_writer.h"

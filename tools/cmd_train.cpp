@@ -311,12 +311,8 @@ int run_train(const TrainOpts& o) {
       "step %lld, offload param %s / optimizer %s, device %s (%s)\n",
       mcfg.name.c_str(), (long long)mcfg.num_parameters(), engine.micro_batch(), seq_len,
       engine.accumulation_steps(), world, world > 1 ? "s" : "", (long long)o.steps, (long long)first,
-      cfg.zero_optimization.offload_param.device == OffloadDevice::none  ? "none"
-      : cfg.zero_optimization.offload_param.device == OffloadDevice::cpu ? "cpu"
-                                                                         : "nvme",
-      cfg.zero_optimization.offload_optimizer.device == OffloadDevice::none  ? "none"
-      : cfg.zero_optimization.offload_optimizer.device == OffloadDevice::cpu ? "cpu"
-                                                                             : "nvme",
+      zero3::offload_name(cfg.zero_optimization.offload_param.device),
+      zero3::offload_name(cfg.zero_optimization.offload_optimizer.device),
       engine.device().caps().name.c_str(), human(double(engine.device().caps().capacity)).c_str());
   const zero3::MemoryPlan& plan = engine.plan();
   std::fprintf(

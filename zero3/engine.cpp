@@ -16,14 +16,6 @@ namespace {
 
 using detail::cat;
 
-Tier tier_of(OffloadDevice d) {
-  return d == OffloadDevice::none ? Tier::device : d == OffloadDevice::cpu ? Tier::pinned : Tier::nvme;
-}
-
-const char* offload_name(OffloadDevice d) {
-  return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
-}
-
 // "512.0 KiB", "3.25 GiB": short sizes for log lines and messages.
 std::string gib(std::uint64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -112,33 +104,11 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
                           "train_micro_batch_size_per_gpu x gradient_accumulation_steps x ranks)"));
   wd = cfg.bf16.enabled ? DType::bf16 : cfg.fp16.enabled ? DType::fp16 : DType::fp32;
   const auto& z = cfg.zero_optimization;
-  homes = tiering::shard_homes(tier_of(z.offload_param.device), tier_of(z.offload_optimizer.device));
+  homes = shard_homes(z);
   n_states = cfg.optimizer.type == OptimizerType::Adam || cfg.optimizer.type == OptimizerType::AdamW ? 2 : 1;
   if (z.offload_optimizer.device != OffloadDevice::none && z.offload_optimizer.ratio < 1.0)
     STRATA_WARN_ONCE("zero_optimization.offload_optimizer.ratio ", z.offload_optimizer.ratio,
                      " (partial offload) is not implemented; every optimizer state is offloaded");
-
-  slots.resize(std::size_t(layout.num_chunks()));
-  for (int i = 0; i < layout.num_chunks(); ++i) {
-    ChunkSlot& s = slots[std::size_t(i)];
-    const model::ChunkLayout& cl = layout.chunk(i);
-    s.id = i;
-    s.name = cl.name;
-    s.numel = cl.padded_numel;
-    s.shard = comm::shard_range(cl.padded_numel, world, comm->rank());
-    s.persistent = cl.numel < z.stage3_param_persistence_threshold;
-  }
-  // Optimizer sub-groups: consecutive chunks whose shards add up to at most sub_group_size elements; a
-  // chunk larger than that is a sub-group of its own (transfers move whole shards).
-  std::size_t acc = 0;
-  for (const ChunkSlot& s : slots) {
-    if (groups.empty() || acc + s.shard.numel > z.sub_group_size) {
-      groups.emplace_back();
-      acc = 0;
-    }
-    groups.back().push_back(s.id);
-    acc += s.shard.numel;
-  }
 
   by_ops = !dev->caps().host_addressable || opts.device_state_by_ops;
   // The device optimizer is the compute interface's AdamW; the others run on the CPU only.
@@ -194,82 +164,32 @@ Engine::Impl::~Impl() {
 }
 
 void Engine::Impl::plan_memory() {
-  const auto& z = cfg.zero_optimization;
-  std::uint64_t largest = 0, total = 0, largest_group = 0;
-  for (const ChunkSlot& s : slots) {
-    total += s.shard.numel;
-    largest = std::max<std::uint64_t>(largest, s.numel);
-  }
-  for (const auto& g : groups) {
-    std::uint64_t n = 0;
-    for (int c : g) n += slots[std::size_t(c)].shard.numel;
-    largest_group = std::max(largest_group, n);
-  }
-  // Device bytes are counted as the device allocator counts them (its options are open_tiers'; see
-  // tiering/caching_allocator.h, Note [exact segments]), so the plan is what the step can peak at.
-  const tiering::AllocatorOptions da = tiering::device_allocator_options(tiering::TierOptions{});
-  auto block = [&](std::uint64_t bytes) {
-    return std::uint64_t(tiering::CachingAllocator::block_bytes(da, bytes));
-  };
-  auto add = [&](Tier t, std::uint64_t shard_bytes) {
-    std::uint64_t& sum = t == Tier::device   ? plan.device_state
-                         : t == Tier::pinned ? plan.pinned_state
-                                             : plan.nvme_state;
-    sum += t == Tier::device ? block(shard_bytes) : shard_bytes;
-  };
-  for (ChunkSlot& s : slots) {
-    const std::uint64_t n = s.shard.numel;
-    s.gather_block = block(s.numel * dtype_bytes(act));
-    s.grad_block = block(s.numel * sizeof(float));
-    add(homes.param, param_numel(s) * wd_bytes());
-    add(homes.grad, n * 4);
-    add(homes.master, n * 4);
-    for (int i = 0; i < n_states; ++i) add(homes.optim, n * 4);
-  }
-  // The working set: what the model holds at once — one chunk with its gradient buffer, or (tied
-  // embeddings) the head's and the embedding's together while the head runs. Persistent chunks (below
-  // stage3_param_persistence_threshold) are kept after release whatever their reuse distance, but in the
-  // cache: they give way to the working set like any kept chunk (Note [Device room]).
-  auto held = [&](const ChunkSlot& s) { return s.gather_block + s.grad_block; };
-  std::uint64_t most = 0;
-  for (const ChunkSlot& s : slots) {
-    if (s.persistent) persistent_bytes += s.gather_block, ++persistent_chunks;
-    most = std::max(most, held(s));
-    largest_shard = std::max<std::uint64_t>(largest_shard, s.shard.numel);
-  }
-  if (mcfg.tie_embeddings && layout.head_chunk() != layout.embedding_chunk())
-    most = std::max(most, held(slots[std::size_t(layout.head_chunk())]) +
-                              held(slots[std::size_t(layout.embedding_chunk())]));
-  plan.device_working_set = most;
+  // Chunks, shards and sub-groups as zero3/placement.h lays them out — the computation `memprof estimate`
+  // makes too.
+  PlanInput in = plan_input(cfg, layout, mcfg.tie_embeddings, world, comm->rank(), act);
   planned_seq_len = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
-  plan.device_activations = model::LlamaModel::activation_bytes(
-      mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len, opts.checkpoint_activations, *ops);
-  if (by_ops && homes.grad == Tier::device) plan.device_state += block(slots.size() * 16);  // grad_stats
-  const std::uint64_t cap = dev->caps().capacity;
-  const std::uint64_t need = plan.device_state + plan.device_working_set + plan.device_activations;
-  plan.device_cache = cap > need ? cap - need : 0;
-
-  std::uint64_t staging = 0;
-  if (homes.param == Tier::nvme) {
-    const std::uint64_t buf = std::min<std::uint64_t>(z.offload_param.buffer_size, largest);
-    staging += std::uint64_t(std::max<std::int64_t>(1, z.offload_param.buffer_count)) * buf * wd_bytes();
-    staging += std::min<std::uint64_t>(z.offload_param.max_in_cpu, total) * wd_bytes();
+  in.activations = model::LlamaModel::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu),
+                                                       planned_seq_len, opts.checkpoint_activations, *ops);
+  in.device_state_by_ops = by_ops;
+  in.device_capacity = dev->caps().capacity;
+  const Plan p = zero3::plan_memory(in, cfg.zero_optimization);
+  plan = p.memory;
+  slots.resize(in.chunks.size());
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    ChunkSlot& s = slots[i];
+    s.id = int(i);
+    s.name = layout.chunk(int(i)).name;
+    s.numel = in.chunks[i].numel;
+    s.shard = in.chunks[i].shard;
+    s.persistent = in.chunks[i].persistent;
+    s.gather_block = p.gather_block[i];
+    s.grad_block = p.grad_block[i];
   }
-  if (homes.master == Tier::nvme) {
-    group_window =
-        std::max<std::size_t>(1, std::size_t(z.offload_optimizer.buffer_count) / std::size_t(1 + n_states));
-    staging += group_window * largest_group * 4 * std::uint64_t(1 + n_states);
-  }
-  if (homes.param != Tier::pinned && homes.master != Tier::device)
-    staging += largest_group * wd_bytes();  // new working params on their way home
-  plan.pinned_staging = staging;
-  const std::uint64_t slab = 64ull << 20;
-  plan.pinned_budget = plan.pinned_state + staging + 2 * slab + (staging + plan.pinned_state) / 16;
-  // The gradient staging buffer (accumulation into a pinned shard) is pinned memory of the engine's own,
-  // outside the tier manager's budget.
-  if (homes.grad == Tier::pinned) plan.pinned_staging += largest_shard * sizeof(float);
-  if (by_ops && homes.param == Tier::device && homes.master != Tier::device)
-    plan.pinned_staging += largest_shard * wd_bytes();  // param_staging
+  groups = std::move(in.groups);
+  largest_shard = p.largest_shard;
+  persistent_bytes = p.persistent_bytes;
+  persistent_chunks = p.persistent_chunks;
+  group_window = p.group_window;
 }
 
 void Engine::Impl::check_fits() const {
@@ -300,7 +220,7 @@ void Engine::Impl::check_fits() const {
             3 * (1 + n_states), " lets reads, updates and writes of three sub-groups overlap)"));
 
   const DeviceCaps& caps = dev->caps();
-  const std::uint64_t need = plan.device_state + plan.device_working_set + plan.device_activations;
+  const std::uint64_t need = plan.device_need();
   if (need > caps.capacity) {
     std::string todo;
     if (plan.device_state > 0)
@@ -353,7 +273,9 @@ void Engine::Impl::open_tiers() {
     aio = std::make_unique<nvme::AioEngine>(aio_options(cfg));
     nvme::SwapOptions so;
     so.nvme_path = path;
-    so.capacity = plan.nvme_state + plan.nvme_state / 16 + (64ull << 20);
+    so.capacity = plan.nvme_budget;
+    so.capacity_why = cat(gib(plan.nvme_state), " of optimizer and parameter state, plus ",
+                          gib(plan.nvme_budget - plan.nvme_state), " of room for extent alignment and reuse");
     // Each rank its own swap file: ranks on one machine may share nvme_path.
     so.name = world > 1 ? cat("zero3-rank", comm->rank()) : std::string("zero3");
     swap = std::make_unique<nvme::SwapStore>(*aio, so);

@@ -63,6 +63,7 @@
 #include "model/llama.h"
 #include "prefetch/prefetch.h"
 #include "tiering/manager.h"
+#include "zero3/placement.h"
 
 namespace strata::zero3 {
 
@@ -112,24 +113,6 @@ struct TransferStats {
   std::uint64_t gather_bytes = 0;   // SUM of working-param bytes read for them (the host-to-device traffic)
   std::uint64_t grad_handoffs = 0;  // COUNT of gradient buffers handed to their fp32 shard
   std::uint64_t grad_bytes = 0;     // SUM of their bytes (device-to-host when the shard is in host memory)
-};
-
-// Bytes of model state per tier, from the config (what the engine registers), and the device working set.
-struct MemoryPlan {
-  std::uint64_t device_state = 0, pinned_state = 0, nvme_state = 0;
-  // Device bytes (allocator blocks) a step needs besides the state: persistent chunks, plus the most
-  // the model holds at once (a chunk's gathered copy and its gradient buffer; with tied embeddings the
-  // head's and the embedding's together). docs/train.md, "Device memory".
-  std::uint64_t device_working_set = 0;
-  // What is left of the device for the chunk cache (released chunks kept for reuse, prefetches in
-  // flight): capacity - device_state - device_working_set. The step never holds more.
-  std::uint64_t device_cache = 0;
-  // The model's activations and scratch for one micro-batch of EngineOptions.seq_len tokens, allocated by
-  // the model from the device beside the tier manager's pool (whose budget is capacity - this).
-  std::uint64_t device_activations = 0;
-  std::uint64_t pinned_staging = 0;  // NVMe swap buffers (params, optimizer sub-groups), gradient staging
-  std::uint64_t pinned_budget = 0;   // what the tier manager's pinned pool may take
-  std::uint64_t total_state() const { return device_state + pinned_state + nvme_state; }
 };
 
 class Engine final : public model::ChunkProvider {

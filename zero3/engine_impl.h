@@ -22,12 +22,6 @@ namespace strata::zero3 {
 using tiering::Tier;
 using Clock = std::chrono::steady_clock;
 
-// Chunks are padded to a multiple of this many elements at `world` ranks: 64 for one rank; for N, shards
-// of whole gradient-norm blocks (Note [Ranks] in engine_chunks.cpp).
-inline std::size_t chunk_multiple(int world) {
-  return world == 1 ? 64 : std::size_t(world) * cpu_optim::kGradStatsBlock;
-}
-
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }

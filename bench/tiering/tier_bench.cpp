@@ -205,7 +205,10 @@ RunFigures run_workload(Device& dev, const Opts& o, bool traced) {
     char name[32];
     std::snprintf(name, sizeof name, "layers.%d", i);
     L.push_back(tm.register_shard(
-        {.prefix = name, .chunk = i, .numel = N, .homes = shard_homes(Tier::nvme, Tier::nvme)}));
+        {.prefix = name,
+         .chunk = i,
+         .numel = N,
+         .homes = {.param = Tier::nvme, .grad = Tier::pinned, .master = Tier::nvme, .optim = Tier::nvme}}));
     for (TensorId id : {L[i].param, L[i].master, L[i].exp_avg, L[i].exp_avg_sq}) {
       std::memset(tm.allocate(id, Tier::pinned), i + 1, tm.info(id).desc.bytes);
       tm.mark_written(id, Tier::pinned);

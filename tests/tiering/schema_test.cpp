@@ -5,12 +5,17 @@
 #include <fstream>
 
 #include "tests/tiering/tiering_fixture.h"
-#include "tiering/memprof.h"
 #include "tiering/trace_writer.h"
+#include "tools/memprof/memprof.h"
 
 namespace strata::tiering {
 namespace {
 
+using memprof::read_trace;
+using memprof::replay;
+using memprof::summarize;
+using memprof::TimelinePoint;
+using memprof::Trace;
 using test::random_bytes;
 using test::TieringTest;
 
@@ -18,11 +23,13 @@ class Schema : public TieringTest {
  protected:
   // A little of everything: all kinds, moves in every direction, an eviction, a pinned tensor.
   void scripted_state() {
-    ShardTensors s = tm->register_shard({.prefix = "layers.0",
-                                         .chunk = 0,
-                                         .shard = 0,
-                                         .numel = 100'000,
-                                         .homes = shard_homes(Tier::nvme, Tier::pinned)});
+    ShardTensors s = tm->register_shard(
+        {.prefix = "layers.0",
+         .chunk = 0,
+         .shard = 0,
+         .numel = 100'000,
+         .homes = {
+             .param = Tier::nvme, .grad = Tier::pinned, .master = Tier::pinned, .optim = Tier::pinned}});
     for (TensorId id : {s.param, s.grad, s.master, s.exp_avg, s.exp_avg_sq})
       write(id, Tier::pinned, random_bytes(tm->info(id).desc.bytes, id));
     tm->set_step(3, Phase::forward);

@@ -7,9 +7,6 @@ namespace strata::memprof {
 namespace {
 
 using nlohmann::json;
-using tiering::kKindCount;
-using tiering::kTierCount;
-using tiering::TimelinePoint;
 
 // The page. The data goes where DATA_JSON is; everything else is static.
 constexpr const char* kPage = R"HTML(<!DOCTYPE html>
@@ -266,9 +263,9 @@ std::string script_safe(std::string s) {
 
 }  // namespace
 
-std::string render_html(const tiering::Trace& tr, const HtmlOptions& opts) {
-  std::vector<TimelinePoint> pts = tiering::replay(tr);
-  tiering::Summary sum = tiering::summarize(tr);
+std::string render_html(const Trace& tr, const HtmlOptions& opts) {
+  std::vector<TimelinePoint> pts = replay(tr);
+  Summary sum = summarize(tr);
   const std::int64_t t0 = tr.start_t;
   std::int64_t t_end = std::max(pts.back().t_ns, tr.end_t);
   if (!tr.samples.empty()) t_end = std::max(t_end, tr.samples.back().t_ns);
@@ -328,7 +325,7 @@ std::string render_html(const tiering::Trace& tr, const HtmlOptions& opts) {
                {"t", times},
                {"tiers", tiers},
                {"markers", markers},
-               {"summary", tiering::summary_json(sum)}};
+               {"summary", summary_json(sum)}};
   std::string page = kPage;
   const std::string slot = "DATA_JSON";
   page.replace(page.find(slot), slot.size(), script_safe(data.dump()));

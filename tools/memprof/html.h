@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <string>
 
-#include "tiering/memprof.h"
+#include "tools/memprof/memprof.h"
 
 namespace strata::memprof {
 
@@ -14,6 +14,6 @@ struct HtmlOptions {
   std::string title;              // default: the trace's file name
 };
 
-std::string render_html(const tiering::Trace& tr, const HtmlOptions& opts = {});
+std::string render_html(const Trace& tr, const HtmlOptions& opts = {});
 
 }  // namespace strata::memprof

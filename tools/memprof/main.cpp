@@ -1,9 +1,12 @@
 // memprof: where the memory of a Strata run went.
 //
-//   memprof summary TRACE [--json] [--top N]   peaks per tier and kind, moves, evictions, OOMs, largest
-//   tensors memprof html TRACE -o out.html             one self-contained page: stacked timeline per tier and
-//   kind memprof estimate --params N --largest-layer M [--world W] [--nodes K] [--json]
-//                                              bytes per tier for each offload setting, ours and DeepSpeed's
+//   memprof summary TRACE [--json] [--top N]
+//       peaks per tier and kind, moves, evictions, OOMs, largest tensors
+//   memprof html TRACE -o out.html
+//       one self-contained page: stacked timeline per tier and kind
+//   memprof estimate (--params N --largest-layer M | --model PRESET) [--config ds.json]
+//                    [--backend cuda|host] [--world W] [--nodes K] [--json]
+//       bytes per tier for each offload setting: the engine's memory plan, and DeepSpeed's estimator
 //
 // TRACE is the file a run wrote with strata.memprof.path set (docs/memprof.md).
 #include <CLI/CLI.hpp>
@@ -13,8 +16,8 @@
 #include <iostream>
 
 #include "core/error.h"
-#include "tiering/memprof.h"
 #include "tools/memprof/html.h"
+#include "tools/memprof/memprof.h"
 
 namespace {
 
@@ -49,16 +52,16 @@ std::uint64_t parse_count(const std::string& s, const char* option) {
 }
 
 int run_summary(const std::string& path, bool as_json, std::size_t top) {
-  strata::tiering::Summary s = strata::tiering::summarize(strata::tiering::read_trace(path), top);
+  strata::memprof::Summary s = strata::memprof::summarize(strata::memprof::read_trace(path), top);
   if (as_json)
-    std::cout << strata::tiering::summary_json(s).dump(2) << "\n";
+    std::cout << strata::memprof::summary_json(s).dump(2) << "\n";
   else
-    std::cout << strata::tiering::format_summary(s);
+    std::cout << strata::memprof::format_summary(s);
   return 0;
 }
 
 int run_html(const std::string& path, const std::string& out, std::size_t max_points) {
-  strata::tiering::Trace tr = strata::tiering::read_trace(path);
+  strata::memprof::Trace tr = strata::memprof::read_trace(path);
   std::string page = strata::memprof::render_html(tr, {.max_points = max_points, .title = ""});
   std::ofstream f(out, std::ios::binary);
   if (!f)
@@ -92,12 +95,21 @@ int main(int argc, char** argv) {
   html->add_option("--max-points", max_points, "timeline points per tier (peaks are kept)")
       ->capture_default_str();
 
-  std::string params, largest, sub_group = "1e9";
-  strata::tiering::EstimateInput in;
+  std::string params, largest, sub_group = "1e9", model, config;
+  strata::memprof::EstimateInput in;
   auto* est =
       app.add_subcommand("estimate", "Bytes per tier for each offload setting: ours and DeepSpeed's ZeRO-3");
-  est->add_option("--params", params, "total parameters (7000000000, 7e9, 7B)")->required();
-  est->add_option("--largest-layer", largest, "parameters of the largest layer")->required();
+  auto* p_opt = est->add_option("--params", params, "total parameters (7000000000, 7e9, 7B)");
+  auto* l_opt = est->add_option("--largest-layer", largest, "parameters of the largest layer");
+  auto* m_opt =
+      est->add_option("--model", model, "a model preset (10m, 1b, llama2-7b, ...): its real chunks");
+  m_opt->excludes(p_opt)->excludes(l_opt);
+  p_opt->needs(l_opt);
+  l_opt->needs(p_opt);
+  est->add_option("--config", config,
+                  "DeepSpeed config whose knobs to use (sub_group_size, NVMe buffers, ...)");
+  est->add_option("--backend", in.backend, "cuda (chunks gathered in bf16) or host (fp32)")
+      ->capture_default_str();
   est->add_option("--world", in.world, "GPUs in all")->capture_default_str();
   est->add_option("--nodes", in.nodes, "nodes (GPUs per node = world / nodes)")->capture_default_str();
   est->add_option("--sub-group-size", sub_group, "zero_optimization.sub_group_size")->capture_default_str();
@@ -113,14 +125,20 @@ int main(int argc, char** argv) {
   try {
     if (*summary) return run_summary(trace, as_json, top);
     if (*html) return run_html(trace, out, max_points);
-    in.params = parse_count(params, "--params");
-    in.largest_layer = parse_count(largest, "--largest-layer");
+    if (model.empty() && params.empty())
+      throw ConfigError("memprof estimate: give --model PRESET, or --params N with --largest-layer M");
+    if (!model.empty()) in.model = strata::model::ModelConfig::preset(model);
+    if (!params.empty()) {
+      in.params = parse_count(params, "--params");
+      in.largest_layer = parse_count(largest, "--largest-layer");
+    }
+    if (!config.empty()) in.config = strata::Config::load(config, {}, in.world);
     in.sub_group_size = parse_count(sub_group, "--sub-group-size");
-    std::vector<strata::tiering::EstimateRow> rows = strata::tiering::estimate(in);
+    std::vector<strata::memprof::EstimateRow> rows = strata::memprof::estimate(in);
     if (as_json)
-      std::cout << strata::tiering::estimate_json(rows, in).dump(2) << "\n";
+      std::cout << strata::memprof::estimate_json(rows, in).dump(2) << "\n";
     else
-      std::cout << strata::tiering::format_estimate(rows, in);
+      std::cout << strata::memprof::format_estimate(rows, in);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memprof: %s\n", e.what());

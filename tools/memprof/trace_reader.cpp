@@ -6,9 +6,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "tiering/memprof.h"
+#include "tools/memprof/memprof.h"
 
-namespace strata::tiering {
+namespace strata::memprof {
 
 using nlohmann::json;
 using strata::detail::cat;
@@ -342,4 +342,4 @@ json summary_json(const Summary& s) {
           {"largest", largest}};
 }
 
-}  // namespace strata::tiering
+}  // namespace strata::memprof

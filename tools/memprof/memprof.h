@@ -1,13 +1,13 @@
-// strata/tiering/memprof.h: reading memprof traces back — the trace as values, the bytes-over-time
+// tools/memprof/memprof.h: reading memprof traces back — the trace as values, the bytes-over-time
 // replay, the summary `memprof summary` prints — and the memory estimate of `memprof estimate`.
 //
 // Example:
-//   strata::tiering::Trace tr = strata::tiering::read_trace("run.memprof.jsonl");
-//   strata::tiering::Summary s = strata::tiering::summarize(tr);
+//   strata::memprof::Trace tr = strata::memprof::read_trace("run.memprof.jsonl");
+//   strata::memprof::Summary s = strata::memprof::summarize(tr);
 //   std::fputs(format_summary(s).c_str(), stdout);
 //   for (const TimelinePoint& p : replay(tr)) ...;          // bytes per tier × kind after each event
 //
-//   auto rows = strata::tiering::estimate({.params = 7'000'000'000, .largest_layer = 234'000'000});
+//   auto rows = strata::memprof::estimate({.params = 7'000'000'000, .largest_layer = 234'000'000});
 //   std::fputs(format_estimate(rows, in).c_str(), stdout);
 #pragma once
 
@@ -18,11 +18,16 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
+#include "model/config.h"
 #include "tiering/accounting.h"
 #include "tiering/snapshot.h"
 #include "tiering/types.h"
 
-namespace strata::tiering {
+namespace strata::memprof {
+
+// The trace speaks the tier manager's words (tiers, kinds, events, snapshots).
+using namespace strata::tiering;
 
 using TierKindBytes = std::array<std::array<std::uint64_t, kKindCount>, kTierCount>;
 
@@ -95,17 +100,20 @@ nlohmann::json summary_json(const Summary& s);
 // ---- estimate ----
 
 struct EstimateInput {
-  std::uint64_t params = 0;                   // total parameters P
-  std::uint64_t largest_layer = 0;            // parameters of the largest layer (chunk) M
+  std::uint64_t params = 0;                   // total parameters P (or from `model`)
+  std::uint64_t largest_layer = 0;            // parameters of the largest layer (chunk) M (or from `model`)
   int world = 1;                              // GPUs in all
   int nodes = 1;                              // nodes (world / nodes GPUs each)
   double buffer_factor = 1.5;                 // DeepSpeed's additional_buffer_factor
-  std::uint64_t sub_group_size = 1000000000;  // zero_optimization.sub_group_size (optimizer NVMe pipeline)
+  std::uint64_t sub_group_size = 1000000000;  // zero_optimization.sub_group_size (when no `config`)
+  std::string backend = "cuda";               // cuda: chunks gathered in bf16; host: fp32
+  std::optional<model::ModelConfig> model = {};  // its real chunk layout instead of params / largest_layer
+  std::optional<Config> config = {};             // knobs (sub-groups, NVMe buffers, optimizer, dtypes)
 };
 
 struct EstimateRow {
   Tier param_home = Tier::device, optim_home = Tier::device;  // offload_param / offload_optimizer
-  // Ours (DESIGN.md §2 bytes per parameter): device per GPU, host (pinned) per node, NVMe per node.
+  // Ours (the engine's memory plan): device per GPU, host (pinned) per node, NVMe per node.
   std::uint64_t device = 0, host = 0, nvme = 0;
   // DeepSpeed's estimate_zero3_model_states_mem_needs: GPU per GPU, CPU per node with zero_init on
   // and off. Its estimator knows only "offload" (cpu); nvme settings show its cpu figures.
@@ -118,4 +126,4 @@ nlohmann::json estimate_json(const std::vector<EstimateRow>& rows, const Estimat
 // "1.50 GiB": short binary units for tables.
 std::string short_bytes(std::uint64_t b);
 
-}  // namespace strata::tiering
+}  // namespace strata::memprof

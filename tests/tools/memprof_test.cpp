@@ -2,15 +2,18 @@
 // reproduces DeepSpeed's ZeRO-3 formulas and DESIGN.md §2's bytes per parameter.
 #include <gtest/gtest.h>
 
+#include "model/model.h"
+#include "tests/common/scratch_dir.h"
 #include "tests/tiering/tiering_fixture.h"
-#include "tiering/memprof.h"
 #include "tiering/trace_writer.h"
+#include "tools/memprof/memprof.h"
+#include "zero3/engine.h"
 
-namespace strata::tiering {
+namespace strata::memprof {
 namespace {
 
-using test::random_bytes;
-using test::TieringTest;
+using tiering::test::random_bytes;
+using tiering::test::TieringTest;
 
 constexpr std::uint64_t MiB = 1 << 20;
 
@@ -107,7 +110,8 @@ TEST_P(Memprof, ReplayedPeaksEqualTheManagersOwnCounters) {
     std::mt19937_64 rng(77);
     std::vector<TensorId> ids;
     for (int i = 0; i < 10; ++i) {
-      ids.push_back(add(test::label("t", i), 100'000 + rng() % 900'000, Tier(rng() % 3), Kind(rng() % 5)));
+      ids.push_back(
+          add(tiering::test::label("t", i), 100'000 + rng() % 900'000, Tier(rng() % 3), Kind(rng() % 5)));
       write(ids.back(), Tier::pinned, random_bytes(tm->info(ids.back()).desc.bytes, i));
     }
     for (int op = 0; op < 150; ++op) {
@@ -150,14 +154,29 @@ TEST(MemprofEstimate, DeepSpeedColumnsFollowItsZero3Formulas) {
   EXPECT_EQ(opt.ds_cpu_zero_init, 24'000'000'000u);
   EXPECT_EQ(both.ds_gpu, 400'000'000u);  // 4 M
   EXPECT_EQ(both.ds_cpu_zero_init, 27'000'000'000u);
-  // Ours: 18 B/param where the state lives, plus 8 B x M of device working set.
-  EXPECT_EQ(none.device, 18'800'000'000u);
-  EXPECT_EQ(both.device, 800'000'000u);
-  EXPECT_EQ(both.host, 18'000'000'000u);
-  EstimateRow infinity = row(Tier::nvme, Tier::nvme);
-  EXPECT_EQ(infinity.nvme, 14'000'000'000u);
-  EXPECT_EQ(infinity.host, 4'000'000'000ull + 400'000'000ull + 12'000'000'000ull)
-      << "grads + param staging + one sub-group (the whole shard at sub_group_size 1e9)";
+}
+
+// Ours is the engine's plan (docs/train.md): ten chunks of 1e8 elements, bf16 params, AdamW.
+TEST(MemprofEstimate, OursIsTheEnginesPlan) {
+  EstimateInput in{.params = 1'000'000'000, .largest_layer = 100'000'000};
+  std::vector<EstimateRow> rows = estimate(in);
+  // No offload: 18 B/param on the device, and the working set of a chunk gathered in bf16 with its fp32
+  // gradient buffer (6 B x M).
+  EXPECT_EQ(rows[0].device, 18'000'000'000u + 600'000'000u);
+  // Both offloaded to cpu: the working set on the device; 18 B/param pinned, and the gradient staging
+  // of one shard (4 B x M).
+  EXPECT_EQ(rows[2].device, 600'000'000u);
+  EXPECT_EQ(rows[2].host, 18'000'000'000u + 400'000'000u);
+  // Both on NVMe: params and optimizer state there; pinned: the fp32 gradients (4 B/param), the gradient
+  // staging, the parameter read buffers (5 of 1e8 bf16 elements) and cache (max_in_cpu 1e9 elements),
+  // one optimizer sub-group of the whole shard in flight (buffer_count 4 / 3 tensors: master and two
+  // states, 12 B x 1e9) and the new working params on their way home (2 B x 1e9).
+  EXPECT_EQ(rows[6].nvme, 14'000'000'000u);
+  EXPECT_EQ(rows[6].host, 4'000'000'000ull + 400'000'000ull + 1'000'000'000ull + 2'000'000'000ull +
+                              12'000'000'000ull + 2'000'000'000ull);
+  // On the host backend chunks are gathered in fp32: 8 B x M of working set.
+  in.backend = "host";
+  EXPECT_EQ(estimate(in)[2].device, 800'000'000u);
 }
 
 TEST(MemprofEstimate, ManyGpusAndNodesScaleAsDeepSpeedDoes) {
@@ -166,11 +185,72 @@ TEST(MemprofEstimate, ManyGpusAndNodesScaleAsDeepSpeedDoes) {
   EXPECT_EQ(rows[0].ds_gpu, 400'000'000u + 4'500'000'000u);  // no offload: 4 M + 18 P / 4
   EXPECT_EQ(rows[0].ds_cpu, 12'000'000'000u);                // 4 x 2 GPUs per node x P x 1.5
   EXPECT_EQ(rows[2].ds_cpu_zero_init, 13'500'000'000u);      // 18 P / 2 nodes x 1.5
-  EXPECT_EQ(rows[0].device, 800'000'000u + 4'500'000'000u);  // 18 B x P / 4 + 8 B x M
-  EXPECT_EQ(rows[2].host, 2u * 4'500'000'000u) << "host is per node: 2 ranks of 18 B x P / 4";
+  // Over 4 ranks each chunk is padded to whole gradient-norm blocks of every rank's shard (4 x 8192).
+  constexpr std::uint64_t Mp = 100'007'936;
+  EXPECT_EQ(rows[0].device, 18 * 10 * Mp / 4 + 6 * Mp);  // 18 B/param of the shard + 6 B x M
+  EXPECT_EQ(rows[2].host, 2 * (18 * 10 * Mp / 4 + 4 * Mp / 4))
+      << "host is per node: 2 ranks of 18 B/param of the shard and a shard of gradient staging";
   EXPECT_THROW(estimate({.params = 10, .largest_layer = 20}), ConfigError);
   EXPECT_THROW(estimate({.params = 10, .largest_layer = 5, .world = 3, .nodes = 2}), ConfigError);
+  EXPECT_THROW(estimate({.params = 10, .largest_layer = 5, .backend = "tpu"}), ConfigError);
 }
 
+// The estimate for a model and config is what a run of them peaks at: the tier manager's device pool at
+// the smallest cap (state + working set, the activations beside it), its NVMe pool at the NVMe state,
+// and its pinned pool within the host figure (which also counts the engine's own gradient staging).
+class EstimateAgainstARun : public ::testing::TestWithParam<std::pair<OffloadDevice, OffloadDevice>> {};
+
+TEST_P(EstimateAgainstARun, DevicePeakAndNvmeEqualTheEstimate) {
+  const auto [param, optim] = GetParam();
+  strata::test::ScratchDir d("estimate-run");
+  nlohmann::json j = {
+      {"train_micro_batch_size_per_gpu", 1},
+      {"gradient_accumulation_steps", 1},
+      {"bf16", {{"enabled", true}}},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+      {"zero_optimization",
+       {{"stage", 3},
+        {"sub_group_size", 20000},
+        {"offload_param", {{"device", zero3::offload_name(param)}, {"nvme_path", d.path()}}},
+        {"offload_optimizer", {{"device", zero3::offload_name(optim)}, {"nvme_path", d.path()}}}}},
+      {"strata", {{"backend", "host"}, {"seed", 3}, {"cpu_optim", {{"pin_threads", false}}}}}};
+  const Config cfg = Config::parse(nlohmann::json::parse(j.dump()));
+  const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
+  EstimateInput in{.backend = "host", .model = mcfg, .config = cfg};
+  EstimateRow row;
+  for (const EstimateRow& r : estimate(in))
+    if (r.param_home == zero3::home_of(param) && r.optim_home == zero3::home_of(optim)) row = r;
+  constexpr int kSeq = 16;
+  const std::uint64_t activations =
+      zero3::Engine(cfg, mcfg, {.backend = "", .device_memory_cap = 0, .seq_len = kSeq})
+          .plan()
+          .device_activations;
+  zero3::Engine engine(cfg, mcfg,
+                       {.backend = "", .device_memory_cap = row.device + activations, .seq_len = kSeq});
+  std::vector<std::uint32_t> toks(4000);
+  for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = std::uint32_t(i * 31 % 251);
+  const std::string tokens = d.path() + "/tokens.bin";
+  model::write_token_file(tokens, toks, model::TokenType::u16);
+  model::TokenFile file = model::TokenFile::open(tokens);
+  model::DataLoader data(file, {.batch_size = 1, .seq_len = kSeq, .seed = 1, .vocab_size = mcfg.vocab_size});
+  model::LlamaModel m(mcfg, engine.model_options());
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(engine.train_batch(m, data).applied);
+  const tiering::TierManager& tm = engine.tiers();
+  EXPECT_EQ(tm.pool_stats(Tier::device).reserved.peak, row.device);
+  EXPECT_EQ(tm.pool_stats(Tier::nvme).used.peak, row.nvme);
+  EXPECT_LE(tm.pool_stats(Tier::pinned).used.peak, row.host);
+  EXPECT_GE(tm.pool_stats(Tier::pinned).used.peak, engine.plan().pinned_state);
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, EstimateAgainstARun,
+                         ::testing::Values(std::pair{OffloadDevice::cpu, OffloadDevice::cpu},
+                                           std::pair{OffloadDevice::none, OffloadDevice::cpu},
+                                           std::pair{OffloadDevice::none, OffloadDevice::none},
+                                           std::pair{OffloadDevice::nvme, OffloadDevice::nvme}),
+                         [](const auto& info) {
+                           return std::string("param_") + zero3::offload_name(info.param.first) + "_optim_" +
+                                  zero3::offload_name(info.param.second);
+                         });
+
 }  // namespace
-}  // namespace strata::tiering
+}  // namespace strata::memprof

@@ -1,0 +1,112 @@
+// Placement: where each tensor of a shard lives for an offload config, and how many bytes each tier
+// needs for a model — the memory plan. One computation, used by the engine (its up-front checks and the
+// budgets it opens the tiers with) and by `memprof estimate`.
+//
+//   zero3::PlanInput in = zero3::plan_input(cfg, layout, world, rank, activation_dtype);
+//   in.activations = model::LlamaModel::activation_bytes(...);  // what the model allocates beside
+//   in.device_capacity = cap;
+//   zero3::Plan p = zero3::plan_memory(in, cfg);  // p.memory: bytes per tier (docs/train.md)
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/comm.h"
+#include "core/config.h"
+#include "core/dtype.h"
+#include "cpu_optim/cpu_optim.h"
+#include "model/layout.h"
+#include "tiering/manager.h"
+
+namespace strata::zero3 {
+
+// The tier an offload setting names: none -> device, cpu -> pinned host memory, nvme -> NVMe.
+tiering::Tier home_of(OffloadDevice d);
+// The config's word for an offload setting, and for the tier it names: "none", "cpu", "nvme".
+const char* offload_name(OffloadDevice d);
+const char* offload_name(tiering::Tier home);
+
+// The homes of a shard's five tensors (DESIGN.md §2): the working params where offload_param says; the
+// fp32 master and optimizer states where offload_optimizer says; the fp32 gradient accumulator follows
+// the optimizer — on the device without optimizer offload, in pinned host memory with it (NVMe: written
+// out with the states by the optimizer pipeline).
+tiering::ShardHomes shard_homes(const ZeroConfig& z);
+
+// Bytes of model state per tier, from the config (what the engine registers), and the device working set.
+struct MemoryPlan {
+  std::uint64_t device_state = 0, pinned_state = 0, nvme_state = 0;
+  // Device bytes (allocator blocks) a step needs besides the state: the most the model holds at once (a
+  // chunk's gathered copy and its gradient buffer; with tied embeddings the head's and the embedding's
+  // together). docs/train.md, "Device memory".
+  std::uint64_t device_working_set = 0;
+  // What is left of the device for the chunk cache (released chunks kept for reuse, persistent chunks,
+  // prefetches in flight): capacity - device_state - device_working_set - device_activations. The step
+  // never holds more.
+  std::uint64_t device_cache = 0;
+  // The model's activations and scratch for one micro-batch of EngineOptions.seq_len tokens, allocated by
+  // the model from the device beside the tier manager's pool (whose budget is capacity - this).
+  std::uint64_t device_activations = 0;
+  std::uint64_t pinned_staging = 0;  // NVMe swap buffers (params, optimizer sub-groups), gradient staging
+  std::uint64_t pinned_budget = 0;   // what the tier manager's pinned pool may take
+  // The NVMe swap file's capacity: the state plus room for the extents' alignment and reuse
+  // (nvme_state / 16 + 64 MiB); what the free-space check at start-up asks of nvme_path.
+  std::uint64_t nvme_budget = 0;
+  std::uint64_t total_state() const { return device_state + pinned_state + nvme_state; }
+  // The smallest device capacity the step fits in.
+  std::uint64_t device_need() const { return device_state + device_working_set + device_activations; }
+};
+
+// Chunks are padded to a multiple of this many elements at `world` ranks: 64 for one rank; for N, shards
+// of whole gradient-norm blocks (Note [Ranks] in engine_chunks.cpp).
+inline std::size_t chunk_multiple(int world) {
+  return world == 1 ? 64 : std::size_t(world) * cpu_optim::kGradStatsBlock;
+}
+
+// One chunk as the plan sees it: gathered elements (padded), this rank's shard, and the elements of its
+// working-param tensor (the whole chunk when stages 1 and 2 replicate params over N ranks).
+struct PlannedChunk {
+  std::uint64_t numel = 0;
+  comm::ShardRange shard;
+  std::uint64_t param_numel = 0;
+  bool persistent = false;  // below stage3_param_persistence_threshold
+};
+
+struct PlanInput {
+  std::vector<PlannedChunk> chunks;
+  // Optimizer sub-groups: consecutive chunks whose shards add up to at most sub_group_size elements; a
+  // chunk larger than that is a sub-group of its own.
+  std::vector<std::vector<int>> groups;
+  int head = -1, embedding = -1;  // tied embeddings in two chunks: both held while the head runs
+  tiering::ShardHomes homes;
+  int optimizer_states = 2;  // 2 for Adam/AdamW, 1 for Adagrad/Lion
+  DType working = DType::bf16;
+  DType activation = DType::fp32;    // the dtype chunks are gathered in (the compute interface's)
+  bool device_state_by_ops = false;  // device-home state stepped by the compute interface (stats tensor)
+  std::uint64_t activations = 0;     // the model's device bytes for one micro-batch
+  std::uint64_t device_capacity = 0;
+};
+
+// The input for chunks of these sizes (elements, and padded to chunk_multiple(world)) as rank `rank` of
+// `world` holds them under `cfg` (homes, dtypes, sub-groups).
+struct ChunkSize {
+  std::uint64_t numel = 0, padded_numel = 0;
+};
+PlanInput plan_input(const Config& cfg, const std::vector<ChunkSize>& chunks, int world, int rank,
+                     DType activation);
+// The same for a model's layout (with tied embeddings in two chunks held together).
+PlanInput plan_input(const Config& cfg, const model::ModelLayout& layout, bool tied_embeddings, int world,
+                     int rank, DType activation);
+
+struct Plan {
+  MemoryPlan memory;
+  // Per chunk: device bytes (allocator blocks) of its gathered copy and of its fp32 gradient buffer.
+  std::vector<std::uint64_t> gather_block, grad_block;
+  std::uint64_t largest_shard = 0;
+  std::uint64_t persistent_bytes = 0;  // gathered blocks of the persistent chunks
+  int persistent_chunks = 0;
+  std::size_t group_window = 1;  // optimizer sub-groups whose states may be in pinned memory at once (NVMe)
+};
+
+Plan plan_memory(const PlanInput& in, const ZeroConfig& z);
+
+}  // namespace strata::zero3

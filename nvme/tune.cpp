@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <random>
 
@@ -66,6 +67,43 @@ std::size_t measure_buffer_bytes(const AioOptions& o) {
   return std::max(o.block_size, std::min(want, kMaxSeqRequest));
 }
 
+namespace {
+
+// Sequential requests span many blocks (the engine cuts them into block_size pieces); random ones are
+// one block each. Outstanding requests cover every queue's queue_depth pieces plus about 32 MiB more (at
+// least two requests), as a swap pipeline keeps work queued ahead: the engine never idles while the
+// measuring thread, on a busy machine, takes its time to react to a completion, and little is left to
+// drain after the deadline.
+struct Plan {
+  std::uint64_t request;
+  std::size_t outstanding;
+};
+
+Plan plan(const AioOptions& o, bool seq, std::uint64_t span, std::size_t buffer_bytes) {
+  constexpr std::uint64_t kAhead = std::uint64_t(32) << 20;
+  const std::uint64_t bs = o.block_size;
+  const std::uint64_t slots = std::uint64_t(o.queue_depth) * std::uint64_t(o.intra_op_parallelism);
+  std::uint64_t req = bs;
+  if (seq)
+    req = std::min<std::uint64_t>(
+        std::max<std::uint64_t>(bs, std::min(buffer_bytes, measure_buffer_bytes(o)) / bs * bs), span);
+  return {req,
+          std::size_t((slots * bs + req - 1) / req + std::max<std::uint64_t>(2, (kAhead + req - 1) / req))};
+}
+
+}  // namespace
+
+std::size_t measure_inflight_bytes(const AioOptions& o) {
+  const auto unbounded = std::numeric_limits<std::uint64_t>::max();
+  const auto big = std::numeric_limits<std::size_t>::max();
+  std::size_t bytes = 0;
+  for (bool seq : {true, false}) {
+    const Plan p = plan(o, seq, unbounded, big);
+    bytes = std::max(bytes, std::size_t(p.request) * p.outstanding);
+  }
+  return bytes;
+}
+
 Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_bytes, Pattern pattern,
                     double seconds, void* buffer, std::size_t buffer_bytes, double ramp_seconds) {
   const AioOptions& o = engine.options();
@@ -79,19 +117,13 @@ Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_byte
   const std::uint64_t blocks = file_bytes / bs, span = blocks * bs;
   const bool seq = pattern == Pattern::seq_read || pattern == Pattern::seq_write;
   const bool wr = is_write(pattern);
-  // Sequential requests span many blocks (the engine cuts them into block_size pieces); random ones are
-  // one block each. Outstanding requests cover every queue's queue_depth pieces plus about 32 MiB more
-  // (at least two requests), as a swap pipeline keeps work queued ahead: the engine never idles while
-  // this thread, on a busy machine, takes its time to react to a completion, and little is left to
-  // drain after the deadline.
-  constexpr std::uint64_t kAhead = std::uint64_t(32) << 20;
-  const std::uint64_t slots = std::uint64_t(o.queue_depth) * std::uint64_t(o.intra_op_parallelism);
-  std::uint64_t req = bs;
-  if (seq)
-    req = std::min<std::uint64_t>(
-        std::max<std::uint64_t>(bs, std::min(buffer_bytes, measure_buffer_bytes(o)) / bs * bs), span);
-  const std::size_t outstanding =
-      std::size_t((slots * bs + req - 1) / req + std::max<std::uint64_t>(2, (kAhead + req - 1) / req));
+  const Plan pl = plan(o, seq, span, buffer_bytes);
+  const std::uint64_t req = pl.request;
+  // Requests in flight take the buffer's request-sized regions in turn, as fio gives each I/O its own
+  // buffer: with measure_inflight_bytes() of buffer no two share memory (on a virtual disk, reads landing
+  // in memory that other reads in flight also fill ran about 25% slower).
+  const std::uint64_t regions = std::max<std::uint64_t>(1, buffer_bytes / req);
+  std::uint64_t next_region = 0;
 
   std::mt19937_64 rng(0x10ad);
   std::uint64_t pos = 0;
@@ -106,8 +138,8 @@ Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_byte
     } else {
       off = (rng() % blocks) * bs;
     }
-    IoHandle h =
-        wr ? engine.submit_write(file, buffer, len, off) : engine.submit_read(file, buffer, len, off);
+    void* mem = static_cast<char*>(buffer) + next_region++ % regions * req;
+    IoHandle h = wr ? engine.submit_write(file, mem, len, off) : engine.submit_read(file, mem, len, off);
     q.emplace_back(h, len);
   };
   using clock = std::chrono::steady_clock;
@@ -121,7 +153,7 @@ Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_byte
   auto last = start;
   Measurement m;
   try {
-    for (std::size_t i = 0; i < outstanding; ++i) submit();
+    for (std::size_t i = 0; i < pl.outstanding; ++i) submit();
     while (!q.empty()) {
       engine.wait(q.front().first);
       const auto now = clock::now();

@@ -36,8 +36,10 @@ struct Measurement {
 // it) through `engine` the way fio does with --bs=block_size --iodepth=queue_depth --size=S, where S is
 // file_bytes rounded down to whole blocks: sequential patterns sweep [0, S) in order and wrap around to 0,
 // random ones move one block at a uniformly random block-aligned offset in [0, S). `buffer`
-// (buffer_bytes bytes, page-aligned) is reused by every request in flight; it must hold at least one
-// block, and sequential requests use up to buffer_bytes at a time.
+// (buffer_bytes bytes, page-aligned) must hold at least one block; sequential requests use up to
+// buffer_bytes at a time, and requests in flight take its request-sized regions in turn, so that with
+// measure_inflight_bytes() of buffer none shares memory with another (fio gives each I/O its own buffer);
+// a smaller buffer is shared.
 //
 // Timed as fio's --time_based --ramp_time=R --runtime=T counts: the window opens R seconds after the
 // first submit (at it with R == 0); every request that completes after that counts, also one that was
@@ -51,6 +53,9 @@ Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_byte
 
 // Bytes of buffer measure() can use to keep sequential requests large (min(block x depth x threads, 64 MiB)).
 std::size_t measure_buffer_bytes(const AioOptions& opts);
+// Bytes of buffer with which no two of measure()'s requests in flight share memory (about block x depth x
+// threads plus the 32 MiB it queues ahead).
+std::size_t measure_inflight_bytes(const AioOptions& opts);
 
 // A page-aligned scratch file for measurements: created at `bytes` under `dir`, filled with data (so
 // reads hit written blocks and writes overwrite rather than allocate), removed on destruction.

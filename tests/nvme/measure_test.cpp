@@ -52,6 +52,27 @@ TEST_P(Measure, CountsAWindowOfAtLeastTheRuntimeWithAndWithoutARamp) {
   EXPECT_EQ(engine.stats().failed_requests, 0u);
 }
 
+TEST_P(Measure, GivesEachRequestInFlightItsOwnMemoryWhenTheBufferHoldsThemAll) {
+  ScratchFile file(scratch_dir(), 3u << 20, /*direct=*/true);
+  AioOptions o;
+  o.backend = GetParam();
+  o.block_size = 1u << 20;
+  o.queue_depth = 2;
+  AioEngine engine(o);
+  // Sequential: 2 MiB requests, one for the queue plus 16 queued ahead (32 MiB); random: 1 MiB requests,
+  // 2 + 32 of them.
+  const std::size_t bytes = measure_inflight_bytes(o);
+  EXPECT_EQ(bytes, std::size_t(34) << 20);
+  void* buf = nullptr;
+  ASSERT_EQ(posix_memalign(&buf, 4096, bytes), 0);
+  std::unique_ptr<void, decltype(&std::free)> owner(buf, &std::free);
+  for (Pattern p : {Pattern::seq_read, Pattern::rand_read}) {
+    Measurement m = measure(engine, file.file(), file.bytes(), p, 0.05, buf, bytes, 0.02);
+    EXPECT_GT(m.bytes, 0u) << to_string(p);
+  }
+  EXPECT_EQ(engine.stats().failed_requests, 0u);
+}
+
 TEST_P(Measure, RefusesANonPositiveRuntimeAndANegativeRamp) {
   ScratchFile file(scratch_dir(), 1u << 20, /*direct=*/true);
   AioOptions o;

@@ -163,8 +163,8 @@ int64_t ModelConfig::num_parameters() const {
 
 ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
   if (!j.is_object()) throw ConfigError(detail::cat(where, ": expected a JSON object, got ", j.dump()));
-  for (const auto& [key, value] : j.items()) {
-    (void)value;
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();  // not a structured binding: clang < 16 cannot capture those
     bool known = std::any_of(std::begin(kKeys), std::end(kKeys),
                              [&](const Key& k) { return key == k.ours || key == k.hf; });
     bool ignored = std::any_of(std::begin(kIgnoredHfKeys), std::end(kIgnoredHfKeys),
@@ -225,7 +225,7 @@ ModelConfig ModelConfig::from_file(const std::string& path) {
   json j;
   try {
     j = json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
     throw ConfigError(detail::cat("model config ", path, ": not valid JSON: ", e.what()));
   }
   return from_json(j, path);

@@ -79,14 +79,17 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     json header;
     try {
       header = json::parse(bytes + 8, bytes + 8 + n);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
       throw ConfigError(detail::cat("safetensors file ", path, ": header is not valid JSON: ", e.what()));
     }
     if (!header.is_object())
       throw ConfigError(detail::cat("safetensors file ", path, ": header is not a JSON object"));
     data_ = bytes + 8 + n;
     const uint64_t data_bytes = map_bytes_ - 8 - n;
-    for (const auto& [name, v] : header.items()) {
+    for (const auto& item : header.items()) {
+      // Not a structured binding: `bad` below captures the name, which clang < 16 cannot do for those.
+      const std::string& name = item.key();
+      const json& v = item.value();
       if (name == "__metadata__") {
         if (!v.is_object())
           throw ConfigError(detail::cat("safetensors file ", path, ": __metadata__ is not an object"));
@@ -117,10 +120,19 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       if (e.begin > e.end || e.end > data_bytes)
         throw bad(detail::cat("has data_offsets [", e.begin, ", ", e.end, "] outside the ", data_bytes,
                               "-byte data section"));
-      if (e.dtype_known && e.end - e.begin != e.numel() * dtype_bytes(e.dtype))
-        throw bad(detail::cat("has shape ", shape_str(e.shape), " of ", e.dtype_name, " (",
-                              e.numel() * dtype_bytes(e.dtype), " bytes) but ", e.end - e.begin,
-                              " bytes of data"));
+      // The element count and byte size are computed without wrapping: a shape such as [2^62, 4] of F32
+      // wraps to 0 elements, which would match an empty data range.
+      uint64_t numel = 1, nbytes = 0;
+      for (int64_t d : e.shape)
+        if (__builtin_mul_overflow(numel, uint64_t(d), &numel))
+          throw bad(
+              detail::cat("has shape ", shape_str(e.shape), ", whose element count does not fit 64 bits"));
+      if (e.dtype_known && __builtin_mul_overflow(numel, uint64_t(dtype_bytes(e.dtype)), &nbytes))
+        throw bad(detail::cat("has shape ", shape_str(e.shape), " of ", e.dtype_name,
+                              ", whose byte size does not fit 64 bits"));
+      if (e.dtype_known && e.end - e.begin != nbytes)
+        throw bad(detail::cat("has shape ", shape_str(e.shape), " of ", e.dtype_name, " (", nbytes,
+                              " bytes) but ", e.end - e.begin, " bytes of data"));
       entries_.push_back(std::move(e));
     }
   } catch (...) {
@@ -264,7 +276,7 @@ void load_weights(const std::string& path, const ModelLayout& layout,
     json idx;
     try {
       idx = json::parse(in);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
       throw ConfigError(detail::cat("safetensors index ", path, " is not valid JSON: ", e.what()));
     }
     if (!idx.contains("weight_map") || !idx["weight_map"].is_object())

@@ -121,6 +121,21 @@ TEST(ModelConfig, FromFileReadsOurKeys) {
   EXPECT_EQ(c.d_model, ModelConfig::preset("tiny").d_model);
 }
 
+// A number beyond a double's range is JSON nlohmann refuses with out_of_range.406, not parse_error; it is
+// still a ConfigError naming the file (found by fuzz/safetensors_fuzz, which reads the model config a
+// safetensors file carries).
+TEST(ModelConfig, FromFileRefusesANumberTooLargeForADouble) {
+  test::ScratchDir dir("model");
+  std::string path = dir.file("huge_number.json");
+  std::ofstream(path) << R"({"vocab_size": 1e999})";
+  try {
+    ModelConfig::from_file(path);
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": not valid JSON"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ModelConfig, DefaultsKvHeadsToHeads) {
   json j = ModelConfig::preset("tiny").to_json();
   j.erase("n_kv_heads");

@@ -263,6 +263,44 @@ TEST(Safetensors, CorruptFilesAreRejected) {
   }
 }
 
+// A shape whose element count wraps around 64 bits ([2^62, 4] of F32: 0 elements when wrapped) must not
+// pass the size check against an empty data range (found by fuzz/safetensors_fuzz's invariant).
+TEST(Safetensors, AShapeWhoseSizeOverflowsIsRejected) {
+  test::ScratchDir dir("model");
+  const std::string path = dir.file("overflow.safetensors");
+  for (const json& shape : {json{uint64_t(1) << 62, 4}, json{uint64_t(1) << 32, uint64_t(1) << 32},
+                            json{1 << 21, 1 << 21, 1 << 22}}) {
+    json h = {{"w", {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {0, 0}}}}};
+    std::string text = h.dump();
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char(uint64_t(text.size()) >> (8 * i));
+    std::ofstream(path, std::ios::binary) << bytes << text;
+    try {
+      SafetensorsReader r(path);
+      FAIL() << "shape " << shape.dump() << " was accepted with " << r.entries().size() << " entries";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("does not fit 64 bits"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A header number beyond a double's range (nlohmann: out_of_range.406, not parse_error) is a ConfigError
+// naming the file (found by fuzz/safetensors_fuzz).
+TEST(Safetensors, AHeaderNumberTooLargeForADoubleIsRejected) {
+  test::ScratchDir dir("model");
+  const std::string path = dir.file("huge_number.safetensors");
+  const std::string text = R"({"w":{"dtype":"F32","shape":[1e999],"data_offsets":[0,0]}})";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char(uint64_t(text.size()) >> (8 * i));
+  std::ofstream(path, std::ios::binary) << bytes << text;
+  try {
+    SafetensorsReader r(path);
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("header is not valid JSON"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Safetensors, WriterRefusesOutOfOrderTensorsAndLeavesNoFile) {
   test::ScratchDir dir("model");
   std::string path = dir.file("unfinished.safetensors");

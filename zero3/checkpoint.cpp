@@ -129,6 +129,38 @@ std::string shard_name(int rank) {
   return cat("rank", rank, ".shard");
 }
 
+// The shard's tensor table (its checksum already matched): a JSON array of {"name", "dtype", "bytes",
+// "offset", "crc32c"}, each tensor inside the data area [header, table). Anything else is an IoError
+// naming the file and the entry, never json's own exception types.
+std::vector<TensorRecord> parse_table(const std::string& text, const std::string& file,
+                                      std::uint64_t table_offset) {
+  const nlohmann::json table = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!table.is_array())
+    throw IoError(cat(file, ": the tensor table is not a JSON array; the file is damaged, load another tag"));
+  std::vector<TensorRecord> out;
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const nlohmann::json& e = table[i];
+    auto bad = [&](const char* what) {
+      return IoError(cat(file, ": tensor table entry ", i, " ", what, " (", e.dump().substr(0, 200),
+                         "); the file is damaged, load another tag"));
+    };
+    if (!e.is_object()) throw bad("is not an object");
+    for (const char* key : {"name", "dtype"})
+      if (!e.contains(key) || !e[key].is_string()) throw bad("lacks a string name or dtype");
+    for (const char* key : {"bytes", "offset", "crc32c"})
+      if (!e.contains(key) || !e[key].is_number_unsigned())
+        throw bad("lacks a whole bytes, offset or crc32c");
+    TensorRecord r{e["name"].get<std::string>(), e["dtype"].get<std::string>(),
+                   e["bytes"].get<std::uint64_t>(), e["offset"].get<std::uint64_t>(), 0};
+    if (e["crc32c"].get<std::uint64_t>() > 0xffffffffu) throw bad("has a crc32c wider than 32 bits");
+    r.crc32c = std::uint32_t(e["crc32c"].get<std::uint64_t>());
+    if (r.offset < kHeaderBytes || r.offset > table_offset || r.bytes > table_offset - r.offset)
+      throw bad("lies outside the file's data area");
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string step_tag(std::int64_t step) {
@@ -305,7 +337,10 @@ CheckpointReader::CheckpointReader(const std::string& dir, const std::string& ta
   } catch (const nlohmann::json::exception& e) {
     throw IoError(cat(meta_path, " is not valid JSON (", e.what(), "); the checkpoint is damaged"));
   }
-  if (!meta_.is_object() || meta_.value("format", std::string()) != kCheckpointFormat)
+  // Every field is checked for its type before it is read: json's value() / get() throw their own
+  // exception types (and convert a float to int without a range check) on a field of the wrong type.
+  const auto format = meta_.is_object() ? meta_.find("format") : meta_.end();
+  if (!meta_.is_object() || format == meta_.end() || !format->is_string() || *format != kCheckpointFormat)
     throw ConfigError(
         cat(meta_path, " is not a Strata checkpoint (format is not \"", kCheckpointFormat, "\")"));
   if (const auto c = meta_.find("meta_crc32c"); c != meta_.end()) {  // older checkpoints have none
@@ -317,7 +352,12 @@ CheckpointReader::CheckpointReader(const std::string& dir, const std::string& ta
       throw IoError(cat(meta_path, ": checksum mismatch (stored ", c->dump(), ", computed ", got,
                         "); the metadata is damaged, load another tag"));
   }
-  int version = meta_.value("version", 0);
+  const auto version_it = meta_.find("version");
+  if (version_it == meta_.end() || !version_it->is_number_integer())
+    throw ConfigError(cat(meta_path, ": the checkpoint format version is missing or not a whole number (",
+                          version_it == meta_.end() ? std::string("absent") : version_it->dump(),
+                          "); the metadata is damaged"));
+  const std::int64_t version = version_it->get<std::int64_t>();
   if (version < 1 || version > kCheckpointVersion)
     throw ConfigError(cat(meta_path, ": checkpoint format version ", version,
                           " is not supported (this build reads ", kCheckpointVersion,
@@ -327,8 +367,9 @@ CheckpointReader::CheckpointReader(const std::string& dir, const std::string& ta
   fd_ = ::open(file_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) {
     const int err = errno;
+    const auto world = meta_.find("world_size");
     throw IoError(cat("checkpoint ", path_, ": cannot open ", shard_name(rank), " (", detail::errno_text(err),
-                      "); meta.json says ", meta_.value("world_size", 1),
+                      "); meta.json says ", world == meta_.end() ? std::string("1") : world->dump(),
                       " rank(s) wrote this checkpoint, so it is incomplete or damaged: load another tag"));
   }
   try {
@@ -342,17 +383,22 @@ CheckpointReader::CheckpointReader(const std::string& dir, const std::string& ta
       throw IoError(cat(file_, " holds rank ", get32(h + 12), ", expected rank ", rank));
     const std::uint64_t toff = get64(h + 24), tbytes = get64(h + 32);
     const std::uint32_t tcrc = get32(h + 40);
-    if (tbytes > (1ull << 32)) throw IoError(cat(file_, ": implausible table size ", tbytes));
+    // The table lies inside the file (checked before its size is allocated: a header whose checksum
+    // matches may still come from a faulty writer).
+    struct stat st {};
+    STRATA_SYS_CHECK(::fstat(fd_, &st) == 0, "fstat ", file_);
+    const std::uint64_t file_bytes = std::uint64_t(st.st_size);
+    if (toff < kHeaderBytes || toff > file_bytes || tbytes > file_bytes - toff)
+      throw IoError(cat(file_, ": the header puts the tensor table at [", toff, ", +", tbytes,
+                        ") outside the ", file_bytes,
+                        "-byte file; the file is truncated or damaged, load another tag"));
     std::string text(tbytes, '\0');
     read_all(fd_, text.data(), tbytes, toff, file_, "the tensor table");
     std::uint32_t got = crc32c(text.data(), text.size());
     if (got != tcrc)
       throw IoError(cat(file_, ": tensor table checksum mismatch (stored ", tcrc, ", computed ", got,
                         "); the file is damaged, load another tag"));
-    for (const auto& e : nlohmann::json::parse(text))
-      table_.push_back({e.at("name").get<std::string>(), e.at("dtype").get<std::string>(),
-                        e.at("bytes").get<std::uint64_t>(), e.at("offset").get<std::uint64_t>(),
-                        e.at("crc32c").get<std::uint32_t>()});
+    table_ = parse_table(text, file_, toff);
   } catch (...) {
     ::close(fd_);
     throw;

@@ -74,9 +74,13 @@ namespace {
 // least two requests), as a swap pipeline keeps work queued ahead: the engine never idles while the
 // measuring thread, on a busy machine, takes its time to react to a completion, and little is left to
 // drain after the deadline.
+// Requests whose pieces can be in the kernel at once: those covering the queues' pieces, plus one whose
+// last pieces are still out when the next one's first go in. Giving each its own memory gives the
+// engine fio's buffer footprint (block x depth), each I/O in flight with memory of its own.
 struct Plan {
   std::uint64_t request;
   std::size_t outstanding;
+  std::size_t in_kernel;
 };
 
 Plan plan(const AioOptions& o, bool seq, std::uint64_t span, std::size_t buffer_bytes) {
@@ -87,8 +91,9 @@ Plan plan(const AioOptions& o, bool seq, std::uint64_t span, std::size_t buffer_
   if (seq)
     req = std::min<std::uint64_t>(
         std::max<std::uint64_t>(bs, std::min(buffer_bytes, measure_buffer_bytes(o)) / bs * bs), span);
-  return {req,
-          std::size_t((slots * bs + req - 1) / req + std::max<std::uint64_t>(2, (kAhead + req - 1) / req))};
+  const std::uint64_t covering = (slots * bs + req - 1) / req;
+  return {req, std::size_t(covering + std::max<std::uint64_t>(2, (kAhead + req - 1) / req)),
+          std::size_t(covering + 1)};
 }
 
 }  // namespace
@@ -99,7 +104,7 @@ std::size_t measure_inflight_bytes(const AioOptions& o) {
   std::size_t bytes = 0;
   for (bool seq : {true, false}) {
     const Plan p = plan(o, seq, unbounded, big);
-    bytes = std::max(bytes, std::size_t(p.request) * p.outstanding);
+    bytes = std::max(bytes, std::size_t(p.request) * p.in_kernel);
   }
   return bytes;
 }
@@ -119,10 +124,11 @@ Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_byte
   const bool wr = is_write(pattern);
   const Plan pl = plan(o, seq, span, buffer_bytes);
   const std::uint64_t req = pl.request;
-  // Requests in flight take the buffer's request-sized regions in turn, as fio gives each I/O its own
-  // buffer: with measure_inflight_bytes() of buffer no two share memory (on a virtual disk, reads landing
-  // in memory that other reads in flight also fill ran about 25% slower).
-  const std::uint64_t regions = std::max<std::uint64_t>(1, buffer_bytes / req);
+  // Requests take the buffer's request-sized regions in turn, as many regions as can be in the kernel
+  // at once (Plan): with measure_inflight_bytes() of buffer each I/O in flight has memory of its own and
+  // the whole is about block x depth, as fio's buffers are (on a virtual disk, reads landing in memory
+  // that other reads in flight also fill ran about 25% slower).
+  const std::uint64_t regions = std::clamp<std::uint64_t>(buffer_bytes / req, 1, pl.in_kernel);
   std::uint64_t next_region = 0;
 
   std::mt19937_64 rng(0x10ad);

@@ -37,9 +37,9 @@ struct Measurement {
 // file_bytes rounded down to whole blocks: sequential patterns sweep [0, S) in order and wrap around to 0,
 // random ones move one block at a uniformly random block-aligned offset in [0, S). `buffer`
 // (buffer_bytes bytes, page-aligned) must hold at least one block; sequential requests use up to
-// buffer_bytes at a time, and requests in flight take its request-sized regions in turn, so that with
-// measure_inflight_bytes() of buffer none shares memory with another (fio gives each I/O its own buffer);
-// a smaller buffer is shared.
+// buffer_bytes at a time, and requests take its request-sized regions in turn, as many as can be in the
+// kernel at once: with measure_inflight_bytes() of buffer no two I/Os in flight share memory and the
+// memory used is about block x depth, as fio's buffers are; a smaller buffer is shared.
 //
 // Timed as fio's --time_based --ramp_time=R --runtime=T counts: the window opens R seconds after the
 // first submit (at it with R == 0); every request that completes after that counts, also one that was
@@ -53,8 +53,8 @@ Measurement measure(AioEngine& engine, const File& file, std::uint64_t file_byte
 
 // Bytes of buffer measure() can use to keep sequential requests large (min(block x depth x threads, 64 MiB)).
 std::size_t measure_buffer_bytes(const AioOptions& opts);
-// Bytes of buffer with which no two of measure()'s requests in flight share memory (about block x depth x
-// threads plus the 32 MiB it queues ahead).
+// Bytes of buffer with which no two of measure()'s I/Os in flight share memory: about block x depth x
+// threads, plus one request.
 std::size_t measure_inflight_bytes(const AioOptions& opts);
 
 // A page-aligned scratch file for measurements: created at `bytes` under `dir`, filled with data (so

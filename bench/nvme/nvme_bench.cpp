@@ -323,7 +323,7 @@ int main(int argc, char** argv) {
 
     ScratchFile scratch(dir, file_mib << 20, direct);
     // Every point's requests in flight get memory of their own, as fio's I/Os do (measure() in
-    // nvme/tune.h): up to 640 MiB each for reads and writes at 8 MiB x 64.
+    // nvme/tune.h): 576 MiB each for reads and writes at 8 MiB x 64 (fio: 512 MiB).
     std::size_t buf_bytes = 0;
     auto need = [&](std::size_t block, int depth) {
       AioOptions o;

@@ -1,0 +1,47 @@
+# Sanitizer and fuzzer builds (scripts/ci-sanitize.sh runs them in CI; docs/testing.md says how).
+#
+# STRATA_SANITIZE: a comma-separated list passed to -fsanitize= for every C and C++ target of the tree,
+#   libraries, tests, tools and benchmarks alike (instrumenting only some objects hides bugs and, for TSan,
+#   reports false races). Empty (the default) builds without. Supported: "address,undefined" (ASan + UBSan,
+#   the whole suite runs under it) and "thread" (TSan, the threaded suites). UBSan is fatal
+#   (-fno-sanitize-recover=all): a report fails the test instead of scrolling by. CUDA sources are never
+#   instrumented, so a sanitizer build must be CPU-only (-DSTRATA_CUDA=OFF).
+# STRATA_FUZZ: builds the libFuzzer targets under fuzz/ (clang only). Every library is compiled with
+#   -fsanitize=fuzzer-no-link so that libFuzzer sees coverage in the parsers, and each target links
+#   -fsanitize=fuzzer; combine it with STRATA_SANITIZE=address,undefined.
+set(STRATA_SANITIZE "" CACHE STRING "Sanitizers for every target: empty, address,undefined or thread")
+option(STRATA_FUZZ "Build the libFuzzer targets under fuzz/ (clang only)" OFF)
+
+if(STRATA_SANITIZE OR STRATA_FUZZ)
+  if(STRATA_WITH_CUDA)
+    message(FATAL_ERROR "STRATA_SANITIZE / STRATA_FUZZ instrument host code only; configure with "
+                        "-DSTRATA_CUDA=OFF")
+  endif()
+endif()
+
+set(strata_sanitize_flags)
+if(STRATA_SANITIZE)
+  string(REPLACE "," ";" strata_sanitizers "${STRATA_SANITIZE}")
+  foreach(s ${strata_sanitizers})
+    if(NOT s MATCHES "^(address|undefined|thread|leak)$")
+      message(FATAL_ERROR "STRATA_SANITIZE: unknown sanitizer '${s}' (use address,undefined or thread)")
+    endif()
+  endforeach()
+  if("thread" IN_LIST strata_sanitizers AND ("address" IN_LIST strata_sanitizers OR "leak" IN_LIST strata_sanitizers))
+    message(FATAL_ERROR "STRATA_SANITIZE: thread cannot be combined with address or leak; build two trees")
+  endif()
+  list(APPEND strata_sanitize_flags -fsanitize=${STRATA_SANITIZE} -fno-sanitize-recover=all
+       -fno-omit-frame-pointer)
+endif()
+if(STRATA_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "STRATA_FUZZ needs clang (libFuzzer), not ${CMAKE_CXX_COMPILER_ID}: configure with "
+                        "-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++")
+  endif()
+  list(APPEND strata_sanitize_flags -fsanitize=fuzzer-no-link)
+endif()
+if(strata_sanitize_flags)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:${strata_sanitize_flags}>")
+  add_link_options("$<$<LINK_LANGUAGE:C,CXX>:${strata_sanitize_flags}>")
+  message(STATUS "Strata sanitizers: ${strata_sanitize_flags}")
+endif()

@@ -37,20 +37,25 @@ void throw_backend(const char* file, int line, const char* stmt, const char* api
 
 }  // namespace detail
 
-std::string format_bytes(std::size_t bytes) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+std::string format_size(std::uint64_t bytes, int decimals) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   double v = double(bytes);
   int u = 0;
-  while (v >= 1024.0 && u < 4) {
+  while (v >= 1024.0 && u < 5) {
     v /= 1024.0;
     ++u;
   }
   char buf[64];
   if (u == 0)
-    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+    std::snprintf(buf, sizeof buf, "%llu B", (unsigned long long)bytes);
   else
-    std::snprintf(buf, sizeof buf, "%.2f %s (%zu bytes)", v, units[u], bytes);
+    std::snprintf(buf, sizeof buf, "%.*f %s", decimals, v, units[u]);
   return buf;
+}
+
+std::string format_bytes(std::size_t bytes) {
+  if (bytes < 1024) return format_size(bytes);
+  return format_size(bytes) + " (" + std::to_string(bytes) + " bytes)";
 }
 
 }  // namespace strata

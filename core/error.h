@@ -11,6 +11,7 @@
 // and what to change. Library code never calls exit(); executables catch at main and exit non-zero.
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -66,7 +67,10 @@ std::string errno_text(int err);
 
 }  // namespace detail
 
-// Human-readable byte counts ("1.50 GiB (1610612736 bytes)") for error messages and reports.
+// The one byte formatter. Binary units with `decimals` places ("1.50 GiB", "512 B") for logs, tables and
+// progress lines; format_bytes adds the exact count ("1.50 GiB (1610612736 bytes)") for messages whose
+// figure a user may copy into a setting.
+std::string format_size(std::uint64_t bytes, int decimals = 2);
 std::string format_bytes(std::size_t bytes);
 
 }  // namespace strata

@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "core/error.h"
 
 namespace strata::nvme {

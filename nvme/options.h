@@ -7,7 +7,7 @@
 //   opts.validate();                               // ConfigError naming the key, the value and the range
 //   std::string json = opts.to_config_json();      // {"aio": {...}, "strata": {"aio": {"backend": ...}}}
 //
-// The config parser (core) fills this struct from ds_config.json; the keys below are the JSON key paths.
+// The config parser (config/) fills this struct from ds_config.json; the keys below are the JSON key paths.
 #pragma once
 
 #include <cstddef>

@@ -272,11 +272,7 @@ void TierManager::Impl::out_of_memory(Tier tier, std::uint64_t bytes, Kind kind,
   std::snprintf(line, sizeof line, "  %-7s %16s %16s %16s %16s\n", "tier", "capacity", "used", "reserved",
                 "free");
   os << line;
-  auto mib = [](std::uint64_t b) {
-    char s[32];
-    std::snprintf(s, sizeof s, "%.2f MiB", double(b) / double(1 << 20));
-    return std::string(s);
-  };
+  auto mib = [](std::uint64_t b) { return format_size(b); };
   for (int t = 0; t < kTierCount; ++t) {
     if (!pools[t]) {
       std::snprintf(line, sizeof line, "  %-7s %16s\n", to_string(Tier(t)), "not configured");

@@ -70,15 +70,11 @@ int parse_int(const std::string& s, const char* what) {
   throw ConfigError(cat("nvme-tune ", what, ": \"", s, "\" is not a positive integer"));
 }
 
-std::string human(std::size_t bytes) {
-  return bytes >= (1u << 20) ? cat(bytes >> 20, "M") : cat(bytes >> 10, "K");
-}
-
 void print_point(const nvme::TunePoint& p) {
   // psync has no queue, so its depth is not a setting that was measured.
   std::string depth = p.opts.backend == nvme::Backend::psync ? "-" : std::to_string(p.opts.queue_depth);
   std::printf("  %-9s %6s %6s %7d %6s %7s %9.3f %9.3f %9.3f\n", nvme::to_string(p.opts.backend),
-              human(p.opts.block_size).c_str(), depth.c_str(), p.opts.intra_op_parallelism,
+              format_size(p.opts.block_size, 0).c_str(), depth.c_str(), p.opts.intra_op_parallelism,
               p.opts.single_submit ? "yes" : "no", p.opts.overlap_events ? "yes" : "no", p.read_gbps,
               p.write_gbps, p.combined_gbps());
   std::fflush(stdout);
@@ -135,8 +131,8 @@ int run_tune(const TuneArgs& a) {
 
   auto line = [](const char* what, const nvme::TunePoint& p) {
     std::printf("%-14s %s, block %s, depth %d, threads %d: read %.3f GB/s, write %.3f GB/s\n", what,
-                nvme::to_string(p.opts.backend), human(p.opts.block_size).c_str(), p.opts.queue_depth,
-                p.opts.intra_op_parallelism, p.read_gbps, p.write_gbps);
+                nvme::to_string(p.opts.backend), format_size(p.opts.block_size, 0).c_str(),
+                p.opts.queue_depth, p.opts.intra_op_parallelism, p.read_gbps, p.write_gbps);
   };
   std::printf("\n");
   line("best read:", r.best_read);

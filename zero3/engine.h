@@ -54,7 +54,7 @@
 #include <string>
 
 #include "comm/comm.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "core/device.h"
 #include "kernels/ops.h"
 #include "model/chunk.h"

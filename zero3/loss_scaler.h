@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 
-#include "core/config.h"
+#include "config/config.h"
 
 namespace strata::zero3 {
 

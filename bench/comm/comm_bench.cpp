@@ -48,17 +48,6 @@ std::size_t parse_bytes(const std::string& s) {
   return std::size_t(v * m);
 }
 
-std::string human(std::size_t b) {
-  char s[32];
-  if (b >= (1u << 20))
-    std::snprintf(s, sizeof s, "%zu MiB", b >> 20);
-  else if (b >= 1024)
-    std::snprintf(s, sizeof s, "%zu KiB", b >> 10);
-  else
-    std::snprintf(s, sizeof s, "%zu B", b);
-  return s;
-}
-
 struct Row {
   std::string op;
   std::size_t bytes = 0;
@@ -153,7 +142,7 @@ int main(int argc, char** argv) {
                   "busbw GB/s", "memcpy GB/s", "bus/mcpy");
       for (const Row& r : rows)
         std::printf("%-15s %10s %6d %12.1f %10.2f %10.2f %12.2f %8.2f\n", r.op.c_str(),
-                    human(r.bytes).c_str(), r.iters, r.time_s * 1e6, r.algbw, r.busbw, r.memcpy_bw,
+                    format_size(r.bytes, 0).c_str(), r.iters, r.time_s * 1e6, r.algbw, r.busbw, r.memcpy_bw,
                     r.busbw / r.memcpy_bw);
       nlohmann::json out = {{"bench", "comm"},    {"communicator", world->name()},
                             {"world", W},         {"dtype", dtype_name(dtype)},

@@ -48,7 +48,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "core/error.h"
 #include "cpu_optim/cpu_optim.h"
 #include "kernels/cpu/ops.h"

@@ -2,7 +2,7 @@
 //   build/tests/config/strata_config_doc > docs/config.md
 #include <cstdio>
 
-#include "core/config.h"
+#include "config/config.h"
 
 int main() {
   std::string md = strata::config_reference_markdown();

@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "core/error.h"
 #include "tests/common/scratch_dir.h"
 

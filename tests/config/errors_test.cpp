@@ -28,7 +28,14 @@ TEST_P(BadInputs, MessageNamesKeyValueAndAllowedSet) {
 const BadInput kBadInputs[] = {
     {"CosineScheduleWithNoStepsAfterWarmup",
      R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100, "warmup_num_steps": 100}}})",
-     {"scheduler.params.total_num_steps: 100 must be greater than warmup_num_steps (100) for WarmupCosineLR"}},
+     {"scheduler.params.total_num_steps: 100 must be greater than warmup_num_steps (100) for "
+      "WarmupCosineLR"}},
+    {"CosineScheduleWithinTheTwoStepMinimumWarmup",
+     R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 2, "warmup_num_steps": 1}}})",
+     {"scheduler.params.total_num_steps: 2 must be greater than warmup_num_steps (1, which counts as 2"}},
+    {"AioLimitsAllReportedAtOnce",
+     R"({"aio": {"queue_depth": 4097, "intra_op_parallelism": 65}})",
+     {"aio.queue_depth: 4097", "aio.intra_op_parallelism: 65"}},
     {"ChoiceNotAllowed",
      R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "gpu"}}})",
      {R"(zero_optimization.offload_optimizer.device: "gpu" is not one of none, cpu, nvme)"}},

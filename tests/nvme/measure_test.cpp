@@ -10,15 +10,11 @@
 
 #include "nvme/engine.h"
 #include "nvme/tune.h"
+#include "tests/common/scratch_dir.h"
 #include "tests/nvme/test_util.h"
 
 namespace strata::nvme {
 namespace {
-
-std::string scratch_dir() {
-  const char* env = std::getenv("STRATA_TEST_TMPDIR");
-  return env && *env ? env : std::filesystem::temp_directory_path().string();
-}
 
 class Measure : public ::testing::TestWithParam<Backend> {
  protected:
@@ -28,7 +24,7 @@ class Measure : public ::testing::TestWithParam<Backend> {
 TEST_P(Measure, CountsAWindowOfAtLeastTheRuntimeWithAndWithoutARamp) {
   // 3 MiB of 1 MiB blocks read and written 2 MiB at a time: the last request of each pass is the 1 MiB
   // left, and a request past the end would fail the measurement.
-  ScratchFile file(scratch_dir(), 3u << 20, /*direct=*/true);
+  ScratchFile file(strata::test::scratch_root().string(), 3u << 20, /*direct=*/true);
   AioOptions o;
   o.backend = GetParam();
   o.block_size = 1u << 20;
@@ -53,7 +49,7 @@ TEST_P(Measure, CountsAWindowOfAtLeastTheRuntimeWithAndWithoutARamp) {
 }
 
 TEST_P(Measure, GivesEachRequestInFlightItsOwnMemoryWhenTheBufferHoldsThemAll) {
-  ScratchFile file(scratch_dir(), 3u << 20, /*direct=*/true);
+  ScratchFile file(strata::test::scratch_root().string(), 3u << 20, /*direct=*/true);
   AioOptions o;
   o.backend = GetParam();
   o.block_size = 1u << 20;
@@ -74,7 +70,7 @@ TEST_P(Measure, GivesEachRequestInFlightItsOwnMemoryWhenTheBufferHoldsThemAll) {
 }
 
 TEST_P(Measure, RefusesANonPositiveRuntimeAndANegativeRamp) {
-  ScratchFile file(scratch_dir(), 1u << 20, /*direct=*/true);
+  ScratchFile file(strata::test::scratch_root().string(), 1u << 20, /*direct=*/true);
   AioOptions o;
   o.backend = GetParam();
   o.block_size = 1u << 20;

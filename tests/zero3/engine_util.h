@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "kernels/cpu/ops.h"
 #include "model/model.h"
 #include "tests/common/scratch_dir.h"
@@ -20,7 +20,7 @@ namespace strata::zero3::test {
 using strata::test::ScratchDir;  // tests/common/scratch_dir.h
 
 inline const char* name(OffloadDevice d) {
-  return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme";
+  return offload_name(d);  // zero3/placement.h
 }
 
 // A byte-vocabulary model of `layers` blocks of 213,248 parameters each (d_model 128, ffn 384, 4 heads):

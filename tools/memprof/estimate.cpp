@@ -82,19 +82,14 @@ std::vector<EstimateRow> estimate(const EstimateInput& in) {
                                             {Tier::pinned, Tier::pinned}, {Tier::nvme, Tier::pinned},
                                             {Tier::device, Tier::nvme},   {Tier::pinned, Tier::nvme},
                                             {Tier::nvme, Tier::nvme}};
-  auto device_of = [](Tier t) {
-    return t == Tier::device   ? OffloadDevice::none
-           : t == Tier::pinned ? OffloadDevice::cpu
-                               : OffloadDevice::nvme;
-  };
   std::vector<EstimateRow> rows;
   for (auto [param, optim] : settings) {
     EstimateRow r;
     r.param_home = param;
     r.optim_home = optim;
     Config c = base;
-    c.zero_optimization.offload_param.device = device_of(param);
-    c.zero_optimization.offload_optimizer.device = device_of(optim);
+    c.zero_optimization.offload_param.device = zero3::offload_of(param);
+    c.zero_optimization.offload_optimizer.device = zero3::offload_of(optim);
     const zero3::PlanInput pin =
         layout ? zero3::plan_input(c, *layout, in.model->tie_embeddings, in.world, 0, act)
                : zero3::plan_input(c, sizes, in.world, 0, act);
@@ -144,9 +139,9 @@ std::string format_estimate(const std::vector<EstimateRow>& rows, const Estimate
   for (const EstimateRow& r : rows) {
     std::snprintf(line, sizeof line, "  %-13s %-17s | %10s %10s %10s | %10s %12s   %-12s\n",
                   zero3::offload_name(r.param_home), zero3::offload_name(r.optim_home),
-                  short_bytes(r.device).c_str(), short_bytes(r.host).c_str(), short_bytes(r.nvme).c_str(),
-                  short_bytes(r.ds_gpu).c_str(), short_bytes(r.ds_cpu_zero_init).c_str(),
-                  short_bytes(r.ds_cpu).c_str());
+                  format_size(r.device).c_str(), format_size(r.host).c_str(), format_size(r.nvme).c_str(),
+                  format_size(r.ds_gpu).c_str(), format_size(r.ds_cpu_zero_init).c_str(),
+                  format_size(r.ds_cpu).c_str());
     os << line;
   }
   os << "\nStrata (the engine's own memory plan, rank 0; host and nvme x GPUs per node; docs/train.md):\n"

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "model/config.h"
 #include "tiering/accounting.h"
 #include "tiering/snapshot.h"
@@ -122,8 +122,5 @@ struct EstimateRow {
 std::vector<EstimateRow> estimate(const EstimateInput& in);  // ConfigError for bad input
 std::string format_estimate(const std::vector<EstimateRow>& rows, const EstimateInput& in);
 nlohmann::json estimate_json(const std::vector<EstimateRow>& rows, const EstimateInput& in);
-
-// "1.50 GiB": short binary units for tables.
-std::string short_bytes(std::uint64_t b);
 
 }  // namespace strata::memprof

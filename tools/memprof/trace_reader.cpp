@@ -13,19 +13,6 @@ namespace strata::memprof {
 using nlohmann::json;
 using strata::detail::cat;
 
-std::string short_bytes(std::uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = double(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char s[32];
-  std::snprintf(s, sizeof s, u ? "%.2f %s" : "%.0f %s", v, units[u]);
-  return s;
-}
-
 namespace {
 
 TraceSample sample_from(const json& j) {
@@ -261,14 +248,14 @@ std::string format_summary(const Summary& s) {
   std::snprintf(line, sizeof line, " %12s\n", "tier peak");
   os << line;
   for (int t = 0; t < kTierCount; ++t) {
-    std::string cap = !s.present[t] ? "absent" : s.capacity[t] ? short_bytes(s.capacity[t]) : "unlimited";
+    std::string cap = !s.present[t] ? "absent" : s.capacity[t] ? format_size(s.capacity[t]) : "unlimited";
     std::snprintf(line, sizeof line, "  %-7s %12s", to_string(Tier(t)), cap.c_str());
     os << line;
     for (int k = 0; k < kKindCount; ++k) {
-      std::snprintf(line, sizeof line, " %12s", short_bytes(s.peak[t][k]).c_str());
+      std::snprintf(line, sizeof line, " %12s", format_size(s.peak[t][k]).c_str());
       os << line;
     }
-    std::snprintf(line, sizeof line, " %12s\n", short_bytes(s.peak_total[t]).c_str());
+    std::snprintf(line, sizeof line, " %12s\n", format_size(s.peak_total[t]).c_str());
     os << line;
   }
   os << "\nMoves\n";
@@ -276,22 +263,22 @@ std::string format_summary(const Summary& s) {
   os << line;
   for (int d = 0; d < kDirectionCount; ++d) {
     std::snprintf(line, sizeof line, "  %-18s %10llu %14s\n", direction_name(d),
-                  (unsigned long long)s.moves[d].count, short_bytes(s.moves[d].bytes).c_str());
+                  (unsigned long long)s.moves[d].count, format_size(s.moves[d].bytes).c_str());
     os << line;
   }
   std::snprintf(line, sizeof line, "\nEvictions %llu (%s), failed moves %llu, OOMs %llu\n",
-                (unsigned long long)s.evictions, short_bytes(s.evicted_bytes).c_str(),
+                (unsigned long long)s.evictions, format_size(s.evicted_bytes).c_str(),
                 (unsigned long long)s.failed_moves, (unsigned long long)s.ooms);
   os << line;
   for (const MemEvent& e : s.oom_events) {
     std::snprintf(line, sizeof line, "  OOM at %.3f s (step %lld, %s): %s on %s\n", double(e.t_ns) * 1e-9,
-                  (long long)e.step, to_string(e.phase), short_bytes(e.bytes).c_str(), to_string(e.tier));
+                  (long long)e.step, to_string(e.phase), format_size(e.bytes).c_str(), to_string(e.tier));
     os << line;
   }
   os << "\nLargest tensors\n";
   for (const TraceTensor& t : s.largest) {
     std::snprintf(line, sizeof line, "  %-40s %-10s %-5s %12s  home %s\n", t.name.c_str(), to_string(t.kind),
-                  dtype_name(t.dtype), short_bytes(t.bytes).c_str(), to_string(t.home));
+                  dtype_name(t.dtype), format_size(t.bytes).c_str(), to_string(t.home));
     os << line;
   }
   if (s.writer_cpu_ns > 0) {

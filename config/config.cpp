@@ -1,7 +1,7 @@
 // Config parsing: aliases, the key walk, "auto" and command-line overrides, batch-size inference and
 // the checks that span keys. Types and ranges of single keys live in config_values.cpp; the keys
 // themselves in config_schema.cpp.
-#include "core/config.h"
+#include "config/config.h"
 #include "core/files.h"
 
 #include <sys/stat.h>
@@ -16,7 +16,7 @@
 #include <set>
 #include <sstream>
 
-#include "core/config_impl.h"
+#include "config/config_impl.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -475,7 +475,7 @@ void ConfigParser::check_cross_keys() {
   const auto& z = cfg.zero_optimization;
   if (cfg.fp16.enabled && cfg.bf16.enabled)
     error("fp16.enabled and bf16.enabled are both true; enable at most one of them");
-  auto device_name = [](OffloadDevice d) { return d == OffloadDevice::cpu ? "\"cpu\"" : "\"nvme\""; };
+  auto device_name = [](OffloadDevice d) { return detail::cat("\"", offload_device_name(d), "\""); };
   if (z.offload_param.device != OffloadDevice::none && z.stage != 3)
     error(detail::cat(shown_key("zero_optimization.offload_param.device"), ": ",
                       device_name(z.offload_param.device), " needs zero_optimization.stage 3 (stage is ",
@@ -506,10 +506,12 @@ void ConfigParser::check_cross_keys() {
                      s.total_num_steps, ")"));
   // The cosine runs over the steps after warmup; with none (DeepSpeed divides by their count, zero) the
   // rate would jump between its maximum and minimum every step.
-  if (s.type == SchedulerType::WarmupCosineLR && s.total_num_steps > 0 &&
-      s.total_num_steps <= s.warmup_num_steps)
+  // Warmup lasts at least 2 steps, as in DeepSpeed (zero3/lr_schedule.cpp), so that is the bound.
+  const std::int64_t warmup = std::max<std::int64_t>(2, s.warmup_num_steps);
+  if (s.type == SchedulerType::WarmupCosineLR && s.total_num_steps > 0 && s.total_num_steps <= warmup)
     error(detail::cat("scheduler.params.total_num_steps: ", s.total_num_steps,
                       " must be greater than warmup_num_steps (", s.warmup_num_steps,
+                      s.warmup_num_steps < 2 ? ", which counts as 2: warmup lasts at least 2 steps" : "",
                       ") for WarmupCosineLR, whose cosine decays over the steps after warmup; raise "
                       "total_num_steps to the run's optimizer steps, or lower warmup_num_steps"));
   if ((s.type == SchedulerType::WarmupDecayLR || s.type == SchedulerType::WarmupCosineLR) &&

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "core/config_impl.h"
+#include "config/config_impl.h"
 #include "core/error.h"
 
 namespace strata::config_detail {

@@ -1,7 +1,7 @@
 // Names outside the key table: alternative and deprecated DeepSpeed spellings, the DeepSpeed keys Strata
 // knowingly ignores (one warning each), and the command-line override names. docs/config.md lists all
 // three; the keys themselves are in config_schema.cpp.
-#include "core/config_impl.h"
+#include "config/config_impl.h"
 
 namespace strata::config_detail {
 namespace {

@@ -7,10 +7,11 @@
 //
 // Note [order]: keys are resolved in table order, so a key whose "auto" or default depends on another
 // (scheduler.params.warmup_max_lr on optimizer.params.lr) must come after it.
+#include <iterator>
 #include <map>
 #include <type_traits>
 
-#include "core/config_impl.h"
+#include "config/config_impl.h"
 
 namespace strata::config_detail {
 namespace {
@@ -99,7 +100,7 @@ AutoValue hidden_times_10(const AutoContext& c) {
   return {*c.hidden_size * 10, "auto→10·hidden_size"};
 }
 
-const std::vector<std::string> kDevices = {"none", "cpu", "nvme"};
+const std::vector<std::string> kDevices(std::begin(kOffloadDeviceNames), std::end(kOffloadDeviceNames));
 const char* const kHidden = "hidden_size² (override hidden_size), else the default";
 
 std::vector<Option> build_options() {

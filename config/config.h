@@ -1,4 +1,4 @@
-// strata/core/config.h: the run configuration, read from a DeepSpeed-style ds_config.json.
+// strata/config/config.h: the run configuration, read from a DeepSpeed-style ds_config.json.
 //
 // Example:
 //   strata::Overrides cli{{"lr", 3e-4}, {"micro_batch", 4}, {"hidden_size", 4096}};
@@ -8,7 +8,7 @@
 //   nlohmann::json header = cfg.to_json();               // checkpoints, memprof traces
 //
 // Every key, with its JSON path, type, default, allowed values and meaning, is declared once in the schema
-// table (core/config_schema.cpp). Parsing, defaults, validation, "did you mean" suggestions, the resolved
+// table (config/config_schema.cpp). Parsing, defaults, validation, "did you mean" suggestions, the resolved
 // table, to_json() and docs/config.md (config_reference_markdown()) are all driven by that table; the
 // structs below only give the values a typed home. Field names are DeepSpeed's key names.
 //
@@ -30,6 +30,11 @@ namespace strata {
 
 // Where a ZeRO offload keeps its tensors (DeepSpeed's OffloadDeviceEnum).
 enum class OffloadDevice { none, cpu, nvme };
+// The config's word for each, in enumerator order: "none", "cpu", "nvme" (the schema's choices).
+inline constexpr const char* kOffloadDeviceNames[] = {"none", "cpu", "nvme"};
+inline const char* offload_device_name(OffloadDevice d) {
+  return kOffloadDeviceNames[int(d)];
+}
 enum class OptimizerType { Adam, AdamW, Adagrad, Lion };
 // none: no "scheduler" section; the learning rate stays at optimizer.params.lr.
 enum class SchedulerType { none, WarmupLR, WarmupDecayLR, WarmupCosineLR };

@@ -1,8 +1,8 @@
 // Config output: the resolved table, the resolved JSON and the markdown reference, all from the schema.
 #include <algorithm>
 
-#include "core/config.h"
-#include "core/config_impl.h"
+#include "config/config.h"
+#include "config/config_impl.h"
 #include "core/error.h"
 
 namespace strata {
@@ -83,7 +83,7 @@ std::string config_reference_markdown() {
   std::string md;
   md += "# Configuration reference\n\n";
   md +=
-      "<!-- Generated from core/config_schema.cpp and core/config_names.cpp; do not edit by hand.\n"
+      "<!-- Generated from config/config_schema.cpp and config/config_names.cpp; do not edit by hand.\n"
       "     Regenerate: build/tests/config/strata_config_doc > docs/config.md (test_config checks it). "
       "-->\n\n";
   md +=

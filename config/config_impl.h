@@ -1,6 +1,6 @@
-// strata/core/config_impl.h: the config schema's types, shared by core/config*.cpp. Not a public header.
+// strata/config/config_impl.h: the config schema's types, shared by config/config*.cpp. Not a public header.
 //
-// One Option per key (core/config_schema.cpp; other names in config_names.cpp) holds everything the rest
+// One Option per key (config/config_schema.cpp; other names in config_names.cpp) holds everything the rest
 // needs: JSON path, kind, default, range or allowed values, how "auto" resolves, a one-line meaning and where
 // the value lives in Config. Parsing (config.cpp), value conversion (config_values.cpp), the resolved table,
 // to_json() and the markdown reference (config_print.cpp) all read this table and nothing else.
@@ -15,7 +15,7 @@
 #include <variant>
 #include <vector>
 
-#include "core/config.h"
+#include "config/config.h"
 
 namespace strata::config_detail {
 

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/log.h"
@@ -49,15 +49,6 @@ struct TrainOpts {
   std::vector<std::string> sets;
   bool progress = true;
 };
-
-std::string human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024.0 && u < 4) bytes /= 1024.0, ++u;
-  char s[32];
-  std::snprintf(s, sizeof s, u == 0 ? "%.0f%s" : "%.1f%s", bytes, units[u]);
-  return s;
-}
 
 std::string duration(double s) {
   char b[32];
@@ -113,6 +104,10 @@ static_assert(std::atomic<int>::is_always_lock_free);
 
 extern "C" void on_stop_signal(int sig) {
   if (g_stop_signal.exchange(sig) != 0) ::_exit(128 + sig);
+}
+
+const char* signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
 }
 
 // Installs on_stop_signal for SIGINT and SIGTERM for the lifetime of the object.
@@ -183,8 +178,8 @@ class Progress {
           "\r\033[K[%s] step %lld/%lld  loss %.4f%s  %.0f tok/s  %.2fs (fwd %.2f bwd %.2f opt %.2f wait "
           "%.2f)  dev %s pin %s nvme %s  ETA %s",
           bar.c_str(), (long long)r.step, (long long)(first_ + total_), r.loss, r.applied ? "" : " (skipped)",
-          tps, t.total, t.forward, t.backward, t.optimizer, t.wait, human(double(b.device)).c_str(),
-          human(double(b.pinned)).c_str(), human(double(b.nvme)).c_str(), duration(eta).c_str());
+          tps, t.total, t.forward, t.backward, t.optimizer, t.wait, format_size(b.device, 1).c_str(),
+          format_size(b.pinned, 1).c_str(), format_size(b.nvme, 1).c_str(), duration(eta).c_str());
       std::fputs(line, stderr);
       std::fflush(stderr);
       return;
@@ -196,7 +191,7 @@ class Progress {
         "%.3f opt %.3f wait %.3f | device %s pinned %s nvme %s\n",
         (long long)r.step, (long long)(first_ + total_), r.loss, r.applied ? "" : " (skipped)", r.lr,
         r.grad_norm, r.loss_scale, tps, t.total, t.forward, t.backward, t.optimizer, t.wait,
-        human(double(b.device)).c_str(), human(double(b.pinned)).c_str(), human(double(b.nvme)).c_str());
+        format_size(b.device, 1).c_str(), format_size(b.pinned, 1).c_str(), format_size(b.nvme, 1).c_str());
     std::fputs(line, out_);
     std::fflush(out_);
   }
@@ -213,6 +208,10 @@ class Progress {
 };
 
 int run_train(const TrainOpts& o) {
+  // From the start (Note [Stop signals]): a signal during the set-up (tokenizing --text, writing the initial
+  // state to NVMe) ends the run before its first step, through the destructors that remove the temporary
+  // token file and the swap files.
+  StopSignals stop_signals;
   if (o.steps < 1) throw ConfigError("--steps must be at least 1");
   if (o.data.empty() == o.text.empty())
     throw ConfigError("give exactly one of --data tokens.bin or --text file.txt");
@@ -299,6 +298,14 @@ int run_train(const TrainOpts& o) {
     }
   }
   if (!o.load.empty()) engine.load_checkpoint(o.load, o.load_tag, &data);
+  // Signalled during the set-up: stop before the first step (every rank, as they agree).
+  int early = g_stop_signal.load();
+  if (world > 1) early = int(engine.communicator().all_reduce_max(double(early)));
+  if (early != 0) {
+    STRATA_LOG_WARN("train: ", signal_name(early),
+                    " before the first step: stopping (nothing trained, nothing saved)");
+    return 128 + early;
+  }
 
   const bool tty = lead && o.progress && ::isatty(STDERR_FILENO);
   const std::int64_t first = engine.global_step();
@@ -313,15 +320,15 @@ int run_train(const TrainOpts& o) {
       engine.accumulation_steps(), world, world > 1 ? "s" : "", (long long)o.steps, (long long)first,
       zero3::offload_name(cfg.zero_optimization.offload_param.device),
       zero3::offload_name(cfg.zero_optimization.offload_optimizer.device),
-      engine.device().caps().name.c_str(), human(double(engine.device().caps().capacity)).c_str());
+      engine.device().caps().name.c_str(), format_size(engine.device().caps().capacity, 1).c_str());
   const zero3::MemoryPlan& plan = engine.plan();
   std::fprintf(
       out,
       "device plan%s: state %s + working set %s + activations %s + chunk cache %s (docs/train.md, \"Device "
       "memory\")\n",
-      world > 1 ? " (each rank)" : "", human(double(plan.device_state)).c_str(),
-      human(double(plan.device_working_set)).c_str(), human(double(plan.device_activations)).c_str(),
-      human(double(plan.device_cache)).c_str());
+      world > 1 ? " (each rank)" : "", format_size(plan.device_state, 1).c_str(),
+      format_size(plan.device_working_set, 1).c_str(), format_size(plan.device_activations, 1).c_str(),
+      format_size(plan.device_cache, 1).c_str());
   std::fflush(out);
 
   Progress progress(o.steps, first, tty, cfg.steps_per_print, out);
@@ -331,7 +338,6 @@ int run_train(const TrainOpts& o) {
   TierBytes peak;
   std::string saved;
   const auto t0 = Clock::now();
-  StopSignals stop_signals;
   int stopped_by = 0;
   for (std::int64_t i = 0; i < o.steps; ++i) {
     const zero3::StepResult r = engine.train_batch(model, data);
@@ -351,11 +357,7 @@ int run_train(const TrainOpts& o) {
     if (stopped_by != 0 && i + 1 < o.steps) {
       progress.finish();
       STRATA_LOG_WARN(
-          "train: ",
-          stopped_by == SIGINT    ? "SIGINT"
-          : stopped_by == SIGTERM ? "SIGTERM"
-                                  : "a signal",
-          " after step ", r.step,
+          "train: ", signal_name(stopped_by), " after step ", r.step,
           o.save.empty() ? ": stopping (no --save: nothing is saved)" : ": saving a checkpoint and stopping");
       break;
     }
@@ -378,9 +380,14 @@ int run_train(const TrainOpts& o) {
   }
   // Memory figures: the tier manager's peaks over the whole run (every block in use at once, gathered
   // chunks and staging included — not the state between steps), the largest over the ranks.
-  peak.device = engine.tiers().pool_stats(tiering::Tier::device).used.peak;
-  peak.pinned = engine.tiers().pool_stats(tiering::Tier::pinned).used.peak;
-  peak.nvme = engine.tiers().pool_stats(tiering::Tier::nvme).used.peak;
+  // The accounting's per-tier peak: the counter memprof's trace replays, so `memprof summary` of this
+  // run's trace shows the same figures (tests/tools/summary_peaks_test.sh).
+  {
+    const tiering::Snapshot snap = engine.tiers().snapshot(/*with_events=*/false);
+    peak.device = snap.tiers[int(tiering::Tier::device)].total.peak;
+    peak.pinned = snap.tiers[int(tiering::Tier::pinned)].total.peak;
+    peak.nvme = snap.tiers[int(tiering::Tier::nvme)].total.peak;
+  }
   comm::Communicator& cm = engine.communicator();
   peak.device = std::uint64_t(cm.all_reduce_max(double(peak.device)));
   peak.pinned = std::uint64_t(cm.all_reduce_max(double(peak.pinned)));
@@ -411,18 +418,18 @@ int run_train(const TrainOpts& o) {
                (unsigned long long)ps.misses, (unsigned long long)ps.invalidations);
   std::fprintf(
       out, "  memory      %speak in use: device %s, pinned %s, nvme %s (device peak allocated %s of %s)\n",
-      world > 1 ? "largest rank's " : "", human(double(peak.device)).c_str(),
-      human(double(peak.pinned)).c_str(), human(double(peak.nvme)).c_str(), human(device_peak).c_str(),
-      human(double(engine.device().caps().capacity)).c_str());
+      world > 1 ? "largest rank's " : "", format_size(peak.device).c_str(), format_size(peak.pinned).c_str(),
+      format_size(peak.nvme).c_str(), format_size(std::uint64_t(device_peak), 1).c_str(),
+      format_size(engine.device().caps().capacity, 1).c_str());
   const tiering::Snapshot snap = engine.tiers().snapshot(false);
   const zero3::TransferStats& ts = engine.transfer_stats();
   std::fprintf(out, "  moved       gathers %s (%llu chunks), gradients off the device %s;",
-               human(double(ts.gather_bytes)).c_str(), (unsigned long long)ts.gathers,
-               human(double(ts.grad_bytes)).c_str());
+               format_size(ts.gather_bytes, 1).c_str(), (unsigned long long)ts.gathers,
+               format_size(ts.grad_bytes, 1).c_str());
   for (int d = 0; d < tiering::kDirectionCount; ++d)
     if (snap.moves[std::size_t(d)].count)
       std::fprintf(out, " %s %s;", tiering::direction_name(d),
-                   human(double(snap.moves[std::size_t(d)].bytes)).c_str());
+                   format_size(snap.moves[std::size_t(d)].bytes, 1).c_str());
   std::fprintf(out, "\n");
   if (!saved.empty()) std::fprintf(out, "  checkpoint  %s\n", saved.c_str());
   if (out != stdout) std::fclose(out);

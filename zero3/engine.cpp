@@ -16,17 +16,6 @@ namespace {
 
 using detail::cat;
 
-// "512.0 KiB", "3.25 GiB": short sizes for log lines and messages.
-std::string gib(std::uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = double(b);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) v /= 1024.0, ++u;
-  char s[32];
-  std::snprintf(s, sizeof s, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
-  return s;
-}
-
 std::uint64_t physical_memory() {
   long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? std::uint64_t(pages) * std::uint64_t(page) : 0;
@@ -203,12 +192,15 @@ void Engine::Impl::check_fits() const {
     if (z.offload_param.buffer_count < 1)
       throw ConfigError(cat("zero_optimization.offload_param.buffer_count: ", z.offload_param.buffer_count,
                             "; NVMe parameter reads need at least 1 buffer"));
-    if (z.offload_param.buffer_size < largest)
-      throw ConfigError(cat("zero_optimization.offload_param.buffer_size: ", z.offload_param.buffer_size,
-                            " elements is smaller than chunk '", largest_name, "' (", largest,
-                            " elements); NVMe parameter reads go through buffers of this size, so raise "
-                            "buffer_size to at least ",
-                            largest));
+    // DeepSpeed reads one parameter tensor per buffer, so its default (1e8 elements) fits any tensor of
+    // most models; Strata reads a whole chunk (a transformer block) per buffer, which can be larger. The
+    // user's config stays valid: the buffers are sized to the largest chunk, and the plan counts them so.
+    if (z.offload_param.buffer_size < largest && comm->rank() == 0)
+      STRATA_LOG_WARN("zero3: zero_optimization.offload_param.buffer_size (", z.offload_param.buffer_size,
+                      " elements) is smaller than chunk '", largest_name, "' (", largest,
+                      " elements); Strata reads whole chunks from NVMe, so each of the ",
+                      z.offload_param.buffer_count, " read buffers holds ", largest,
+                      " elements (docs/train.md, \"Where the state lives\")");
   }
   if (homes.master == Tier::nvme && z.offload_optimizer.buffer_count < 1 + n_states)
     throw ConfigError(
@@ -229,13 +221,13 @@ void Engine::Impl::check_fits() const {
           "(configs/zero3_cpu.json, configs/zero3_nvme.json), ";
     throw OutOfMemory(cat(
         "the model does not fit the device: ", mcfg.name, " (", mcfg.num_parameters(), " parameters) needs ",
-        gib(need), " on the device — ", gib(plan.device_state),
+        format_size(need), " on the device — ", format_size(plan.device_state),
         " of state (offload_param.device = ", offload_name(z.offload_param.device),
         ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ") and a working set of ",
-        gib(plan.device_working_set), " (the largest chunk gathered in ", dtype_name(act),
-        " with its fp32 gradient buffer), and ", gib(plan.device_activations),
+        format_size(plan.device_working_set), " (the largest chunk gathered in ", dtype_name(act),
+        " with its fp32 gradient buffer), and ", format_size(plan.device_activations),
         " of activations for a micro-batch of ", cfg.train_micro_batch_size_per_gpu, " x ", planned_seq_len,
-        " tokens — and the device has ", gib(caps.capacity), " (", caps.name, "). To fit, ", todo,
+        " tokens — and the device has ", format_size(caps.capacity), " (", caps.name, "). To fit, ", todo,
         "lower train_micro_batch_size_per_gpu or the sequence length (--seq-len), "
         "or raise strata.device_memory_cap (--device-memory-cap) to at least ",
         need, " bytes (docs/train.md, \"Device memory\")"));
@@ -246,12 +238,12 @@ void Engine::Impl::check_fits() const {
                              (caps.backend == BackendKind::host ? std::min(caps.capacity, need) : 0);
   if (ram && host > ram / 10 * 9)
     throw OutOfMemory(
-        cat("the model does not fit host memory: ", gib(plan.pinned_state),
+        cat("the model does not fit host memory: ", format_size(plan.pinned_state),
             " of state in pinned host memory (offload_param.device = ", offload_name(z.offload_param.device),
             ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ") plus ",
-            gib(plan.pinned_staging), " of NVMe staging buffers",
-            caps.backend == BackendKind::host ? " and the host device" : "", " need ", gib(host),
-            "; this machine has ", gib(ram),
+            format_size(plan.pinned_staging), " of NVMe staging buffers",
+            caps.backend == BackendKind::host ? " and the host device" : "", " need ", format_size(host),
+            "; this machine has ", format_size(ram),
             ". Set zero_optimization.offload_optimizer.device (and offload_param.device) to \"nvme\", "
             "or lower sub_group_size / offload_param.max_in_cpu"));
 }
@@ -274,8 +266,19 @@ void Engine::Impl::open_tiers() {
     nvme::SwapOptions so;
     so.nvme_path = path;
     so.capacity = plan.nvme_budget;
-    so.capacity_why = cat(gib(plan.nvme_state), " of optimizer and parameter state, plus ",
-                          gib(plan.nvme_budget - plan.nvme_state), " of room for extent alignment and reuse");
+    // What the bytes are, so that the free-space refusal shows which setting moves them.
+    std::string what;
+    if (plan.nvme_params > 0)
+      what =
+          cat(format_size(plan.nvme_params), " of ", dtype_name(wd), " working parameters (offload_param)");
+    if (plan.nvme_state > plan.nvme_params)
+      what += cat(what.empty() ? "" : " and ", format_size(plan.nvme_state - plan.nvme_params),
+                  " of fp32 master weights and ", n_states, " optimizer state", n_states > 1 ? "s" : "",
+                  " (offload_optimizer, ", 4 * (1 + n_states), " bytes a parameter)");
+    so.capacity_why =
+        cat(what, world > 1 ? cat(" for this rank's shard (rank ", comm->rank(), " of ", world, ")") : "",
+            ", plus ", format_size(plan.nvme_budget - plan.nvme_state),
+            " of room for extent alignment and reuse (1/16 of that + 64 MiB)");
     // Each rank its own swap file: ranks on one machine may share nvme_path.
     so.name = world > 1 ? cat("zero3-rank", comm->rank()) : std::string("zero3");
     swap = std::make_unique<nvme::SwapStore>(*aio, so);
@@ -402,12 +405,12 @@ void Engine::Impl::init_chunks() {
   }
   STRATA_LOG_INFO("zero3: ", mcfg.name, " (", mcfg.num_parameters(), " parameters, ", slots.size(),
                   " chunks, ", groups.size(), " optimizer sub-group", groups.size() > 1 ? "s" : "", ") on ",
-                  dev->caps().name, ": state ", gib(plan.device_state), " device, ", gib(plan.pinned_state),
-                  " pinned host, ", gib(plan.nvme_state), " NVMe");
+                  dev->caps().name, ": state ", format_size(plan.device_state), " device, ",
+                  format_size(plan.pinned_state), " pinned host, ", format_size(plan.nvme_state), " NVMe");
   if (persistent_bytes > plan.device_cache)
-    STRATA_LOG_INFO("zero3: the device's chunk cache (", gib(plan.device_cache), ") cannot keep the ",
+    STRATA_LOG_INFO("zero3: the device's chunk cache (", format_size(plan.device_cache), ") cannot keep the ",
                     persistent_chunks, " chunk", persistent_chunks > 1 ? "s" : "",
-                    " below stage3_param_persistence_threshold (", gib(persistent_bytes),
+                    " below stage3_param_persistence_threshold (", format_size(persistent_bytes),
                     ") gathered: they are gathered again when the room is needed; a device cap of ",
                     dev->caps().capacity - plan.device_cache + persistent_bytes, " bytes keeps them");
 }

@@ -13,12 +13,18 @@ Tier home_of(OffloadDevice d) {
   return d == OffloadDevice::none ? Tier::device : d == OffloadDevice::cpu ? Tier::pinned : Tier::nvme;
 }
 
+OffloadDevice offload_of(Tier home) {
+  return home == Tier::device   ? OffloadDevice::none
+         : home == Tier::pinned ? OffloadDevice::cpu
+                                : OffloadDevice::nvme;
+}
+
 const char* offload_name(OffloadDevice d) {
-  return offload_name(home_of(d));
+  return offload_device_name(d);
 }
 
 const char* offload_name(Tier home) {
-  return home == Tier::device ? "none" : home == Tier::pinned ? "cpu" : "nvme";
+  return offload_device_name(offload_of(home));
 }
 
 tiering::ShardHomes shard_homes(const ZeroConfig& z) {
@@ -106,6 +112,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
     p.gather_block.push_back(block(c.numel * dtype_bytes(in.activation)));
     p.grad_block.push_back(block(c.numel * sizeof(float)));
     add(homes.param, c.param_numel * wd);
+    if (homes.param == Tier::nvme) m.nvme_params += c.param_numel * wd;
     add(homes.grad, n * 4);
     add(homes.master, n * 4);
     for (int i = 0; i < in.optimizer_states; ++i) add(homes.optim, n * 4);
@@ -130,8 +137,8 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
 
   std::uint64_t staging = 0;
   if (homes.param == Tier::nvme) {
-    const std::uint64_t buf = std::min<std::uint64_t>(z.offload_param.buffer_size, largest);
-    staging += std::uint64_t(std::max<std::int64_t>(1, z.offload_param.buffer_count)) * buf * wd;
+    // A read buffer holds one whole chunk, whatever buffer_size says (Engine::check_fits warns).
+    staging += std::uint64_t(std::max<std::int64_t>(1, z.offload_param.buffer_count)) * largest * wd;
     staging += std::min<std::uint64_t>(z.offload_param.max_in_cpu, total) * wd;
   }
   if (homes.master == Tier::nvme) {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "core/dtype.h"
 #include "cpu_optim/cpu_optim.h"
 #include "model/layout.h"
@@ -22,6 +22,8 @@ namespace strata::zero3 {
 
 // The tier an offload setting names: none -> device, cpu -> pinned host memory, nvme -> NVMe.
 tiering::Tier home_of(OffloadDevice d);
+// The offload setting whose home is `home` (home_of's inverse).
+OffloadDevice offload_of(tiering::Tier home);
 // The config's word for an offload setting, and for the tier it names: "none", "cpu", "nvme".
 const char* offload_name(OffloadDevice d);
 const char* offload_name(tiering::Tier home);
@@ -35,6 +37,7 @@ tiering::ShardHomes shard_homes(const ZeroConfig& z);
 // Bytes of model state per tier, from the config (what the engine registers), and the device working set.
 struct MemoryPlan {
   std::uint64_t device_state = 0, pinned_state = 0, nvme_state = 0;
+  std::uint64_t nvme_params = 0;  // of nvme_state: the working params (the rest: master and optimizer states)
   // Device bytes (allocator blocks) a step needs besides the state: the most the model holds at once (a
   // chunk's gathered copy and its gradient buffer; with tied embeddings the head's and the embedding's
   // together). docs/train.md, "Device memory".

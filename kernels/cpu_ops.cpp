@@ -63,8 +63,9 @@ class CpuOps final : public Ops {
     });
   }
 
-  void do_rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta) override {
-    enqueue([=] { kc::rope_cache(cos.as<float>(), sin.as<float>(), T, HD, theta); });
+  void do_rope_cache(Tensor cos, Tensor sin, int T, int HD, std::vector<float> inv_freq) override {
+    enqueue(
+        [=, f = std::move(inv_freq)] { kc::rope_cache(cos.as<float>(), sin.as<float>(), T, HD, f.data()); });
   }
   void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) override {
     enqueue([=] {

@@ -78,8 +78,8 @@ class CudaOps final : public Ops {
                         x.as<ku::bf16>(), w.as<ku::bf16>(), N, IC, OC, s_);
   }
 
-  void do_rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta) override {
-    ku::rope_cache(cos.as<float>(), sin.as<float>(), T, HD, theta, s_);
+  void do_rope_cache(Tensor cos, Tensor sin, int T, int HD, std::vector<float> inv_freq) override {
+    ku::rope_cache(cos.as<float>(), sin.as<float>(), T, HD, inv_freq.data(), s_);
   }
   void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) override {
     ku::rope_forward(out.as<ku::bf16>(), x.as<ku::bf16>(), cos.as<float>(), sin.as<float>(), B, T, H, HD, s_);

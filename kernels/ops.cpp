@@ -133,10 +133,19 @@ AttentionSizes Ops::attention_sizes(int B, int T, int NH, int, int) const {
   return {.saved = sz(B, NH, T, T), .scratch = sz(B, NH, T, T)};
 }
 
-void Ops::rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta) {
+void Ops::rope_cache(Tensor cos, Tensor sin, int T, int HD, std::span<const float> inv_freq) {
   need(cos, F, sz(T, HD / 2), "rope cos");
   need(sin, F, sz(T, HD / 2), "rope sin");
-  do_rope_cache(cos, sin, T, HD, theta);
+  STRATA_CHECK(HD % 2 == 0 && inv_freq.size() == std::size_t(HD / 2), "rope_cache: ", inv_freq.size(),
+               " inverse frequencies for head width ", HD);
+  do_rope_cache(cos, sin, T, HD, std::vector<float>(inv_freq.begin(), inv_freq.end()));
+}
+
+void Ops::rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta) {
+  STRATA_CHECK(HD % 2 == 0, "rope_cache: head width ", HD, " must be even");
+  std::vector<float> inv_freq(std::size_t(HD / 2));
+  cpu::rope_inv_freq(inv_freq.data(), HD, theta);
+  rope_cache(cos, sin, T, HD, inv_freq);
 }
 
 void Ops::rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) {

@@ -36,7 +36,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "core/dtype.h"
@@ -98,7 +100,10 @@ class Ops {
   // dx += dout W (an empty dx skips it); dw += dout^T x (fp32).
   void linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC, int OC);
   // ---- rotary embedding ----
-  void rope_cache(Tensor cos /*(T,HD/2) fp32*/, Tensor sin, int T, int HD, float theta);
+  // The (T, HD/2) cos and sin tables for inverse frequencies `inv_freq` (HD/2, host memory, copied before
+  // the call returns); the theta form uses the unscaled fp32(theta^(-2i/HD)).
+  void rope_cache(Tensor cos /*(T,HD/2) fp32*/, Tensor sin, int T, int HD, std::span<const float> inv_freq);
+  void rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta);
   void rope_forward(Tensor out, Tensor x /*(B,T,H,HD)*/, Tensor cos, Tensor sin, int B, int T, int H, int HD);
   void rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD);
   // ---- causal attention, grouped-query heads ----
@@ -161,7 +166,7 @@ class Ops {
   virtual void do_linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) = 0;
   virtual void do_linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
                                   int OC) = 0;
-  virtual void do_rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta) = 0;
+  virtual void do_rope_cache(Tensor cos, Tensor sin, int T, int HD, std::vector<float> inv_freq) = 0;
   virtual void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) = 0;
   virtual void do_rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H,
                                 int HD) = 0;

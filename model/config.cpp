@@ -1,10 +1,13 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace strata::model {
 namespace {
@@ -28,16 +31,25 @@ constexpr Key kKeys[] = {
     {"tie_embeddings", "tie_word_embeddings"},
     {"rope_theta", "rope_theta"},
     {"norm_eps", "rms_norm_eps"},
+    {"head_dim", "head_dim"},
 };
 
-// Hugging Face config.json keys that carry no shape information for this decoder.
+// Hugging Face config.json keys that do not change what the decoder computes (pretraining_tp splits the
+// projections into slices whose results are summed: the same products).
 constexpr const char* kIgnoredHfKeys[] = {
-    "architectures",        "model_type",        "torch_dtype",
-    "transformers_version", "bos_token_id",      "eos_token_id",
-    "pad_token_id",         "initializer_range", "use_cache",
-    "pretraining_tp",       "hidden_act",        "attention_bias",
-    "attention_dropout",    "mlp_bias",          "head_dim",
-    "rope_scaling",         "_name_or_path",     "max_sequence_length",
+    "torch_dtype",          "dtype",         "transformers_version", "bos_token_id",
+    "eos_token_id",         "pad_token_id",  "initializer_range",    "use_cache",
+    "pretraining_tp",       "_name_or_path", "max_sequence_length",  "output_attentions",
+    "output_hidden_states", "return_dict",   "tie_encoder_decoder",  "use_return_dict",
+};
+
+// Hugging Face keys read for what they say about the computation: accepted with the value that means the
+// plain Llama decoder, refused by name otherwise (check_architecture).
+constexpr const char* kCheckedHfKeys[] = {
+    "architectures",     "model_type",        "hidden_act",      "attention_bias",
+    "mlp_bias",          "attention_dropout", "sliding_window",  "use_sliding_window",
+    "max_window_layers", "num_local_experts", "num_experts",     "num_experts_per_tok",
+    "n_routed_experts",  "rope_scaling",      "rope_parameters", "partial_rotary_factor",
 };
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -87,6 +99,93 @@ float get_float(const json& v, const char* key, const std::string& where) {
   return v.get<float>();
 }
 
+// Refuses, by name, every Hugging Face setting this decoder does not compute (the Llama architecture has
+// no biases, SiLU gating, no dropout, full attention, one MLP per block, full rotary embeddings).
+void check_architecture(const json& j, const std::string& where) {
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    throw ConfigError(
+        detail::cat(where, ": '", key, "' is ", j.at(key).dump(), ": ", why,
+                    "; Strata trains the Llama architecture only (docs/train.md, \"Fine-tuning a "
+                    "Hugging Face model\")"));
+  };
+  if (j.contains("model_type") && j["model_type"] != "llama") refuse("model_type", "not a Llama model");
+  if (j.contains("architectures")) {
+    const json& a = j["architectures"];
+    if (!a.is_array() || a.size() != 1 || a[0] != "LlamaForCausalLM")
+      refuse("architectures", "the architecture must be LlamaForCausalLM");
+  }
+  for (const char* k : {"attention_bias", "mlp_bias"})
+    if (j.contains(k) && j[k] != false) refuse(k, "the projections have no biases here");
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "the MLP is SwiGLU (silu)");
+  if (j.contains("attention_dropout") && !(j["attention_dropout"].is_number() && j["attention_dropout"] == 0))
+    refuse("attention_dropout", "there is no dropout here");
+  // (max_window_layers only means something with use_sliding_window.)
+  if (j.contains("sliding_window") && !j["sliding_window"].is_null())
+    refuse("sliding_window", "attention is over the whole causal window here (no sliding window)");
+  if (j.contains("use_sliding_window") && j["use_sliding_window"] != false)
+    refuse("use_sliding_window", "attention is over the whole causal window here (no sliding window)");
+  for (const char* k : {"num_local_experts", "num_experts", "num_experts_per_tok", "n_routed_experts"})
+    if (j.contains(k) && !j[k].is_null()) refuse(k, "mixture-of-experts MLPs are not implemented");
+  if (j.contains("partial_rotary_factor") &&
+      !(j["partial_rotary_factor"].is_number() && j["partial_rotary_factor"] == 1))
+    refuse("partial_rotary_factor", "the rotary embedding covers the whole head here");
+}
+
+double get_number(const json& obj, const char* key, const std::string& where) {
+  if (!obj.contains(key) || !obj[key].is_number())
+    throw ConfigError(detail::cat(where, ": '", key,
+                                  "' must be a number (llama3 rope scaling needs factor, "
+                                  "low_freq_factor, high_freq_factor and original_max_position_embeddings)"));
+  return obj[key].get<double>();
+}
+
+// Hugging Face's rope_scaling object (or rope_parameters, which also carries rope_theta).
+RopeScaling parse_rope_scaling(const json& r, const std::string& where) {
+  RopeScaling s;
+  if (r.is_null()) return s;
+  if (!r.is_object()) throw ConfigError(detail::cat(where, ": expected an object or null, got ", r.dump()));
+  const json* type = r.contains("rope_type") ? &r["rope_type"] : r.contains("type") ? &r["type"] : nullptr;
+  if (!type || !type->is_string())
+    throw ConfigError(detail::cat(where, ": 'rope_type' must be a string (\"default\" or \"llama3\")"));
+  s.type = type->get<std::string>();
+  if (s.type == "default") return s;
+  if (s.type != "llama3")
+    throw ConfigError(detail::cat(where, ": rope_type \"", s.type,
+                                  "\" is not implemented; Strata computes \"default\" and \"llama3\" rotary "
+                                  "frequencies"));
+  s.factor = get_number(r, "factor", where);
+  s.low_freq_factor = get_number(r, "low_freq_factor", where);
+  s.high_freq_factor = get_number(r, "high_freq_factor", where);
+  const double omp = get_number(r, "original_max_position_embeddings", where);
+  s.original_max_position_embeddings = int64_t(omp);
+  if (!(s.factor > 0) || !(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor) ||
+      !(omp >= 1) || double(s.original_max_position_embeddings) != omp)
+    throw ConfigError(detail::cat(where,
+                                  ": llama3 rope scaling needs factor > 0, 0 < low_freq_factor < "
+                                  "high_freq_factor and a whole original_max_position_embeddings >= 1; got ",
+                                  r.dump()));
+  return s;
+}
+
+json rope_scaling_json(const RopeScaling& s) {
+  if (s.is_default()) return nullptr;
+  return json{{"rope_type", s.type},
+              {"factor", s.factor},
+              {"low_freq_factor", s.low_freq_factor},
+              {"high_freq_factor", s.high_freq_factor},
+              {"original_max_position_embeddings", s.original_max_position_embeddings}};
+}
+
+// The shortest decimal that reads back as `f` (1e-05, not 9.999999747378752e-06).
+double shortest(float f) {
+  char buf[32];
+  for (int p = 6; p <= 9; ++p) {
+    std::snprintf(buf, sizeof buf, "%.*g", p, double(f));
+    if (std::strtof(buf, nullptr) == f) break;
+  }
+  return std::strtod(buf, nullptr);
+}
+
 ModelConfig make(const char* name, int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t kv,
                  int64_t ffn, int64_t seq, bool tied) {
   ModelConfig c;
@@ -133,11 +232,14 @@ void ModelConfig::validate(const std::string& where) const {
   positive("n_kv_heads", n_kv_heads);
   positive("ffn_dim", ffn_dim);
   positive("max_seq_len", max_seq_len);
-  if (d_model % n_heads != 0)
-    throw ConfigError(detail::cat(where, ": d_model ", d_model, " is not a multiple of n_heads ", n_heads,
-                                  "; change one so that head_dim = d_model / n_heads is whole"));
-  if (head_dim() % 2 != 0)
-    throw ConfigError(detail::cat(where, ": head_dim = d_model / n_heads = ", head_dim(),
+  if (explicit_head_dim < 0)
+    throw ConfigError(detail::cat(where, ": head_dim is ", explicit_head_dim, "; it must be at least 2"));
+  if (explicit_head_dim == 0 && d_model % n_heads != 0)
+    throw ConfigError(
+        detail::cat(where, ": d_model ", d_model, " is not a multiple of n_heads ", n_heads,
+                    "; change one so that head_dim = d_model / n_heads is whole, or set head_dim"));
+  if (head_dim() % 2 != 0 || head_dim() < 2)
+    throw ConfigError(detail::cat(where, ": head_dim ", head_dim(),
                                   " is odd; rotary embeddings rotate pairs, so it must be even"));
   if (n_heads % n_kv_heads != 0)
     throw ConfigError(detail::cat(where, ": n_kv_heads ", n_kv_heads, " does not divide n_heads ", n_heads,
@@ -167,8 +269,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
     const std::string& key = item.key();  // not a structured binding: clang < 16 cannot capture those
     bool known = std::any_of(std::begin(kKeys), std::end(kKeys),
                              [&](const Key& k) { return key == k.ours || key == k.hf; });
-    bool ignored = std::any_of(std::begin(kIgnoredHfKeys), std::end(kIgnoredHfKeys),
-                               [&](const char* k) { return key == k; });
+    auto in = [&](const auto& list) {
+      return std::any_of(std::begin(list), std::end(list), [&](const char* k) { return key == k; });
+    };
+    bool ignored = in(kIgnoredHfKeys) || in(kCheckedHfKeys);
     if (!known && !ignored)
       throw ConfigError(
           detail::cat(where, ": unknown key '", key, "'; did you mean '", nearest_key(key), "'?"));
@@ -180,7 +284,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
     std::string key = k.ours;
     if (!v) {
       bool optional = key == "name" || key == "n_kv_heads" || key == "tie_embeddings" ||
-                      key == "rope_theta" || key == "norm_eps";
+                      key == "rope_theta" || key == "norm_eps" || key == "head_dim";
       if (!optional)
         throw ConfigError(detail::cat(where, ": missing required key '", key, "'",
                                       *k.hf ? detail::cat(" (or '", k.hf, "')") : std::string()));
@@ -212,9 +316,39 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
       c.rope_theta = get_float(*v, k.ours, where);
     } else if (key == "norm_eps") {
       c.norm_eps = get_float(*v, k.ours, where);
+    } else if (key == "head_dim") {
+      c.explicit_head_dim = v->is_null() ? 0 : get_int(*v, k.ours, where);
     }
   }
   if (c.n_kv_heads == -1) c.n_kv_heads = c.n_heads;
+  // A head_dim that says what d_model / n_heads says is not an override (one spelling per shape).
+  if (c.explicit_head_dim > 0 && c.n_heads > 0 && c.d_model % c.n_heads == 0 &&
+      c.explicit_head_dim == c.d_model / c.n_heads)
+    c.explicit_head_dim = 0;
+  check_architecture(j, where);
+  if (j.contains("rope_scaling"))
+    c.rope_scaling = parse_rope_scaling(j["rope_scaling"], where + ": rope_scaling");
+  if (j.contains("rope_parameters")) {
+    // Newer transformers: {"rope_type", "rope_theta", scaling keys}; the same as the older top-level keys.
+    const json& rp = j["rope_parameters"];
+    const std::string at = where + ": rope_parameters";
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+      throw ConfigError(detail::cat(where, ": both 'rope_scaling' and 'rope_parameters' are set; keep one"));
+    c.rope_scaling = parse_rope_scaling(rp, at);
+    if (rp.is_object() && rp.contains("rope_theta")) {
+      const float theta = get_float(rp["rope_theta"], "rope_theta", at);
+      if (j.contains("rope_theta") && get_float(j["rope_theta"], "rope_theta", where) != theta)
+        throw ConfigError(detail::cat(where, ": rope_theta ", j["rope_theta"].dump(),
+                                      " differs from rope_parameters.rope_theta ", rp["rope_theta"].dump()));
+      c.rope_theta = theta;
+    }
+  }
+  // The config says what it was trained at; Llama 3's scaled frequencies assume at least the original.
+  if (c.rope_scaling.type == "llama3" && c.rope_scaling.original_max_position_embeddings > c.max_seq_len &&
+      c.max_seq_len > 0)
+    STRATA_LOG_WARN(where, ": max_position_embeddings ", c.max_seq_len,
+                    " is below rope_scaling.original_max_position_embeddings ",
+                    c.rope_scaling.original_max_position_embeddings);
   c.validate(where);
   return c;
 }
@@ -232,17 +366,43 @@ ModelConfig ModelConfig::from_file(const std::string& path) {
 }
 
 json ModelConfig::to_json() const {
-  return json{{"name", name},
+  json j{{"name", name},
+         {"vocab_size", vocab_size},
+         {"d_model", d_model},
+         {"n_layers", n_layers},
+         {"n_heads", n_heads},
+         {"n_kv_heads", n_kv_heads},
+         {"ffn_dim", ffn_dim},
+         {"max_seq_len", max_seq_len},
+         {"tie_embeddings", tie_embeddings},
+         {"rope_theta", rope_theta},
+         {"norm_eps", norm_eps}};
+  if (explicit_head_dim > 0) j["head_dim"] = explicit_head_dim;
+  if (!rope_scaling.is_default()) j["rope_scaling"] = rope_scaling_json(rope_scaling);
+  return j;
+}
+
+json ModelConfig::to_hf_json() const {
+  return json{{"architectures", {"LlamaForCausalLM"}},
+              {"model_type", "llama"},
               {"vocab_size", vocab_size},
-              {"d_model", d_model},
-              {"n_layers", n_layers},
-              {"n_heads", n_heads},
-              {"n_kv_heads", n_kv_heads},
-              {"ffn_dim", ffn_dim},
-              {"max_seq_len", max_seq_len},
-              {"tie_embeddings", tie_embeddings},
-              {"rope_theta", rope_theta},
-              {"norm_eps", norm_eps}};
+              {"hidden_size", d_model},
+              {"intermediate_size", ffn_dim},
+              {"num_hidden_layers", n_layers},
+              {"num_attention_heads", n_heads},
+              {"num_key_value_heads", n_kv_heads},
+              {"head_dim", head_dim()},
+              {"max_position_embeddings", max_seq_len},
+              {"rms_norm_eps", shortest(norm_eps)},
+              {"rope_theta", shortest(rope_theta)},
+              {"rope_scaling", rope_scaling_json(rope_scaling)},
+              {"tie_word_embeddings", tie_embeddings},
+              {"hidden_act", "silu"},
+              {"attention_bias", false},
+              {"mlp_bias", false},
+              {"attention_dropout", 0.0},
+              {"initializer_range", 0.02},
+              {"use_cache", true}};
 }
 
 ModelConfig ModelConfig::preset(const std::string& name) {

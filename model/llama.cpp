@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "model/dtype.h"
+#include "model/rope.h"
 
 namespace strata::model {
 namespace {
@@ -192,7 +193,7 @@ void LlamaModel::ensure_buffers(int B, int T) {
   };
   each_buffer(cfg_, B, T, opts_.checkpoint_activations, act_, as, this, fit);
   if (rope_T_ != T) {
-    ops_->rope_cache(rope_cos_.t, rope_sin_.t, T, int(cfg_.head_dim()), cfg_.rope_theta);
+    ops_->rope_cache(rope_cos_.t, rope_sin_.t, T, int(cfg_.head_dim()), rope_inv_freq(cfg_));
     rope_T_ = T;
   }
 }

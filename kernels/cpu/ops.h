@@ -94,6 +94,12 @@ void linear_backward(float* dx /*(N,IC) += or nullptr*/, float* dw /*(OC,IC) +=*
 // The position of row (b, t) is t: sequences start at position 0.
 
 void rope_cache(float* cos /*(T,HD/2)*/, float* sin /*(T,HD/2)*/, int T, int HD, float theta);
+// The same tables from given inverse frequencies (HD/2 of them, e.g. a scaled rotary embedding's:
+// model/rope.h): angle = fp32(t * inv_freq[i]).
+void rope_cache(float* cos /*(T,HD/2)*/, float* sin /*(T,HD/2)*/, int T, int HD,
+                const float* inv_freq /*(HD/2)*/);
+// The unscaled inverse frequencies fp32(theta^(-2i/HD)), i in [0, HD/2).
+void rope_inv_freq(float* inv_freq /*(HD/2)*/, int HD, float theta);
 // x is q (NH heads) or k (NKV heads): pass the head count as H. out may alias x.
 void rope_forward(float* out /*(B,T,H,HD)*/, const float* x /*(B,T,H,HD)*/, const float* cos /*(T,HD/2)*/,
                   const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD);

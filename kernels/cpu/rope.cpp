@@ -1,5 +1,7 @@
 // strata/kernels/cpu/rope.cpp: rotary position embedding, Hugging Face's rotate_half convention.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
@@ -32,19 +34,30 @@ void rotate(float* out, const float* x, const float* cos, const float* sin, int 
 
 }  // namespace
 
-void rope_cache(float* cos, float* sin, int T, int HD, float theta) {
+void rope_inv_freq(float* inv_freq, int HD, float theta) {
+  STRATA_CHECK(HD % 2 == 0, "rope_inv_freq: head width ", HD, " must be even");
+  STRATA_CHECK(theta > 0.0f, "rope_inv_freq: rope_theta ", theta, " must be positive");
+  // As Hugging Face computes it: inv_freq in fp32.
+  for (int i = 0; i < HD / 2; ++i) inv_freq[i] = float(1.0 / std::pow(double(theta), double(2 * i) / HD));
+}
+
+void rope_cache(float* cos, float* sin, int T, int HD, const float* inv_freq) {
   STRATA_CHECK(HD % 2 == 0, "rope_cache: head width ", HD, " must be even");
-  STRATA_CHECK(theta > 0.0f, "rope_cache: rope_theta ", theta, " must be positive");
   const int half = HD / 2;
   for (int i = 0; i < half; ++i) {
-    // As Hugging Face computes it: inv_freq in fp32, the angle t * inv_freq rounded to fp32.
-    const float inv_freq = float(1.0 / std::pow(double(theta), double(2 * i) / HD));
+    // As Hugging Face computes it: the angle t * inv_freq rounded to fp32.
     for (int t = 0; t < T; ++t) {
-      const float angle = float(t) * inv_freq;
+      const float angle = float(t) * inv_freq[i];
       cos[std::size_t(t) * half + i] = float(std::cos(double(angle)));
       sin[std::size_t(t) * half + i] = float(std::sin(double(angle)));
     }
   }
+}
+
+void rope_cache(float* cos, float* sin, int T, int HD, float theta) {
+  std::vector<float> inv_freq(std::size_t(std::max(0, HD / 2)));
+  rope_inv_freq(inv_freq.data(), HD, theta);
+  rope_cache(cos, sin, T, HD, inv_freq.data());
 }
 
 void rope_forward(float* out, const float* x, const float* cos, const float* sin, int B, int T, int H,

@@ -7,7 +7,7 @@
 //   auto dev = strata::open_device({.backend = "cuda"});
 //   kc::Gemm gemm(*dev);                                  // cuBLASLt handle + workspace from dev, one per
 //   stream strata::DeviceBuffer scratch(*dev, kc::rmsnorm_backward_scratch_bytes(N, C), "rmsnorm scratch");
-//   kc::rope_cache(cos, sin, T, HD, 10000.0f, s);         // device tables, the CPU's values
+//   kc::rope_cache(cos, sin, T, HD, inv_freq, s);         // device tables, the CPU's values
 //   kc::rmsnorm_forward(xn, rstd, x, w_norm, N, C, 1e-5f, s);
 //   kc::linear_forward(gemm, q, xn, wq, N, C, NH * HD, s);
 //   kc::rope_forward(q, q, cos, sin, B, T, NH, HD, s);
@@ -103,8 +103,8 @@ void linear_backward(Gemm& gemm, bf16* dx /*(N,IC) += or nullptr*/, float* dw /*
 
 // ---- rotary position embedding (Hugging Face rotate_half) ----------------------------------------------
 // Fills device tables with kernels/cpu's rope_cache values (computed on the host, copied, and waited for).
-void rope_cache(float* cos /*(T,HD/2)*/, float* sin /*(T,HD/2)*/, int T, int HD, float theta,
-                cudaStream_t stream);
+void rope_cache(float* cos /*(T,HD/2)*/, float* sin /*(T,HD/2)*/, int T, int HD,
+                const float* inv_freq /*(HD/2) host*/, cudaStream_t stream);
 // out may alias x.
 void rope_forward(bf16* out /*(B,T,H,HD)*/, const bf16* x /*(B,T,H,HD)*/, const float* cos /*(T,HD/2)*/,
                   const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD, cudaStream_t stream);

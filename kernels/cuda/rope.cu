@@ -35,10 +35,10 @@ void rotate(bf16* out, const bf16* x, const float* cos, const float* sin, int B,
 
 }  // namespace
 
-void rope_cache(float* cos, float* sin, int T, int HD, float theta, cudaStream_t stream) {
+void rope_cache(float* cos, float* sin, int T, int HD, const float* inv_freq, cudaStream_t stream) {
   const std::size_t n = std::size_t(T) * (HD / 2);
   std::vector<float> hc(n), hs(n);
-  cpu::rope_cache(hc.data(), hs.data(), T, HD, theta);
+  cpu::rope_cache(hc.data(), hs.data(), T, HD, inv_freq);
   if (n == 0) return;
   detail::CudaDeviceGuard guard(stream);
   STRATA_CUDA_CHECK(cudaMemcpyAsync(cos, hc.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));

@@ -116,7 +116,9 @@ TEST_F(CudaVsCpu, RotaryEmbedding) {
   DeviceBuffer<float> d_cos(cos.size()), d_sin(sin.size());
   d_cos.poison();
   d_sin.poison();
-  kc::rope_cache(d_cos.get(), d_sin.get(), T, HD, theta, stream_);
+  std::vector<float> inv_freq(std::size_t(HD / 2));
+  cpu::rope_inv_freq(inv_freq.data(), HD, theta);
+  kc::rope_cache(d_cos.get(), d_sin.get(), T, HD, inv_freq.data(), stream_);
   EXPECT_EQ(d_cos.download(), cos);
   EXPECT_EQ(d_sin.download(), sin);
   DeviceBuffer<cpu::bf16_t> d_x(to_bf16(x)), d_dout(to_bf16(dout)), d_out(x.size()), d_dx(x.size());

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -265,11 +266,9 @@ void save_weights(const std::string& path, ChunkProvider& chunks, DType dtype,
   w.finish();
 }
 
-void load_weights(const std::string& path, const ModelLayout& layout,
-                  const std::function<void(int chunk_id, const float* data)>& sink) {
+WeightsSource::WeightsSource(const std::string& path, const ModelLayout& layout)
+    : path_(path), layout_(layout) {
   // Which file holds each tensor: one file, or the shards a Hugging Face index names.
-  std::vector<std::unique_ptr<SafetensorsReader>> readers;
-  std::map<std::string, const SafetensorsReader*> where;
   if (ends_with(path, ".index.json")) {
     std::ifstream in(path);
     if (!in) detail::throw_sys(__FILE__, __LINE__, "open", errno, "safetensors index " + path);
@@ -288,37 +287,59 @@ void load_weights(const std::string& path, const ModelLayout& layout,
             detail::cat("safetensors index ", path, ": weight_map[\"", tensor, "\"] is not a file name"));
       std::string f = file.get<std::string>();
       if (!by_file.count(f)) {
-        readers.push_back(std::make_unique<SafetensorsReader>(dir_of(path) + "/" + f));
-        by_file[f] = readers.back().get();
+        readers_.push_back(std::make_unique<SafetensorsReader>(dir_of(path) + "/" + f));
+        by_file[f] = readers_.back().get();
       }
-      where[tensor] = by_file[f];
+      where_[tensor] = by_file[f];
     }
   } else {
-    readers.push_back(std::make_unique<SafetensorsReader>(path));
-    for (const SafetensorsEntry& e : readers.back()->entries()) where[e.name] = readers.back().get();
+    readers_.push_back(std::make_unique<SafetensorsReader>(path));
+    for (const SafetensorsEntry& e : readers_.back()->entries()) where_[e.name] = readers_.back().get();
   }
+  // Every tensor the model needs is named before any is read.
+  for (const ChunkLayout& c : layout.chunks())
+    for (const TensorSpec& t : c.tensors)
+      if (!where_.count(t.hf_name))
+        throw ConfigError(detail::cat(
+            "safetensors ", path, " has no tensor '", t.hf_name, "' (chunk ", c.id, " ", c.name, ", tensor ",
+            t.name, ", shape ", shape_str(t.shape), "); check that the file matches the model config",
+            layout.config().tie_embeddings ? "" : " (untied embeddings need lm_head.weight)"));
+}
 
+WeightsSource::~WeightsSource() = default;
+
+void WeightsSource::read_chunk(int chunk_id, float* out) const {
+  read_chunk(layout_.chunk(chunk_id), out);
+}
+
+void WeightsSource::read_chunk(const ChunkLayout& c, float* out) const {
+  std::fill(out, out + c.padded_numel, 0.0f);
+  for (const TensorSpec& t : c.tensors)
+    where_.at(t.hf_name)->read_f32(t.hf_name, t.shape, out + t.offset,
+                                   detail::cat("chunk ", c.id, " ", c.name, ", tensor ", t.name));
+}
+
+std::vector<std::string> WeightsSource::unused() const {
   std::set<std::string> used;
+  for (const ChunkLayout& c : layout_.chunks())
+    for (const TensorSpec& t : c.tensors) used.insert(t.hf_name);
+  std::vector<std::string> out;
+  for (const auto& [name, reader] : where_)
+    if (!used.count(name)) out.push_back(name);
+  return out;
+}
+
+void load_weights(const std::string& path, const ModelLayout& layout,
+                  const std::function<void(int chunk_id, const float* data)>& sink) {
+  WeightsSource src(path, layout);
   std::vector<float> buf;
   for (const ChunkLayout& c : layout.chunks()) {
-    buf.assign(c.padded_numel, 0.0f);
-    for (const TensorSpec& t : c.tensors) {
-      auto it = where.find(t.hf_name);
-      std::string ctx = detail::cat("chunk ", c.id, " ", c.name, ", tensor ", t.name);
-      if (it == where.end())
-        throw ConfigError(
-            detail::cat("safetensors ", path, " has no tensor '", t.hf_name, "' (", ctx, ", shape ",
-                        shape_str(t.shape), "); check that the file matches the model config",
-                        layout.config().tie_embeddings ? "" : " (untied embeddings need lm_head.weight)"));
-      it->second->read_f32(t.hf_name, t.shape, buf.data() + t.offset, ctx);
-      used.insert(t.hf_name);
-    }
+    buf.resize(c.padded_numel);
+    src.read_chunk(c.id, buf.data());
     sink(c.id, buf.data());
   }
-  for (const auto& [name, reader] : where)
-    if (!used.count(name))
-      STRATA_LOG_WARN("safetensors ", reader->path(), ": tensor '", name,
-                      "' is not part of the model; skipped");
+  for (const std::string& name : src.unused())
+    STRATA_LOG_WARN("safetensors ", path, ": tensor '", name, "' is not part of the model; skipped");
 }
 
 void load_weights(const std::string& path, InMemoryChunks& chunks) {

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -107,6 +108,34 @@ class SafetensorsWriter {
 // name. `metadata` is added to {"format": "pt"}; the model config goes in as "strata.model_config".
 void save_weights(const std::string& path, ChunkProvider& chunks, DType dtype,
                   const std::map<std::string, std::string>& metadata = {});
+
+// The weights of `layout` in a .safetensors file or the shards a Hugging Face
+// model.safetensors.index.json names (memory-mapped: reading a chunk touches only its tensors' bytes).
+// Opening checks that every tensor the model needs is there with its shape; read_chunk converts one
+// chunk's tensors (F32, BF16 or F16) into a zero-padded fp32 buffer of padded_numel floats, in any order.
+// Errors are ConfigErrors naming the tensor, the file and both shapes.
+class WeightsSource {
+ public:
+  WeightsSource(const std::string& path, const ModelLayout& layout);
+  ~WeightsSource();
+  WeightsSource(const WeightsSource&) = delete;
+  WeightsSource& operator=(const WeightsSource&) = delete;
+
+  void read_chunk(int chunk_id, float* out /*(padded_numel) fp32*/) const;
+  // The same for a chunk of another layout of the same model (another padding or alignment, e.g. the
+  // engine's): its tensors at its offsets.
+  void read_chunk(const ChunkLayout& chunk, float* out /*(chunk.padded_numel) fp32*/) const;
+  // Tensors in the files the model does not use (lm_head.weight under tied embeddings,
+  // rotary_emb.inv_freq, ...).
+  std::vector<std::string> unused() const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  ModelLayout layout_;
+  std::vector<std::unique_ptr<SafetensorsReader>> readers_;
+  std::map<std::string, const SafetensorsReader*> where_;
+};
 
 // Reads the weights of `layout` chunk by chunk into a zero-padded fp32 buffer of padded_numel floats
 // and hands each to `sink` (chunk order). `path` is a .safetensors file or a Hugging Face

@@ -337,7 +337,10 @@ void Engine::Impl::init_chunks() {
                               .param_numel = param_numel(s),
                               .homes = homes});
     full.assign(s.numel, 0.0f);
-    model::init_chunk(layout, s.id, seed, full.data());
+    if (opts.init_params)
+      opts.init_params(layout.chunk(s.id), full.data());
+    else
+      model::init_chunk(layout, s.id, seed, full.data());
     const float* mine = full.data() + s.shard.offset;
     writes.push_back(put(s.t.master, homes.master, mine, n * 4));
     // The working params: this rank's shard, or the whole chunk when replicated (stages 1 and 2).

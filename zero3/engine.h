@@ -49,6 +49,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -86,6 +87,12 @@ struct EngineOptions {
   // (comm::make_communicator: MPI or NCCL under mpirun, else a single rank). Its world size must be the
   // config's world_size.
   comm::Communicator* communicator = nullptr;
+  // The initial parameters, chunk by chunk: fills `out` with the full fp32 parameters of `chunk` (the
+  // engine's layout of it: padded_numel floats, zero-filled, tensors at its offsets) in place of the seeded
+  // random initialisation — e.g. model::WeightsSource::read_chunk for `strata train --init-from`. Called
+  // once per chunk in chunk order on every rank; each rank keeps its shard. Null: model::init_chunk with
+  // strata.seed.
+  std::function<void(const model::ChunkLayout& chunk, float* out)> init_params = nullptr;
 };
 
 // Seconds of one optimizer step (its accumulation micro-steps included). `wait` is the part of the

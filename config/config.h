@@ -132,6 +132,14 @@ struct AioConfig {
   bool use_gds = false;
 };
 
+// DeepSpeed's csv_monitor: per-step metrics, one CSV file per metric under output_path/job_name/
+// (tools/csv_monitor.h writes them; `strata train` only, rank 0 only).
+struct CsvMonitorConfig {
+  bool enabled = false;
+  std::string output_path;                    // "" = the directory strata runs in
+  std::string job_name = "DeepSpeedJobName";  // a directory inside output_path
+};
+
 // Strata's own knobs, under "strata" in the file.
 struct StrataConfig {
   enum class Backend { automatic, host, cuda };
@@ -178,6 +186,7 @@ struct Config {
   std::int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
   bool memory_breakdown = false;
+  CsvMonitorConfig csv_monitor;
   StrataConfig strata;
 
   // Reads and parses a JSON file. A missing/unreadable file, malformed JSON (with line and column) and

@@ -62,15 +62,14 @@ std::vector<Alias> build_aliases() {
 
 std::vector<Ignored> build_ignored() {
   const char* monitor =
-      "monitoring backends are not implemented; Strata logs to stderr and memprof writes "
-      "traces (strata.memprof.path)";
+      "this monitoring backend is not implemented; csv_monitor writes the per-step metrics as CSV files "
+      "and memprof writes traces (strata.memprof.path)";
   const char* feature = "this DeepSpeed feature is not implemented in Strata";
   const char* zeropp = "ZeRO++/MiCS variants are not implemented";
   const char* torch_only = "applies to PyTorch modules; Strata's engine has no equivalent";
   return {
       {"tensorboard", monitor},
       {"wandb", monitor},
-      {"csv_monitor", monitor},
       {"comet", monitor},
       {"flops_profiler", feature},
       {"comms_logger", feature},

@@ -587,6 +587,27 @@ std::vector<Option> build_options() {
        .meaning = "GPUDirect Storage. Accepted; not implemented (NVMe data goes through pinned host memory).",
        .field = STRATA_FIELD(aio.use_gds)});
 
+  // ---- csv_monitor (DeepSpeed's monitor/config.py CSVConfig) ----
+  o.push_back({.path = "csv_monitor.enabled",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Write per-step metrics (loss, lr, grad norm, loss scale, tokens/s, time split, "
+                          "bytes per tier) as CSV files, one per metric; `strata train`, rank 0.",
+               .field = STRATA_FIELD(csv_monitor.enabled)});
+  o.push_back({.path = "csv_monitor.output_path",
+               .kind = Kind::path,
+               .def = "",
+               .meaning = "Directory the job's folder goes in; must be writable when enabled.",
+               .field = STRATA_FIELD(csv_monitor.output_path),
+               .default_note = "\"\" (the directory strata runs in)"});
+  o.push_back(
+      {.path = "csv_monitor.job_name",
+       .kind = Kind::path,
+       .def = "DeepSpeedJobName",
+       .meaning =
+           "Folder inside output_path for the files, `output_path/job_name/Train_Samples_<metric>.csv`.",
+       .field = STRATA_FIELD(csv_monitor.job_name)});
+
   // ---- strata (ours) ----
   o.push_back(
       {.path = "strata.backend",

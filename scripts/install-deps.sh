@@ -5,8 +5,11 @@
 # Then fetches the cuDNN frontend's C++ headers (header-only, pinned below) into deps/cudnn-frontend/ for
 # kernels/cuda_attention_cudnn.cpp; when that download fails (offline) the build goes on without the
 # cuDNN attention path (cmake/StrataCudnn.cmake says so) and attention runs on kernels/cuda's own kernel.
-# Usage: scripts/install-deps.sh                    packages, then the cuDNN frontend headers
+# Last makes deps/pyenv/, a Python venv holding Hugging Face `tokenizers` (pinned below) for
+# scripts/tokenize_text.py (docs/train.md); offline, it warns and the script still succeeds.
+# Usage: scripts/install-deps.sh                    packages, the cuDNN frontend headers, the venv
 #        scripts/install-deps.sh --cudnn-frontend   only the headers (no apt, no sudo)
+#        scripts/install-deps.sh --python           only the venv (no apt, no sudo)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -70,8 +73,47 @@ PY
   echo "install-deps: cuDNN frontend $cudnn_fe_version headers in $cudnn_fe_dir/include"
 }
 
+# Hugging Face `tokenizers` for scripts/tokenize_text.py, in a venv of its own made with the system python3
+# (the host's Python is left alone). tests/model's tokenize test runs with this venv's python3 when it
+# exists at configure time. To move the pin, change it and run this again.
+tokenizers_version=0.23.3
+pyenv_dir=$root/deps/pyenv  # ignored by git (.gitignore: /deps/)
+
+# Never fails the script: on any error it says why; only scripts/tokenize_text.py and its test need the venv.
+make_pyenv() {
+  local py=$pyenv_dir/bin/python3
+  local have
+  have=$("$py" -c 'import tokenizers; print(tokenizers.__version__)' 2>/dev/null || true)
+  if [ "$have" = "$tokenizers_version" ]; then
+    echo "install-deps: tokenizers $tokenizers_version present in $pyenv_dir"
+    return 0
+  fi
+  if ! command -v python3 >/dev/null || ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    echo "install-deps: WARNING: no python3 with the venv module; $pyenv_dir was not made, so" \
+         "scripts/tokenize_text.py cannot run (install python3-venv and run $0 --python)"
+    return 0
+  fi
+  if [ ! -x "$py" ] && ! python3 -m venv "$pyenv_dir"; then
+    echo "install-deps: WARNING: python3 -m venv $pyenv_dir failed; scripts/tokenize_text.py cannot run" \
+         "(install python3-venv and run $0 --python)"
+    rm -rf "$pyenv_dir"
+    return 0
+  fi
+  echo "install-deps: installing tokenizers==$tokenizers_version into $pyenv_dir"
+  if ! "$py" -m pip install --quiet --disable-pip-version-check "tokenizers==$tokenizers_version"; then
+    echo "install-deps: WARNING: pip install tokenizers==$tokenizers_version failed (offline?);" \
+         "scripts/tokenize_text.py cannot run and its test is skipped. Run $0 --python once online."
+    return 0
+  fi
+  echo "install-deps: tokenizers $tokenizers_version in $pyenv_dir (scripts/tokenize_text.py runs with $py)"
+}
+
 if [ "${1:-}" = "--cudnn-frontend" ]; then
   fetch_cudnn_frontend
+  exit 0
+fi
+if [ "${1:-}" = "--python" ]; then
+  make_pyenv
   exit 0
 fi
 
@@ -84,6 +126,7 @@ packages=(
   libopenblas-dev
   fio
   chromium
+  clang libclang-rt-14-dev  # scripts/ci-sanitize.sh: the fuzz targets (libFuzzer needs clang and its runtime)
 )
 
 missing=()
@@ -105,3 +148,4 @@ else
 fi
 
 fetch_cudnn_frontend
+make_pyenv

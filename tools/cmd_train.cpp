@@ -6,8 +6,9 @@
 //
 // On a terminal the last line is a progress bar (step, loss, tokens/s, the step's time split into
 // forward / backward / optimizer / waiting on transfers, bytes per tier); otherwise one plain log line per
-// steps_per_print steps. A summary follows the last step. Everything a bad argument or config can get
-// wrong fails before the first step.
+// steps_per_print steps. A summary follows the last step. With csv_monitor enabled the same figures go to
+// CSV files every step, at full precision (tools/csv_monitor.h). Everything a bad argument or config can
+// get wrong fails before the first step.
 #include <signal.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,8 +31,11 @@
 #include "core/files.h"
 #include "core/log.h"
 #include "kernels/cpu/ops.h"
+#include "model/hf_dir.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "tools/cli.h"
+#include "tools/csv_monitor.h"
 #include "zero3/engine.h"
 
 namespace strata::cli {
@@ -40,7 +45,7 @@ using detail::cat;
 using Clock = std::chrono::steady_clock;
 
 struct TrainOpts {
-  std::string config, model, data, text;
+  std::string config, model, init_from, data, text;
   std::int64_t steps = 0;
   std::string save, load, load_tag, export_path;
   std::int64_t save_interval = 0;
@@ -175,7 +180,7 @@ class Progress {
       bar.resize(std::size_t(width), '-');
       std::snprintf(
           line, sizeof line,
-          "\r\033[K[%s] step %lld/%lld  loss %.4f%s  %.0f tok/s  %.2fs (fwd %.2f bwd %.2f opt %.2f wait "
+          "\r\033[K[%s] step %lld/%lld  loss %#.6g%s  %.0f tok/s  %.2fs (fwd %.2f bwd %.2f opt %.2f wait "
           "%.2f)  dev %s pin %s nvme %s  ETA %s",
           bar.c_str(), (long long)r.step, (long long)(first_ + total_), r.loss, r.applied ? "" : " (skipped)",
           tps, t.total, t.forward, t.backward, t.optimizer, t.wait, format_size(b.device, 1).c_str(),
@@ -187,7 +192,7 @@ class Progress {
     if (done != 1 && done != total_ && done % every_ != 0) return;
     std::snprintf(
         line, sizeof line,
-        "step %lld/%lld loss %.4f%s lr %.3g grad_norm %.3f scale %g tok/s %.0f time %.3fs fwd %.3f bwd "
+        "step %lld/%lld loss %#.6g%s lr %.3g grad_norm %.3f scale %g tok/s %.0f time %.3fs fwd %.3f bwd "
         "%.3f opt %.3f wait %.3f | device %s pinned %s nvme %s\n",
         (long long)r.step, (long long)(first_ + total_), r.loss, r.applied ? "" : " (skipped)", r.lr,
         r.grad_norm, r.loss_scale, tps, t.total, t.forward, t.backward, t.optimizer, t.wait,
@@ -207,12 +212,37 @@ class Progress {
   Clock::time_point t0_;
 };
 
+// One optimizer step's csv_monitor events: DeepSpeed's names where it has the metric, Strata's own beside
+// them, all at step = samples consumed so far (DeepSpeed's global_samples). The figures are the progress
+// line's: rank 0's tokens/s, time split (seconds) and bytes per tier.
+void write_csv_step(CsvMonitor& csv, const zero3::StepResult& r, const TierBytes& b, std::int64_t samples,
+                    bool fp16) {
+  const zero3::StepTimes& t = r.times;
+  csv.write("Train/Samples/train_loss", samples, r.loss);
+  csv.write("Train/Samples/lr", samples, r.lr);
+  if (fp16) csv.write("Train/Samples/loss_scale", samples, r.loss_scale);  // DeepSpeed: fp16 only
+  csv.write("Train/Samples/grad_norm", samples, r.grad_norm);
+  csv.write("Train/Samples/tokens_per_second", samples, t.total > 0 ? double(r.tokens) / t.total : 0.0);
+  csv.write("Train/Samples/time_total", samples, t.total);
+  csv.write("Train/Samples/time_forward", samples, t.forward);
+  csv.write("Train/Samples/time_backward", samples, t.backward);
+  csv.write("Train/Samples/time_optimizer", samples, t.optimizer);
+  csv.write("Train/Samples/time_wait", samples, t.wait);
+  csv.write("Train/Samples/bytes_device", samples, double(b.device));
+  csv.write("Train/Samples/bytes_pinned", samples, double(b.pinned));
+  csv.write("Train/Samples/bytes_nvme", samples, double(b.nvme));
+}
+
 int run_train(const TrainOpts& o) {
   // From the start (Note [Stop signals]): a signal during the set-up (tokenizing --text, writing the initial
   // state to NVMe) ends the run before its first step, through the destructors that remove the temporary
   // token file and the swap files.
   StopSignals stop_signals;
-  if (o.steps < 1) throw ConfigError("--steps must be at least 1");
+  if (o.steps < 0) throw ConfigError("--steps must be at least 0 (0: set up, save or export, no training)");
+  if (o.model.empty() == o.init_from.empty())
+    throw ConfigError(
+        "give exactly one of --model PRESET_OR_JSON (fresh weights) or --init-from "
+        "MODEL_DIR_OR_SAFETENSORS (a Hugging Face Llama model's weights)");
   if (o.data.empty() == o.text.empty())
     throw ConfigError("give exactly one of --data tokens.bin or --text file.txt");
   // Under mpirun every rank runs this; rank 0 prints the progress, log lines and summary, the others
@@ -225,15 +255,46 @@ int run_train(const TrainOpts& o) {
   Config cfg = Config::load(o.config, parse_sets(o.sets), ri.world_size);
   // Where the run will write, checked now rather than after the training.
   if (!o.save.empty()) check_writable_dir(o.save, "--save");
+  // --export NAME.safetensors: one file; any other path: a Hugging Face model directory.
+  const bool export_file = o.export_path.ends_with(".safetensors");
   if (!o.export_path.empty()) {
-    const std::filesystem::path parent = std::filesystem::absolute(o.export_path).parent_path();
-    check_writable_dir(parent.string(), "--export's directory");
+    if (export_file) {
+      const std::filesystem::path parent = std::filesystem::absolute(o.export_path).parent_path();
+      check_writable_dir(parent.string(), "--export's directory");
+    } else {
+      if (std::filesystem::exists(o.export_path) && !std::filesystem::is_directory(o.export_path))
+        throw ConfigError(
+            cat("--export ", o.export_path,
+                " is a file; give a directory for the model (or NAME.safetensors for one file)"));
+      check_writable_dir(o.export_path, "--export");
+    }
   }
+  // csv_monitor's folder (rank 0 writes it), created and probed now.
+  const std::string csv_dir =
+      cfg.csv_monitor.enabled && ri.rank == 0 ? CsvMonitor::directory(cfg.csv_monitor) : std::string();
+  if (!csv_dir.empty()) check_writable_dir(csv_dir, "csv_monitor.output_path/job_name:");
   if (o.save_interval > 0 && o.save.empty())
     throw ConfigError("--save-interval needs --save DIR (where the checkpoints go)");
   if (!o.text.empty() && std::filesystem::file_size(o.text) == 0)
     throw ConfigError(cat("--text ", o.text, " is empty; give a text file to train on"));
-  const model::ModelConfig mcfg = load_model(o.model);
+  // --init-from: the model's config and, chunk by chunk, its weights (memory-mapped; checked up front).
+  std::optional<model::HfModel> hf;
+  if (!o.init_from.empty()) hf = model::open_hf_model(o.init_from);
+  const model::ModelConfig mcfg = hf ? hf->config : load_model(o.model);
+  std::unique_ptr<model::WeightsSource> weights;
+  if (hf && o.load.empty())
+    weights = std::make_unique<model::WeightsSource>(hf->weights, model::ModelLayout(mcfg));
+  if (weights)
+    for (const std::string& name : weights->unused())
+      STRATA_LOG_WARN("--init-from ", weights->path(), ": tensor '", name,
+                      "' is not part of the model; skipped");
+  if (hf && !o.text.empty() && !hf->dir.empty())
+    for (const char* f : {"tokenizer.json", "tokenizer.model"})
+      if (std::filesystem::exists(std::filesystem::path(hf->dir) / f))
+        throw ConfigError(cat("--text tokenizes bytes, but ", o.init_from, " has its own tokenizer (", f,
+                              "): make a token file with `python3 scripts/tokenize_text.py --tokenizer ",
+                              o.init_from,
+                              " --out tokens.bin TEXT...` and train on it with --data tokens.bin"));
   const int seq_len = o.seq_len > 0 ? o.seq_len : int(std::min<std::int64_t>(mcfg.max_seq_len, 256));
   if (seq_len > mcfg.max_seq_len)
     throw ConfigError(cat("--seq-len ", seq_len, " is longer than model '", mcfg.name, "''s max_seq_len ",
@@ -243,6 +304,8 @@ int run_train(const TrainOpts& o) {
   if (!o.device_cap.empty()) eo.device_memory_cap = parse_byte_size(o.device_cap, "--device-memory-cap");
   eo.seq_len = seq_len;
   eo.checkpoint_activations = true;
+  if (weights)
+    eo.init_params = [&w = *weights](const model::ChunkLayout& c, float* out) { w.read_chunk(c, out); };
 
   TempTokens tmp;
   std::string tokens = o.data;
@@ -332,11 +395,18 @@ int run_train(const TrainOpts& o) {
   std::fflush(out);
 
   Progress progress(o.steps, first, tty, cfg.steps_per_print, out);
+  std::optional<CsvMonitor> csv;
+  if (lead && !csv_dir.empty()) csv.emplace(csv_dir);
+  const std::int64_t samples_per_step =
+      std::int64_t(engine.micro_batch()) * engine.accumulation_steps() * world;
   std::vector<double> losses;
   zero3::StepTimes sum;
   std::int64_t tokens_seen = 0, skipped = 0;
   TierBytes peak;
   std::string saved;
+  // What `strata export` of a checkpoint needs to know besides the weights: where the tokenizer files are.
+  nlohmann::json client_state = {{"source", "strata train"}};
+  if (hf && !hf->dir.empty()) client_state["init_from"] = std::filesystem::absolute(hf->dir).string();
   const auto t0 = Clock::now();
   int stopped_by = 0;
   for (std::int64_t i = 0; i < o.steps; ++i) {
@@ -348,9 +418,10 @@ int run_train(const TrainOpts& o) {
     skipped += r.applied ? 0 : 1;
     const TierBytes b = tier_bytes(engine);
     progress.update(r, b);
+    if (csv) write_csv_step(*csv, r, b, r.step * samples_per_step, cfg.fp16.enabled);
     if (!o.save.empty() && o.save_interval > 0 && (i + 1) % o.save_interval == 0 && i + 1 < o.steps) {
       progress.finish();
-      saved = engine.save_checkpoint(o.save, {{"source", "strata train"}}, &data);
+      saved = engine.save_checkpoint(o.save, client_state, &data);
     }
     stopped_by = g_stop_signal.load();
     if (world > 1) stopped_by = int(engine.communicator().all_reduce_max(double(stopped_by)));
@@ -365,12 +436,16 @@ int run_train(const TrainOpts& o) {
   }
   progress.finish();
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (!o.save.empty()) saved = engine.save_checkpoint(o.save, {{"source", "strata train"}}, &data);
+  if (!o.save.empty()) saved = engine.save_checkpoint(o.save, client_state, &data);
   if (!o.export_path.empty() && stopped_by == 0) {
-    if (lead) {
+    if (lead && export_file) {
       model::save_weights(o.export_path, engine, DType::bf16);
       std::fprintf(out, "exported weights to %s\n", o.export_path.c_str());
-    } else {  // the same collective reads, chunk by chunk, as rank 0's save_weights
+    } else if (lead) {
+      model::save_pretrained(o.export_path, engine, DType::bf16,
+                             {.source_dir = hf ? hf->dir : std::string()});
+      std::fprintf(out, "exported the model to %s (Hugging Face directory)\n", o.export_path.c_str());
+    } else {  // the same collective reads, chunk by chunk, as rank 0's export
       std::vector<float> buf;
       for (const model::ChunkLayout& c : engine.layout().chunks()) {
         buf.resize(c.padded_numel);
@@ -405,13 +480,15 @@ int run_train(const TrainOpts& o) {
   std::fprintf(out, "\nsummary: %lld steps (%lld skipped) in %s, %lld tokens, %.0f tokens/s\n", (long long)n,
                (long long)skipped, duration(wall).c_str(), (long long)tokens_seen,
                wall > 0 ? double(tokens_seen) / wall : 0.0);
-  std::fprintf(out, "  loss        %.4f -> %.4f (mean of the first / last %zu steps: %.4f -> %.4f)\n",
-               losses.front(), losses.back(), k, mean(0, k), mean(n - k, n));
-  std::fprintf(
-      out,
-      "  step time   %.3fs mean: forward %.3f, backward %.3f, optimizer %.3f; waiting on transfers %.3f\n",
-      sum.total / double(n), sum.forward / double(n), sum.backward / double(n), sum.optimizer / double(n),
-      sum.wait / double(n));
+  if (n > 0) {  // (--steps 0: set up, save or export only)
+    std::fprintf(out, "  loss        %#.6g -> %#.6g (mean of the first / last %zu steps: %#.6g -> %#.6g)\n",
+                 losses.front(), losses.back(), k, mean(0, k), mean(n - k, n));
+    std::fprintf(
+        out,
+        "  step time   %.3fs mean: forward %.3f, backward %.3f, optimizer %.3f; waiting on transfers %.3f\n",
+        sum.total / double(n), sum.forward / double(n), sum.backward / double(n), sum.optimizer / double(n),
+        sum.wait / double(n));
+  }
   std::fprintf(out,
                "  prefetch    %llu hits, %llu late (%.3fs waited), %llu misses, %llu trace invalidations\n",
                (unsigned long long)ps.hits, (unsigned long long)ps.late, ps.late_wait_s,
@@ -432,6 +509,9 @@ int run_train(const TrainOpts& o) {
                    format_size(snap.moves[std::size_t(d)].bytes, 1).c_str());
   std::fprintf(out, "\n");
   if (!saved.empty()) std::fprintf(out, "  checkpoint  %s\n", saved.c_str());
+  if (csv)
+    std::fprintf(out, "  metrics     %s (csv_monitor)\n",
+                 CsvMonitor::file_for(csv->dir(), "Train/Samples/*").c_str());
   if (out != stdout) std::fclose(out);
   return stopped_by != 0 ? 128 + stopped_by : 0;
 }
@@ -452,13 +532,17 @@ Command train(
     "train", "Train a model with the ZeRO-3 offload engine from a DeepSpeed config", [](CLI::App& sub) {
       auto o = std::make_shared<TrainOpts>();
       sub.add_option("--config", o->config, "DeepSpeed-style ds_config.json")->required();
-      sub.add_option("--model", o->model,
-                     "Model preset (tiny, 10m, 125m, 350m, 1b, 3b, llama2-7b, ...) or model.json")
-          ->required();
+      sub.add_option(
+          "--model", o->model,
+          "Model preset (tiny, 10m, 125m, 350m, 1b, 3b, llama2-7b, ...) or model.json: fresh weights");
+      sub.add_option("--init-from", o->init_from,
+                     "Start from a Hugging Face Llama model: its directory (config.json + safetensors) or a "
+                     ".safetensors file");
       sub.add_option("--data", o->data, "Token file (llm.c .bin or flat uint16)")->check(CLI::ExistingFile);
       sub.add_option("--text", o->text, "Text file, tokenized as bytes (models with vocab_size >= 256)")
           ->check(CLI::ExistingFile);
-      sub.add_option("--steps", o->steps, "Optimizer steps to run")->required();
+      sub.add_option("--steps", o->steps, "Optimizer steps to run (0: set up, then save / export)")
+          ->required();
       sub.add_option("--seq-len", o->seq_len, "Tokens per sequence (default: min(max_seq_len, 256))")
           ->check(at_least_one);
       sub.add_option("--save", o->save,
@@ -466,8 +550,9 @@ Command train(
       sub.add_option("--save-interval", o->save_interval, "Also save every N steps")->check(at_least_one);
       sub.add_option("--load", o->load, "Resume from this checkpoint directory (its `latest` tag)");
       sub.add_option("--load-tag", o->load_tag, "Resume from this tag instead of `latest`");
-      sub.add_option("--export", o->export_path,
-                     "Write the trained weights as bf16 safetensors to this path");
+      sub.add_option(
+          "--export", o->export_path,
+          "Write the trained model as a Hugging Face directory (bf16; NAME.safetensors: one file)");
       sub.add_option("--backend", o->backend,
                      "Device backend: auto, host or cuda (overrides strata.backend)");
       sub.add_option("--device-memory-cap", o->device_cap,

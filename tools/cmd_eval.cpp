@@ -1,0 +1,122 @@
+// `strata eval`: the mean next-token cross-entropy (and perplexity) of a model over a token file.
+//
+//   strata eval --model out/model.safetensors --data val.bin --seq-len 256
+//   strata eval --model llama-2-7b/ --data val.bin --seq-len 1024 --batch-size 4 --max-batches 50
+//   strata eval --model ckpt --data val.bin --seq-len 256              (DIR/latest, or --model ckpt/TAG)
+//
+// Prints one line on stdout, `eval loss X ppl Y tokens Z` (what it evaluated goes to stderr first). The
+// sequences are consecutive windows from the start of the file (model/eval.h has the exact definition).
+// --model is a Hugging Face model directory or a safetensors file (model::open_hf_model), or a checkpoint
+// directory of `strata train --save` (read here: the model module does not know the engine's format).
+// Everything the command line can get wrong is checked before the weights are read.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "model/device_chunks.h"
+#include "model/dtype.h"
+#include "model/eval.h"
+#include "model/hf_dir.h"
+#include "model/layout.h"
+#include "model/llama.h"
+#include "model/safetensors.h"
+#include "model/token_file.h"
+#include "tools/cli.h"
+#include "tools/model_source.h"
+#include "zero3/checkpoint.h"
+
+namespace strata::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using detail::cat;
+
+struct EvalOpts {
+  std::string model, data, backend = "host";
+  int seq_len = 0;
+  int batch_size = 1;
+  std::int64_t max_batches = 0;
+};
+
+int run_eval(const EvalOpts& o) {
+  // The model's shape first (no weights read yet): the command line is checked against it.
+  const ModelSource source = open_model_source(o.model, "--model");
+  const model::ModelConfig& cfg = source.config();
+  const std::string weights = source.where();
+  if (o.seq_len > cfg.max_seq_len)
+    throw ConfigError(cat("--seq-len ", o.seq_len, " is longer than model '", cfg.name, "''s max_seq_len ",
+                          cfg.max_seq_len));
+  const model::TokenFile data = model::TokenFile::open(o.data);
+  model::check_eval_inputs(cfg, data, o.seq_len, o.batch_size, o.max_batches);
+
+  std::unique_ptr<Device> dev = open_device({.backend = o.backend});
+  std::unique_ptr<Stream> stream = dev->create_stream("eval");
+  std::unique_ptr<kernels::Ops> ops = kernels::make_ops(*dev, *stream);
+  std::unique_ptr<model::InMemoryChunks> host = load_params(source);
+  // Chunks the ops can read where they are (the host backend: fp32 in host memory), else a copy on the
+  // device in the ops' activation dtype, the host copy then freed.
+  std::unique_ptr<model::DeviceChunks> on_device;
+  if (!dev->caps().host_addressable || ops->caps().activation != DType::fp32) {
+    on_device = std::make_unique<model::DeviceChunks>(*dev, *ops, *host);
+    host.reset();
+  }
+  model::ChunkProvider& chunks = on_device ? static_cast<model::ChunkProvider&>(*on_device) : *host;
+  model::LlamaModel m(cfg, {.checkpoint_activations = true, .device = dev.get(), .ops = ops.get()});
+
+  const std::int64_t all = model::eval_sequences(data.size(), o.seq_len);
+  const std::int64_t S = o.max_batches > 0 ? std::min<std::int64_t>(all, o.max_batches * o.batch_size) : all;
+  std::fprintf(stderr,
+               "eval: model '%s' (%lld parameters) from %s on %s; %s: %lld of %lld sequences of %d tokens, "
+               "batch %d\n",
+               cfg.name.c_str(), (long long)cfg.num_parameters(), weights.c_str(), dev->caps().name.c_str(),
+               o.data.c_str(), (long long)S, (long long)all, o.seq_len, o.batch_size);
+  const model::EvalResult r = model::evaluate(m, chunks, data, o.seq_len, o.batch_size, o.max_batches);
+  std::printf("eval loss %.9g ppl %.9g tokens %lld\n", r.loss, r.ppl, (long long)r.tokens);
+  std::fflush(stdout);
+  return 0;
+}
+
+// A whole number >= `lo` (CLI11's range validators print their range in full).
+CLI::Validator at_least(long long lo) {
+  return CLI::Validator(
+      [lo](std::string& v) -> std::string {
+        try {
+          std::size_t used = 0;
+          if (std::stoll(v, &used) >= lo && used == v.size()) return {};
+        } catch (const std::exception&) {
+        }
+        return cat("must be a whole number of at least ", lo, ", not ", v);
+      },
+      cat("INT >= ", lo));
+}
+
+Command eval("eval", "Mean next-token loss and perplexity of a model over a token file", [](CLI::App& sub) {
+  auto o = std::make_shared<EvalOpts>();
+  sub.add_option("--model", o->model,
+                 "Hugging Face model directory, .safetensors file (e.g. from train --export), or checkpoint "
+                 "directory (DIR with `latest`, or DIR/TAG)")
+      ->required();
+  sub.add_option("--data", o->data, "Token file (llm.c .bin or flat uint16)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  sub.add_option("--seq-len", o->seq_len, "Tokens per sequence, at most the model's max_seq_len")
+      ->required()
+      ->check(at_least(1));
+  sub.add_option("--batch-size", o->batch_size, "Sequences per forward (default 1)")->check(at_least(1));
+  sub.add_option("--max-batches", o->max_batches, "Stop after N batches (default 0: every whole sequence)")
+      ->check(at_least(0));
+  sub.add_option("--backend", o->backend, "Device backend: host (default), cuda or auto");
+  return [o] { return run_eval(*o); };
+});
+
+}  // namespace
+}  // namespace strata::cli

@@ -1,0 +1,43 @@
+// strata/tools/model_source.h: the model a command reads — a Hugging Face model directory or a
+// .safetensors file (model::open_hf_model), or a checkpoint directory of `strata train --save` (read here:
+// the model module does not know the engine's format). Used by `strata eval` and `strata export`.
+//
+// Example:
+//   strata::cli::ModelSource src = strata::cli::open_model_source(path, "--model");   // config only
+//   std::unique_ptr<strata::model::InMemoryChunks> w = strata::cli::load_params(src);  // then the weights
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "model/chunk.h"
+#include "model/config.h"
+#include "model/hf_dir.h"
+
+namespace strata::cli {
+
+// A checkpoint directory of the engine (zero3/checkpoint.h): DIR with `latest`, or DIR/TAG with meta.json.
+struct CheckpointModel {
+  std::string dir, tag;  // tag "" : the one DIR/latest names
+  model::ModelConfig config;
+  std::string where;      // DIR/TAG
+  std::string init_from;  // the --init-from directory the run started from, when it recorded one
+};
+
+struct ModelSource {
+  std::optional<CheckpointModel> ckpt;  // exactly one of the two
+  std::optional<model::HfModel> hf;
+  const model::ModelConfig& config() const { return ckpt ? ckpt->config : hf->config; }
+  std::string where() const { return ckpt ? ckpt->where : hf->weights; }
+};
+
+// Resolves `path` and reads the model's config, no weights yet. ConfigError naming `flag` and what was
+// looked for when the path is none of the three.
+ModelSource open_model_source(const std::string& path, const char* flag);
+
+// The weights, fp32 in host memory. A checkpoint's are its working params (Note [Working params from a
+// checkpoint] in model_source.cpp).
+std::unique_ptr<model::InMemoryChunks> load_params(const ModelSource& src);
+
+}  // namespace strata::cli

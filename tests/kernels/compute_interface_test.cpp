@@ -3,16 +3,14 @@
 // Also: make_ops picks the backend's implementation, ops run in stream order, misuse is refused by name.
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <chrono>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
+#include "tests/common/stream_gate.h"
 #include "tests/core/device_fixture.h"
 #include "tests/kernels/reference.h"
 
@@ -316,22 +314,17 @@ TEST_P(Compute, AdamwIsTheCpuUpdateBitForBit) {
 }
 
 // An op issued after work enqueued on its stream sees that work's result, on every backend. The stream is
-// held by a host function until a second thread releases it; an op that did not wait for the stream
-// would scale the buffer before the copy lands.
+// held at a gate until the op has been issued (each op enqueues on the stream and returns: kernels/ops.h),
+// so an op that did not wait for the stream would scale the buffer before the copy lands — whatever the
+// timing.
 TEST_P(Compute, OpsRunAfterTheWorkAlreadyOnTheirStream) {
   std::vector<float> src = random_floats(4096, 24);
   Tensor x = alloc(src.size(), DType::fp32);
-  std::atomic<bool> go{false};
-  stream->host_fn([&go] {
-    while (!go.load()) std::this_thread::yield();
-  });
+  strata::test::StreamGate gate;
+  stream->host_fn(gate.wait_fn());
   stream->copy_async(x.data, src.data(), x.bytes(), CopyKind::host_to_device);
-  std::thread releaser([&go] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    go = true;
-  });
   ops->scale(x, 2.0f);
-  releaser.join();
+  gate.open();
   std::vector<float> want(src.size());
   for (std::size_t i = 0; i < src.size(); ++i) want[i] = src[i] * 2.0f;
   EXPECT_EQ(get(x), want);

@@ -31,6 +31,7 @@
 #include "core/files.h"
 #include "core/log.h"
 #include "kernels/cpu/ops.h"
+#include "model/eval.h"
 #include "model/hf_dir.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -47,8 +48,8 @@ using Clock = std::chrono::steady_clock;
 struct TrainOpts {
   std::string config, model, init_from, data, text;
   std::int64_t steps = 0;
-  std::string save, load, load_tag, export_path;
-  std::int64_t save_interval = 0;
+  std::string save, load, load_tag, export_path, eval_data;
+  std::int64_t save_interval = 0, eval_interval = 0, eval_batches = 0;
   int seq_len = 0;
   std::string backend, device_cap;
   std::vector<std::string> sets;
@@ -275,6 +276,8 @@ int run_train(const TrainOpts& o) {
   if (!csv_dir.empty()) check_writable_dir(csv_dir, "csv_monitor.output_path/job_name:");
   if (o.save_interval > 0 && o.save.empty())
     throw ConfigError("--save-interval needs --save DIR (where the checkpoints go)");
+  if ((o.eval_interval > 0 || o.eval_batches > 0) && o.eval_data.empty())
+    throw ConfigError("--eval-interval and --eval-batches need --eval-data FILE (the token file to evaluate on)");
   if (!o.text.empty() && std::filesystem::file_size(o.text) == 0)
     throw ConfigError(cat("--text ", o.text, " is empty; give a text file to train on"));
   // --init-from: the model's config and, chunk by chunk, its weights (memory-mapped; checked up front).
@@ -348,6 +351,14 @@ int run_train(const TrainOpts& o) {
                                 .vocab_size = mcfg.vocab_size,
                                 .source = o.text.empty() ? o.data : cat("--text ", o.text)});
   model::LlamaModel model(mcfg, engine.model_options());
+  // --eval-data: strata eval's loss (model/eval.h) over the held-out file, on the engine's own weights,
+  // every --eval-interval steps and at the end. Every rank evaluates the same sequences (the engine's
+  // gathers are collective); rank 0 prints. Checked now, before any step.
+  std::optional<model::TokenFile> eval_file;
+  if (!o.eval_data.empty()) {
+    eval_file.emplace(model::TokenFile::open(o.eval_data));
+    model::check_eval_inputs(mcfg, *eval_file, seq_len, int(engine.micro_batch()), o.eval_batches);
+  }
   // Room for the checkpoints --save will write, checked before training rather than at the end.
   if (!o.save.empty()) {
     if (const std::optional<std::uint64_t> room = free_disk_bytes(o.save)) {
@@ -419,6 +430,16 @@ int run_train(const TrainOpts& o) {
     const TierBytes b = tier_bytes(engine);
     progress.update(r, b);
     if (csv) write_csv_step(*csv, r, b, r.step * samples_per_step, cfg.fp16.enabled);
+    const bool eval_now = eval_file && ((o.eval_interval > 0 && (i + 1) % o.eval_interval == 0) || i + 1 == o.steps);
+    if (eval_now) {
+      progress.finish();
+      const model::EvalResult e =
+          model::evaluate(model, engine, *eval_file, seq_len, int(engine.micro_batch()), o.eval_batches);
+      std::fprintf(out, "eval step %lld loss %.9g ppl %.9g tokens %lld\n", (long long)r.step, e.loss, e.ppl,
+                   (long long)e.tokens);
+      std::fflush(out);
+      if (csv) csv->write("Train/Samples/eval_loss", r.step * samples_per_step, e.loss);
+    }
     if (!o.save.empty() && o.save_interval > 0 && (i + 1) % o.save_interval == 0 && i + 1 < o.steps) {
       progress.finish();
       saved = engine.save_checkpoint(o.save, client_state, &data);
@@ -548,6 +569,14 @@ Command train(
       sub.add_option("--save", o->save,
                      "Checkpoint directory: written at the end (and every --save-interval steps)");
       sub.add_option("--save-interval", o->save_interval, "Also save every N steps")->check(at_least_one);
+      sub.add_option("--eval-data", o->eval_data,
+                     "Held-out token file: `strata eval`'s loss on it every --eval-interval steps and at the end")
+          ->check(CLI::ExistingFile);
+      sub.add_option("--eval-interval", o->eval_interval, "Evaluate every N steps (default: at the end only)")
+          ->check(at_least_one);
+      sub.add_option("--eval-batches", o->eval_batches,
+                     "Micro-batches of --eval-data per evaluation (default: every whole sequence)")
+          ->check(at_least_one);
       sub.add_option("--load", o->load, "Resume from this checkpoint directory (its `latest` tag)");
       sub.add_option("--load-tag", o->load_tag, "Resume from this tag instead of `latest`");
       sub.add_option(

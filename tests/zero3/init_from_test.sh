@@ -3,7 +3,8 @@
 # Face directory; training from that directory starts from its weights (the first step's loss is the fresh
 # run's, whose working weights they are), exports a directory again, and a directory with its own tokenizer
 # refuses --text (bytes) and names the script that makes a token file; `strata export` of the run's
-# checkpoint writes the same files as the run's own --export.
+# checkpoint writes the same files as the run's own --export; --eval-data's loss at the last step is
+# `strata eval`'s of the export, to the last printed digit.
 # usage: init_from_test.sh STRATA CONFIG TEXT SCRATCH_DIR
 set -u
 strata=$1 config=$2 text=$3 dir=$4
@@ -28,6 +29,18 @@ cat "$dir/train.log"
 for f in config.json generation_config.json model.safetensors; do
   cmp "$dir/step2/$f" "$dir/from-ckpt/$f" || fail "strata export's $f differs from the run's --export"
 done
+python3 - "$text" "$dir/eval.bin" <<'PY' || fail "cannot write the eval token file"
+import struct, sys
+ids = list(open(sys.argv[1], "rb").read())
+with open(sys.argv[2], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, len(ids), *([0] * 253)) + struct.pack(f"<{len(ids)}H", *ids))
+PY
+during=$("$strata" train "${common[@]}" --init-from "$dir/step0" --steps 2 --export "$dir/evaled" \
+  --eval-data "$dir/eval.bin" --eval-interval 1 2>&1 | grep '^eval step 2 ')
+after=$("$strata" eval --model "$dir/evaled" --data "$dir/eval.bin" --seq-len 32 --batch-size 4 2>/dev/null)
+echo "during training: $during"
+echo "strata eval:     $after"
+[ -n "$during" ] && [ "${during#eval step 2 }" = "${after#eval }" ] || fail "--eval-data's loss is not strata eval's"
 echo '{"model": {"type": "BPE"}}' >"$dir/step2/tokenizer.json"
 out=$("$strata" train "${common[@]}" --init-from "$dir/step2" --steps 1 2>&1)
 echo "$out"

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Reference dumps from an independent implementation (Hugging Face transformers on PyTorch, fp32, CPU),
+llm.c-style: tests/model/reference_test.cpp checks Strata's Llama against them in CI. Run by hand, never in
+CI (it needs torch and transformers); the dumps it writes are committed.
+
+    python3 tests/reference/make_reference.py [OUT_DIR]      (default: tests/reference/data)
+
+For each configuration below it writes OUT_DIR/<name>/:
+  config.json, model.safetensors   transformers' own save_pretrained of a randomly initialised
+                                   LlamaForCausalLM (fp32), exactly what `strata train --init-from` reads
+  reference.safetensors            input_ids (B, T+1) stored as F32 (exact below 2^24), logits (B, T, V) of
+                                   the first forward, and grad.<tensor name> for every parameter (F32)
+  reference.json                   the batch shape, the first loss, the AdamW hyperparameters and the losses
+                                   of STEPS AdamW steps on that same batch, the versions used
+
+The configurations cover what the Hugging Face path must get right: grouped-query attention with an
+explicit head_dim wider than hidden_size / heads and untied embeddings, tied embeddings, rope_theta 5e5, and
+Llama 3.1's rope scaling. The loss is transformers' own (labels = inputs shifted by one inside the model).
+"""
+import json
+import os
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+B, T, STEPS = 2, 24, 10
+ADAMW = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+
+COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64, rms_norm_eps=1e-5,
+              rope_theta=10000.0, tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+
+CONFIGS = {
+    "gqa_head_dim_untied": dict(num_key_value_heads=2, head_dim=32),
+    "tied": dict(tie_word_embeddings=True),
+    "rope_theta_5e5": dict(rope_theta=500000.0, num_key_value_heads=2),
+    "llama3_scaling": dict(rope_theta=500000.0, num_key_value_heads=2,
+                           rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+}
+
+
+def make(name, overrides, out):
+    kw = dict(COMMON)
+    kw.update(overrides)
+    torch.manual_seed(1234)
+    cfg = transformers.LlamaConfig(**kw)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.float32)
+    # Larger than the default 0.02 init, so that the logits and gradients are far from zero.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.08)
+    d = os.path.join(out, name)
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    for extra in ("generation_config.json",):
+        if os.path.exists(os.path.join(d, extra)):
+            os.remove(os.path.join(d, extra))
+
+    g = torch.Generator().manual_seed(99)
+    ids = torch.randint(0, kw["vocab_size"], (B, T + 1), generator=g)
+    inputs, targets = ids[:, :T], ids[:, 1:]
+    model.train()
+    out_ = model(input_ids=inputs)
+    logits = out_.logits.float()
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    loss.backward()
+    tensors = {"input_ids": ids.to(torch.float32).contiguous(), "logits": logits.detach().contiguous()}
+    for n, p in model.named_parameters():
+        tensors["grad." + n] = p.grad.detach().clone().contiguous()
+    first = float(loss)
+
+    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+    losses = []
+    model.zero_grad()
+    for _ in range(STEPS):
+        opt.zero_grad()
+        lg = model(input_ids=inputs).logits.float()
+        l = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), targets.reshape(-1))
+        losses.append(float(l))
+        l.backward()
+        opt.step()
+    save_file(tensors, os.path.join(d, "reference.safetensors"))
+    meta = {"batch": B, "seq_len": T, "loss": first, "step_losses": losses,
+            "adamw": {"lr": ADAMW["lr"], "beta1": ADAMW["betas"][0], "beta2": ADAMW["betas"][1],
+                      "eps": ADAMW["eps"], "weight_decay": ADAMW["weight_decay"]},
+            "torch": torch.__version__, "transformers": transformers.__version__}
+    with open(os.path.join(d, "reference.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    print(f"{name}: loss {first:.6f}, after {STEPS} steps {losses[-1]:.6f} -> {d}")
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+    torch.set_num_threads(1)
+    for name, ov in CONFIGS.items():
+        make(name, ov, out)
+
+
+if __name__ == "__main__":
+    main()

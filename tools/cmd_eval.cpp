@@ -41,7 +41,7 @@ namespace fs = std::filesystem;
 using detail::cat;
 
 struct EvalOpts {
-  std::string model, data, backend = "host";
+  std::string model, data, backend = "host", logits;
   int seq_len = 0;
   int batch_size = 1;
   std::int64_t max_batches = 0;
@@ -82,6 +82,19 @@ int run_eval(const EvalOpts& o) {
   const model::EvalResult r = model::evaluate(m, chunks, data, o.seq_len, o.batch_size, o.max_batches);
   std::printf("eval loss %.9g ppl %.9g tokens %lld\n", r.loss, r.ppl, (long long)r.tokens);
   std::fflush(stdout);
+  if (!o.logits.empty()) {
+    // The first batch's logits, (B, T, vocab) little-endian fp32, for comparing with another
+    // implementation token by token (tests/reference/check_strata_cli.py).
+    const int B = int(std::min<std::int64_t>(o.batch_size, S));
+    std::vector<std::int32_t> in(std::size_t(B) * std::size_t(o.seq_len));
+    for (int b = 0; b < B; ++b)
+      data.read(std::size_t(b) * std::size_t(o.seq_len), std::size_t(o.seq_len), in.data() + std::size_t(b) * o.seq_len);
+    m.forward(chunks, in.data(), nullptr, B, o.seq_len);
+    const std::vector<float> lg = m.logits();
+    std::FILE* f = std::fopen(o.logits.c_str(), "wb");
+    if (!f || std::fwrite(lg.data(), sizeof(float), lg.size(), f) != lg.size() || std::fclose(f) != 0)
+      throw IoError(cat("--logits ", o.logits, ": cannot write ", lg.size() * sizeof(float), " bytes"));
+  }
   return 0;
 }
 
@@ -115,6 +128,8 @@ Command eval("eval", "Mean next-token loss and perplexity of a model over a toke
   sub.add_option("--max-batches", o->max_batches, "Stop after N batches (default 0: every whole sequence)")
       ->check(at_least(0));
   sub.add_option("--backend", o->backend, "Device backend: host (default), cuda or auto");
+  sub.add_option("--logits", o->logits,
+                 "Also write the first batch's logits to FILE: (batch, seq-len, vocab) little-endian fp32");
   return [o] { return run_eval(*o); };
 });
 

@@ -12,7 +12,7 @@ transformers): for each reference directory,
 
     python3 tests/reference/check_strata_cli.py STRATA_BINARY [DATA_DIR]
 
-Prints one line per check with both figures and the relative difference; exits 1 if any is over its bound
+(1 also runs the first step with bf16 working params, bound 1e-2.) Prints one line per check with both figures and the relative difference; exits 1 if any is over its bound
 (1e-4 relative for 1, 1e-3 for 2 — the bf16 export is what both sides read, so it is the fp32 bound in
 effect, loosened for the different summation order over a trained model).
 """
@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 
+import numpy
 import torch
 import transformers
 
@@ -34,6 +35,14 @@ def token_file(path, ids):
         header = [20240520, 1, len(ids)] + [0] * 253
         f.write(struct.pack("<256i", *header))
         f.write(struct.pack(f"<{len(ids)}H", *ids))
+
+
+def hf_logits(model_dir, ids, b):
+    m = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    m.eval()
+    x = torch.tensor(ids[: b * T]).reshape(b, T)
+    with torch.no_grad():
+        return m(input_ids=x).logits.float().numpy()
 
 
 def hf_loss(model_dir, ids):
@@ -70,6 +79,8 @@ def main():
                "strata": {"backend": "host", "seed": 1}}
         with open(os.path.join(tmp, "fp32.json"), "w") as f:
             json.dump(cfg, f)
+        with open(os.path.join(tmp, "bf16.json"), "w") as f:
+            json.dump(dict(cfg, bf16={"enabled": True}), f)
         for name in sorted(os.listdir(data_dir)):
             d = os.path.join(data_dir, name)
             theirs, n = hf_loss(d, ids)
@@ -89,6 +100,14 @@ def main():
             ok &= rel <= 1e-4
             print(f"{name}: first training step from the directory: strata {first:.6g} transformers "
                   f"{theirs1:.9g} rel {rel:.2e}")
+            step = subprocess.run([strata, "train", "--config", os.path.join(tmp, "bf16.json"), "--init-from", d,
+                                   "--data", one, "--seq-len", str(T), "--steps", "1", "--no-progress"],
+                                  capture_output=True, text=True, check=True).stdout
+            first = float(next(l for l in step.splitlines() if l.startswith("step 1/1")).split()[3])
+            rel = abs(first - theirs1) / theirs1
+            ok &= rel <= 1e-2
+            print(f"{name}: the same in bf16 (working params rounded): strata {first:.6g} rel {rel:.2e} "
+                  f"(bound 1e-2)")
             out = os.path.join(tmp, name + "-tuned")
             subprocess.run([strata, "train", "--config", os.path.join(tmp, "fp32.json"), "--init-from", d,
                             "--data", data, "--seq-len", str(T), "--steps", "3", "--export", out,
@@ -99,6 +118,15 @@ def main():
             ok &= n == n2 and rel <= 1e-3
             print(f"{name}: after 3 steps, --export loaded by transformers: strata {ours:.9g} "
                   f"transformers {theirs:.9g} rel {rel:.2e}")
+            lg = os.path.join(tmp, "logits.bin")
+            subprocess.run([strata, "eval", "--model", out, "--data", data, "--seq-len", str(T), "--batch-size",
+                            "2", "--logits", lg], capture_output=True, text=True, check=True)
+            theirs_lg = hf_logits(out, ids, 2)
+            ours_lg = numpy.fromfile(lg, dtype="<f4").reshape(theirs_lg.shape)
+            err = float(numpy.abs(ours_lg - theirs_lg).max() / numpy.abs(theirs_lg).max())
+            ok &= err <= 1e-2
+            print(f"{name}: logits of the export, strata against transformers: max |diff| / max |logit| {err:.2e} "
+                  f"(bf16 bound 1e-2)")
     sys.exit(0 if ok else 1)
 
 

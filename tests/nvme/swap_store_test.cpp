@@ -129,13 +129,14 @@ TEST(SwapStore, RunDirectoryExistsWhileTheStoreLivesAndIsRemovedAfter) {
   ScratchDir dir("nvme");
   AioEngine engine;
   std::string run;
+  // The source outlives the store, whose destructor waits for the write still reading it.
+  const auto d = test::random_bytes(5000, 4);
   {
     SwapStore store(engine, {.nvme_path = dir.path()});
     run = store.run_dir();
     EXPECT_TRUE(fs::is_directory(run));
     EXPECT_EQ(fs::path(run).parent_path(), fs::path(dir.path()));
     SwapExtent e = store.allocate(5000);
-    auto d = test::random_bytes(5000, 4);
     store.write(e, d.data());  // left pending on purpose: the destructor must wait for it
   }
   EXPECT_FALSE(fs::exists(run));

@@ -88,7 +88,8 @@ int run_eval(const EvalOpts& o) {
     const int B = int(std::min<std::int64_t>(o.batch_size, S));
     std::vector<std::int32_t> in(std::size_t(B) * std::size_t(o.seq_len));
     for (int b = 0; b < B; ++b)
-      data.read(std::size_t(b) * std::size_t(o.seq_len), std::size_t(o.seq_len), in.data() + std::size_t(b) * o.seq_len);
+      data.read(std::size_t(b) * std::size_t(o.seq_len), std::size_t(o.seq_len),
+                in.data() + std::size_t(b) * o.seq_len);
     m.forward(chunks, in.data(), nullptr, B, o.seq_len);
     const std::vector<float> lg = m.logits();
     std::FILE* f = std::fopen(o.logits.c_str(), "wb");

@@ -246,6 +246,17 @@ int run_train(const TrainOpts& o) {
         "MODEL_DIR_OR_SAFETENSORS (a Hugging Face Llama model's weights)");
   if (o.data.empty() == o.text.empty())
     throw ConfigError("give exactly one of --data tokens.bin or --text file.txt");
+  // The files to read, named with what to give instead (a strata::Error, as every bad argument).
+  const std::pair<const char*, const std::string*> inputs[] = {
+      {"--data", &o.data}, {"--text", &o.text}, {"--eval-data", &o.eval_data}};
+  for (const auto& [flag, path] : inputs)
+    if (!path->empty() && !std::filesystem::is_regular_file(*path))
+      throw ConfigError(
+          cat(flag, " ", *path, ": ", std::filesystem::exists(*path) ? "not a regular file" : "no such file",
+              std::string(flag) == "--text"
+                  ? "; give a text file to train on"
+                  : "; give a token file (llm.c .bin or flat uint16; scripts/tokenize_text.py makes "
+                    "one with a model's own tokenizer)"));
   // Under mpirun every rank runs this; rank 0 prints the progress, log lines and summary, the others
   // only warnings and errors, which carry their rank.
   const comm::RankInfo ri = comm::rank_from_env();
@@ -277,7 +288,8 @@ int run_train(const TrainOpts& o) {
   if (o.save_interval > 0 && o.save.empty())
     throw ConfigError("--save-interval needs --save DIR (where the checkpoints go)");
   if ((o.eval_interval > 0 || o.eval_batches > 0) && o.eval_data.empty())
-    throw ConfigError("--eval-interval and --eval-batches need --eval-data FILE (the token file to evaluate on)");
+    throw ConfigError(
+        "--eval-interval and --eval-batches need --eval-data FILE (the token file to evaluate on)");
   if (!o.text.empty() && std::filesystem::file_size(o.text) == 0)
     throw ConfigError(cat("--text ", o.text, " is empty; give a text file to train on"));
   // --init-from: the model's config and, chunk by chunk, its weights (memory-mapped; checked up front).
@@ -430,7 +442,8 @@ int run_train(const TrainOpts& o) {
     const TierBytes b = tier_bytes(engine);
     progress.update(r, b);
     if (csv) write_csv_step(*csv, r, b, r.step * samples_per_step, cfg.fp16.enabled);
-    const bool eval_now = eval_file && ((o.eval_interval > 0 && (i + 1) % o.eval_interval == 0) || i + 1 == o.steps);
+    const bool eval_now =
+        eval_file && ((o.eval_interval > 0 && (i + 1) % o.eval_interval == 0) || i + 1 == o.steps);
     if (eval_now) {
       progress.finish();
       const model::EvalResult e =
@@ -559,9 +572,8 @@ Command train(
       sub.add_option("--init-from", o->init_from,
                      "Start from a Hugging Face Llama model: its directory (config.json + safetensors) or a "
                      ".safetensors file");
-      sub.add_option("--data", o->data, "Token file (llm.c .bin or flat uint16)")->check(CLI::ExistingFile);
-      sub.add_option("--text", o->text, "Text file, tokenized as bytes (models with vocab_size >= 256)")
-          ->check(CLI::ExistingFile);
+      sub.add_option("--data", o->data, "Token file (llm.c .bin or flat uint16)");
+      sub.add_option("--text", o->text, "Text file, tokenized as bytes (models with vocab_size >= 256)");
       sub.add_option("--steps", o->steps, "Optimizer steps to run (0: set up, then save / export)")
           ->required();
       sub.add_option("--seq-len", o->seq_len, "Tokens per sequence (default: min(max_seq_len, 256))")
@@ -569,9 +581,9 @@ Command train(
       sub.add_option("--save", o->save,
                      "Checkpoint directory: written at the end (and every --save-interval steps)");
       sub.add_option("--save-interval", o->save_interval, "Also save every N steps")->check(at_least_one);
-      sub.add_option("--eval-data", o->eval_data,
-                     "Held-out token file: `strata eval`'s loss on it every --eval-interval steps and at the end")
-          ->check(CLI::ExistingFile);
+      sub.add_option(
+          "--eval-data", o->eval_data,
+          "Held-out token file: `strata eval`'s loss on it every --eval-interval steps and at the end");
       sub.add_option("--eval-interval", o->eval_interval, "Evaluate every N steps (default: at the end only)")
           ->check(at_least_one);
       sub.add_option("--eval-batches", o->eval_batches,

@@ -567,8 +567,9 @@ Config Config::load(const std::string& path, const Overrides& overrides, int wor
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    // e.what(): "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error ..."
+  } catch (const nlohmann::json::exception& e) {
+    // e.what(): "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error ...", or
+    // out_of_range.406 for a number too large for a double (1e400), met before any syntax error after it.
     std::string what = e.what();
     if (auto close = what.find("] "); what.rfind("[json.exception", 0) == 0 && close != std::string::npos)
       what = what.substr(close + 2);

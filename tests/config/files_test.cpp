@@ -37,6 +37,16 @@ TEST(ConfigFile, MalformedJsonReportsLineAndColumn) {
   EXPECT_FALSE(testing::contains(msg, "[json.exception")) << msg;
 }
 
+// A number too large for a double is the JSON library's out_of_range, not a parse error, and comes first
+// when the syntax error follows it (found by fuzz/config_fuzz: fuzz/corpus/config/number_overflow.json).
+TEST(ConfigFile, ANumberTooLargeForADoubleIsMalformedJson) {
+  test::ScratchDir dir("config");
+  std::string path = dir.file("huge.json");
+  testing::write_file(path, "{\"aio\": {\"queue_depth\": 1e999}, \"train_batch_size\": [[[\n");
+  std::string msg = load_error(path);
+  EXPECT_TRUE(testing::contains(msg, path + ": malformed JSON: number overflow parsing '1e999'")) << msg;
+}
+
 TEST(ConfigFile, ErrorsInsideTheFileArePrefixedWithItsPath) {
   test::ScratchDir dir("config");
   std::string path = dir.file("stage.json");

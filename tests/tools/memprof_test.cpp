@@ -2,6 +2,8 @@
 // reproduces DeepSpeed's ZeRO-3 formulas and DESIGN.md §2's bytes per parameter.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "model/model.h"
 #include "tests/common/scratch_dir.h"
 #include "tests/tiering/tiering_fixture.h"
@@ -135,6 +137,28 @@ TEST_P(Memprof, ReplayedPeaksEqualTheManagersOwnCounters) {
 }
 
 STRATA_TIERING_BACKENDS(Memprof);
+
+// Lines whose "type" is not a string, or that are no JSON object, are ConfigErrors naming the line (found by
+// fuzz/memprof_trace_fuzz: the error message itself read "type" the way that had just failed, and the JSON
+// library's type_error escaped).
+TEST(MemprofTrace, ALineWhoseTypeIsNotAStringIsAnErrorNamingTheLine) {
+  strata::test::ScratchDir dir("memprof");
+  const std::string header =
+      R"({"schema":"strata.memprof","version":1,"type":"header","start_t":0,"sample_interval_ms":1,)"
+      R"("kinds":["param","grad","master","exp_avg","exp_avg_sq","staging"],"backend":"host","device":"host",)"
+      R"("config":{},"tiers":[{"tier":"device","present":true,"capacity":1},{"tier":"pinned","present":true,)"
+      R"("capacity":1},{"tier":"nvme","present":false,"capacity":0}]})";
+  for (const char* line : {R"({"type":5})", "7"}) {
+    const std::string path = dir.file("t.memprof.jsonl");
+    std::ofstream(path) << header << "\n" << line << "\n{\"type\":\"end\"}\n";
+    try {
+      (void)read_trace(path);
+      ADD_FAILURE() << line << " was read";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(path + ":2: malformed line"), std::string::npos) << e.what();
+    }
+  }
+}
 
 TEST(MemprofEstimate, DeepSpeedColumnsFollowItsZero3Formulas) {
   EstimateInput in{.params = 1'000'000'000, .largest_layer = 100'000'000};

@@ -106,7 +106,11 @@ Trace read_trace(const std::string& path) {
       }
       // Other types come from newer writers; a reader of this version skips them.
     } catch (const json::exception& e) {
-      throw ConfigError(cat(path, ":", lineno, ": malformed ", j.value("type", "line"), ": ", e.what()));
+      // (Not j.value("type", ...): that throws again when "type" is there but not a string, or j is no
+      // object.)
+      const bool named = j.is_object() && j.contains("type") && j["type"].is_string();
+      throw ConfigError(cat(path, ":", lineno, ": malformed ", named ? j["type"].get<std::string>() : "line",
+                            ": ", e.what()));
     } catch (const ConfigError& e) {
       throw ConfigError(cat(path, ":", lineno, ": ", e.what()));
     }

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -15,27 +16,41 @@ using strata::detail::cat;
 
 namespace {
 
+// v as the integer type T: a number of another kind would convert with undefined behaviour (1e55 to an
+// integer), so integers must be written as integers, unsigned ones without a sign.
+template <typename T>
+T whole(const json& v) {
+  if (!v.is_number_integer() || (std::is_unsigned_v<T> && !v.is_number_unsigned()))
+    throw ConfigError(
+        cat(v.dump().substr(0, 40), " is not a whole number", std::is_unsigned_v<T> ? " >= 0" : ""));
+  return v.get<T>();
+}
+
+}  // namespace
+
+namespace {
+
 TraceSample sample_from(const json& j) {
   TraceSample s;
-  s.t_ns = j.at("t").get<std::int64_t>();
-  s.step = j.at("step").get<std::int64_t>();
+  s.t_ns = whole<std::int64_t>(j.at("t"));
+  s.step = whole<std::int64_t>(j.at("step"));
   s.phase = parse_phase(j.at("phase").get<std::string>(), "sample.phase");
   const json& b = j.at("bytes");
   for (int t = 0; t < kTierCount; ++t) {
     const json& row = b.at(to_string(Tier(t)));
-    for (int k = 0; k < kKindCount; ++k) s.bytes[t][k] = row.at(k).get<std::uint64_t>();
+    for (int k = 0; k < kKindCount; ++k) s.bytes[t][k] = whole<std::uint64_t>(row.at(k));
   }
-  for (int t = 0; t < kTierCount; ++t) s.reserved[t] = j.at("reserved").at(t).get<std::uint64_t>();
+  for (int t = 0; t < kTierCount; ++t) s.reserved[t] = whole<std::uint64_t>(j.at("reserved").at(t));
   return s;
 }
 
 TraceTensor tensor_from(const json& j) {
   TraceTensor t;
-  t.id = j.at("id").get<TensorId>();
+  t.id = whole<TensorId>(j.at("id"));
   t.name = j.at("name").get<std::string>();
   t.kind = parse_kind(j.at("kind").get<std::string>(), "tensor.kind");
   t.dtype = parse_dtype(j.at("dtype").get<std::string>(), "tensor.dtype");
-  t.bytes = j.at("bytes").get<std::uint64_t>();
+  t.bytes = whole<std::uint64_t>(j.at("bytes"));
   t.home = parse_tier(j.at("home").get<std::string>(), "tensor.home");
   t.chunk = j.at("chunk").get<std::int32_t>();
   t.shard = j.at("shard").get<std::int32_t>();
@@ -46,18 +61,18 @@ void read_header(Trace& tr, const json& h) {
   if (!h.is_object() || h.value("schema", "") != kSchema || h.value("type", "") != "header")
     throw ConfigError(cat(tr.path, ":1: not a memprof trace (the first line must be the ", kSchema,
                           " header; was the file written with strata.memprof.path?)"));
-  int version = h.value("version", 0);
+  const std::int64_t version = h.contains("version") ? whole<std::int64_t>(h["version"]) : 0;
   if (version < 1 || version > kSchemaVersion)
     throw ConfigError(cat(tr.path, ":1: trace version ", version, " is not supported (this memprof reads 1..",
                           kSchemaVersion, "); use a newer memprof"));
   tr.header = h;
   tr.backend = h.value("backend", "");
   tr.device = h.value("device", "");
-  tr.start_t = h.value("start_t", std::int64_t(0));
+  tr.start_t = h.contains("start_t") ? whole<std::int64_t>(h["start_t"]) : 0;
   for (const json& t : h.at("tiers")) {
     int i = int(parse_tier(t.at("tier").get<std::string>(), "header.tiers[].tier"));
     tr.present[i] = t.at("present").get<bool>();
-    tr.capacity[i] = t.at("capacity").get<std::uint64_t>();
+    tr.capacity[i] = whole<std::uint64_t>(t.at("capacity"));
   }
 }
 
@@ -98,10 +113,10 @@ Trace read_trace(const std::string& path) {
       else if (type == "tensor")
         tr.tensors.push_back(tensor_from(j));
       else if (type == "gap")
-        tr.dropped += j.at("dropped").get<std::uint64_t>();
+        tr.dropped += whole<std::uint64_t>(j.at("dropped"));
       else if (type == "end") {
-        tr.end_t = j.at("t").get<std::int64_t>();
-        tr.writer_cpu_ns = j.value("writer_cpu_ns", std::int64_t(0));
+        tr.end_t = whole<std::int64_t>(j.at("t"));
+        tr.writer_cpu_ns = j.contains("writer_cpu_ns") ? whole<std::int64_t>(j["writer_cpu_ns"]) : 0;
         tr.final_snapshot = Snapshot::from_json(j.at("snapshot"));
       }
       // Other types come from newer writers; a reader of this version skips them.

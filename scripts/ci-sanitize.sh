@@ -5,16 +5,20 @@
 #   asan  build-asan/  ASan + UBSan (fatal), the whole ctest suite, multi-rank tests included
 #   tsan  build-tsan/  TSan, the threaded suites: device streams, tier manager, NVMe engine, prefetcher,
 #                      engine (test_core, test_tiering, test_nvme, test_prefetch, test_zero3)
-#   fuzz  build-fuzz/  clang + libFuzzer + ASan/UBSan: every target under fuzz/ for FUZZ_SECONDS on its
-#                      committed corpus (fuzz/corpus/<target>/); new inputs go to build-fuzz/corpus/
+#   fuzz  build-fuzz/  clang + libFuzzer + ASan/UBSan: every target under fuzz/ for FUZZ_RUNS inputs from a
+#                      fixed seed on its committed corpus (fuzz/corpus/<target>/); new inputs go to
+#                      build-fuzz/corpus/, which starts empty each time
 #
 # Usage: scripts/ci-sanitize.sh [asan|tsan|fuzz ...]     (no argument: all three, in that order)
-# JOBS: build and ctest parallelism (default: all cores). FUZZ_SECONDS: time per fuzz target (default 60).
+# JOBS: build and ctest parallelism (default: all cores). FUZZ_RUNS: inputs per fuzz target (default 150000,
+# about 30-60 s each here); FUZZ_SECONDS: a cap on each target's time (default 120); FUZZ_SEED (default 1).
 # Each stage prints its wall time; the stages build incrementally, so a second run only rebuilds changes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=${JOBS:-$(nproc)}
-fuzz_seconds=${FUZZ_SECONDS:-60}
+fuzz_runs=${FUZZ_RUNS:-150000}
+fuzz_seconds=${FUZZ_SECONDS:-120}
+fuzz_seed=${FUZZ_SEED:-1}
 supp=$root/scripts/sanitizers
 generator=()
 if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
@@ -98,12 +102,17 @@ stage_fuzz() {
   cmake --build "$dir" --parallel "$jobs" --target "${fuzz_targets[@]/%/_fuzz}"
   local t failed=()
   for t in "${fuzz_targets[@]}"; do
+    # Note [Deterministic fuzzing in CI]: a fixed seed, a fixed number of inputs and a corpus folder that
+    # starts empty make the stage do the same work on every run of the same tree, so CI passes or fails
+    # with the code, not with luck; new seeds are for fuzzing longer by hand (docs/testing.md).
+    rm -rf "$dir/corpus/$t"
     mkdir -p "$dir/corpus/$t" "$dir/artifacts"
-    echo "ci-sanitize: fuzzing $t for ${fuzz_seconds}s (seeds: fuzz/corpus/$t)"
+    echo "ci-sanitize: fuzzing $t, $fuzz_runs inputs from seed $fuzz_seed (at most ${fuzz_seconds}s; seeds: fuzz/corpus/$t)"
     # The first folder receives new inputs; the committed corpus is only read. -timeout: an input that
     # takes longer than 10 s is a finding (a hang); -rss_limit_mb: so is one that needs more than 2 GiB.
-    if ! "$dir/fuzz/${t}_fuzz" "$dir/corpus/$t" "$root/fuzz/corpus/$t" -max_total_time="$fuzz_seconds" \
-      -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$dir/artifacts/$t-" \
+    if ! "$dir/fuzz/${t}_fuzz" "$dir/corpus/$t" "$root/fuzz/corpus/$t" -seed="$fuzz_seed" -runs="$fuzz_runs" \
+      -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+      -artifact_prefix="$dir/artifacts/$t-" \
       >"$dir/artifacts/$t.log" 2>&1; then
       failed+=("$t")
       echo "ci-sanitize: fuzz target $t found a problem (log $dir/artifacts/$t.log):" >&2

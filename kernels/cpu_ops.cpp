@@ -190,8 +190,6 @@ class CpuOps final : public Ops {
   }
 
  private:
-  static constexpr DType F = DType::fp32;
-
   // Runs `fn` on the stream's worker thread after the work already enqueued there (Note [CPU ops on the
   // stream]). Operands were checked on the calling thread; an exception from fn surfaces at the stream's
   // next synchronize().

@@ -18,14 +18,8 @@ T get(const json& j, const char* field) {
   if (it == j.end())
     throw ConfigError(
         strata::detail::cat("memprof JSON: field \"", field, "\" is missing in ", j.dump().substr(0, 120)));
-  // A number of another kind converts with undefined behaviour (1e55 to an integer), so integers must be
-  // written as integers, and unsigned ones without a sign.
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    if (!it->is_number_integer() || (std::is_unsigned_v<T> && !it->is_number_unsigned()))
-      throw ConfigError(strata::detail::cat("memprof JSON: field \"", field, "\" is ",
-                                            it->dump().substr(0, 40), ", not a whole number",
-                                            std::is_unsigned_v<T> ? " >= 0" : ""));
-  }
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+    return json_whole<T>(*it, strata::detail::cat("field \"", field, "\""));
   try {
     return it->get<T>();
   } catch (const json::exception& e) {

@@ -14,8 +14,11 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
+#include "core/error.h"
 #include "tiering/accounting.h"
 #include "tiering/caching_allocator.h"
 #include "tiering/types.h"
@@ -73,6 +76,18 @@ struct Snapshot {
 };
 
 // The pieces, shared with the trace writer and reader.
+// `v` as the integer type T, for the readers of memprof JSON: a number of another kind would convert with
+// undefined behaviour (1e55 to an integer), so integers must be written as integers, unsigned ones without
+// a sign; ConfigError naming `what` otherwise.
+template <typename T>
+T json_whole(const nlohmann::json& v, std::string_view what) {
+  static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
+  if (!v.is_number_integer() || (std::is_unsigned_v<T> && !v.is_number_unsigned()))
+    throw ConfigError(detail::cat("memprof JSON: ", what, " is ", v.dump().substr(0, 40),
+                                  ", not a whole number", std::is_unsigned_v<T> ? " >= 0" : ""));
+  return v.get<T>();
+}
+
 nlohmann::json to_json(const Stat& s);
 Stat stat_from_json(const nlohmann::json& j, const char* field);
 nlohmann::json to_json(const MemEvent& e);

@@ -14,43 +14,35 @@ namespace strata::memprof {
 using nlohmann::json;
 using strata::detail::cat;
 
-namespace {
-
-// v as the integer type T: a number of another kind would convert with undefined behaviour (1e55 to an
-// integer), so integers must be written as integers, unsigned ones without a sign.
+// (tiering/snapshot.h; the value is named by the line in read_trace's error.)
 template <typename T>
-T whole(const json& v) {
-  if (!v.is_number_integer() || (std::is_unsigned_v<T> && !v.is_number_unsigned()))
-    throw ConfigError(
-        cat(v.dump().substr(0, 40), " is not a whole number", std::is_unsigned_v<T> ? " >= 0" : ""));
-  return v.get<T>();
+T whole_of(const json& v) {
+  return tiering::json_whole<T>(v, "a number");
 }
-
-}  // namespace
 
 namespace {
 
 TraceSample sample_from(const json& j) {
   TraceSample s;
-  s.t_ns = whole<std::int64_t>(j.at("t"));
-  s.step = whole<std::int64_t>(j.at("step"));
+  s.t_ns = whole_of<std::int64_t>(j.at("t"));
+  s.step = whole_of<std::int64_t>(j.at("step"));
   s.phase = parse_phase(j.at("phase").get<std::string>(), "sample.phase");
   const json& b = j.at("bytes");
   for (int t = 0; t < kTierCount; ++t) {
     const json& row = b.at(to_string(Tier(t)));
-    for (int k = 0; k < kKindCount; ++k) s.bytes[t][k] = whole<std::uint64_t>(row.at(k));
+    for (int k = 0; k < kKindCount; ++k) s.bytes[t][k] = whole_of<std::uint64_t>(row.at(k));
   }
-  for (int t = 0; t < kTierCount; ++t) s.reserved[t] = whole<std::uint64_t>(j.at("reserved").at(t));
+  for (int t = 0; t < kTierCount; ++t) s.reserved[t] = whole_of<std::uint64_t>(j.at("reserved").at(t));
   return s;
 }
 
 TraceTensor tensor_from(const json& j) {
   TraceTensor t;
-  t.id = whole<TensorId>(j.at("id"));
+  t.id = whole_of<TensorId>(j.at("id"));
   t.name = j.at("name").get<std::string>();
   t.kind = parse_kind(j.at("kind").get<std::string>(), "tensor.kind");
   t.dtype = parse_dtype(j.at("dtype").get<std::string>(), "tensor.dtype");
-  t.bytes = whole<std::uint64_t>(j.at("bytes"));
+  t.bytes = whole_of<std::uint64_t>(j.at("bytes"));
   t.home = parse_tier(j.at("home").get<std::string>(), "tensor.home");
   t.chunk = j.at("chunk").get<std::int32_t>();
   t.shard = j.at("shard").get<std::int32_t>();
@@ -61,18 +53,18 @@ void read_header(Trace& tr, const json& h) {
   if (!h.is_object() || h.value("schema", "") != kSchema || h.value("type", "") != "header")
     throw ConfigError(cat(tr.path, ":1: not a memprof trace (the first line must be the ", kSchema,
                           " header; was the file written with strata.memprof.path?)"));
-  const std::int64_t version = h.contains("version") ? whole<std::int64_t>(h["version"]) : 0;
+  const std::int64_t version = h.contains("version") ? whole_of<std::int64_t>(h["version"]) : 0;
   if (version < 1 || version > kSchemaVersion)
     throw ConfigError(cat(tr.path, ":1: trace version ", version, " is not supported (this memprof reads 1..",
                           kSchemaVersion, "); use a newer memprof"));
   tr.header = h;
   tr.backend = h.value("backend", "");
   tr.device = h.value("device", "");
-  tr.start_t = h.contains("start_t") ? whole<std::int64_t>(h["start_t"]) : 0;
+  tr.start_t = h.contains("start_t") ? whole_of<std::int64_t>(h["start_t"]) : 0;
   for (const json& t : h.at("tiers")) {
     int i = int(parse_tier(t.at("tier").get<std::string>(), "header.tiers[].tier"));
     tr.present[i] = t.at("present").get<bool>();
-    tr.capacity[i] = whole<std::uint64_t>(t.at("capacity"));
+    tr.capacity[i] = whole_of<std::uint64_t>(t.at("capacity"));
   }
 }
 
@@ -113,10 +105,10 @@ Trace read_trace(const std::string& path) {
       else if (type == "tensor")
         tr.tensors.push_back(tensor_from(j));
       else if (type == "gap")
-        tr.dropped += whole<std::uint64_t>(j.at("dropped"));
+        tr.dropped += whole_of<std::uint64_t>(j.at("dropped"));
       else if (type == "end") {
-        tr.end_t = whole<std::int64_t>(j.at("t"));
-        tr.writer_cpu_ns = j.contains("writer_cpu_ns") ? whole<std::int64_t>(j["writer_cpu_ns"]) : 0;
+        tr.end_t = whole_of<std::int64_t>(j.at("t"));
+        tr.writer_cpu_ns = j.contains("writer_cpu_ns") ? whole_of<std::int64_t>(j["writer_cpu_ns"]) : 0;
         tr.final_snapshot = Snapshot::from_json(j.at("snapshot"));
       }
       // Other types come from newer writers; a reader of this version skips them.

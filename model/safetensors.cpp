@@ -338,8 +338,12 @@ void load_weights(const std::string& path, const ModelLayout& layout,
     src.read_chunk(c.id, buf.data());
     sink(c.id, buf.data());
   }
-  for (const std::string& name : src.unused())
-    STRATA_LOG_WARN("safetensors ", path, ": tensor '", name, "' is not part of the model; skipped");
+  src.warn_unused("safetensors");
+}
+
+void WeightsSource::warn_unused(std::string_view who) const {
+  for (const std::string& name : unused())
+    STRATA_LOG_WARN(who, " ", path_, ": tensor '", name, "' is not part of the model; skipped");
 }
 
 void load_weights(const std::string& path, InMemoryChunks& chunks) {

@@ -128,6 +128,8 @@ class WeightsSource {
   // Tensors in the files the model does not use (lm_head.weight under tied embeddings,
   // rotary_emb.inv_freq, ...).
   std::vector<std::string> unused() const;
+  // Logs a warning per unused tensor, each naming `who` (the option or call that read the files).
+  void warn_unused(std::string_view who) const;
   const std::string& path() const { return path_; }
 
  private:

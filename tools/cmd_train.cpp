@@ -299,10 +299,7 @@ int run_train(const TrainOpts& o) {
   std::unique_ptr<model::WeightsSource> weights;
   if (hf && o.load.empty())
     weights = std::make_unique<model::WeightsSource>(hf->weights, model::ModelLayout(mcfg));
-  if (weights)
-    for (const std::string& name : weights->unused())
-      STRATA_LOG_WARN("--init-from ", weights->path(), ": tensor '", name,
-                      "' is not part of the model; skipped");
+  if (weights) weights->warn_unused("--init-from");
   if (hf && !o.text.empty() && !hf->dir.empty())
     for (const char* f : {"tokenizer.json", "tokenizer.model"})
       if (std::filesystem::exists(std::filesystem::path(hf->dir) / f))

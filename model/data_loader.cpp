@@ -90,19 +90,32 @@ int64_t DataLoader::batches_per_epoch() const {
                                : (per_rank_ + opts_.batch_size - 1) / opts_.batch_size;
 }
 
-std::vector<int64_t> DataLoader::epoch_samples(int64_t epoch) const {
-  std::vector<int64_t> perm(static_cast<size_t>(num_samples_));
+std::vector<int64_t> rank_samples(int64_t num_samples, int rank, int world, uint64_t seed, int64_t epoch,
+                                  bool shuffle, bool drop_last) {
+  if (world < 1) throw ConfigError(detail::cat("sampler: world size ", world, " must be at least 1"));
+  if (rank < 0 || rank >= world)
+    throw ConfigError(detail::cat("sampler: rank ", rank, " is outside [0, ", world, ")"));
+  if (epoch < 0) throw ConfigError(detail::cat("sampler: epoch ", epoch, " is negative; epochs count from 0"));
+  const int64_t per_rank = drop_last ? num_samples / world : (num_samples + world - 1) / world;
+  if (num_samples < 0 || per_rank < 1)
+    throw ConfigError(detail::cat("sampler: ", num_samples, " samples leave none for each of ", world,
+                                  " ranks", drop_last ? " (drop_last)" : ""));
+  std::vector<int64_t> perm(static_cast<size_t>(num_samples));
   std::iota(perm.begin(), perm.end(), int64_t{0});
-  if (opts_.shuffle) {
-    Stream rng(opts_.seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(epoch) + 0x632BE59BD9B4E019ull));
+  if (shuffle) {
+    Stream rng(seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(epoch) + 0x632BE59BD9B4E019ull));
     for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[rng.below(i)]);
   }
-  const int64_t total = per_rank_ * opts_.world;
+  const int64_t total = per_rank * world;
   std::vector<int64_t> mine;
-  mine.reserve(size_t(per_rank_));
-  for (int64_t pos = opts_.rank; pos < total; pos += opts_.world)
-    mine.push_back(perm[size_t(pos % num_samples_)]);  // wrap-around padding when total > N
+  mine.reserve(size_t(per_rank));
+  for (int64_t pos = rank; pos < total; pos += world)
+    mine.push_back(perm[size_t(pos % num_samples)]);  // wrap-around padding when total > N
   return mine;
+}
+
+std::vector<int64_t> DataLoader::epoch_samples(int64_t epoch) const {
+  return rank_samples(num_samples_, opts_.rank, opts_.world, opts_.seed, epoch, opts_.shuffle, opts_.drop_last);
 }
 
 void DataLoader::set_epoch(int64_t epoch) {

@@ -66,6 +66,14 @@ struct DataPosition {
   static DataPosition from_json(const nlohmann::json& j);  // ConfigError naming a missing/bad key
 };
 
+// Note [Samples and sharding]'s order for any data set of `num_samples` samples: rank `rank`'s sample ids
+// of `epoch`, in the order they are returned (DistributedSampler's indices; per rank ceil(N / world), or
+// floor(N / world) with drop_last). The DataLoader walks a token file in this order; the Python binding's
+// DistributedSampler hands it to a user's own data set. ConfigError for a rank outside [0, world), a
+// world below 1, a negative epoch, or no sample for a rank.
+std::vector<int64_t> rank_samples(int64_t num_samples, int rank, int world, uint64_t seed, int64_t epoch,
+                                  bool shuffle, bool drop_last);
+
 class DataLoader {
  public:
   // Throws ConfigError when an option is out of range, the file holds fewer than one sample per rank, or

@@ -88,6 +88,9 @@ class Prefetcher {
   // Whether `c`, being released, is used again by this pass within max_reuse_distance elements.
   bool keep_after_release(int c) const;
   void end_pass();
+  // Ends a pass cut short on purpose (Trace::abandon_pass): the trace is kept; fetches already issued
+  // for the rest of the pass complete and stay resident for the next pass.
+  void abandon_pass();
 
   // The next position in this pass at which `c` is acquired again after its current (or last) acquire,
   // or -1 (unknown, or not again this pass).

@@ -138,4 +138,9 @@ void Prefetcher::end_pass() {
   std::fill(held_at_.begin(), held_at_.end(), -1);
 }
 
+void Prefetcher::abandon_pass() {
+  trace_.abandon_pass();
+  std::fill(held_at_.begin(), held_at_.end(), -1);
+}
+
 }  // namespace strata::prefetch

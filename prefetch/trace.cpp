@@ -54,6 +54,13 @@ bool Trace::end_pass() {
   return false;
 }
 
+void Trace::abandon_pass() {
+  STRATA_CHECK(in_pass_, "prefetch trace: abandon_pass without begin_pass");
+  in_pass_ = false;
+  recording_.clear();
+  if (!trace_.empty()) mode_ = Mode::replaying;  // a divergence in the abandoned pass cleared the trace
+}
+
 std::int64_t Trace::next_use(int chunk, std::size_t after) const {
   if (mode_ != Mode::replaying) return -1;
   for (std::size_t q = after + 1; q < trace_.size(); ++q)

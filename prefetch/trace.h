@@ -35,6 +35,9 @@ class Trace {
   // Ends the pass; returns true when a replaying pass ended early (fewer acquires than the trace), which
   // also counts as a divergence (the shorter order is recorded).
   bool end_pass();
+  // Ends a pass that stops short on purpose (a forward whose backward will not run): nothing of it is
+  // recorded or counted, and a trace being replayed stays as it was.
+  void abandon_pass();
 
   Mode mode() const { return mode_; }
   bool valid() const { return !trace_.empty(); }  // a recorded order exists

@@ -340,14 +340,7 @@ int run_train(const TrainOpts& o) {
   // The token file is mapped: its name can go now, so that no kill leaves it behind.
   if (!tmp.path.empty()) std::remove(tmp.path.c_str()), tmp.path.clear();
 
-  // strata.threads 0: the machine's cores, shared among the ranks on it (as DeepSpeed's launcher sets
-  // OMP_NUM_THREADS = cores / local ranks), for the matrix products and the CPU optimizer alike.
-  if (cfg.strata.threads == 0 && ri.local_size > 1)
-    cfg.strata.threads =
-        std::max<std::int64_t>(1, std::int64_t(std::thread::hardware_concurrency()) / ri.local_size);
-  const int threads = cfg.strata.threads > 0 ? int(cfg.strata.threads)
-                                             : int(std::max(1u, std::thread::hardware_concurrency()));
-  kernels::cpu::set_blas_threads(threads);
+  zero3::configure_threads(cfg, ri.local_size);
   zero3::Engine engine(cfg, mcfg, eo);
   const int rank = engine.communicator().rank(), world = engine.communicator().world_size();
   const bool lead = rank == 0;
@@ -469,20 +462,11 @@ int run_train(const TrainOpts& o) {
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!o.save.empty()) saved = engine.save_checkpoint(o.save, client_state, &data);
   if (!o.export_path.empty() && stopped_by == 0) {
-    if (lead && export_file) {
-      model::save_weights(o.export_path, engine, DType::bf16);
+    zero3::export_model(engine, o.export_path, hf ? hf->dir : std::string());
+    if (export_file)
       std::fprintf(out, "exported weights to %s\n", o.export_path.c_str());
-    } else if (lead) {
-      model::save_pretrained(o.export_path, engine, DType::bf16,
-                             {.source_dir = hf ? hf->dir : std::string()});
+    else
       std::fprintf(out, "exported the model to %s (Hugging Face directory)\n", o.export_path.c_str());
-    } else {  // the same collective reads, chunk by chunk, as rank 0's export
-      std::vector<float> buf;
-      for (const model::ChunkLayout& c : engine.layout().chunks()) {
-        buf.resize(c.padded_numel);
-        engine.read_params(c.id, buf.data());
-      }
-    }
   }
   // Memory figures: the tier manager's peaks over the whole run (every block in use at once, gathered
   // chunks and staging included — not the state between steps), the largest over the ranks.

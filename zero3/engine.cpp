@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "comm/devices.h"
 #include "core/log.h"
@@ -12,6 +13,16 @@
 #include "zero3/engine_impl.h"
 
 namespace strata::zero3 {
+
+int configure_threads(Config& cfg, int local_ranks) {
+  if (cfg.strata.threads == 0 && local_ranks > 1)
+    cfg.strata.threads =
+        std::max<std::int64_t>(1, std::int64_t(std::thread::hardware_concurrency()) / local_ranks);
+  const int threads = cfg.strata.threads > 0 ? int(cfg.strata.threads)
+                                             : int(std::max(1u, std::thread::hardware_concurrency()));
+  kernels::cpu::set_blas_threads(threads);
+  return threads;
+}
 namespace {
 
 using detail::cat;

@@ -122,6 +122,13 @@ struct TransferStats {
   std::uint64_t grad_bytes = 0;     // SUM of their bytes (device-to-host when the shard is in host memory)
 };
 
+// The process's compute threads for a run (call before constructing the Engine): strata.threads, where 0
+// means the machine's cores shared among the `local_ranks` ranks on it (as DeepSpeed's launcher sets
+// OMP_NUM_THREADS = cores / local ranks), written back into cfg.strata.threads when it splits them; the
+// matrix products' BLAS pool is sized to it (the CPU optimizer reads cfg.strata.threads). Returns the count.
+// `strata train` and the Python binding both call it, so that both run the same arithmetic.
+int configure_threads(Config& cfg, int local_ranks);
+
 class Engine final : public model::ChunkProvider {
  public:
   // Opens the device (backend and cap from cfg.strata unless `opts` overrides them), the NVMe store when
@@ -147,6 +154,19 @@ class Engine final : public model::ChunkProvider {
   // One micro-batch: forward and backward (loss scaled by the loss scale / accumulation steps).
   // Returns the loss.
   float forward_backward(model::LlamaModel& model, const model::Batch& batch);
+  // The same micro-batch in two halves, for a caller that holds the loss in between (the Python
+  // binding's `loss = engine(ids)` / `engine.backward(loss)`): forward opens the pass and returns the
+  // loss of inputs/targets (B, T) int32; backward adds its gradients and closes the pass. Together they
+  // do exactly what forward_backward does. A forward whose backward will not run is ended by
+  // abandon_forward(): its loss does not count, the prefetch trace is kept, and no gradient is touched.
+  // forward while one is pending, and backward without one, are programming errors (strata::Error).
+  float forward(model::LlamaModel& model, const std::int32_t* inputs, const std::int32_t* targets, int B,
+                int T);
+  void backward(model::LlamaModel& model);
+  void abandon_forward();
+  bool forward_pending() const;
+  // Micro-batches whose backward has run since the last step() (forward_backward or backward).
+  int pending_micro_steps() const;
   // The optimizer step over the gradients accumulated since the last one.
   StepResult step();
   // gradient_accumulation_steps micro-batches from `data`, then step().
@@ -200,5 +220,11 @@ class Engine final : public model::ChunkProvider {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// Writes the engine's working params as a model transformers loads, in bf16: `path` ending in
+// .safetensors is one file (model::save_weights); any other path a Hugging Face directory
+// (model::save_pretrained, the tokenizer files copied from `source_dir` when given). Rank 0 writes; every
+// rank calls it, as the reads are collective (read_params). Returns true when the path is one file.
+bool export_model(Engine& engine, const std::string& path, const std::string& source_dir = "");
 
 }  // namespace strata::zero3

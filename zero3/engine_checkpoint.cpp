@@ -14,6 +14,8 @@
 #include "core/files.h"
 #include "core/log.h"
 #include "zero3/checkpoint.h"
+#include "model/hf_dir.h"
+#include "model/safetensors.h"
 #include "zero3/engine_impl.h"
 
 namespace strata::zero3 {
@@ -234,6 +236,23 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
                   saved_world != world ? cat(" (saved by ", saved_world, " ranks, resharded for ", world, ")")
                                        : std::string());
   return meta.value("client_state", nlohmann::json::object());
+}
+
+bool export_model(Engine& engine, const std::string& path, const std::string& source_dir) {
+  const bool one_file = path.ends_with(".safetensors");
+  if (engine.communicator().rank() == 0) {
+    if (one_file)
+      model::save_weights(path, engine, DType::bf16);
+    else
+      model::save_pretrained(path, engine, DType::bf16, {.source_dir = source_dir});
+    return one_file;
+  }
+  std::vector<float> buf;  // the same collective reads, chunk by chunk, as rank 0's writer makes
+  for (const model::ChunkLayout& c : engine.layout().chunks()) {
+    buf.resize(c.padded_numel);
+    engine.read_params(c.id, buf.data());
+  }
+  return one_file;
 }
 
 }  // namespace strata::zero3

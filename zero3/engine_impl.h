@@ -245,6 +245,9 @@ struct Engine::Impl final : prefetch::FetchTarget {
   int acquiring = -1;  // the chunk acquire() is making resident (never dropped to make room meanwhile)
   std::uint64_t use_clock = 0;
   // The step in progress.
+  bool forward_open = false;  // Engine::forward ran; its backward has not (the pass is open)
+  std::int64_t forward_tokens = 0;
+  float forward_loss = 0;
   int micro_steps = 0;
   double loss_sum = 0;
   std::int64_t tokens = 0;

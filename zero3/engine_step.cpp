@@ -356,16 +356,32 @@ void Engine::end_pass() {
   im.pf->end_pass();
 }
 
-float Engine::forward_backward(model::LlamaModel& model, const model::Batch& batch) {
+float Engine::forward(model::LlamaModel& model, const std::int32_t* inputs, const std::int32_t* targets,
+                      int B, int T) {
   Impl& im = *impl_;
+  STRATA_CHECK(!im.forward_open, "zero3: forward while the last forward's backward is pending");
   begin_pass();
-  float loss = 0;
   try {
-    auto t0 = Clock::now();
-    loss = model.forward(*this, batch.inputs.data(), batch.targets.data(), batch.rows, batch.seq_len);
+    const auto t0 = Clock::now();
+    im.forward_loss = model.forward(*this, inputs, targets, B, T);
     im.times.forward += seconds_since(t0);
-    im.tm->set_step(im.global_step + 1, tiering::Phase::backward);
-    t0 = Clock::now();
+  } catch (...) {
+    im.in_pass = false;
+    im.pf->abandon_pass();
+    throw;
+  }
+  im.forward_open = true;
+  im.forward_tokens = std::int64_t(B) * T;
+  return im.forward_loss;
+}
+
+void Engine::backward(model::LlamaModel& model) {
+  Impl& im = *impl_;
+  STRATA_CHECK(im.forward_open, "zero3: backward without a forward");
+  im.forward_open = false;
+  im.tm->set_step(im.global_step + 1, tiering::Phase::backward);
+  try {
+    const auto t0 = Clock::now();
     // The mean over the step's micro-batches on every rank: the reduce-scatter sums the ranks'.
     model.backward(*this, float(im.scaler.scale() / (double(im.cfg.gradient_accumulation_steps) * im.world)));
     im.times.backward += seconds_since(t0);
@@ -374,9 +390,31 @@ float Engine::forward_backward(model::LlamaModel& model, const model::Batch& bat
     throw;
   }
   end_pass();
-  im.loss_sum += loss;
+  im.loss_sum += im.forward_loss;
   ++im.micro_steps;
-  im.tokens += std::int64_t(batch.rows) * batch.seq_len;
+  im.tokens += im.forward_tokens;
+}
+
+void Engine::abandon_forward() {
+  Impl& im = *impl_;
+  STRATA_CHECK(im.forward_open, "zero3: abandon_forward without a pending forward");
+  im.forward_open = false;
+  im.in_pass = false;
+  im.pf->abandon_pass();
+  im.tm->set_step(im.global_step, tiering::Phase::idle);
+}
+
+bool Engine::forward_pending() const {
+  return impl_->forward_open;
+}
+
+int Engine::pending_micro_steps() const {
+  return impl_->micro_steps;
+}
+
+float Engine::forward_backward(model::LlamaModel& model, const model::Batch& batch) {
+  const float loss = forward(model, batch.inputs.data(), batch.targets.data(), batch.rows, batch.seq_len);
+  backward(model);
   return loss;
 }
 

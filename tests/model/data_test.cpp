@@ -206,6 +206,23 @@ TEST_F(SamplerTest, RanksShareOnePermutationDealtRoundRobin) {
   for (size_t i = 37; i < merged.size(); ++i) EXPECT_EQ(merged[i], perm[i - 37]);
 }
 
+TEST_F(SamplerTest, RankSamplesIsTheLoadersOrder) {
+  TokenFile f = TokenFile::open(path_);
+  for (bool drop_last : {false, true})
+    for (int r = 0; r < 3; ++r) {
+      DataLoader dl(f, {.batch_size = 2, .seq_len = 8, .rank = r, .world = 3, .seed = 9, .drop_last = drop_last});
+      for (int64_t e : {0, 4})
+        EXPECT_EQ(rank_samples(dl.num_samples(), r, 3, 9, e, /*shuffle=*/true, drop_last), dl.epoch_samples(e));
+    }
+}
+
+TEST_F(SamplerTest, RankSamplesRefusesBadArguments) {
+  EXPECT_THROW(rank_samples(10, 2, 2, 0, 0, true, false), ConfigError);   // rank outside [0, world)
+  EXPECT_THROW(rank_samples(10, 0, 0, 0, 0, true, false), ConfigError);   // world 0
+  EXPECT_THROW(rank_samples(10, 0, 1, 0, -1, true, false), ConfigError);  // negative epoch
+  EXPECT_THROW(rank_samples(1, 0, 2, 0, 0, true, true), ConfigError);     // drop_last leaves none
+}
+
 TEST_F(SamplerTest, ShuffleDependsOnSeedAndEpochOnly) {
   TokenFile f = TokenFile::open(path_);
   DataLoader a(f, {.batch_size = 2, .seq_len = 8, .seed = 5}),

@@ -59,6 +59,31 @@ TEST(Trace, ShorterAndLongerPassesDiverge) {
   EXPECT_EQ(t.divergences(), 2u);
 }
 
+TEST(Trace, AbandonedPassKeepsTheTrace) {
+  Trace t;
+  pass(t, {0, 1, 2, 2, 1, 0});
+  t.begin_pass();  // a forward whose backward never runs
+  for (int c : {0, 1, 2}) t.on_acquire(c);
+  t.abandon_pass();
+  EXPECT_EQ(t.entries(), (std::vector<int>{0, 1, 2, 2, 1, 0}));
+  EXPECT_EQ(t.divergences(), 0u);
+  t.begin_pass();
+  EXPECT_EQ(t.mode(), Trace::Mode::replaying);
+  for (int c : {0, 1, 2, 2, 1, 0}) EXPECT_FALSE(t.on_acquire(c).diverged);
+  EXPECT_FALSE(t.end_pass());
+  EXPECT_EQ(t.recordings(), 1u);
+}
+
+TEST(Trace, AbandonedFirstPassRecordsNothing) {
+  Trace t;
+  t.begin_pass();
+  t.on_acquire(0);
+  t.abandon_pass();
+  EXPECT_FALSE(t.valid());
+  pass(t, {0, 1});
+  EXPECT_EQ(t.entries(), (std::vector<int>{0, 1}));
+}
+
 TEST(Trace, NextUseLooksAheadInTheTrace) {
   Trace t;
   pass(t, {0, 1, 2, 1, 0});

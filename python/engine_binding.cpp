@@ -1,0 +1,415 @@
+// strata._strata.Core: the engine and the model of one training run, as the package's Engine
+// (python/strata/engine.py) drives them — what `strata train` constructs, minus its loop.
+//
+// Note [Batches from Python]: engine(input_ids, labels) follows Hugging Face's causal-LM convention
+// (labels default to the inputs, the shift happens inside): a row of L tokens runs the model over its
+// first L - 1 and trains position t to predict labels[t + 1]; a negative label is ignored. The model
+// never computes the last position, whose logits Hugging Face would discard, so a window of T + 1 tokens
+// from a token file is exactly one `strata train` sample (inputs: its first T, targets: its last T), and a
+// Python loop over the same windows gives the CLI's losses bit for bit. Every row has the same L; B may be
+// below the micro-batch (a last, short batch), never above it, and L - 1 never above the seq_len the
+// device plan reserved activations for: either would allocate past the plan.
+//
+// Threads: every method is called with the GIL held and releases it around the engine's work, so a
+// Python data pipeline runs meanwhile. One Python thread drives a Core at a time (the engine's calls come
+// from one training thread); the Python Engine holds a lock for that.
+#include <pybind11/stl.h>
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include "comm/comm.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/hf_dir.h"
+#include "model/llama.h"
+#include "model/safetensors.h"
+#include "python/binding.h"
+#include "python/loader.h"
+#include "tiering/snapshot.h"
+#include "zero3/checkpoint.h"
+#include "zero3/engine.h"
+
+namespace strata::python {
+namespace {
+
+using detail::cat;
+namespace fs = std::filesystem;
+
+// The model a run trains: its config and, for a Hugging Face directory or file, where its weights are.
+struct ModelSpec {
+  model::ModelConfig config;
+  std::optional<model::HfModel> hf;
+};
+
+// initialize(model=...): a directory or .safetensors file is a Hugging Face model (its weights are the
+// start, as --init-from); a .json file or another existing file a model config (fresh weights); anything
+// else a preset name (ConfigError listing the presets when it is none).
+ModelSpec resolve_model(const std::variant<model::ModelConfig, std::string>& m) {
+  ModelSpec s;
+  if (const auto* c = std::get_if<model::ModelConfig>(&m)) {
+    c->validate("initialize(model=ModelConfig)");
+    s.config = *c;
+    return s;
+  }
+  const std::string& spec = std::get<std::string>(m);
+  if (fs::is_directory(spec) || spec.ends_with(".safetensors")) {
+    s.hf = model::open_hf_model(spec);
+    s.config = s.hf->config;
+  } else if (spec.ends_with(".json") || fs::exists(spec)) {
+    s.config = model::ModelConfig::from_file(spec);
+  } else {
+    s.config = model::ModelConfig::preset(spec);
+  }
+  return s;
+}
+
+// Config overrides (docs/config.md's names) from a JSON object's text.
+Overrides parse_overrides(const std::string& text) {
+  Overrides o;
+  const nlohmann::json j = nlohmann::json::parse(text);
+  for (auto it = j.begin(); it != j.end(); ++it) o[it.key()] = it.value();
+  return o;
+}
+
+nlohmann::json parse_json(const std::string& text, const char* what) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw ConfigError(cat(what, ": not valid JSON"));
+  return j;
+}
+
+// As strata train: log lines carry the rank; ranks other than 0 log warnings and errors only (unless
+// STRATA_LOG says otherwise).
+void log_as_rank(int rank) {
+  log::set_rank(rank);
+  if (rank != 0 && !std::getenv("STRATA_LOG")) log::set_level(log::Level::warn);
+}
+
+// A micro-batch as the model takes it: inputs and targets (B, T) int32.
+struct ModelBatch {
+  std::vector<std::int32_t> inputs, targets;
+  int B = 0, T = 0;
+};
+
+}  // namespace
+
+class Core {
+ public:
+  // config: a file path (config_is_path) or a JSON document's text; overrides: a JSON object's text.
+  Core(const std::string& config, bool config_is_path, const std::string& overrides,
+       const std::variant<model::ModelConfig, std::string>& model_spec, int seq_len, const std::string& backend,
+       std::uint64_t device_memory_cap, bool checkpoint_activations) {
+    const comm::RankInfo ri = comm::rank_from_env();
+    if (ri.world_size > 1) log_as_rank(ri.rank);
+    ModelSpec spec = resolve_model(model_spec);
+    mcfg_ = spec.config;
+    if (spec.hf) source_dir_ = spec.hf->dir;
+    Overrides o = parse_overrides(overrides);
+    // Hugging Face's integration fills hidden_size from the model; so do we, unless it is given.
+    if (!o.count("hidden_size")) o["hidden_size"] = mcfg_.d_model;
+    cfg_ = config_is_path ? Config::load(config, o, ri.world_size)
+                          : Config::parse(parse_json(config, "initialize(config=dict)"), o, ri.world_size,
+                                          "initialize(config=dict)");
+    if (seq_len < 0) throw ConfigError(cat("initialize: seq_len ", seq_len, " must be at least 1"));
+    seq_len_ = seq_len > 0 ? seq_len : int(std::min<std::int64_t>(mcfg_.max_seq_len, 256));
+    if (seq_len_ > mcfg_.max_seq_len)
+      throw ConfigError(cat("initialize: seq_len ", seq_len_, " is longer than model '", mcfg_.name,
+                            "''s max_seq_len ", mcfg_.max_seq_len));
+    std::unique_ptr<model::WeightsSource> weights;
+    if (spec.hf) {
+      weights = std::make_unique<model::WeightsSource>(spec.hf->weights, model::ModelLayout(mcfg_));
+      weights->warn_unused("initialize(model=...)");
+    }
+    zero3::EngineOptions eo;
+    eo.backend = backend;
+    eo.device_memory_cap = device_memory_cap;
+    eo.seq_len = seq_len_;
+    eo.checkpoint_activations = checkpoint_activations;
+    if (weights)
+      eo.init_params = [&w = *weights](const model::ChunkLayout& c, float* out) { w.read_chunk(c, out); };
+    zero3::configure_threads(cfg_, ri.local_size);
+    local_rank_ = ri.local_rank;
+    {
+      py::gil_scoped_release nogil;
+      engine_ = std::make_unique<zero3::Engine>(cfg_, mcfg_, eo);
+      model_ = std::make_unique<model::LlamaModel>(mcfg_, engine_->model_options());
+    }
+  }
+
+  // ---- the loop ----
+  // The forward of one micro-batch (Note [Batches from Python]); returns its loss. Drops a pending forward.
+  float forward(py::handle input_ids, py::handle labels) {
+    zero3::Engine& e = engine();
+    ModelBatch b = to_model_batch(input_ids, labels, "engine(input_ids, labels)");
+    py::gil_scoped_release nogil;
+    if (e.forward_pending()) e.abandon_forward();
+    return e.forward(*model_, b.inputs.data(), b.targets.data(), b.B, b.T);
+  }
+
+  void backward() {
+    zero3::Engine& e = engine();
+    if (!e.forward_pending())
+      throw Error("engine.backward(loss): no forward to take the gradients of; call loss = engine(input_ids) first");
+    py::gil_scoped_release nogil;
+    e.backward(*model_);
+  }
+
+  bool forward_pending() { return engine().forward_pending(); }
+  int pending_micro_steps() { return engine().pending_micro_steps(); }
+
+  py::dict step() {
+    zero3::Engine& e = engine();
+    zero3::StepResult r;
+    {
+      py::gil_scoped_release nogil;
+      if (e.forward_pending()) e.abandon_forward();
+      r = e.step();
+    }
+    py::dict d;
+    d["step"] = r.step;
+    d["loss"] = r.loss;
+    d["applied"] = r.applied;
+    d["grad_norm"] = r.grad_norm;
+    d["lr"] = r.lr;
+    d["loss_scale"] = r.loss_scale;
+    d["tokens"] = r.tokens;
+    py::dict t;
+    t["forward"] = r.times.forward;
+    t["backward"] = r.times.backward;
+    t["optimizer"] = r.times.optimizer;
+    t["wait"] = r.times.wait;
+    t["total"] = r.times.total;
+    d["times"] = t;
+    return d;
+  }
+
+  // The loss of a micro-batch without gradients (the model's forward outside a training pass, as
+  // model::evaluate runs it). Drops a pending forward.
+  float eval_loss(py::handle input_ids, py::handle labels) {
+    zero3::Engine& e = engine();
+    ModelBatch b = to_model_batch(input_ids, labels, "engine.eval_loss(input_ids, labels)");
+    py::gil_scoped_release nogil;
+    if (e.forward_pending()) e.abandon_forward();
+    return model_->forward(e, b.inputs.data(), b.targets.data(), b.B, b.T);
+  }
+
+  // ---- checkpoints and export ----
+  std::string save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state,
+                              TokenLoader* data) {
+    zero3::Engine& e = engine();
+    between_steps("save_checkpoint");
+    const nlohmann::json cs = parse_json(client_state, "save_checkpoint: client_state");
+    py::gil_scoped_release nogil;
+    return e.save_checkpoint(dir, cs, data ? &data->loader() : nullptr, tag);
+  }
+
+  // (path, client_state as JSON text), or None when `dir` has no `latest` and no tag is given.
+  std::optional<std::pair<std::string, std::string>> load_checkpoint(const std::string& dir, const std::string& tag,
+                                                                     TokenLoader* data) {
+    zero3::Engine& e = engine();
+    between_steps("load_checkpoint");
+    if (tag.empty() && !fs::exists(fs::path(dir) / "latest")) return std::nullopt;
+    py::gil_scoped_release nogil;
+    const std::string used = tag.empty() ? zero3::latest_tag(dir) : tag;
+    const nlohmann::json cs = e.load_checkpoint(dir, used, data ? &data->loader() : nullptr);
+    return std::make_pair((fs::path(dir) / used).string(), cs.dump());
+  }
+
+  void export_model(const std::string& path) {
+    zero3::Engine& e = engine();
+    if (e.forward_pending()) e.abandon_forward();
+    if (path.empty()) throw ConfigError("engine.export: give a directory (or NAME.safetensors for one file)");
+    if (!path.ends_with(".safetensors") && fs::exists(path) && !fs::is_directory(path))
+      throw ConfigError(cat("engine.export: ", path,
+                            " is a file; give a directory for the model (or NAME.safetensors for one file)"));
+    py::gil_scoped_release nogil;
+    zero3::export_model(e, path, source_dir_);
+  }
+
+  // ---- data ----
+  std::unique_ptr<TokenLoader> token_loader(const std::string& path, bool shuffle) {
+    zero3::Engine& e = engine();
+    comm::Communicator& c = e.communicator();
+    return std::make_unique<TokenLoader>(path, model::DataOptions{.batch_size = e.micro_batch(),
+                                                                  .seq_len = seq_len_,
+                                                                  .rank = c.rank(),
+                                                                  .world = c.world_size(),
+                                                                  .seed = std::uint64_t(cfg_.strata.seed),
+                                                                  .shuffle = shuffle,
+                                                                  .drop_last_batch = true,
+                                                                  .vocab_size = mcfg_.vocab_size});
+  }
+
+  // ---- state ----
+  std::int64_t global_step() { return engine().global_step(); }
+  std::int64_t skipped_steps() { return engine().skipped_steps(); }
+  double loss_scale() { return engine().loss_scale(); }
+  double lr() { return engine().lr(); }
+  int micro_batch() { return engine().micro_batch(); }
+  int accumulation_steps() { return engine().accumulation_steps(); }
+  std::int64_t train_batch_size() { return cfg_.train_batch_size; }
+  int rank() { return engine().communicator().rank(); }
+  int world_size() { return engine().communicator().world_size(); }
+  int local_rank() const { return local_rank_; }
+  int seq_len() const { return seq_len_; }
+  std::string config_json() const { return cfg_.to_json().dump(); }
+  const model::ModelConfig& model_config() const { return mcfg_; }
+  std::string device_name() { return engine().device().caps().name; }
+  std::uint64_t device_capacity() { return engine().device().caps().capacity; }
+  std::string memory_snapshot() {
+    zero3::Engine& e = engine();
+    py::gil_scoped_release nogil;
+    return e.tiers().snapshot(/*with_events=*/false).to_json().dump();
+  }
+  py::dict memory_plan() {
+    const zero3::MemoryPlan& p = engine().plan();
+    py::dict d;
+    d["device_state"] = p.device_state;
+    d["device_working_set"] = p.device_working_set;
+    d["device_activations"] = p.device_activations;
+    d["device_cache"] = p.device_cache;
+    d["device_need"] = p.device_need();
+    d["pinned_state"] = p.pinned_state;
+    d["pinned_staging"] = p.pinned_staging;
+    d["pinned_budget"] = p.pinned_budget;
+    d["nvme_state"] = p.nvme_state;
+    d["nvme_budget"] = p.nvme_budget;
+    return d;
+  }
+
+  // Frees the device, pinned memory and swap files now rather than when Python collects the object.
+  void close() {
+    py::gil_scoped_release nogil;
+    model_.reset();
+    engine_.reset();
+  }
+  bool closed() const { return !engine_; }
+
+ private:
+  zero3::Engine& engine() {
+    if (!engine_) throw Error("the engine is closed (engine.close() was called); initialize a new one");
+    return *engine_;
+  }
+
+  // Checkpoints are taken between optimizer steps (the engine's rule), with no forward pending.
+  void between_steps(const char* what) {
+    zero3::Engine& e = engine();
+    if (e.forward_pending()) e.abandon_forward();
+    if (e.pending_micro_steps() > 0)
+      throw Error(cat("engine.", what, ": ", e.pending_micro_steps(), " of ", e.accumulation_steps(),
+                      " micro-batches of the next optimizer step have run; call it after the step() that ends "
+                      "the accumulation (is_gradient_accumulation_boundary())"));
+  }
+
+  ModelBatch to_model_batch(py::handle input_ids, py::handle labels, const char* call) {
+    const TokenArray ids = read_tokens(input_ids, "input_ids");
+    std::optional<TokenArray> lab;
+    if (!labels.is_none()) lab = read_tokens(labels, "labels");
+    const std::int64_t V = mcfg_.vocab_size;
+    const int mb = engine().micro_batch();
+    if (ids.rows < 1 || ids.rows > mb)
+      throw ConfigError(cat(call, ": input_ids has ", ids.rows, " rows; a micro-batch holds 1 to ", mb,
+                            " (train_micro_batch_size_per_gpu)"));
+    if (ids.cols < 2)
+      throw ConfigError(cat(call, ": input_ids rows hold ", ids.cols,
+                            " token(s); at least 2 are needed (position t is trained to predict token t + 1)"));
+    if (ids.cols - 1 > seq_len_)
+      throw ConfigError(cat(call, ": input_ids rows hold ", ids.cols, " tokens, so the model would run over ",
+                            ids.cols - 1, "; the engine planned for seq_len ", seq_len_,
+                            " (give initialize(seq_len=...) the longest sequence you feed)"));
+    if (lab && (lab->rows != ids.rows || lab->cols != ids.cols))
+      throw ConfigError(cat(call, ": labels have shape (", lab->rows, ", ", lab->cols, "), input_ids (",
+                            ids.rows, ", ", ids.cols, "); give them the same shape"));
+    ModelBatch b;
+    b.B = ids.rows;
+    b.T = ids.cols - 1;
+    b.inputs.resize(std::size_t(b.B) * std::size_t(b.T));
+    b.targets.resize(b.inputs.size());
+    const TokenArray& tgt = lab ? *lab : ids;
+    for (int r = 0; r < b.B; ++r) {
+      for (int c = 0; c < ids.cols; ++c) {
+        const std::int64_t v = ids.at(r, c);
+        if (v < 0 || v >= V)
+          throw ConfigError(cat(call, ": input_ids[", r, ", ", c, "] is ", v, ", outside the model's vocabulary [0, ",
+                                V, ")"));
+        const std::int64_t l = tgt.at(r, c);
+        if (l >= V)
+          throw ConfigError(cat(call, ": labels[", r, ", ", c, "] is ", l, ", outside the model's vocabulary [0, ",
+                                V, ") (a negative label, e.g. -100, is ignored)"));
+      }
+      for (int t = 0; t < b.T; ++t) {
+        const std::size_t at = std::size_t(r) * std::size_t(b.T) + std::size_t(t);
+        b.inputs[at] = std::int32_t(ids.at(r, t));
+        const std::int64_t l = tgt.at(r, t + 1);
+        b.targets[at] = l < 0 ? -1 : std::int32_t(l);
+      }
+    }
+    return b;
+  }
+
+  Config cfg_;
+  model::ModelConfig mcfg_;
+  std::string source_dir_;  // a Hugging Face directory the model came from (its tokenizer files are exported)
+  int seq_len_ = 0, local_rank_ = 0;
+  std::unique_ptr<zero3::Engine> engine_;
+  std::unique_ptr<model::LlamaModel> model_;  // runs on engine_'s device: destroyed first
+};
+
+void bind_engine(py::module_& m) {
+  py::class_<Core>(m, "Core", "One training run's engine and model (the package's Engine wraps it)")
+      .def(py::init<const std::string&, bool, const std::string&, const std::variant<model::ModelConfig, std::string>&,
+                    int, const std::string&, std::uint64_t, bool>(),
+           py::arg("config"), py::arg("config_is_path"), py::arg("overrides"), py::arg("model"), py::arg("seq_len"),
+           py::arg("backend"), py::arg("device_memory_cap"), py::arg("checkpoint_activations"))
+      .def("forward", &Core::forward, py::arg("input_ids"), py::arg("labels") = py::none())
+      .def("backward", &Core::backward)
+      .def("step", &Core::step)
+      .def("eval_loss", &Core::eval_loss, py::arg("input_ids"), py::arg("labels") = py::none())
+      .def_property_readonly("forward_pending", &Core::forward_pending)
+      .def_property_readonly("pending_micro_steps", &Core::pending_micro_steps)
+      .def("save_checkpoint", &Core::save_checkpoint, py::arg("dir"), py::arg("tag"), py::arg("client_state"),
+           py::arg("data_loader").none(true))
+      .def("load_checkpoint", &Core::load_checkpoint, py::arg("dir"), py::arg("tag"),
+           py::arg("data_loader").none(true))
+      .def("export", &Core::export_model, py::arg("path"))
+      .def("token_loader", &Core::token_loader, py::arg("path"), py::arg("shuffle") = true)
+      .def_property_readonly("global_step", &Core::global_step)
+      .def_property_readonly("skipped_steps", &Core::skipped_steps)
+      .def_property_readonly("loss_scale", &Core::loss_scale)
+      .def_property_readonly("lr", &Core::lr)
+      .def_property_readonly("micro_batch", &Core::micro_batch)
+      .def_property_readonly("accumulation_steps", &Core::accumulation_steps)
+      .def_property_readonly("train_batch_size", &Core::train_batch_size)
+      .def_property_readonly("rank", &Core::rank)
+      .def_property_readonly("world_size", &Core::world_size)
+      .def_property_readonly("local_rank", &Core::local_rank)
+      .def_property_readonly("seq_len", &Core::seq_len)
+      .def_property_readonly("config_json", &Core::config_json)
+      .def_property_readonly("model_config", &Core::model_config)
+      .def_property_readonly("device_name", &Core::device_name)
+      .def_property_readonly("device_capacity", &Core::device_capacity)
+      .def("memory_snapshot", &Core::memory_snapshot)
+      .def("memory_plan", &Core::memory_plan)
+      .def("close", &Core::close)
+      .def_property_readonly("closed", &Core::closed);
+
+  py::class_<comm::RankInfo>(m, "RankInfo")
+      .def_readonly("rank", &comm::RankInfo::rank)
+      .def_readonly("world_size", &comm::RankInfo::world_size)
+      .def_readonly("local_rank", &comm::RankInfo::local_rank)
+      .def_readonly("local_size", &comm::RankInfo::local_size)
+      .def_readonly("launched", &comm::RankInfo::launched);
+  m.def("rank_from_env", &comm::rank_from_env, "The MPI launcher's rank, world size and local rank (environment)");
+  m.def(
+      "parse_byte_size", [](const std::string& text, const std::string& what) { return parse_byte_size(text, what); },
+      py::arg("text"), py::arg("what"), "A byte size as the config reads one: 1073741824, \"1GiB\", \"64MiB\"");
+  m.def("set_log_rank", &log_as_rank, py::arg("rank"),
+        "Log lines carry this rank; ranks other than 0 log warnings and errors only");
+}
+
+}  // namespace strata::python

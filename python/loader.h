@@ -1,0 +1,36 @@
+// strata/python/loader.h: the token-file loader the package hands out (engine.token_loader), shared by
+// the data and engine bindings (checkpoints save and restore its position).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/data_loader.h"
+#include "model/token_file.h"
+#include "python/binding.h"
+
+namespace strata::python {
+
+// model::DataLoader over a token file it owns; batches come out as windows of seq_len + 1 tokens per row
+// (inputs, then the last target), the shape engine(...) takes.
+class TokenLoader {
+ public:
+  // ConfigError / IoError from TokenFile::open and DataLoader (bad options, too little data, a token
+  // outside vocab_size when it is > 0).
+  TokenLoader(const std::string& path, model::DataOptions opts);
+
+  Tokens next();  // (rows, seq_len + 1) int32; the next epoch starts after the last batch
+  void set_epoch(std::int64_t epoch);
+  std::int64_t epoch() const;
+  int seq_len() const { return seq_len_; }
+  model::DataLoader& loader() { return *loader_; }
+  const model::DataLoader& loader() const { return *loader_; }
+
+ private:
+  std::unique_ptr<model::TokenFile> file_;  // read by loader_: declared first, destroyed last
+  std::unique_ptr<model::DataLoader> loader_;
+  int seq_len_ = 0;
+};
+
+}  // namespace strata::python

@@ -1,0 +1,385 @@
+"""strata.initialize and the Engine: DeepSpeed's training loop over Strata's C++ engine.
+
+    engine, optimizer, _, lr_scheduler = strata.initialize(config="configs/demo_cpu.json", model="10m")
+    loss = engine(input_ids)      # forward
+    engine.backward(loss)         # gradients
+    engine.step()                 # the optimizer, at the gradient-accumulation boundary
+
+The arithmetic is the C++ engine's (strata._strata.Core); this layer keeps DeepSpeed's bookkeeping: the
+micro-step counter behind is_gradient_accumulation_boundary(), the step's figures, the optimizer and
+scheduler views, checkpoints with client state, and rank-0 printing.
+"""
+
+import json
+import os
+import threading
+import warnings
+from dataclasses import dataclass, field
+
+from . import _strata
+from .distributed import init_distributed
+
+
+class Loss(float):
+    """The loss of one forward (a float), remembering which forward it came from so that
+    engine.backward(loss) takes the gradients of that one. `loss.item()` works as on a torch scalar."""
+
+    def __new__(cls, value, forward_id):
+        obj = super().__new__(cls, value)
+        obj._forward_id = forward_id
+        return obj
+
+    def item(self) -> float:
+        return float(self)
+
+    def __repr__(self) -> str:
+        return f"Loss({float(self)!r})"
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One optimizer step's figures (engine.last_step)."""
+
+    step: int  # optimizer steps so far, skipped ones included (global_steps)
+    loss: float  # mean of the step's micro-batch losses over every rank
+    applied: bool  # False: skipped (fp16 overflow or non-finite gradients)
+    grad_norm: float  # global L2 norm of the unscaled gradients
+    lr: float  # the rate this step used
+    loss_scale: float
+    tokens: int  # tokens of the step, every rank
+    times: dict = field(default_factory=dict)  # seconds: forward, backward, optimizer, wait, total
+
+
+class OptimizerView:
+    """What DeepSpeed's optimizer object answers, read from the engine (the optimizer itself runs inside the
+    engine: cpu_optim over offloaded shards, or the device optimizer)."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    @property
+    def param_groups(self):
+        opt = self._engine.config["optimizer"]
+        params = dict(opt.get("params", {}))
+        params["lr"] = self._engine.get_lr()[0]
+        return [params]
+
+    @property
+    def loss_scale(self) -> float:
+        return self._engine.loss_scale
+
+    cur_scale = loss_scale  # DeepSpeed's fp16 optimizer's name
+
+    def zero_grad(self, set_to_none=True):
+        """Nothing to do: the engine clears its gradient buffers after each optimizer step."""
+
+    def __repr__(self) -> str:
+        return f"OptimizerView({self._engine.config['optimizer'].get('type')}, lr={self._engine.get_lr()[0]:g})"
+
+
+class LRSchedulerView:
+    """DeepSpeed's lr_scheduler object: the engine steps the schedule at every optimizer step."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def get_lr(self):
+        return self._engine.get_lr()
+
+    get_last_lr = get_lr
+
+    @property
+    def last_batch_iteration(self) -> int:
+        return self._engine.global_steps - 1
+
+    def __repr__(self) -> str:
+        return f"LRSchedulerView({self._engine.config['scheduler'].get('type')}, lr={self.get_lr()[0]:g})"
+
+
+def _byte_size(value):
+    """device_memory_cap as the engine takes it: bytes (int) or a size string such as "64MiB" (0: keep the
+    config's)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"device_memory_cap: expected bytes (int) or a size such as '64MiB', got {value!r}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"device_memory_cap: {value} must be positive")
+        return value
+    return _strata.parse_byte_size(value, "device_memory_cap")
+
+
+class Engine:
+    """A training run: Strata's engine and model, driven as DeepSpeed's engine is.
+
+    Make one with strata.initialize(). With several ranks every rank makes the same calls in the same
+    order. Not for use from several Python threads at once (calls are serialised by a lock)."""
+
+    def __init__(self, core, dist):
+        self._core = core
+        self._dist = dist
+        self._lock = threading.Lock()
+        self._config = json.loads(core.config_json)
+        self.micro_steps = 0  # micro-batches stepped, over the whole run (DeepSpeed's micro_steps)
+        self._forward_id = 0
+        self._last_step = None
+        self._last_loss = None
+
+    # ---- the loop ----
+    def __call__(self, input_ids, labels=None):
+        return self.forward(input_ids, labels)
+
+    def forward(self, input_ids, labels=None):
+        """The forward of one micro-batch: input_ids (B, L) integers, labels (B, L) or None (= input_ids),
+        Hugging Face's causal-LM convention (position t predicts labels[:, t + 1]; negative labels are
+        ignored; the model runs over the first L - 1 tokens). Returns the mean loss as a Loss."""
+        with self._lock:
+            value = self._core.forward(input_ids, labels)
+            self._forward_id += 1
+            self._last_loss = Loss(value, self._forward_id)
+            return self._last_loss
+
+    def backward(self, loss):
+        """Adds the gradients of the last forward's loss (scaled by 1 / gradient_accumulation_steps)."""
+        with self._lock:
+            fid = getattr(loss, "_forward_id", None)
+            if fid is None:
+                raise ValueError(
+                    f"engine.backward: expected the Loss that engine(input_ids) returned, got {type(loss).__name__}")
+            if fid != self._forward_id:
+                raise ValueError(
+                    f"engine.backward: this loss comes from forward #{fid}, but the last forward is "
+                    f"#{self._forward_id}; pass the loss of the last engine(input_ids) call")
+            self._core.backward()  # strata.StrataError when that forward's backward has already run
+
+    def step(self):
+        """Call after every backward. Counts the micro-batch; at the gradient-accumulation boundary runs the
+        optimizer step (global norm, clipping, fp16 overflow check, the update, the schedule) and records
+        its figures in last_step."""
+        with self._lock:
+            boundary = self._boundary()
+            if boundary:
+                r = self._core.step()
+                self._last_step = StepInfo(**r)
+            self.micro_steps += 1
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """True while the current micro-batch is the last of its optimizer step (DeepSpeed's rule:
+        (micro_steps + 1) % gradient_accumulation_steps == 0)."""
+        return self._boundary()
+
+    def _boundary(self):
+        return (self.micro_steps + 1) % self._core.accumulation_steps == 0
+
+    def eval_loss(self, input_ids, labels=None) -> float:
+        """The loss of a batch (same conventions as forward) without gradients or optimizer state."""
+        with self._lock:
+            return self._core.eval_loss(input_ids, labels)
+
+    # ---- DeepSpeed's counters and figures ----
+    @property
+    def global_steps(self) -> int:
+        """Optimizer steps taken, skipped ones included."""
+        return self._core.global_step
+
+    @property
+    def global_samples(self) -> int:
+        """Samples consumed by the optimizer steps, every rank's: global_steps x train_batch_size."""
+        return self._core.global_step * self._core.train_batch_size
+
+    @property
+    def skipped_steps(self) -> int:
+        return self._core.skipped_steps
+
+    @property
+    def last_step(self):
+        """The last optimizer step's StepInfo (None before the first)."""
+        return self._last_step
+
+    def was_step_applied(self) -> bool:
+        return self._last_step is None or self._last_step.applied
+
+    def get_lr(self):
+        """The learning rate the next optimizer step uses, as a list (one parameter group)."""
+        return [self._core.lr]
+
+    def get_global_grad_norm(self):
+        """The last optimizer step's global gradient norm (None before the first step)."""
+        return None if self._last_step is None else self._last_step.grad_norm
+
+    @property
+    def loss_scale(self) -> float:
+        """The fp16 loss scale the next step's gradients are computed with (1 without fp16)."""
+        return self._core.loss_scale
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._core.micro_batch
+
+    def gradient_accumulation_steps(self) -> int:
+        return self._core.accumulation_steps
+
+    def train_batch_size(self) -> int:
+        return self._core.train_batch_size
+
+    @property
+    def seq_len(self) -> int:
+        """The longest sequence (tokens the model runs over) the device plan reserved activations for."""
+        return self._core.seq_len
+
+    @property
+    def config(self) -> dict:
+        """The resolved config (every key, defaults and "auto" values filled in)."""
+        return self._config
+
+    @property
+    def model_config(self):
+        return self._core.model_config
+
+    # ---- ranks ----
+    @property
+    def rank(self) -> int:
+        return self._core.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._core.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self._core.local_rank
+
+    @property
+    def is_main_process(self) -> bool:
+        return self._core.rank == 0
+
+    def print(self, *args, **kwargs):
+        """print(), on rank 0 only."""
+        if self._core.rank == 0:
+            kwargs.setdefault("flush", True)
+            print(*args, **kwargs)
+
+    # ---- data ----
+    def token_loader(self, path, shuffle=True):
+        """strata train's loader over a token file: (micro-batch, seq_len + 1) windows, this rank's share,
+        shuffled by strata.seed and the epoch."""
+        with self._lock:
+            return self._core.token_loader(os.fspath(path), shuffle)
+
+    # ---- checkpoints and export ----
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, data_loader=None):
+        """Writes save_dir/tag (default global_step<N>) in strata train's format and points save_dir/latest
+        at it. client_state: a JSON-serialisable dict, returned by load_checkpoint. data_loader: a
+        TokenLoader whose position is saved. Every rank calls it. Returns the checkpoint's path."""
+        state = {} if client_state is None else client_state
+        try:
+            text = json.dumps(state, allow_nan=True)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"save_checkpoint: client_state must be JSON-serialisable: {e}") from None
+        if not isinstance(state, dict):
+            raise ValueError(f"save_checkpoint: client_state must be a dict, got {type(state).__name__}")
+        with self._lock:
+            return self._core.save_checkpoint(os.fspath(save_dir), "" if tag is None else str(tag), text,
+                                              data_loader)
+
+    def load_checkpoint(self, load_dir, tag=None, data_loader=None):
+        """Reads load_dir/tag (default: the tag load_dir/latest names), written by this API or by
+        strata train, into this engine; moves data_loader (if given) to the saved position. Returns
+        (path, client_state), or (None, None) with a warning when load_dir has no `latest` and no tag is
+        given (DeepSpeed's behaviour)."""
+        with self._lock:
+            r = self._core.load_checkpoint(os.fspath(load_dir), "" if tag is None else str(tag), data_loader)
+        if r is None:
+            warnings.warn(f"strata: no checkpoint to load: {os.path.join(os.fspath(load_dir), 'latest')} does "
+                          "not exist (pass tag= to load a particular one)", stacklevel=2)
+            return None, None
+        self._last_step = None
+        return r[0], json.loads(r[1])
+
+    def export(self, path):
+        """Writes the model as transformers loads it (bf16): a Hugging Face directory, or one file when
+        path ends in .safetensors. Every rank calls it; rank 0 writes."""
+        with self._lock:
+            self._core.export(os.fspath(path))
+
+    # ---- memory ----
+    def memory_snapshot(self) -> dict:
+        """The tier manager's snapshot: per tier its capacity and bytes in use (current, peak) by kind, and
+        the moves between tiers (memprof's document)."""
+        with self._lock:
+            return json.loads(self._core.memory_snapshot())
+
+    @property
+    def memory_plan(self) -> dict:
+        """The device plan (bytes): state, working set, activations, chunk cache; pinned and NVMe state."""
+        return self._core.memory_plan()
+
+    # ---- lifetime ----
+    def close(self):
+        """Frees the device, pinned memory and NVMe swap files now (otherwise when the engine is collected)."""
+        with self._lock:
+            self._core.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        if self._core.closed:
+            return "strata.Engine(closed)"
+        return (f"strata.Engine({self._core.model_config.name}, step {self.global_steps}, "
+                f"{self._core.device_name}, rank {self.rank}/{self.world_size})")
+
+
+def initialize(config=None, model=None, *, seq_len=None, backend=None, device_memory_cap=None,
+               checkpoint_activations=True, **auto_values):
+    """DeepSpeed's initialize: returns (engine, optimizer, None, lr_scheduler).
+
+    config: a ds_config.json path or the same document as a dict; "auto" keys are filled from auto_values
+    (docs/config.md's override names: lr, micro_batch, grad_accum, train_batch, grad_clip, betas, eps,
+    weight_decay, warmup_min_lr, warmup_steps, total_steps, fp16, bf16, hidden_size).
+    model: a preset name, a model JSON file, a Hugging Face Llama directory or .safetensors file (its
+    weights), or a strata.ModelConfig.
+    seq_len: the longest sequence fed (tokens the model runs over); default min(max_seq_len, 256).
+    backend, device_memory_cap: override strata.backend and strata.device_memory_cap.
+    Everything a bad argument can get wrong raises here (strata.ConfigError, a ValueError;
+    strata.OutOfMemoryError, a MemoryError; strata.IoError, an OSError)."""
+    if config is None:
+        raise ValueError("strata.initialize: config= is required (a ds_config.json path or a dict)")
+    if model is None:
+        raise ValueError("strata.initialize: model= is required (a preset name such as '10m', a model JSON, "
+                         "a Hugging Face directory or a strata.ModelConfig)")
+    if isinstance(config, dict):
+        try:
+            config_text, is_path = json.dumps(config), False
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"strata.initialize: config dict is not JSON-serialisable: {e}") from None
+    elif isinstance(config, (str, os.PathLike)):
+        config_text, is_path = os.fspath(config), True
+    else:
+        raise ValueError(f"strata.initialize: config must be a path or a dict, got {type(config).__name__}")
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
+    if not isinstance(model, (str, _strata.ModelConfig)):
+        raise ValueError(f"strata.initialize: model must be a preset name, a path or a strata.ModelConfig, "
+                         f"got {type(model).__name__}")
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
+        raise ValueError(f"strata.initialize: seq_len must be a whole number >= 1, got {seq_len!r}")
+    try:
+        overrides = json.dumps(auto_values)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"strata.initialize: the auto values must be numbers, strings or lists: {e}") from None
+    dist = init_distributed()
+    core = _strata.Core(config_text, is_path, overrides, model, 0 if seq_len is None else seq_len,
+                        "" if backend is None else str(backend), _byte_size(device_memory_cap),
+                        bool(checkpoint_activations))
+    engine = Engine(core, dist)
+    scheduler = engine.config.get("scheduler", {}).get("type")
+    lr_scheduler = None if scheduler in (None, "none") else LRSchedulerView(engine)
+    return engine, OptimizerView(engine), None, lr_scheduler
+
+
+__all__ = ["initialize", "Engine", "Loss", "StepInfo", "OptimizerView", "LRSchedulerView"]

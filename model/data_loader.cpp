@@ -95,7 +95,8 @@ std::vector<int64_t> rank_samples(int64_t num_samples, int rank, int world, uint
   if (world < 1) throw ConfigError(detail::cat("sampler: world size ", world, " must be at least 1"));
   if (rank < 0 || rank >= world)
     throw ConfigError(detail::cat("sampler: rank ", rank, " is outside [0, ", world, ")"));
-  if (epoch < 0) throw ConfigError(detail::cat("sampler: epoch ", epoch, " is negative; epochs count from 0"));
+  if (epoch < 0)
+    throw ConfigError(detail::cat("sampler: epoch ", epoch, " is negative; epochs count from 0"));
   const int64_t per_rank = drop_last ? num_samples / world : (num_samples + world - 1) / world;
   if (num_samples < 0 || per_rank < 1)
     throw ConfigError(detail::cat("sampler: ", num_samples, " samples leave none for each of ", world,
@@ -115,7 +116,8 @@ std::vector<int64_t> rank_samples(int64_t num_samples, int rank, int world, uint
 }
 
 std::vector<int64_t> DataLoader::epoch_samples(int64_t epoch) const {
-  return rank_samples(num_samples_, opts_.rank, opts_.world, opts_.seed, epoch, opts_.shuffle, opts_.drop_last);
+  return rank_samples(num_samples_, opts_.rank, opts_.world, opts_.seed, epoch, opts_.shuffle,
+                      opts_.drop_last);
 }
 
 void DataLoader::set_epoch(int64_t epoch) {

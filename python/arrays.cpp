@@ -16,18 +16,37 @@ using detail::cat;
 // One element of integer type `kind` ('i' signed, 'u' unsigned) and `bytes` wide, at p.
 std::int64_t load_int(const char* p, char kind, std::size_t bytes, bool* too_big) {
   switch (bytes) {
-    case 1: return kind == 'i' ? std::int64_t(*reinterpret_cast<const std::int8_t*>(p)) : std::int64_t(std::uint8_t(*p));
+    case 1:
+      return kind == 'i' ? std::int64_t(*reinterpret_cast<const std::int8_t*>(p))
+                         : std::int64_t(std::uint8_t(*p));
     case 2: {
-      if (kind == 'i') { std::int16_t v; std::memcpy(&v, p, 2); return v; }
-      std::uint16_t v; std::memcpy(&v, p, 2); return v;
+      if (kind == 'i') {
+        std::int16_t v;
+        std::memcpy(&v, p, 2);
+        return v;
+      }
+      std::uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
     }
     case 4: {
-      if (kind == 'i') { std::int32_t v; std::memcpy(&v, p, 4); return v; }
-      std::uint32_t v; std::memcpy(&v, p, 4); return v;
+      if (kind == 'i') {
+        std::int32_t v;
+        std::memcpy(&v, p, 4);
+        return v;
+      }
+      std::uint32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
     }
     default: {
-      if (kind == 'i') { std::int64_t v; std::memcpy(&v, p, 8); return v; }
-      std::uint64_t v; std::memcpy(&v, p, 8);
+      if (kind == 'i') {
+        std::int64_t v;
+        std::memcpy(&v, p, 8);
+        return v;
+      }
+      std::uint64_t v;
+      std::memcpy(&v, p, 8);
       if (v > std::uint64_t(INT64_MAX)) *too_big = true;
       return std::int64_t(v);
     }
@@ -60,9 +79,22 @@ char format_kind(const std::string& format) {
   }
   if (f.size() != 1) return 0;
   switch (f[0]) {
-    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': return 'i';
-    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N': return 'u';
-    default: return 0;
+    case 'b':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q':
+    case 'n':
+      return 'i';
+    case 'B':
+    case 'H':
+    case 'I':
+    case 'L':
+    case 'Q':
+    case 'N':
+      return 'u';
+    default:
+      return 0;
   }
 }
 
@@ -73,8 +105,8 @@ TokenArray from_buffer(py::handle obj, const char* what) {
                           info.ndim == 1 ? "" : "s", "; add a batch dimension, e.g. ids[None, :]"));
   const char kind = format_kind(info.format);
   if (kind == 0 || !(info.itemsize == 1 || info.itemsize == 2 || info.itemsize == 4 || info.itemsize == 8))
-    throw ConfigError(cat(what, ": expected integer token ids (int32 or int64), got buffer format '",
-                          info.format, "'"));
+    throw ConfigError(
+        cat(what, ": expected integer token ids (int32 or int64), got buffer format '", info.format, "'"));
   return copy_2d(static_cast<const char*>(info.ptr), info.shape[0], info.shape[1], info.strides[0],
                  info.strides[1], kind, std::size_t(info.itemsize), what);
 }
@@ -118,7 +150,8 @@ TokenArray read_tokens(py::handle obj, const char* what) {
   if (PyObject_CheckBuffer(obj.ptr())) return from_buffer(obj, what);
   if (py::hasattr(obj, "__dlpack__")) return from_dlpack(obj, what);
   throw ConfigError(cat(what, ": expected a 2-D integer array (numpy, memoryview, anything with the buffer ",
-                        "protocol or __dlpack__), got ", std::string(py::str(py::type::of(obj).attr("__name__")))));
+                        "protocol or __dlpack__), got ",
+                        std::string(py::str(py::type::of(obj).attr("__name__")))));
 }
 
 }  // namespace strata::python

@@ -30,7 +30,8 @@ Tokens TokenLoader::next() {
   const std::size_t T = std::size_t(b.seq_len), W = T + 1;
   std::vector<std::int32_t> window(std::size_t(b.rows) * W);
   for (int r = 0; r < b.rows; ++r) {
-    std::copy_n(b.inputs.begin() + std::ptrdiff_t(std::size_t(r) * T), T, window.begin() + std::ptrdiff_t(std::size_t(r) * W));
+    std::copy_n(b.inputs.begin() + std::ptrdiff_t(std::size_t(r) * T), T,
+                window.begin() + std::ptrdiff_t(std::size_t(r) * W));
     window[std::size_t(r) * W + T] = b.targets[std::size_t(r) * T + T - 1];
   }
   return Tokens(std::move(window), b.rows, int(W));
@@ -60,12 +61,14 @@ void bind_data(py::module_& m) {
              py::list rows;
              for (int r = 0; r < t.rows(); ++r) {
                py::list row;
-               for (int c = 0; c < t.cols(); ++c) row.append(t.data()[std::size_t(r) * std::size_t(t.cols()) + std::size_t(c)]);
+               for (int c = 0; c < t.cols(); ++c)
+                 row.append(t.data()[std::size_t(r) * std::size_t(t.cols()) + std::size_t(c)]);
                rows.append(row);
              }
              return rows;
            })
-      .def("__repr__", [](const Tokens& t) { return cat("strata.Tokens(shape=(", t.rows(), ", ", t.cols(), "))"); });
+      .def("__repr__",
+           [](const Tokens& t) { return cat("strata.Tokens(shape=(", t.rows(), ", ", t.cols(), "))"); });
 
   py::class_<TokenLoader>(m, "TokenLoader",
                           "strata train's loader over a token file: (B, seq_len + 1) windows, shuffled by "
@@ -73,17 +76,17 @@ void bind_data(py::module_& m) {
       .def(py::init([](const std::string& path, int batch_size, int seq_len, int rank, int world,
                        std::uint64_t seed, bool shuffle, bool drop_last_batch, std::int64_t vocab_size) {
              return std::make_unique<TokenLoader>(path, model::DataOptions{.batch_size = batch_size,
-                                                                          .seq_len = seq_len,
-                                                                          .rank = rank,
-                                                                          .world = world,
-                                                                          .seed = seed,
-                                                                          .shuffle = shuffle,
-                                                                          .drop_last_batch = drop_last_batch,
-                                                                          .vocab_size = vocab_size});
+                                                                           .seq_len = seq_len,
+                                                                           .rank = rank,
+                                                                           .world = world,
+                                                                           .seed = seed,
+                                                                           .shuffle = shuffle,
+                                                                           .drop_last_batch = drop_last_batch,
+                                                                           .vocab_size = vocab_size});
            }),
-           py::arg("path"), py::arg("batch_size"), py::arg("seq_len"), py::arg("rank") = 0, py::arg("world") = 1,
-           py::arg("seed") = 1234, py::arg("shuffle") = true, py::arg("drop_last_batch") = true,
-           py::arg("vocab_size") = 0)
+           py::arg("path"), py::arg("batch_size"), py::arg("seq_len"), py::arg("rank") = 0,
+           py::arg("world") = 1, py::arg("seed") = 1234, py::arg("shuffle") = true,
+           py::arg("drop_last_batch") = true, py::arg("vocab_size") = 0)
       .def("__iter__", [](TokenLoader& l) -> TokenLoader& { return l; })
       .def("__next__", &TokenLoader::next, py::call_guard<py::gil_scoped_release>())
       .def("__len__", [](const TokenLoader& l) { return l.loader().batches_per_epoch(); })
@@ -91,7 +94,8 @@ void bind_data(py::module_& m) {
       .def_property_readonly("epoch", &TokenLoader::epoch)
       .def_property_readonly("seq_len", &TokenLoader::seq_len)
       .def_property_readonly("num_samples", [](const TokenLoader& l) { return l.loader().num_samples(); })
-      .def_property_readonly("samples_per_rank", [](const TokenLoader& l) { return l.loader().samples_per_rank(); })
+      .def_property_readonly("samples_per_rank",
+                             [](const TokenLoader& l) { return l.loader().samples_per_rank(); })
       .def("position", [](const TokenLoader& l) { return l.loader().position().to_json().dump(); });
 
   m.def("rank_samples", &model::rank_samples, py::arg("num_samples"), py::arg("rank"), py::arg("world"),
@@ -103,7 +107,8 @@ void bind_data(py::module_& m) {
         return model::ByteTokenizer::text_file_to_tokens(text, out);
       },
       py::arg("text_path"), py::arg("out_path"), py::call_guard<py::gil_scoped_release>(),
-      "strata train --text's byte tokenizer: writes the text file's bytes as a token file; returns the count");
+      "strata train --text's byte tokenizer: writes the text file's bytes as a token file; returns the "
+      "count");
 
   using model::ModelConfig;
   py::class_<ModelConfig>(m, "ModelConfig",
@@ -138,9 +143,8 @@ void bind_data(py::module_& m) {
       .def_readwrite("norm_eps", &ModelConfig::norm_eps)
       .def_property_readonly("head_dim", &ModelConfig::head_dim)
       .def("__eq__", [](const ModelConfig& a, const ModelConfig& b) { return a == b; })
-      .def("__repr__", [](const ModelConfig& c) {
-        return cat("strata.ModelConfig(", c.to_json().dump(), ")");
-      });
+      .def("__repr__",
+           [](const ModelConfig& c) { return cat("strata.ModelConfig(", c.to_json().dump(), ")"); });
 }
 
 }  // namespace strata::python

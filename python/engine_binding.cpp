@@ -102,8 +102,8 @@ class Core {
  public:
   // config: a file path (config_is_path) or a JSON document's text; overrides: a JSON object's text.
   Core(const std::string& config, bool config_is_path, const std::string& overrides,
-       const std::variant<model::ModelConfig, std::string>& model_spec, int seq_len, const std::string& backend,
-       std::uint64_t device_memory_cap, bool checkpoint_activations) {
+       const std::variant<model::ModelConfig, std::string>& model_spec, int seq_len,
+       const std::string& backend, std::uint64_t device_memory_cap, bool checkpoint_activations) {
     const comm::RankInfo ri = comm::rank_from_env();
     if (ri.world_size > 1) log_as_rank(ri.rank);
     ModelSpec spec = resolve_model(model_spec);
@@ -154,7 +154,8 @@ class Core {
   void backward() {
     zero3::Engine& e = engine();
     if (!e.forward_pending())
-      throw Error("engine.backward(loss): no forward to take the gradients of; call loss = engine(input_ids) first");
+      throw Error(
+          "engine.backward(loss): no forward to take the gradients of; call loss = engine(input_ids) first");
     py::gil_scoped_release nogil;
     e.backward(*model_);
   }
@@ -209,7 +210,8 @@ class Core {
   }
 
   // (path, client_state as JSON text), or None when `dir` has no `latest` and no tag is given.
-  std::optional<std::pair<std::string, std::string>> load_checkpoint(const std::string& dir, const std::string& tag,
+  std::optional<std::pair<std::string, std::string>> load_checkpoint(const std::string& dir,
+                                                                     const std::string& tag,
                                                                      TokenLoader* data) {
     zero3::Engine& e = engine();
     between_steps("load_checkpoint");
@@ -301,9 +303,10 @@ class Core {
     zero3::Engine& e = engine();
     if (e.forward_pending()) e.abandon_forward();
     if (e.pending_micro_steps() > 0)
-      throw Error(cat("engine.", what, ": ", e.pending_micro_steps(), " of ", e.accumulation_steps(),
-                      " micro-batches of the next optimizer step have run; call it after the step() that ends "
-                      "the accumulation (is_gradient_accumulation_boundary())"));
+      throw Error(
+          cat("engine.", what, ": ", e.pending_micro_steps(), " of ", e.accumulation_steps(),
+              " micro-batches of the next optimizer step have run; call it after the step() that ends "
+              "the accumulation (is_gradient_accumulation_boundary())"));
   }
 
   ModelBatch to_model_batch(py::handle input_ids, py::handle labels, const char* call) {
@@ -316,8 +319,9 @@ class Core {
       throw ConfigError(cat(call, ": input_ids has ", ids.rows, " rows; a micro-batch holds 1 to ", mb,
                             " (train_micro_batch_size_per_gpu)"));
     if (ids.cols < 2)
-      throw ConfigError(cat(call, ": input_ids rows hold ", ids.cols,
-                            " token(s); at least 2 are needed (position t is trained to predict token t + 1)"));
+      throw ConfigError(
+          cat(call, ": input_ids rows hold ", ids.cols,
+              " token(s); at least 2 are needed (position t is trained to predict token t + 1)"));
     if (ids.cols - 1 > seq_len_)
       throw ConfigError(cat(call, ": input_ids rows hold ", ids.cols, " tokens, so the model would run over ",
                             ids.cols - 1, "; the engine planned for seq_len ", seq_len_,
@@ -335,12 +339,13 @@ class Core {
       for (int c = 0; c < ids.cols; ++c) {
         const std::int64_t v = ids.at(r, c);
         if (v < 0 || v >= V)
-          throw ConfigError(cat(call, ": input_ids[", r, ", ", c, "] is ", v, ", outside the model's vocabulary [0, ",
-                                V, ")"));
+          throw ConfigError(cat(call, ": input_ids[", r, ", ", c, "] is ", v,
+                                ", outside the model's vocabulary [0, ", V, ")"));
         const std::int64_t l = tgt.at(r, c);
         if (l >= V)
-          throw ConfigError(cat(call, ": labels[", r, ", ", c, "] is ", l, ", outside the model's vocabulary [0, ",
-                                V, ") (a negative label, e.g. -100, is ignored)"));
+          throw ConfigError(cat(call, ": labels[", r, ", ", c, "] is ", l,
+                                ", outside the model's vocabulary [0, ", V,
+                                ") (a negative label, e.g. -100, is ignored)"));
       }
       for (int t = 0; t < b.T; ++t) {
         const std::size_t at = std::size_t(r) * std::size_t(b.T) + std::size_t(t);
@@ -362,10 +367,12 @@ class Core {
 
 void bind_engine(py::module_& m) {
   py::class_<Core>(m, "Core", "One training run's engine and model (the package's Engine wraps it)")
-      .def(py::init<const std::string&, bool, const std::string&, const std::variant<model::ModelConfig, std::string>&,
-                    int, const std::string&, std::uint64_t, bool>(),
-           py::arg("config"), py::arg("config_is_path"), py::arg("overrides"), py::arg("model"), py::arg("seq_len"),
-           py::arg("backend"), py::arg("device_memory_cap"), py::arg("checkpoint_activations"))
+      .def(py::init<const std::string&, bool, const std::string&,
+                    const std::variant<model::ModelConfig, std::string>&, int, const std::string&,
+                    std::uint64_t, bool>(),
+           py::arg("config"), py::arg("config_is_path"), py::arg("overrides"), py::arg("model"),
+           py::arg("seq_len"), py::arg("backend"), py::arg("device_memory_cap"),
+           py::arg("checkpoint_activations"))
       .def("forward", &Core::forward, py::arg("input_ids"), py::arg("labels") = py::none())
       .def("backward", &Core::backward)
       .def("step", &Core::step)
@@ -404,10 +411,13 @@ void bind_engine(py::module_& m) {
       .def_readonly("local_rank", &comm::RankInfo::local_rank)
       .def_readonly("local_size", &comm::RankInfo::local_size)
       .def_readonly("launched", &comm::RankInfo::launched);
-  m.def("rank_from_env", &comm::rank_from_env, "The MPI launcher's rank, world size and local rank (environment)");
+  m.def("rank_from_env", &comm::rank_from_env,
+        "The MPI launcher's rank, world size and local rank (environment)");
   m.def(
-      "parse_byte_size", [](const std::string& text, const std::string& what) { return parse_byte_size(text, what); },
-      py::arg("text"), py::arg("what"), "A byte size as the config reads one: 1073741824, \"1GiB\", \"64MiB\"");
+      "parse_byte_size",
+      [](const std::string& text, const std::string& what) { return parse_byte_size(text, what); },
+      py::arg("text"), py::arg("what"),
+      "A byte size as the config reads one: 1073741824, \"1GiB\", \"64MiB\"");
   m.def("set_log_rank", &log_as_rank, py::arg("rank"),
         "Log lines carry this rank; ranks other than 0 log warnings and errors only");
 }

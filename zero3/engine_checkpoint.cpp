@@ -13,9 +13,9 @@
 
 #include "core/files.h"
 #include "core/log.h"
-#include "zero3/checkpoint.h"
 #include "model/hf_dir.h"
 #include "model/safetensors.h"
+#include "zero3/checkpoint.h"
 #include "zero3/engine_impl.h"
 
 namespace strata::zero3 {

@@ -210,9 +210,11 @@ TEST_F(SamplerTest, RankSamplesIsTheLoadersOrder) {
   TokenFile f = TokenFile::open(path_);
   for (bool drop_last : {false, true})
     for (int r = 0; r < 3; ++r) {
-      DataLoader dl(f, {.batch_size = 2, .seq_len = 8, .rank = r, .world = 3, .seed = 9, .drop_last = drop_last});
+      DataLoader dl(
+          f, {.batch_size = 2, .seq_len = 8, .rank = r, .world = 3, .seed = 9, .drop_last = drop_last});
       for (int64_t e : {0, 4})
-        EXPECT_EQ(rank_samples(dl.num_samples(), r, 3, 9, e, /*shuffle=*/true, drop_last), dl.epoch_samples(e));
+        EXPECT_EQ(rank_samples(dl.num_samples(), r, 3, 9, e, /*shuffle=*/true, drop_last),
+                  dl.epoch_samples(e));
     }
 }
 

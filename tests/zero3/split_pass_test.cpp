@@ -26,8 +26,10 @@ Losses train_split(const std::string& tokens, bool split, bool abandon) {
   kernels::cpu::set_blas_threads(1);
   Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = 0, .seq_len = 32});
   model::TokenFile file = model::TokenFile::open(tokens);
-  model::DataLoader data(file, {.batch_size = engine.micro_batch(), .seq_len = 32, .seed = 3, .vocab_size = 256});
-  model::DataLoader other(file, {.batch_size = engine.micro_batch(), .seq_len = 32, .seed = 4, .vocab_size = 256});
+  model::DataLoader data(file,
+                         {.batch_size = engine.micro_batch(), .seq_len = 32, .seed = 3, .vocab_size = 256});
+  model::DataLoader other(file,
+                          {.batch_size = engine.micro_batch(), .seq_len = 32, .seed = 4, .vocab_size = 256});
   model::LlamaModel m(mcfg, engine.model_options());
   Losses r;
   for (int step = 0; step < 4; ++step) {
@@ -78,8 +80,8 @@ TEST(SplitPass, OutOfOrderCallsAreRefused) {
   model::TokenFile file = model::TokenFile::open(tokens);
   model::DataLoader data(file, {.batch_size = engine.micro_batch(), .seq_len = 32, .vocab_size = 256});
   model::LlamaModel m(mcfg, engine.model_options());
-  EXPECT_THROW(engine.backward(m), Error);         // no forward
-  EXPECT_THROW(engine.abandon_forward(), Error);   // none pending
+  EXPECT_THROW(engine.backward(m), Error);        // no forward
+  EXPECT_THROW(engine.abandon_forward(), Error);  // none pending
   const model::Batch b = data.next();
   engine.forward(m, b.inputs.data(), b.targets.data(), b.rows, b.seq_len);
   EXPECT_THROW(engine.forward(m, b.inputs.data(), b.targets.data(), b.rows, b.seq_len), Error);  // pending

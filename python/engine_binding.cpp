@@ -301,12 +301,12 @@ class Core {
   // Checkpoints are taken between optimizer steps (the engine's rule), with no forward pending.
   void between_steps(const char* what) {
     zero3::Engine& e = engine();
-    if (e.forward_pending()) e.abandon_forward();
     if (e.pending_micro_steps() > 0)
       throw Error(
           cat("engine.", what, ": ", e.pending_micro_steps(), " of ", e.accumulation_steps(),
               " micro-batches of the next optimizer step have run; call it after the step() that ends "
               "the accumulation (is_gradient_accumulation_boundary())"));
+    if (e.forward_pending()) e.abandon_forward();
   }
 
   ModelBatch to_model_batch(py::handle input_ids, py::handle labels, const char* call) {

@@ -17,15 +17,16 @@ import warnings
 from dataclasses import dataclass, field
 
 from . import _strata
-from .distributed import init_distributed
+from ._strata import StrataError
 
 
 class Loss(float):
     """The loss of one forward (a float), remembering which forward it came from so that
     engine.backward(loss) takes the gradients of that one. `loss.item()` works as on a torch scalar."""
 
-    def __new__(cls, value, forward_id):
+    def __new__(cls, value, engine_token, forward_id):
         obj = super().__new__(cls, value)
+        obj._engine_token = engine_token
         obj._forward_id = forward_id
         return obj
 
@@ -116,13 +117,13 @@ class Engine:
     Make one with strata.initialize(). With several ranks every rank makes the same calls in the same
     order. Not for use from several Python threads at once (calls are serialised by a lock)."""
 
-    def __init__(self, core, dist):
+    def __init__(self, core):
         self._core = core
-        self._dist = dist
         self._lock = threading.Lock()
         self._config = json.loads(core.config_json)
         self.micro_steps = 0  # micro-batches stepped, over the whole run (DeepSpeed's micro_steps)
         self._forward_id = 0
+        self._token = object()  # what this engine's Loss objects carry
         self._last_step = None
         self._last_loss = None
 
@@ -137,7 +138,7 @@ class Engine:
         with self._lock:
             value = self._core.forward(input_ids, labels)
             self._forward_id += 1
-            self._last_loss = Loss(value, self._forward_id)
+            self._last_loss = Loss(value, self._token, self._forward_id)
             return self._last_loss
 
     def backward(self, loss):
@@ -147,6 +148,8 @@ class Engine:
             if fid is None:
                 raise ValueError(
                     f"engine.backward: expected the Loss that engine(input_ids) returned, got {type(loss).__name__}")
+            if loss._engine_token is not self._token:
+                raise ValueError("engine.backward: this loss comes from another engine's forward")
             if fid != self._forward_id:
                 raise ValueError(
                     f"engine.backward: this loss comes from forward #{fid}, but the last forward is "
@@ -160,6 +163,10 @@ class Engine:
         with self._lock:
             boundary = self._boundary()
             if boundary:
+                if self._core.pending_micro_steps == 0:
+                    raise StrataError(
+                        "engine.step(): no backward since the last optimizer step, so there are no gradients to "
+                        "step with; call loss = engine(input_ids) and engine.backward(loss) first")
                 r = self._core.step()
                 self._last_step = StepInfo(**r)
             self.micro_steps += 1
@@ -294,6 +301,7 @@ class Engine:
                           "not exist (pass tag= to load a particular one)", stacklevel=2)
             return None, None
         self._last_step = None
+        self.micro_steps = self._core.global_step * self._core.accumulation_steps
         return r[0], json.loads(r[1])
 
     def export(self, path):
@@ -372,11 +380,10 @@ def initialize(config=None, model=None, *, seq_len=None, backend=None, device_me
         overrides = json.dumps(auto_values)
     except (TypeError, ValueError) as e:
         raise ValueError(f"strata.initialize: the auto values must be numbers, strings or lists: {e}") from None
-    dist = init_distributed()
     core = _strata.Core(config_text, is_path, overrides, model, 0 if seq_len is None else seq_len,
                         "" if backend is None else str(backend), _byte_size(device_memory_cap),
                         bool(checkpoint_activations))
-    engine = Engine(core, dist)
+    engine = Engine(core)
     scheduler = engine.config.get("scheduler", {}).get("type")
     lr_scheduler = None if scheduler in (None, "none") else LRSchedulerView(engine)
     return engine, OptimizerView(engine), None, lr_scheduler

@@ -1,7 +1,18 @@
 """DistributedSampler's semantics over Strata's permutation, for a user's own data set."""
 
+import operator
+
 from . import _strata
 from .distributed import init_distributed
+
+
+def _is_count(x):
+    """An int, or an integer of another library (numpy's)."""
+    try:
+        operator.index(x)
+        return not hasattr(x, "__len__")
+    except TypeError:
+        return False
 
 
 class DistributedSampler:
@@ -24,7 +35,7 @@ class DistributedSampler:
             info = init_distributed()
             num_replicas = info.world_size if num_replicas is None else num_replicas
             rank = info.rank if rank is None else rank
-        self.num_samples_total = dataset if isinstance(dataset, int) else len(dataset)
+        self.num_samples_total = operator.index(dataset) if _is_count(dataset) else len(dataset)
         self.num_replicas = int(num_replicas)
         self.rank = int(rank)
         self.shuffle = bool(shuffle)

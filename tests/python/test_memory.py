@@ -1,0 +1,77 @@
+"""engine.memory_snapshot() and engine.memory_plan (docs/python.md, "Memory"): memprof's snapshot document
+and the device plan, which never exceed the device cap."""
+
+import pytest
+
+import strata_support as sup
+
+CAP = 64 << 20  # strata.device_memory_cap of configs/demo_cpu.json
+PLAN_PARTS = ("device_state", "device_working_set", "device_activations", "device_cache")
+
+
+def plan_value(plan, key):
+    """A figure of engine.memory_plan, whether the binding gives a dict or an object."""
+    return plan[key] if isinstance(plan, dict) else getattr(plan, key)
+
+
+@pytest.fixture
+def trained(config, token_file):
+    """A tiny engine after 2 optimizer steps."""
+    engine = sup.new_engine(config)
+    sup.run_steps(engine, engine.token_loader(str(token_file)), 2)
+    return engine
+
+
+def test_snapshot_is_memprofs_document(trained):
+    """memory_snapshot() is a dict of schema strata.memprof with the tiers device, pinned and nvme."""
+    snap = trained.memory_snapshot()
+    assert isinstance(snap, dict)
+    assert snap["schema"] == "strata.memprof"
+    assert set(snap["tiers"]) == {"device", "pinned", "nvme"}
+
+
+def test_device_peak_stays_within_the_cap(trained):
+    """The device tier's peak bytes are positive (chunks were gathered) and at most the 64 MiB cap."""
+    device = trained.memory_snapshot()["tiers"]["device"]
+    assert 0 < device["total"]["peak"] <= device["capacity"] <= CAP
+
+
+def test_offloaded_state_lives_in_pinned_memory(trained):
+    """offload_optimizer cpu: the fp32 master is in the pinned tier, none of it on the device."""
+    tiers = trained.memory_snapshot()["tiers"]
+    assert tiers["pinned"]["by_kind"]["master"]["current"] > 0
+    assert tiers["device"]["by_kind"]["master"]["current"] == 0
+
+
+def test_there_is_no_nvme_without_nvme_offload(trained):
+    """No NVMe tier in use when nothing is offloaded there."""
+    assert trained.memory_snapshot()["tiers"]["nvme"]["total"]["current"] == 0
+
+
+def test_plan_parts_fill_the_device_cap(engine):
+    """memory_plan's state + working set + activations + chunk cache is the 64 MiB cap (the cache is what
+    the others leave)."""
+    plan = engine.memory_plan
+    assert sum(plan_value(plan, k) for k in PLAN_PARTS) == CAP
+
+
+def test_plan_reserves_activations_and_a_working_set(engine):
+    """The plan holds a working set and activations for the micro-batch, and no device state (offloaded)."""
+    plan = engine.memory_plan
+    assert plan_value(plan, "device_working_set") > 0
+    assert plan_value(plan, "device_activations") > 0
+    assert plan_value(plan, "device_state") == 0
+
+
+def test_keeping_every_activation_costs_more_device_memory(config):
+    """checkpoint_activations=False plans more activation bytes than the default (True)."""
+    kept = plan_value(sup.new_engine(config, checkpoint_activations=False).memory_plan, "device_activations")
+    recomputed = plan_value(sup.new_engine(config).memory_plan, "device_activations")
+    assert kept > recomputed
+
+
+def test_longer_sequences_plan_more_activations(config):
+    """seq_len=64 plans more activation bytes than seq_len=16."""
+    long = plan_value(sup.new_engine(config, seq_len=64).memory_plan, "device_activations")
+    short = plan_value(sup.new_engine(config, seq_len=16).memory_plan, "device_activations")
+    assert long > short

@@ -140,6 +140,19 @@ struct CsvMonitorConfig {
   std::string job_name = "DeepSpeedJobName";  // a directory inside output_path
 };
 
+// DeepSpeed's activation_checkpointing section (deepspeed.checkpointing's settings). In DeepSpeed the
+// model code calls the checkpointing; here the model does it at every transformer block when
+// strata.checkpoint_activations says so, and these keys are accepted with what they mean here
+// (docs/config.md).
+struct ActivationCheckpointingConfig {
+  bool partition_activations = false;           // no effect: no tensor parallelism to partition across
+  bool cpu_checkpointing = false;               // not implemented: block inputs stay in device memory (warns)
+  bool contiguous_memory_optimization = false;  // no effect: the block inputs are one buffer already
+  std::int64_t number_checkpoints = 0;          // 0: unset; no effect (every block is a checkpoint)
+  bool synchronize_checkpoint_boundary = false;  // no effect: the ops run in stream order
+  bool profile = false;                          // no effect: `strata train`'s step times split the recompute
+};
+
 // Strata's own knobs, under "strata" in the file.
 struct StrataConfig {
   enum class Backend { automatic, host, cuda };
@@ -155,7 +168,12 @@ struct StrataConfig {
     std::string simd = "auto";  // "auto" or a Highway target name (AVX2, AVX3, NEON, ...)
     bool pin_threads = true;
   };
+  // Activation checkpointing (model/llama.h, Note [Activation checkpointing]): keep each block's input
+  // only and recompute the block in backward. automatic: on when the activations of a micro-batch would
+  // not fit the device beside the state and working set; otherwise off (faster, more device memory).
+  enum class Checkpointing { automatic, on, off };  // "auto", true, false
   Backend backend = Backend::automatic;
+  Checkpointing checkpoint_activations = Checkpointing::automatic;
   std::int64_t device = 0;
   std::uint64_t device_memory_cap = 0;  // bytes; 0 = the whole device
   Aio aio;
@@ -187,6 +205,7 @@ struct Config {
   bool wall_clock_breakdown = false;
   bool memory_breakdown = false;
   CsvMonitorConfig csv_monitor;
+  ActivationCheckpointingConfig activation_checkpointing;
   StrataConfig strata;
 
   // Reads and parses a JSON file. A missing/unreadable file, malformed JSON (with line and column) and

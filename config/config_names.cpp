@@ -74,7 +74,6 @@ std::vector<Ignored> build_ignored() {
       {"flops_profiler", feature},
       {"comms_logger", feature},
       {"autotuning", "not implemented; set batch sizes and offload targets explicitly"},
-      {"activation_checkpointing", "Strata always recomputes each transformer block in backward"},
       {"elasticity", feature},
       {"compression_training", feature},
       {"data_efficiency", feature},

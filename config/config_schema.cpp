@@ -587,6 +587,45 @@ std::vector<Option> build_options() {
        .meaning = "GPUDirect Storage. Accepted; not implemented (NVMe data goes through pinned host memory).",
        .field = STRATA_FIELD(aio.use_gds)});
 
+  // ---- activation_checkpointing (DeepSpeed's activation_checkpointing/config.py) ----
+  o.push_back({.path = "activation_checkpointing.partition_activations",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning =
+                   "Accepted; no effect: each rank holds a whole model replica's activations, there is "
+                   "no tensor parallelism to partition them across.",
+               .field = STRATA_FIELD(activation_checkpointing.partition_activations)});
+  o.push_back({.path = "activation_checkpointing.cpu_checkpointing",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning =
+                   "Not implemented (warns when true): the block inputs stay in device memory, counted "
+                   "in the device plan's activations.",
+               .field = STRATA_FIELD(activation_checkpointing.cpu_checkpointing)});
+  o.push_back({.path = "activation_checkpointing.contiguous_memory_optimization",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Accepted; no effect: the block inputs already live in one contiguous buffer.",
+               .field = STRATA_FIELD(activation_checkpointing.contiguous_memory_optimization)});
+  o.push_back({.path = "activation_checkpointing.number_checkpoints",
+               .kind = Kind::integer,
+               .def = nullptr,
+               .meaning = "Accepted (null or 0: unset); no effect: every transformer block's input is a "
+                          "checkpoint.",
+               .field = STRATA_FIELD(activation_checkpointing.number_checkpoints),
+               .min = 0});
+  o.push_back({.path = "activation_checkpointing.synchronize_checkpoint_boundary",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Accepted; no effect: the recomputation runs in the compute stream's order.",
+               .field = STRATA_FIELD(activation_checkpointing.synchronize_checkpoint_boundary)});
+  o.push_back({.path = "activation_checkpointing.profile",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Accepted; no effect: strata train's step times include the recomputation in "
+                          "backward (model/profile has the per-op split).",
+               .field = STRATA_FIELD(activation_checkpointing.profile)});
+
   // ---- csv_monitor (DeepSpeed's monitor/config.py CSVConfig) ----
   o.push_back({.path = "csv_monitor.enabled",
                .kind = Kind::boolean,
@@ -616,6 +655,16 @@ std::vector<Option> build_options() {
        .meaning = "Device backend: cuda when a GPU is visible (auto), or host memory acting as the device.",
        .field = STRATA_FIELD(strata.backend),
        .choices = {"auto", "host", "cuda"}});
+  o.push_back({.path = "strata.checkpoint_activations",
+               .kind = Kind::choice,
+               .def = "auto",
+               .meaning =
+                   "Keep each transformer block's input only and recompute the block in backward (true), "
+                   "keep every activation (false), or auto: on when a micro-batch's activations would "
+                   "not fit the device beside the state and working set. The same losses either way; "
+                   "the device plan shows both sizes.",
+               .field = STRATA_FIELD(strata.checkpoint_activations),
+               .choices = {"auto", "true", "false"}});
   o.push_back({.path = "strata.device",
                .kind = Kind::integer,
                .def = 0,

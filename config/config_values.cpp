@@ -74,6 +74,9 @@ bool iequal(std::string_view a, std::string_view b) {
 }
 
 int choice_index(const Option& o, const nlohmann::json& v, std::string_view key) {
+  // A choice among "true" and "false" (and others, such as "auto") takes JSON's true and false as well.
+  const bool has_bool = std::find(o.choices.begin(), o.choices.end(), "true") != o.choices.end();
+  if (has_bool && v.is_boolean()) return choice_index(o, v.get<bool>() ? "true" : "false", key);
   if (!v.is_string()) fail_allowed(key, v, "is not a string", o);
   const auto& s = v.get_ref<const std::string&>();
   for (std::size_t i = 0; i < o.choices.size(); ++i)

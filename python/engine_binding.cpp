@@ -103,7 +103,8 @@ class Core {
   // config: a file path (config_is_path) or a JSON document's text; overrides: a JSON object's text.
   Core(const std::string& config, bool config_is_path, const std::string& overrides,
        const std::variant<model::ModelConfig, std::string>& model_spec, int seq_len,
-       const std::string& backend, std::uint64_t device_memory_cap, bool checkpoint_activations) {
+       const std::string& backend, std::uint64_t device_memory_cap,
+       std::optional<bool> checkpoint_activations) {
     const comm::RankInfo ri = comm::rank_from_env();
     if (ri.world_size > 1) log_as_rank(ri.rank);
     ModelSpec spec = resolve_model(model_spec);
@@ -274,6 +275,9 @@ class Core {
     d["device_state"] = p.device_state;
     d["device_working_set"] = p.device_working_set;
     d["device_activations"] = p.device_activations;
+    d["checkpoint_activations"] = p.checkpoint_activations;
+    d["device_activations_checkpointed"] = p.device_activations_checkpointed;
+    d["device_activations_all"] = p.device_activations_all;
     d["device_cache"] = p.device_cache;
     d["device_need"] = p.device_need();
     d["pinned_state"] = p.pinned_state;
@@ -369,7 +373,7 @@ void bind_engine(py::module_& m) {
   py::class_<Core>(m, "Core", "One training run's engine and model (the package's Engine wraps it)")
       .def(py::init<const std::string&, bool, const std::string&,
                     const std::variant<model::ModelConfig, std::string>&, int, const std::string&,
-                    std::uint64_t, bool>(),
+                    std::uint64_t, std::optional<bool>>(),
            py::arg("config"), py::arg("config_is_path"), py::arg("overrides"), py::arg("model"),
            py::arg("seq_len"), py::arg("backend"), py::arg("device_memory_cap"),
            py::arg("checkpoint_activations"))

@@ -315,7 +315,6 @@ int run_train(const TrainOpts& o) {
   eo.backend = o.backend;
   if (!o.device_cap.empty()) eo.device_memory_cap = parse_byte_size(o.device_cap, "--device-memory-cap");
   eo.seq_len = seq_len;
-  eo.checkpoint_activations = true;
   if (weights)
     eo.init_params = [&w = *weights](const model::ChunkLayout& c, float* out) { w.read_chunk(c, out); };
 
@@ -400,10 +399,14 @@ int run_train(const TrainOpts& o) {
   const zero3::MemoryPlan& plan = engine.plan();
   std::fprintf(
       out,
-      "device plan%s: state %s + working set %s + activations %s + chunk cache %s (docs/train.md, \"Device "
-      "memory\")\n",
+      "device plan%s: state %s + working set %s + activations %s (checkpointing %s, %s: %s) + chunk "
+      "cache %s (docs/train.md, \"Device memory\")\n",
       world > 1 ? " (each rank)" : "", format_size(plan.device_state, 1).c_str(),
       format_size(plan.device_working_set, 1).c_str(), format_size(plan.device_activations, 1).c_str(),
+      plan.checkpoint_activations ? "on" : "off", plan.checkpoint_activations ? "off" : "on",
+      format_size(
+          plan.checkpoint_activations ? plan.device_activations_all : plan.device_activations_checkpointed, 1)
+          .c_str(),
       format_size(plan.device_cache, 1).c_str());
   std::fflush(out);
 

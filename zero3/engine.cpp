@@ -168,12 +168,32 @@ void Engine::Impl::plan_memory() {
   // makes too.
   PlanInput in = plan_input(cfg, layout, mcfg.tie_embeddings, world, comm->rank(), act);
   planned_seq_len = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
-  in.activations = model::LlamaModel::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu),
-                                                       planned_seq_len, opts.checkpoint_activations, *ops);
   in.device_state_by_ops = by_ops;
   in.device_capacity = dev->caps().capacity;
+  const auto activations = [&](bool ckpt) {
+    return model::LlamaModel::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len,
+                                               ckpt, *ops);
+  };
+  const std::uint64_t with_ckpt = activations(true), without = activations(false);
+  // Note [Checkpointing by choice]: an explicit choice (EngineOptions, or strata.checkpoint_activations
+  // true / false) stands, and a plan that does not fit then fails as any other. "auto" keeps every
+  // activation when the plan without checkpointing fits the device (recomputing costs about a third of a
+  // step), and checkpoints otherwise.
+  using CK = StrataConfig::Checkpointing;
+  if (opts.checkpoint_activations) {
+    ckpt = *opts.checkpoint_activations;
+  } else if (cfg.strata.checkpoint_activations != CK::automatic) {
+    ckpt = cfg.strata.checkpoint_activations == CK::on;
+  } else {
+    in.activations = without;
+    ckpt = zero3::plan_memory(in, cfg.zero_optimization).memory.device_need() > in.device_capacity;
+  }
+  in.activations = ckpt ? with_ckpt : without;
   const Plan p = zero3::plan_memory(in, cfg.zero_optimization);
   plan = p.memory;
+  plan.checkpoint_activations = ckpt;
+  plan.device_activations_checkpointed = with_ckpt;
+  plan.device_activations_all = without;
   slots.resize(in.chunks.size());
   for (std::size_t i = 0; i < slots.size(); ++i) {
     ChunkSlot& s = slots[i];
@@ -226,6 +246,10 @@ void Engine::Impl::check_fits() const {
   const std::uint64_t need = plan.device_need();
   if (need > caps.capacity) {
     std::string todo;
+    if (!ckpt)
+      todo += cat("checkpoint activations (strata.checkpoint_activations true or \"auto\": ",
+                  format_size(plan.device_activations_checkpointed), " of activations instead of ",
+                  format_size(plan.device_activations_all), "), ");
     if (plan.device_state > 0)
       todo +=
           "set zero_optimization.offload_optimizer.device and offload_param.device to \"cpu\" or \"nvme\" "
@@ -520,9 +544,7 @@ kernels::Ops& Engine::ops() {
   return *impl_->ops;
 }
 model::ModelOptions Engine::model_options() {
-  return {.checkpoint_activations = impl_->opts.checkpoint_activations,
-          .device = impl_->dev.get(),
-          .ops = impl_->ops.get()};
+  return {.checkpoint_activations = impl_->ckpt, .device = impl_->dev.get(), .ops = impl_->ops.get()};
 }
 
 }  // namespace strata::zero3

@@ -52,6 +52,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "comm/comm.h"
@@ -75,9 +76,10 @@ struct EngineOptions {
   std::uint64_t device_memory_cap = 0;
   // The tokens per sequence the model will run at (0: the model's max_seq_len) and whether it checkpoints
   // activations: the device plan reserves the activations of a micro-batch of that shape (what
-  // model::LlamaModel::activation_bytes says for the engine's ops).
+  // model::LlamaModel::activation_bytes says for the engine's ops). No value: strata.checkpoint_activations
+  // decides ("auto": on only when the activations without checkpointing would not fit the device).
   int seq_len = 0;
-  bool checkpoint_activations = true;
+  std::optional<bool> checkpoint_activations = std::nullopt;
   // Treat the device's memory as not host-addressable even where it is (the host backend): model state at
   // home on the device is then initialised, reduced, updated and checkpointed by stream work — copies and
   // the compute interface's ops, the device optimizer among them — exactly as on cuda. For tests of that

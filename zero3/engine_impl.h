@@ -175,6 +175,8 @@ struct Engine::Impl final : prefetch::FetchTarget {
   model::ModelConfig mcfg;
   model::ModelLayout layout;
   EngineOptions opts;
+  bool ckpt =
+      true;  // the model checkpoints activations (plan_memory decides, Note [Checkpointing by choice])
   DType wd = DType::bf16;  // working dtype
   tiering::ShardHomes homes;
   int n_states = 2;  // optimizer state tensors per parameter besides the master (Adam 2, Adagrad 1, Lion 1)

@@ -49,6 +49,10 @@ struct MemoryPlan {
   // The model's activations and scratch for one micro-batch of EngineOptions.seq_len tokens, allocated by
   // the model from the device beside the tier manager's pool (whose budget is capacity - this).
   std::uint64_t device_activations = 0;
+  // Whether the model checkpoints activations (EngineOptions / strata.checkpoint_activations), and the
+  // activation bytes of each mode, so that the plan shows what the other would take.
+  bool checkpoint_activations = true;
+  std::uint64_t device_activations_checkpointed = 0, device_activations_all = 0;
   std::uint64_t pinned_staging = 0;  // NVMe swap buffers (params, optimizer sub-groups), gradient staging
   std::uint64_t pinned_budget = 0;   // what the tier manager's pinned pool may take
   // The NVMe swap file's capacity: the state plus room for the extents' alignment and reuse

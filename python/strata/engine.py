@@ -343,7 +343,7 @@ class Engine:
 
 
 def initialize(config=None, model=None, *, seq_len=None, backend=None, device_memory_cap=None,
-               checkpoint_activations=True, **auto_values):
+               checkpoint_activations=None, **auto_values):
     """DeepSpeed's initialize: returns (engine, optimizer, None, lr_scheduler).
 
     config: a ds_config.json path or the same document as a dict; "auto" keys are filled from auto_values
@@ -353,6 +353,8 @@ def initialize(config=None, model=None, *, seq_len=None, backend=None, device_me
     weights), or a strata.ModelConfig.
     seq_len: the longest sequence fed (tokens the model runs over); default min(max_seq_len, 256).
     backend, device_memory_cap: override strata.backend and strata.device_memory_cap.
+    checkpoint_activations: True / False overrides strata.checkpoint_activations (default "auto": on only
+    when the activations would not fit the device).
     Everything a bad argument can get wrong raises here (strata.ConfigError, a ValueError;
     strata.OutOfMemoryError, a MemoryError; strata.IoError, an OSError)."""
     if config is None:
@@ -382,7 +384,7 @@ def initialize(config=None, model=None, *, seq_len=None, backend=None, device_me
         raise ValueError(f"strata.initialize: the auto values must be numbers, strings or lists: {e}") from None
     core = _strata.Core(config_text, is_path, overrides, model, 0 if seq_len is None else seq_len,
                         "" if backend is None else str(backend), _byte_size(device_memory_cap),
-                        bool(checkpoint_activations))
+                        None if checkpoint_activations is None else bool(checkpoint_activations))
     engine = Engine(core)
     scheduler = engine.config.get("scheduler", {}).get("type")
     lr_scheduler = None if scheduler in (None, "none") else LRSchedulerView(engine)

@@ -17,13 +17,5 @@ TEST(IgnoredKeys, EachWarnsOnceAndIsNotValidated) {
     EXPECT_TRUE(testing::any_contains(c.warnings(), key)) << key;
 }
 
-TEST(IgnoredKeys, ActivationCheckpointingSaysWhy) {
-  Config c = Config::parse(
-      {{"train_batch_size", 8}, {"activation_checkpointing", {{"partition_activations", true}}}});
-  ASSERT_EQ(c.warnings().size(), 1u);
-  EXPECT_TRUE(testing::contains(c.warnings()[0], "always recomputes each transformer block"))
-      << c.warnings()[0];
-}
-
 }  // namespace
 }  // namespace strata

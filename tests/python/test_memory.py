@@ -64,10 +64,20 @@ def test_plan_reserves_activations_and_a_working_set(engine):
 
 
 def test_keeping_every_activation_costs_more_device_memory(config):
-    """checkpoint_activations=False plans more activation bytes than the default (True)."""
-    kept = plan_value(sup.new_engine(config, checkpoint_activations=False).memory_plan, "device_activations")
-    recomputed = plan_value(sup.new_engine(config).memory_plan, "device_activations")
-    assert kept > recomputed
+    """checkpoint_activations=False plans more activation bytes than True, and the plan shows both sizes."""
+    kept = sup.new_engine(config, checkpoint_activations=False).memory_plan
+    recomputed = sup.new_engine(config, checkpoint_activations=True).memory_plan
+    assert kept["checkpoint_activations"] is False and recomputed["checkpoint_activations"] is True
+    assert plan_value(kept, "device_activations") > plan_value(recomputed, "device_activations")
+    assert kept["device_activations"] == recomputed["device_activations_all"]
+    assert recomputed["device_activations"] == kept["device_activations_checkpointed"]
+
+
+def test_auto_checkpointing_keeps_every_activation_when_they_fit(config):
+    """The default (strata.checkpoint_activations "auto") keeps every activation when the cap has room."""
+    plan = sup.new_engine(config).memory_plan
+    assert plan["checkpoint_activations"] is False
+    assert plan["device_activations"] == plan["device_activations_all"]
 
 
 def test_longer_sequences_plan_more_activations(config):

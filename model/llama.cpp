@@ -104,8 +104,12 @@ void LlamaModel::timed(const char* op, Phase phase, double flops, Fn&& fn, int64
     fn();
     return;
   }
+  // The ops run on the stream's worker (or the GPU) after the call returns: the op's time is from its
+  // stream being idle to its stream being idle again, so profiling waits for each op (Note in profile.h).
+  ops_->stream().synchronize();
   auto t0 = Clock::now();
   fn();
+  ops_->stream().synchronize();
   profile_->add_op(op, phase, seconds_since(t0), flops, n, ic, oc);
 }
 

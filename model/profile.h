@@ -7,7 +7,11 @@
 //   model.backward(chunks);
 //   for (const auto& s : prof.ops()) std::printf("%s %s %.3f ms\n", s.op.c_str(), phase_name(s.phase), ...);
 //
-// The model times each op call with a steady clock (about 50 ns per call) only while a Profile is set.
+// The model times each op with a steady clock only while a Profile is set. Ops run on the compute
+// stream after their call returns (kernels/ops.h), so a profiled model waits for the stream before and
+// after each op: the figures are each op's own run time, and the step loses the overlap of op enqueueing
+// with the previous op (small) and of the engine's transfers with compute (they are waited for in the
+// acquire that follows). Chunk times are from acquire to release, those waits included.
 // flops are the multiply-adds ×2 each call performs, counted as the model computes them (attention counts
 // the causal half: s <= t). Linear ops also carry their GEMM shape so a benchmark can time a plain sgemm of
 // the same size. Not thread-safe: one model, one thread.

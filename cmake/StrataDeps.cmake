@@ -71,6 +71,24 @@ add_library(strata_dep_openblas INTERFACE)
 target_include_directories(strata_dep_openblas INTERFACE ${OPENBLAS_CBLAS_DIR})
 target_link_libraries(strata_dep_openblas INTERFACE ${OPENBLAS_LIBRARY})
 
+# oneDNN (Debian's libdnnl-dev): the host backend's bf16 matrix products (kernels/cpu/linear_bf16.cpp) on
+# AMX / AVX-512 BF16. Optional: without it (or under a sanitizer, whose runtime does not follow oneDNN's JIT
+# code and OpenMP threads) the same bf16-rounded products run through OpenBLAS.
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp)
+find_library(DNNL_LIBRARY NAMES dnnl)
+# Debian's oneDNN runs its threads on OpenMP (libgomp); Strata sizes that team (omp_set_num_threads) and
+# runs no OpenMP code of its own.
+find_library(GOMP_LIBRARY NAMES gomp libgomp.so.1)
+add_library(strata_dep_dnnl INTERFACE)
+if(DNNL_INCLUDE_DIR AND DNNL_LIBRARY AND GOMP_LIBRARY AND NOT STRATA_SANITIZE)
+  target_include_directories(strata_dep_dnnl INTERFACE ${DNNL_INCLUDE_DIR})
+  target_link_libraries(strata_dep_dnnl INTERFACE ${DNNL_LIBRARY} ${GOMP_LIBRARY})
+  target_compile_definitions(strata_dep_dnnl INTERFACE STRATA_WITH_DNNL=1)
+  message(STATUS "oneDNN: ${DNNL_LIBRARY} (bf16 matrix products on the host backend)")
+else()
+  message(STATUS "oneDNN: off (bf16 matrix products through OpenBLAS; scripts/install-deps.sh installs libdnnl-dev)")
+endif()
+
 find_package(MPI QUIET COMPONENTS C)
 if(NOT MPI_C_FOUND)
   strata_missing("OpenMPI" "libopenmpi-dev")

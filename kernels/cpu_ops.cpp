@@ -21,10 +21,18 @@ namespace kc = kernels::cpu;
 
 class CpuOps final : public Ops {
  public:
-  explicit CpuOps(Device& dev, Stream& s) : Ops(s) {
+  CpuOps(Device& dev, Stream& s, OpsOptions opts) : Ops(s), bf16_matmul_(opts.matmul == DType::bf16) {
     STRATA_CHECK(dev.caps().host_addressable, "kernels: the CPU ops need host-addressable device memory");
+    STRATA_CHECK(opts.matmul == DType::fp32 || opts.matmul == DType::bf16, "kernels: CPU matrix products in ",
+                 dtype_name(opts.matmul), " are not implemented (fp32 or bf16)");
     caps_.backend = dev.caps().backend;
-    caps_.name = "cpu: fp32, OpenBLAS matrix products, oneTBB loops";
+    if (!bf16_matmul_) {
+      caps_.name = "cpu: fp32, OpenBLAS matrix products, oneTBB loops";
+    } else {
+      const std::string impl = kc::bf16_matmul_impl();
+      caps_.name = "cpu: fp32 storage, bf16 matrix products (" +
+                   (impl.empty() ? std::string("bf16-rounded through OpenBLAS") : impl) + "), oneTBB loops";
+    }
     caps_.activation = DType::fp32;
   }
   const OpsCaps& caps() const override { return caps_; }
@@ -53,13 +61,15 @@ class CpuOps final : public Ops {
   }
 
   void do_linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) override {
-    enqueue([=] { kc::linear_forward(out.as<float>(), x.as<float>(), w.as<float>(), N, IC, OC); });
+    const auto f = bf16_matmul_ ? kc::linear_forward_bf16 : kc::linear_forward;
+    enqueue([=] { f(out.as<float>(), x.as<float>(), w.as<float>(), N, IC, OC); });
   }
   void do_linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
                           int OC) override {
+    const auto f = bf16_matmul_ ? kc::linear_backward_bf16 : kc::linear_backward;
     enqueue([=] {
-      kc::linear_backward(dx ? dx.as<float>() : nullptr, dw.as<float>(), dout.as<float>(), x.as<float>(),
-                          w.as<float>(), N, IC, OC);
+      f(dx ? dx.as<float>() : nullptr, dw.as<float>(), dout.as<float>(), x.as<float>(), w.as<float>(), N, IC,
+        OC);
     });
   }
 
@@ -198,13 +208,14 @@ class CpuOps final : public Ops {
     stream().host_fn(std::forward<Fn>(fn));
   }
 
+  bool bf16_matmul_ = false;  // linear ops through kernels/cpu/linear_bf16.cpp
   OpsCaps caps_;
 };
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cpu_ops(Device& dev, Stream& stream) {
-  return std::make_unique<CpuOps>(dev, stream);
+std::unique_ptr<Ops> make_cpu_ops(Device& dev, Stream& stream, OpsOptions opts) {
+  return std::make_unique<CpuOps>(dev, stream, opts);
 }
 
 }  // namespace strata::kernels

@@ -8,10 +8,10 @@
 
 namespace strata::kernels {
 
-std::unique_ptr<Ops> make_ops(Device& dev, Stream& stream) {
+std::unique_ptr<Ops> make_ops(Device& dev, Stream& stream, OpsOptions opts) {
   switch (dev.caps().backend) {
     case BackendKind::host:
-      return make_cpu_ops(dev, stream);
+      return make_cpu_ops(dev, stream, opts);
     case BackendKind::cuda:
 #ifdef STRATA_WITH_CUDA
       return make_cuda_ops(dev, stream);

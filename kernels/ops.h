@@ -198,12 +198,20 @@ class Ops {
   Stream& stream_;
 };
 
+// What a caller asks of the implementation beyond the backend.
+struct OpsOptions {
+  // The precision of the matrix products' inputs (linear ops). fp32: the CPU's fp32 oracle. bf16: the CPU
+  // rounds both operands to bf16 and accumulates in fp32 (kernels/cpu/linear_bf16.cpp), as the cuda path
+  // always does — what bf16 training asks for. cuda computes in bf16 whatever this says.
+  DType matmul = DType::fp32;
+};
+
 // The implementation for `dev`'s backend, enqueuing on `stream` (a stream of `dev`). Throws BackendError
 // when the backend's compute is not built (cuda without STRATA_WITH_CUDA).
-std::unique_ptr<Ops> make_ops(Device& dev, Stream& stream);
+std::unique_ptr<Ops> make_ops(Device& dev, Stream& stream, OpsOptions opts = {});
 
 // Implementations (make_ops calls one of these).
-std::unique_ptr<Ops> make_cpu_ops(Device& dev, Stream& stream);
+std::unique_ptr<Ops> make_cpu_ops(Device& dev, Stream& stream, OpsOptions opts = {});
 #ifdef STRATA_WITH_CUDA
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, Stream& stream);
 #endif

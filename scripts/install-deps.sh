@@ -124,6 +124,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   libopenblas-dev
+  libdnnl-dev  # oneDNN: bf16 matrix products on the host backend (kernels/cpu/linear_bf16.cpp)
   fio
   chromium
   clang libclang-rt-14-dev  # scripts/ci-sanitize.sh: the fuzz targets (libFuzzer needs clang and its runtime)

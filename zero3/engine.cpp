@@ -121,7 +121,10 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
             "zero_optimization.offload_optimizer.device to \"cpu\" (the CPU optimizers have all "
             "four)"));
   compute_stream = dev->create_stream("zero3-compute");
-  ops = kernels::make_ops(*dev, *compute_stream);
+  // bf16 training multiplies bf16 operands with fp32 accumulation on every backend (cuda always does; the
+  // CPU ops round their operands: kernels/cpu/linear_bf16.cpp). fp16 and fp32 training use fp32 products
+  // on the CPU.
+  ops = kernels::make_ops(*dev, *compute_stream, {.matmul = cfg.bf16.enabled ? DType::bf16 : DType::fp32});
   act = ops->caps().activation;
   plan_memory();
   check_fits();
@@ -443,8 +446,9 @@ void Engine::Impl::init_chunks() {
   }
   STRATA_LOG_INFO("zero3: ", mcfg.name, " (", mcfg.num_parameters(), " parameters, ", slots.size(),
                   " chunks, ", groups.size(), " optimizer sub-group", groups.size() > 1 ? "s" : "", ") on ",
-                  dev->caps().name, ": state ", format_size(plan.device_state), " device, ",
-                  format_size(plan.pinned_state), " pinned host, ", format_size(plan.nvme_state), " NVMe");
+                  dev->caps().name, " (", ops->caps().name, "): state ", format_size(plan.device_state),
+                  " device, ", format_size(plan.pinned_state), " pinned host, ", format_size(plan.nvme_state),
+                  " NVMe");
   if (persistent_bytes > plan.device_cache)
     STRATA_LOG_INFO("zero3: the device's chunk cache (", format_size(plan.device_cache), ") cannot keep the ",
                     persistent_chunks, " chunk", persistent_chunks > 1 ? "s" : "",

@@ -39,6 +39,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -84,6 +85,18 @@ void linear_forward(float* out /*(N,OC)*/, const float* x /*(N,IC)*/, const floa
 void linear_backward(float* dx /*(N,IC) += or nullptr*/, float* dw /*(OC,IC) +=*/,
                      const float* dout /*(N,OC)*/, const float* x /*(N,IC)*/, const float* w /*(OC,IC)*/,
                      int N, int IC, int OC);
+
+// The same two with bf16 inputs and fp32 accumulation (Note [bf16 matrix products on the CPU] in
+// linear_bf16.cpp): each operand is rounded to bf16 first, as the cuda path stores it. The host backend's
+// ops use them for bf16 training; the fp32 functions above stay the oracle.
+void linear_forward_bf16(float* out /*(N,OC)*/, const float* x /*(N,IC)*/, const float* w /*(OC,IC)*/, int N,
+                         int IC, int OC);
+void linear_backward_bf16(float* dx /*(N,IC) += or null*/, float* dw /*(OC,IC) +=*/, const float* dout,
+                          const float* x, const float* w, int N, int IC, int OC);
+// The oneDNN implementation the bf16 products get on this CPU ("oneDNN brg:avx512_core_amx_bf16": AMX
+// tiles; "...avx512_core_bf16": AVX-512 BF16 dot products), or "" when they go through the OpenBLAS
+// fallback (no oneDNN in the build, or only its reference implementation here).
+std::string bf16_matmul_impl();
 
 // ---- rotary position embedding (HF rotate_half convention) -------------------------------------------
 // For head width HD (even), i in [0, HD/2), position t in [0, T):

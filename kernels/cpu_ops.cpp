@@ -91,17 +91,17 @@ class CpuOps final : public Ops {
 
   void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
                             int NKV, int HD) override {
+    const auto f = bf16_matmul_ ? kc::attention_forward_bf16 : kc::attention_forward;
     enqueue([=] {
-      kc::attention_forward(out.as<float>(), saved.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(),
-                            B, T, NH, NKV, HD);
+      f(out.as<float>(), saved.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(), B, T, NH, NKV, HD);
     });
   }
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
                              Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD) override {
+    const auto f = bf16_matmul_ ? kc::attention_backward_bf16 : kc::attention_backward;
     enqueue([=] {
-      kc::attention_backward(dq.as<float>(), dk.as<float>(), dv.as<float>(), scratch.as<float>(),
-                             dout.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(), saved.as<float>(),
-                             B, T, NH, NKV, HD);
+      f(dq.as<float>(), dk.as<float>(), dv.as<float>(), scratch.as<float>(), dout.as<float>(), q.as<float>(),
+        k.as<float>(), v.as<float>(), saved.as<float>(), B, T, NH, NKV, HD);
     });
   }
 

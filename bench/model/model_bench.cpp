@@ -1,7 +1,7 @@
 // model_bench: forward + backward of one preset on the CPU, per op and per block, against plain OpenBLAS
 // sgemm measured in the same run.
 //
-//   model_bench --preset 10m -B 4 -T 256 --threads 2 --steps 3 [--checkpoint]
+//   model_bench --preset 10m -B 4 -T 256 --threads 2 --steps 3 [--checkpoint] [--bf16]
 //
 // Ceilings, measured here before the model runs:
 //   - sgemm 2048^3 (row-major, no transposes): the machine's matrix-product rate (ANCHORS.md: ~274 GFLOP/s
@@ -27,6 +27,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/ops.h"
 #include "model/chunk.h"
 #include "model/llama.h"
 #include "model/profile.h"
@@ -90,6 +91,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "oneTBB and OpenBLAS threads");
   app.add_option("--steps", steps, "measured steps (after one warm-up step)");
   app.add_flag("--checkpoint", checkpoint, "activation checkpointing (recompute each block in backward)");
+  bool bf16 = false;
+  app.add_flag("--bf16", bf16, "bf16 matrix products (bf16 training's CPU ops: kernels/cpu/linear_bf16.cpp)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -104,7 +107,13 @@ int main(int argc, char** argv) {
     ModelConfig cfg = config_path.empty() ? ModelConfig::preset(preset) : ModelConfig::from_file(config_path);
     InMemoryChunks chunks{ModelLayout(cfg)};
     chunks.init(1);
-    LlamaModel model(cfg, {.checkpoint_activations = checkpoint});
+    // The host backend's device and compute stream, with the CPU ops bf16 training uses when --bf16.
+    std::unique_ptr<strata::Device> dev = strata::open_device({.backend = "host"});
+    std::unique_ptr<strata::Stream> stream = dev->create_stream("model-bench");
+    std::unique_ptr<strata::kernels::Ops> kops = strata::kernels::make_ops(
+        *dev, *stream, {.matmul = bf16 ? strata::DType::bf16 : strata::DType::fp32});
+    std::printf("ops: %s\n", kops->caps().name.c_str());
+    LlamaModel model(cfg, {.checkpoint_activations = checkpoint, .device = dev.get(), .ops = kops.get()});
     std::vector<int32_t> in(size_t(B) * T), tgt(size_t(B) * T);
     std::mt19937 rng(7);
     for (size_t i = 0; i < in.size(); ++i)

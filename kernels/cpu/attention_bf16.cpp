@@ -50,6 +50,7 @@ struct Product {
   Product(const dnnl::memory::desc& a, const dnnl::memory::desc& b, const dnnl::memory::desc& c,
           bool accumulate) {
     dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // Note [Concurrent products] in linear_bf16.cpp
     if (accumulate) {
       dnnl::post_ops po;
       po.append_sum(1.0f);
@@ -62,7 +63,11 @@ struct Product {
   void run(dnnl::stream& s, const bf16_t* a, const bf16_t* b, float* c) const {
     dnnl::memory am(pd.src_desc(), engine(), const_cast<bf16_t*>(a)),
         bm(pd.weights_desc(), engine(), const_cast<bf16_t*>(b)), cm(pd.dst_desc(), engine(), c);
-    prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    thread_local std::vector<char> pad;
+    pad.resize(pd.scratchpad_desc().get_size());
+    dnnl::memory sm(pd.scratchpad_desc(), engine(), pad.data());
+    prim.execute(s,
+                 {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
   }
 };
 

@@ -72,7 +72,12 @@ void dnnl_rows(Dnnl& d, const dnnl::matmul::primitive_desc& pd, float* c, const 
       bm(pd.weights_desc(), d.engine, const_cast<bf16_t*>(b)),
       cm(pd.dst_desc(), d.engine, c + std::size_t(r0) * std::size_t(N));
   (void)M;
-  dnnl::matmul(pd).execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  // The scratchpad is the caller's (Note [Concurrent products]).
+  thread_local std::vector<char> pad;
+  pad.resize(pd.scratchpad_desc().get_size());
+  dnnl::memory sm(pd.scratchpad_desc(), d.engine, pad.data());
+  dnnl::matmul(pd).execute(
+      s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
   s.wait();
 }
 
@@ -91,7 +96,11 @@ dnnl::matmul::primitive_desc dnnl_pd(Dnnl& d, int rows, int M, int N, int K, boo
                               trans_a ? dnnl::memory::dims{1, m} : dnnl::memory::dims{k, 1}),
       bd({k, n}, dt::bf16, trans_b ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1}),
       cd({rows, n}, dt::f32, dnnl::memory::dims{n, 1});
+  // Note [Concurrent products]: the blocks of one product run the same (cached) primitive at once on
+  // several threads. A primitive's library-owned scratchpad may be shared between those runs (whether it
+  // is depends on how oneDNN was built), so each thread passes its own.
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (accumulate) {
     dnnl::post_ops po;
     po.append_sum(1.0f);

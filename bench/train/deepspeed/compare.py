@@ -38,6 +38,27 @@ Set up once with bench/train/deepspeed/setup.sh, then run with that environment'
   build-deepspeed/venv/bin/python bench/train/deepspeed/compare.py --strata build/tools/strata
 --backend cuda (strata train --backend cuda, DeepSpeed's CUDA accelerator with NCCL) is written but has
 not been run.
+
+--profile: where the time goes, instead of the tokens/s table. For every (preset, offload, ckpt) cell, once
+(--repeats and --steps are not used):
+  - Strata, model compute: build/bench/model/model_bench --preset P -B B -T T --threads N --steps 2 --bf16
+    [--checkpoint] (--model-bench; default: next to --strata in its build tree). Its per-op table (op,
+    phase, calls, ms/step, %step, GFLOP/s against plain sgemm of the same sizes) and its `step:` line. It
+    times the model's forward and backward ops only, on weights held in memory: no offload engine, no
+    optimizer.
+  - Strata, whole step: `strata train` for --warmup + 1 steps; its `step time` summary line (a mean over
+    all the steps, warm-up included) and the last step's forward / backward / optimizer / wait split from
+    its csv_monitor files, which covers the engine's side (gathers, offload, the optimizer).
+  - DeepSpeed: the worker runs --warmup + 1 steps, the last inside torch.profiler.profile (CPU activities,
+    no shapes); prints key_averages() sorted by self CPU time (top 25 rows), that step's wall time split
+    into forward + loss, engine.backward and engine.step, and the last (unprofiled) warm-up step's time.
+    The three parts are record_function ranges ("## forward + loss ##", ...): a range's self time is the
+    time in it outside torch ops, i.e. Python (module hooks, ZeRO-3's gather / release bookkeeping). C++
+    that is not a torch op shows as the self time of the range around it: DeepSpeedCPUAdam's update is
+    that of torch's own "Optimizer.step#DeepSpeedCPUAdam.step".
+  Then one JSON line ("bench": "train_vs_deepspeed_profile"). Logs under WORKDIR/logs as usual, e.g.
+  build-deepspeed/venv/bin/python bench/train/deepspeed/compare.py --strata build/tools/strata --profile \
+      --presets 10m --offload cpu --ckpt off
 """
 import argparse
 import csv
@@ -231,7 +252,8 @@ def deepspeed_worker(spec_path):
     layer = engine.module.model.layers[0]
     vocab = model.config.vocab_size
     losses, times = [], []
-    for w in windows:
+    profiled = spec.get("profile", False)  # --profile: the last step runs under torch.profiler
+    for w in (windows[:-1] if profiled else windows):
         w = torch.from_numpy(w).to(torch.int64).to(engine.device)
         t0 = time.perf_counter()
         logits = engine(input_ids=w[:, :t]).logits
@@ -243,6 +265,36 @@ def deepspeed_worker(spec_path):
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(value)
+    extra = {}
+    if profiled:
+        from torch.profiler import ProfilerActivity, profile, record_function
+        w = torch.from_numpy(windows[-1]).to(torch.int64).to(engine.device)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities, record_shapes=False) as prof:
+            t0 = time.perf_counter()
+            with record_function("## forward + loss ##"):
+                logits = engine(input_ids=w[:, :t]).logits
+                loss = F.cross_entropy(logits.float().reshape(-1, vocab), w[:, 1:].reshape(-1))
+            t1 = time.perf_counter()
+            with record_function("## engine.backward ##"):
+                engine.backward(loss)
+            t2 = time.perf_counter()
+            with record_function("## engine.step ##"):
+                engine.step()
+            value = loss.item()
+            if cuda:
+                torch.cuda.synchronize()
+            t3 = time.perf_counter()
+        split = {"forward_loss": t1 - t0, "backward": t2 - t1, "step": t3 - t2}
+        times.append(t3 - t0)
+        losses.append(value)
+        averages = prof.key_averages()
+        top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:25]
+        extra = {"profile_table": averages.table(sort_by="self_cpu_time_total", row_limit=25),
+                 "profile_split": split,
+                 "profile_self_cpu_total_ms": sum(e.self_cpu_time_total for e in averages) / 1e3,
+                 "profile_top": [{"op": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1e3,
+                                  "total_ms": e.cpu_time_total / 1e3} for e in top]}
     print(json.dumps({
         "losses": losses, "step_times": times,
         "checkpointing": bool(getattr(layer, "gradient_checkpointing", False)),
@@ -251,6 +303,7 @@ def deepspeed_worker(spec_path):
         "attention": getattr(model.config, "_attn_implementation", None),
         "torch": torch.__version__, "deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),
+        **extra,
     }))
 
 
@@ -263,6 +316,87 @@ def parse_steps(text, presets):
     named = dict((k.strip(), int(v)) for k, v in (item.split("=") for item in text.split(",")))
     first = next(iter(named.values()))
     return {p: named.get(p, first) for p in presets}
+
+
+def text_section(text, first, last, also=()):
+    """The lines of text from the first one starting with `first` through the next starting with `last`, then
+    the lines starting with any of `also`."""
+    lines, inside, out = text.splitlines(), False, []
+    for line in lines:
+        if not inside and line.startswith(first):
+            inside = True
+        if inside:
+            out.append(line)
+            if line.startswith(last):
+                break
+    return out + [line for line in lines if line.startswith(tuple(also))]
+
+
+def ms(x):
+    return "-" if x is None else f"{x:.1f}"
+
+
+def profile_cell(a, preset, offload, ckpt, n_steps, strata, model_bench, step0, tokens, batches, run_dir, logs,
+                 name, env):
+    """--profile of one cell: model_bench's per-op table, strata train's step split, DeepSpeed's profiled step."""
+    print(f"\n==== {preset} {offload} ckpt {ckpt}: where the time goes ====", flush=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    nvme = os.path.join(run_dir, "nvme")
+    os.makedirs(nvme)
+
+    # Strata, the model's compute per op (no engine)
+    cmd = [model_bench, "--preset", preset, "-B", str(a.micro_batch), "-T", str(a.seq_len), "--threads",
+           str(a.threads), "--steps", "2", "--bf16"] + (["--checkpoint"] if ckpt == "on" else [])
+    out = run(cmd, os.path.join(logs, f"{name}-profile-model_bench.log"), env=env)
+    mb = last_json_line(out, "model_bench")
+    print(f"\n-- Strata, model compute per op (host CPU ops, no offload engine, no optimizer): {' '.join(cmd)}")
+    print("\n".join(text_section(out, "model ", "(* attention", also=("step:",))), flush=True)
+
+    # Strata, the whole step (engine included)
+    cfg = os.path.join(run_dir, "strata.json")
+    write_json(cfg, strata_config(a, offload, nvme, ckpt, csv_dir=run_dir))
+    out = run([strata, "train", "--config", cfg, "--init-from", step0, "--data", tokens, "--seq-len", str(a.seq_len),
+               "--steps", str(n_steps), "--backend", a.backend, "--no-progress"],
+              os.path.join(logs, f"{name}-profile-strata.log"), env=env)
+    if f"(checkpointing {ckpt}," not in out:
+        sys.exit(f"compare: strata train's device plan does not show checkpointing {ckpt}:\n{out}")
+    split = {k: read_csv_column(os.path.join(run_dir, "run", f"Train_Samples_time_{k}.csv"))[-1] * 1e3
+             for k in ("total", "forward", "backward", "optimizer", "wait")}
+    shutil.rmtree(nvme)
+    os.makedirs(nvme)
+    print(f"\n-- Strata, strata train {n_steps} steps ({offload} offload, checkpointing {ckpt}); log "
+          f"{os.path.join(logs, name + '-profile-strata.log')}")
+    print("\n".join(line for line in out.splitlines() if line.startswith(("  step time", "  prefetch"))))
+    print(f"  step {n_steps}: {split['total']:.1f} ms: forward {split['forward']:.1f}, backward "
+          f"{split['backward']:.1f}, optimizer {split['optimizer']:.1f}; waiting on transfers {split['wait']:.1f} "
+          "(csv_monitor)", flush=True)
+
+    # DeepSpeed, the last step under torch.profiler
+    spec = os.path.join(run_dir, "deepspeed.json")
+    write_json(spec, {"backend": a.backend, "port": free_port(), "threads": a.threads, "micro_batch": a.micro_batch,
+                      "seq_len": a.seq_len, "steps": n_steps, "batches": batches, "model": step0, "ckpt": ckpt,
+                      "config": ds_config(a, offload, nvme), "profile": True})
+    ds = last_json_line(run([sys.executable, os.path.abspath(__file__), "--worker", spec],
+                            os.path.join(logs, f"{name}-profile-deepspeed.log"), env=env), "the DeepSpeed worker")
+    shutil.rmtree(nvme)
+    if ds["checkpointing"] != (ckpt == "on"):
+        sys.exit(f"compare: the DeepSpeed model's checkpointing is {ds['checkpointing']}, asked for {ckpt}")
+    t, d = ds["step_times"], ds["profile_split"]
+    before = t[-2] * 1e3 if len(t) > 1 else None
+    print(f"\n-- DeepSpeed ZeRO-3, step {n_steps} under torch.profiler ({offload} offload, checkpointing {ckpt}, "
+          f"{ds['optimizer']}); top 25 by self CPU time")
+    print(ds["profile_table"].rstrip("\n"))
+    print(f"step {n_steps}: {t[-1] * 1e3:.1f} ms under the profiler: forward + loss {d['forward_loss'] * 1e3:.1f}, "
+          f"engine.backward {d['backward'] * 1e3:.1f}, engine.step {d['step'] * 1e3:.1f}; step {n_steps - 1} "
+          f"(warm-up, not profiled) {ms(before)} ms", flush=True)
+    return {"preset": preset, "offload": offload, "ckpt": ckpt, "steps": n_steps,
+            "strata_model_step_ms": mb["forward_ms"] + mb["backward_ms"], "strata_model_forward_ms": mb["forward_ms"],
+            "strata_model_backward_ms": mb["backward_ms"], "strata_model_ops": mb["ops"],
+            "strata_step_ms": split["total"], "strata_step_split_ms": split,
+            "deepspeed_warmup_step_ms": before, "deepspeed_profiled_step_ms": t[-1] * 1e3,
+            "deepspeed_profiled_split_ms": {k: v * 1e3 for k, v in d.items()},
+            "deepspeed_profile_self_cpu_total_ms": ds["profile_self_cpu_total_ms"],
+            "deepspeed_top_ops": ds["profile_top"], "deepspeed": ds}
 
 
 def main():
@@ -292,6 +426,12 @@ def main():
                          "on the GPU (not yet run)")
     ap.add_argument("--workdir", default="build/bench-train",
                     help="token file, exports, batches, logs and NVMe swap files (a real disk; default %(default)s)")
+    ap.add_argument("--profile", action="store_true",
+                    help="per-op profile of one steady-state step on each side instead of the tokens/s table "
+                         "(see the module docstring)")
+    ap.add_argument("--model-bench", default=None,
+                    help="--profile: Strata's per-op profiler (default: bench/model/model_bench in --strata's "
+                         "build tree)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -308,6 +448,8 @@ def main():
     if not (presets and offloads and ckpts and a.repeats >= 1):
         sys.exit("compare: --presets, --offload and --ckpt need at least one value each, --repeats at least 1")
     steps = parse_steps(a.steps, presets)
+    if a.profile:  # warm-up steps, then the one profiled
+        steps = {p: a.warmup + 1 for p in presets}
     for p, n in steps.items():
         if n <= a.warmup:
             sys.exit(f"compare: {p} runs {n} steps; tokens/s needs more than --warmup {a.warmup}")
@@ -315,6 +457,13 @@ def main():
         sys.exit(f"compare: {a.strata} is not an executable; build the project (scripts/build.sh) and pass "
                  "--strata BUILD_DIR/tools/strata")
     strata = os.path.abspath(a.strata)
+    model_bench = None
+    if a.profile:
+        model_bench = os.path.abspath(a.model_bench or os.path.join(os.path.dirname(os.path.dirname(strata)),
+                                                                    "bench", "model", "model_bench"))
+        if not os.access(model_bench, os.X_OK):
+            sys.exit(f"compare: --profile needs Strata's model_bench; {model_bench} is not an executable (build "
+                     "the project's benchmarks, or pass --model-bench PATH)")
     work = os.path.abspath(a.workdir)
     if "nvme" in offloads and fs_type(work) in ("tmpfs", "ramfs"):
         sys.exit(f"compare: --workdir {a.workdir} is on {fs_type(work)}; NVMe offload needs a directory on a "
@@ -329,11 +478,17 @@ def main():
                        env=helper_env).split()[-1])
     tokens_per_step = a.micro_batch * a.seq_len
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
-    print(f"compare: strata train vs DeepSpeed ZeRO-3, backend {a.backend}, bf16, {a.micro_batch} x {a.seq_len} "
-          f"tokens per step, steps {steps} (tokens/s after {a.warmup} warm-up), {a.repeats} alternating repeats, "
-          f"{a.threads} threads, AdamW lr {a.lr} constant; text {text} ({n_tokens} byte tokens)", flush=True)
+    if a.profile:
+        print(f"compare --profile: strata train vs DeepSpeed ZeRO-3, backend {a.backend}, bf16, {a.micro_batch} x "
+              f"{a.seq_len} tokens per step, {a.threads} threads; one step after {a.warmup} warm-up per side; "
+              f"text {text} ({n_tokens} byte tokens)", flush=True)
+    else:
+        print(f"compare: strata train vs DeepSpeed ZeRO-3, backend {a.backend}, bf16, {a.micro_batch} x {a.seq_len} "
+              f"tokens per step, steps {steps} (tokens/s after {a.warmup} warm-up), {a.repeats} alternating "
+              f"repeats, {a.threads} threads, AdamW lr {a.lr} constant; text {text} ({n_tokens} byte tokens)",
+              flush=True)
 
-    cells, info = [], None
+    cells, info, profiles = [], None, []
     for preset in presets:
         pdir = os.path.join(work, preset)
         os.makedirs(pdir, exist_ok=True)
@@ -353,6 +508,12 @@ def main():
             for ckpt in ckpts:
                 cell = {"preset": preset, "offload": offload, "ckpt": ckpt, "steps": steps[preset], "runs": []}
                 name = f"{preset}-{offload}-ckpt_{ckpt}"
+                if a.profile:
+                    profiles.append(profile_cell(a, preset, offload, ckpt, steps[preset], strata, model_bench,
+                                                 step0, tokens, batches,
+                                                 os.path.join(pdir, f"{offload}-ckpt_{ckpt}-profile"), logs, name,
+                                                 env))
+                    continue
                 for r in range(a.repeats):
                     run_dir = os.path.join(pdir, f"{offload}-ckpt_{ckpt}-r{r + 1}")
                     shutil.rmtree(run_dir, ignore_errors=True)
@@ -395,6 +556,25 @@ def main():
                     print(f"  {preset} {offload} ckpt {ckpt} run {r + 1}: strata {one['strata_tokens_per_s']:.0f}  "
                           f"deepspeed {one['deepspeed_tokens_per_s']:.0f} tokens/s", flush=True)
                 cells.append(cell)
+
+    if a.profile:
+        ds = profiles[0]["deepspeed"]
+        print(f"\ndeepspeed {ds['deepspeed']} (optimizer {ds['optimizer']}, params {ds['param_dtype']}, attention "
+              f"{ds['attention']}), transformers {ds['transformers']}, torch {ds['torch']} ({ds['threads']} threads)")
+        print(f"last step, ms: strata model = model_bench's forward + backward ops; strata step = strata train's "
+              f"step {a.warmup + 1}; deepspeed step = step {a.warmup + 1} under the profiler")
+        print(f"{'preset':>6} {'offload':>7} {'ckpt':>4} {'strata model':>13} {'strata step':>12} "
+              f"{'deepspeed step':>15}")
+        for c in profiles:
+            print(f"{c['preset']:>6} {c['offload']:>7} {c['ckpt']:>4} {c['strata_model_step_ms']:>13.1f} "
+                  f"{c['strata_step_ms']:>12.1f} {c['deepspeed_profiled_step_ms']:>15.1f}")
+        for c in profiles:
+            del c["deepspeed"]
+        print("\n" + json.dumps({"bench": "train_vs_deepspeed_profile", "backend": a.backend,
+                                  "micro_batch": a.micro_batch, "seq_len": a.seq_len, "warmup": a.warmup,
+                                  "threads": a.threads, "torch": ds["torch"], "deepspeed": ds["deepspeed"],
+                                  "transformers": ds["transformers"], "results": profiles}))
+        return
 
     print(f"\ndeepspeed {info['deepspeed']} (optimizer {info['optimizer']}, params {info['param_dtype']}, attention "
           f"{info['attention']}), transformers {info['transformers']}, torch {info['torch']} "

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/cpu/attention_impl.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/parallel_impl.h"
 
@@ -49,18 +50,7 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
     }
   // Causal softmax, one task per row; zeros above the diagonal.
   impl::parallel_for_each_index(std::size_t(B) * NH * T, 8, [&](std::size_t row) {
-    const std::size_t t = row % T;
-    float* a = att + row * T;
-    float maxv = -INFINITY;
-    for (std::size_t s = 0; s <= t; ++s) maxv = a[s] > maxv ? a[s] : maxv;
-    float sum = 0.0f;
-    for (std::size_t s = 0; s <= t; ++s) {
-      a[s] = std::exp(a[s] - maxv);
-      sum += a[s];
-    }
-    const float inv = 1.0f / sum;
-    for (std::size_t s = 0; s <= t; ++s) a[s] *= inv;
-    for (std::size_t s = t + 1; s < std::size_t(T); ++s) a[s] = 0.0f;
+    impl::causal_softmax_row(att + row * T, row % T, std::size_t(T), 1.0f);  // scaled by the product
   });
   // out_h (T,HD) = att (T,T) v_g (T,HD).
   for (int b = 0; b < B; ++b)
@@ -86,13 +76,7 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
                   0.0f, scratch + x.att, T);
     }
   impl::parallel_for_each_index(std::size_t(B) * NH * T, 8, [&](std::size_t row) {
-    const std::size_t t = row % T;
-    const float* a = att + row * T;
-    float* dp = scratch + row * T;
-    float adot = 0.0f;
-    for (std::size_t s = 0; s <= t; ++s) adot += a[s] * dp[s];
-    for (std::size_t s = 0; s <= t; ++s) dp[s] = a[s] * (dp[s] - adot) * scale;
-    for (std::size_t s = t + 1; s < std::size_t(T); ++s) dp[s] = 0.0f;
+    impl::causal_softmax_grad_row(scratch + row * T, att + row * T, row % T, std::size_t(T), scale);
   });
   // dk and dv are written: clear them, then add each head of the group in head order.
   impl::parallel_for_range(std::size_t(B) * T * NKV * HD, impl::kElementGrain,

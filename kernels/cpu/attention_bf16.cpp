@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/cpu/attention_impl.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/parallel_impl.h"
 
@@ -85,36 +86,15 @@ struct Shape {
   std::size_t att_at(std::size_t b, std::size_t h) const { return (b * NH + h) * std::size_t(T) * T; }
 };
 
-// The row passes (attention.cpp's, per (T, T) block): the causal softmax of scale * scores, and
-// dp = a (da - rowsum(a da)) * scale; zeros above the diagonal.
+// The row passes over one (T, T) block (attention_impl.h), with the 1/sqrt(HD) scale applied here.
 void softmax_rows(float* att, int T, float scale) {
-  for (std::size_t t = 0; t < std::size_t(T); ++t) {
-    float* a = att + t * T;
-    float maxv = -INFINITY;
-    for (std::size_t s = 0; s <= t; ++s) {
-      a[s] *= scale;
-      maxv = a[s] > maxv ? a[s] : maxv;
-    }
-    float sum = 0.0f;
-    for (std::size_t s = 0; s <= t; ++s) {
-      a[s] = std::exp(a[s] - maxv);
-      sum += a[s];
-    }
-    const float inv = 1.0f / sum;
-    for (std::size_t s = 0; s <= t; ++s) a[s] *= inv;
-    for (std::size_t s = t + 1; s < std::size_t(T); ++s) a[s] = 0.0f;
-  }
+  for (std::size_t t = 0; t < std::size_t(T); ++t)
+    impl::causal_softmax_row(att + t * T, t, std::size_t(T), scale);
 }
 
 void softmax_grad_rows(float* dp, const float* att, int T, float scale) {
-  for (std::size_t t = 0; t < std::size_t(T); ++t) {
-    const float* a = att + t * T;
-    float* d = dp + t * T;
-    float adot = 0.0f;
-    for (std::size_t s = 0; s <= t; ++s) adot += a[s] * d[s];
-    for (std::size_t s = 0; s <= t; ++s) d[s] = a[s] * (d[s] - adot) * scale;
-    for (std::size_t s = t + 1; s < std::size_t(T); ++s) d[s] = 0.0f;
-  }
+  for (std::size_t t = 0; t < std::size_t(T); ++t)
+    impl::causal_softmax_grad_row(dp + t * T, att + t * T, t, std::size_t(T), scale);
 }
 
 // Per task: a bf16 copy of one (T, T) block.

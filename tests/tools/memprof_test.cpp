@@ -8,6 +8,7 @@
 #include "tests/common/scratch_dir.h"
 #include "tests/tiering/tiering_fixture.h"
 #include "tiering/trace_writer.h"
+#include "tools/memprof/html.h"
 #include "tools/memprof/memprof.h"
 #include "zero3/engine.h"
 
@@ -163,6 +164,25 @@ TEST(MemprofTrace, ALineWhoseTypeIsNotAStringIsAnErrorNamingTheLine) {
       EXPECT_NE(std::string(e.what()).find(path + ":2: "), std::string::npos) << e.what();
     }
   }
+}
+
+// A sample whose time is far before the trace's start (int64's minimum) renders: the times are taken from
+// the start in double, not as an int64 difference that overflows (found by fuzz/memprof_trace_fuzz:
+// UBSan's signed-integer-overflow in render_html).
+TEST(MemprofTrace, TimesAnywhereInInt64Render) {
+  strata::test::ScratchDir dir("memprof");
+  const std::string path = dir.file("t.memprof.jsonl");
+  std::ofstream(path)
+      << R"({"schema":"strata.memprof","version":1,"type":"header","start_t":9843505,"sample_interval_ms":1,)"
+      << R"("kinds":["param","grad","master","exp_avg","exp_avg_sq","staging"],"backend":"host","device":"host",)"
+      << R"("config":{},"tiers":[{"tier":"device","present":true,"capacity":1048576},{"tier":"pinned",)"
+      << R"("present":true,"capacity":1048576},{"tier":"nvme","present":false,"capacity":0}]})"
+      << "\n"
+      << R"({"type":"sample","t":-9223372036854775808,"step":0,"phase":"idle","bytes":{"device":[1,2,3,4,5,6],)"
+      << R"("pinned":[0,0,0,0,0,0],"nvme":[0,0,0,0,0,0]},"reserved":[0,0,0]})"
+      << "\n";
+  const Trace tr = read_trace(path);
+  EXPECT_NE(render_html(tr, {.max_points = 64, .title = "t"}).find("<html"), std::string::npos);
 }
 
 TEST(MemprofEstimate, DeepSpeedColumnsFollowItsZero3Formulas) {

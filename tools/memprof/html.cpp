@@ -267,23 +267,28 @@ std::string render_html(const Trace& tr, const HtmlOptions& opts) {
   std::vector<TimelinePoint> pts = replay(tr);
   Summary sum = summarize(tr);
   const std::int64_t t0 = tr.start_t;
+  // Seconds from the start, in double: a damaged trace's times may be anywhere in int64, where the
+  // difference would overflow.
+  auto since = [t0](std::int64_t t) { return double(t) - double(t0); };
   std::int64_t t_end = std::max(pts.back().t_ns, tr.end_t);
   if (!tr.samples.empty()) t_end = std::max(t_end, tr.samples.back().t_ns);
 
   // Bucket the points in time; in each bucket every tier keeps the point with its highest total, so
   // that no peak disappears from the picture.
   const std::size_t nb = std::max<std::size_t>(1, std::min(opts.max_points, pts.size()));
-  const double width = double(std::max<std::int64_t>(1, t_end - t0)) / double(nb);
+  const double width = std::max(1.0, since(t_end)) / double(nb);
   json times = json::array();
   std::array<json, kTierCount> rows;
   for (auto& r : rows) r = json::array();
   const bool bucketed = pts.size() > opts.max_points;
-  auto bucket = [&](std::size_t k) { return std::size_t(double(pts[k].t_ns - t0) / width); };
+  auto bucket = [&](std::size_t k) {
+    return std::size_t(std::clamp(since(pts[k].t_ns) / width, 0.0, double(nb)));
+  };
   for (std::size_t i = 0, j; i < pts.size(); i = j) {
     j = i + 1;
     if (bucketed)
       while (j < pts.size() && bucket(j) == bucket(i)) ++j;
-    times.push_back(double(pts[i].t_ns - t0) * 1e-9);
+    times.push_back(since(pts[i].t_ns) * 1e-9);
     for (int t = 0; t < kTierCount; ++t) {
       std::size_t best = i;
       std::uint64_t best_total = 0;
@@ -309,7 +314,7 @@ std::string render_html(const Trace& tr, const HtmlOptions& opts) {
   json markers = json::array();
   for (const tiering::MemEvent& e : tr.events)
     if (e.type == tiering::EventType::marker)
-      markers.push_back({{"t", double(e.t_ns - t0) * 1e-9}, {"step", e.step}, {"phase", to_string(e.phase)}});
+      markers.push_back({{"t", since(e.t_ns) * 1e-9}, {"step", e.step}, {"phase", to_string(e.phase)}});
   json kinds = json::array();
   for (int k = 0; k < kKindCount; ++k) kinds.push_back(tiering::to_string(tiering::Kind(k)));
   std::string title = opts.title;
@@ -319,7 +324,7 @@ std::string render_html(const Trace& tr, const HtmlOptions& opts) {
   }
   json data = {{"title", title},
                {"backend", "backend " + tr.backend + " (" + tr.device + ")"},
-               {"end", double(t_end - t0) * 1e-9},
+               {"end", since(t_end) * 1e-9},
                {"first_step", sum.first_step},
                {"kinds", kinds},
                {"t", times},

@@ -50,6 +50,11 @@ int rank() {
   return g_rank.load();
 }
 
+void set_job_rank(int r) {
+  set_rank(r);
+  if (r != 0 && !std::getenv("STRATA_LOG")) set_level(Level::warn);
+}
+
 Level parse_level(const std::string& s) {
   if (s == "debug") return Level::debug;
   if (s == "info") return Level::info;

@@ -24,6 +24,9 @@ void set_level(Level l);
 Level parse_level(const std::string& s);
 // Rank shown in every line once set (-1: none).
 void set_rank(int rank);
+// As one rank of a multi-rank job: set_rank, and ranks other than 0 log warnings and errors only unless
+// STRATA_LOG chooses the level (strata train and the Python package under mpirun).
+void set_job_rank(int rank);
 int rank();
 void write(Level l, const std::string& msg);
 inline bool enabled(Level l) {

@@ -83,13 +83,6 @@ nlohmann::json parse_json(const std::string& text, const char* what) {
   return j;
 }
 
-// As strata train: log lines carry the rank; ranks other than 0 log warnings and errors only (unless
-// STRATA_LOG says otherwise).
-void log_as_rank(int rank) {
-  log::set_rank(rank);
-  if (rank != 0 && !std::getenv("STRATA_LOG")) log::set_level(log::Level::warn);
-}
-
 // A micro-batch as the model takes it: inputs and targets (B, T) int32.
 struct ModelBatch {
   std::vector<std::int32_t> inputs, targets;
@@ -106,7 +99,7 @@ class Core {
        const std::string& backend, std::uint64_t device_memory_cap,
        std::optional<bool> checkpoint_activations) {
     const comm::RankInfo ri = comm::rank_from_env();
-    if (ri.world_size > 1) log_as_rank(ri.rank);
+    if (ri.world_size > 1) log::set_job_rank(ri.rank);  // as strata train
     ModelSpec spec = resolve_model(model_spec);
     mcfg_ = spec.config;
     if (spec.hf) source_dir_ = spec.hf->dir;
@@ -422,7 +415,7 @@ void bind_engine(py::module_& m) {
       [](const std::string& text, const std::string& what) { return parse_byte_size(text, what); },
       py::arg("text"), py::arg("what"),
       "A byte size as the config reads one: 1073741824, \"1GiB\", \"64MiB\"");
-  m.def("set_log_rank", &log_as_rank, py::arg("rank"),
+  m.def("set_log_rank", &log::set_job_rank, py::arg("rank"),
         "Log lines carry this rank; ranks other than 0 log warnings and errors only");
 }
 

@@ -260,10 +260,7 @@ int run_train(const TrainOpts& o) {
   // Under mpirun every rank runs this; rank 0 prints the progress, log lines and summary, the others
   // only warnings and errors, which carry their rank.
   const comm::RankInfo ri = comm::rank_from_env();
-  if (ri.world_size > 1) {
-    log::set_rank(ri.rank);
-    if (ri.rank != 0 && !std::getenv("STRATA_LOG")) log::set_level(log::Level::warn);
-  }
+  if (ri.world_size > 1) log::set_job_rank(ri.rank);
   Config cfg = Config::load(o.config, parse_sets(o.sets), ri.world_size);
   // Where the run will write, checked now rather than after the training.
   if (!o.save.empty()) check_writable_dir(o.save, "--save");

@@ -125,6 +125,8 @@ struct Engine::Impl final : prefetch::FetchTarget {
 
   // ---- the step (engine_step.cpp) ----
   StepResult step();
+  // Ends the open pass without recording it (a forward that failed or whose backward will not run).
+  void abandon_pass();
   // The squared norm and finiteness of every chunk's gradients (zeroing the shards no gradient reached),
   // summed in chunk order.
   void grad_stats(double& sum_sq, bool& finite);

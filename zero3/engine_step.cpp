@@ -366,8 +366,7 @@ float Engine::forward(model::LlamaModel& model, const std::int32_t* inputs, cons
     im.forward_loss = model.forward(*this, inputs, targets, B, T);
     im.times.forward += seconds_since(t0);
   } catch (...) {
-    im.in_pass = false;
-    im.pf->abandon_pass();
+    im.abandon_pass();
     throw;
   }
   im.forward_open = true;
@@ -399,9 +398,13 @@ void Engine::abandon_forward() {
   Impl& im = *impl_;
   STRATA_CHECK(im.forward_open, "zero3: abandon_forward without a pending forward");
   im.forward_open = false;
-  im.in_pass = false;
-  im.pf->abandon_pass();
-  im.tm->set_step(im.global_step, tiering::Phase::idle);
+  im.abandon_pass();
+}
+
+void Engine::Impl::abandon_pass() {
+  in_pass = false;
+  pf->abandon_pass();
+  tm->set_step(global_step, tiering::Phase::idle);
 }
 
 bool Engine::forward_pending() const {

@@ -12,23 +12,19 @@
 // still agree bit for bit. The fp32 functions in linear.cpp stay the oracle; tests bound the difference.
 //
 // Threads: oneTBB spreads fixed blocks of rows over the runtime's threads, each a single-threaded oneDNN
-// product (Note [Row blocks]); OpenMP's team is never more than the calling thread.
+// product (Note [Row blocks]; Note [Concurrent products] in bf16_impl.h); OpenMP's team is never more than
+// the calling thread. Which implementation runs is decided once per process (bf16_matmul_impl()).
 #include <cblas.h>
 
-#include <cstring>
+#include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
-#include "core/log.h"
+#include "kernels/cpu/bf16_impl.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/parallel_impl.h"
-
-#ifdef STRATA_WITH_DNNL
-#include <omp.h>
-
-#include <oneapi/dnnl/dnnl.hpp>
-#endif
 
 namespace strata::kernels::cpu {
 namespace {
@@ -42,45 +38,10 @@ Scratch& scratch() {
   return s;
 }
 
-// dst = bf16(src), n elements.
-void round_to_bf16(bf16_t* dst, const float* src, std::size_t n) {
-  impl::parallel_for_range(n, impl::kElementGrain, [&](std::size_t i0, std::size_t i1) {
-    for (std::size_t i = i0; i < i1; ++i) dst[i] = f32_to_bf16(src[i]);
-  });
-}
-
 // C (M, N) [+]= op(A) (M, K) op(B) (K, N), C row-major dense; A stored (M, K) row-major, or (K, M) when
 // trans_a; B stored (K, N), or (N, K) when trans_b; both dense and in bf16. Returns false when oneDNN has
-// no native bf16 matmul here (the caller falls back).
+// no native bf16 matmul for it (the caller falls back).
 #ifdef STRATA_WITH_DNNL
-struct Dnnl {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  bool native = true;  // cleared the first time oneDNN offers only its reference implementation
-  bool said = false;
-};
-Dnnl& dnnl_state() {
-  static Dnnl d;
-  return d;
-}
-
-// One block of rows [r0, r1) of C, single-threaded (the caller's oneTBB task is its thread).
-void dnnl_rows(Dnnl& d, const dnnl::matmul::primitive_desc& pd, float* c, const bf16_t* a, bool trans_a,
-               const bf16_t* b, int M, int N, int K, int r0) {
-  dnnl::stream s(d.engine);
-  const std::size_t at = trans_a ? std::size_t(r0) : std::size_t(r0) * std::size_t(K);
-  dnnl::memory am(pd.src_desc(), d.engine, const_cast<bf16_t*>(a + at)),
-      bm(pd.weights_desc(), d.engine, const_cast<bf16_t*>(b)),
-      cm(pd.dst_desc(), d.engine, c + std::size_t(r0) * std::size_t(N));
-  (void)M;
-  // The scratchpad is the caller's (Note [Concurrent products]).
-  thread_local std::vector<char> pad;
-  pad.resize(pd.scratchpad_desc().get_size());
-  dnnl::memory sm(pd.scratchpad_desc(), d.engine, pad.data());
-  dnnl::matmul(pd).execute(
-      s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
-  s.wait();
-}
-
 // Note [Row blocks]: oneDNN's own threads are OpenMP's, whose idle workers spin and starve the runtime's
 // oneTBB and OpenBLAS threads on a small machine (measured: 1.6x slower steps on 2 cores). So oneDNN runs
 // single-threaded, and oneTBB spreads C's rows over the runtime's threads in fixed blocks of kBlockRows:
@@ -88,54 +49,34 @@ void dnnl_rows(Dnnl& d, const dnnl::matmul::primitive_desc& pd, float* c, const 
 // depend on it at all.
 constexpr int kBlockRows = 64;
 
-dnnl::matmul::primitive_desc dnnl_pd(Dnnl& d, int rows, int M, int N, int K, bool trans_a, bool trans_b,
-                                     bool accumulate) {
+// The product of `rows` rows of op(A) with op(B), for C's rows at stride N.
+impl::Product block_product(int rows, int M, int N, int K, bool trans_a, bool trans_b, bool accumulate) {
   using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
   const dnnl::memory::dim m = M, n = N, k = K;
-  const dnnl::memory::desc ad({rows, k}, dt::bf16,
-                              trans_a ? dnnl::memory::dims{1, m} : dnnl::memory::dims{k, 1}),
-      bd({k, n}, dt::bf16, trans_b ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1}),
-      cd({rows, n}, dt::f32, dnnl::memory::dims{n, 1});
-  // Note [Concurrent products]: the blocks of one product run the same (cached) primitive at once on
-  // several threads. A primitive's library-owned scratchpad may be shared between those runs (whether it
-  // is depends on how oneDNN was built), so each thread passes its own.
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (accumulate) {
-    dnnl::post_ops po;
-    po.append_sum(1.0f);
-    attr.set_post_ops(po);
-  }
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, d.engine);
+  return impl::Product(dnnl::memory::desc({rows, k}, dt::bf16, trans_a ? dims{1, m} : dims{k, 1}),
+                       dnnl::memory::desc({k, n}, dt::bf16, trans_b ? dims{1, k} : dims{n, 1}),
+                       dnnl::memory::desc({rows, n}, dt::f32, dims{n, 1}), accumulate);
 }
 
 bool dnnl_matmul(float* c, const bf16_t* a, bool trans_a, const bf16_t* b, bool trans_b, int M, int N, int K,
                  bool accumulate) {
-  Dnnl& d = dnnl_state();
-  if (!d.native) return false;
-  const int full = std::min(M, kBlockRows), tail = M % kBlockRows;
-  dnnl::matmul::primitive_desc pd_full, pd_tail;
+  if (bf16_matmul_impl().empty()) return false;
+  const int tail = M > kBlockRows ? M % kBlockRows : 0;
+  std::optional<impl::Product> full, last;
   try {
-    pd_full = dnnl_pd(d, full, M, N, K, trans_a, trans_b, accumulate);
-    if (tail > 0 && M > kBlockRows) pd_tail = dnnl_pd(d, tail, M, N, K, trans_a, trans_b, accumulate);
+    full.emplace(block_product(std::min(M, kBlockRows), M, N, K, trans_a, trans_b, accumulate));
+    if (tail > 0) last.emplace(block_product(tail, M, N, K, trans_a, trans_b, accumulate));
   } catch (const dnnl::error&) {
-    d.native = false;
+    return false;
   }
-  if (d.native && std::strncmp(pd_full.impl_info_str(), "ref", 3) == 0) d.native = false;
-  if (!d.said) {
-    d.said = true;
-    STRATA_LOG_DEBUG("kernels: bf16 matrix products on the CPU through ",
-                     d.native ? std::string("oneDNN (") + pd_full.impl_info_str() + ")"
-                              : std::string("OpenBLAS (oneDNN has no native bf16 matmul on this CPU)"));
-  }
-  if (!d.native) return false;
+  if (!full->native() || (last && !last->native())) return false;
   const std::size_t blocks = std::size_t((M + kBlockRows - 1) / kBlockRows);
   impl::parallel_for_range(blocks, 1, [&](std::size_t b0, std::size_t b1) {
-    omp_set_num_threads(1);
     for (std::size_t blk = b0; blk < b1; ++blk) {
-      const int r0 = int(blk) * kBlockRows;
-      const bool last_partial = M > kBlockRows && tail > 0 && blk + 1 == blocks;
-      dnnl_rows(d, last_partial ? pd_tail : pd_full, c, a, trans_a, b, M, N, K, r0);
+      const std::size_t r0 = blk * kBlockRows;
+      const impl::Product& p = tail > 0 && blk + 1 == blocks ? *last : *full;
+      p.run(a + (trans_a ? r0 : r0 * std::size_t(K)), b, c + r0 * std::size_t(N));
     }
   });
   return true;
@@ -153,8 +94,8 @@ void bf16_gemm(float* c, const float* a, bool trans_a, const float* b, bool tran
   const std::size_t m = std::size_t(M), n = std::size_t(N), k = std::size_t(K);
   s.a.resize(m * k);
   s.b.resize(k * n);
-  round_to_bf16(s.a.data(), a, s.a.size());
-  round_to_bf16(s.b.data(), b, s.b.size());
+  impl::round_to_bf16(s.a.data(), a, s.a.size());
+  impl::round_to_bf16(s.b.data(), b, s.b.size());
   if (dnnl_matmul(c, s.a.data(), trans_a, s.b.data(), trans_b, M, N, K, accumulate)) return;
   // Fallback: the same bf16 values, widened back to fp32 (exactly), through sgemm.
   thread_local std::vector<float> fa, fb;
@@ -183,15 +124,17 @@ void linear_backward_bf16(float* dx, float* dw, const float* dout, const float* 
 }
 
 std::string bf16_matmul_impl() {
+  static const std::string impl = [] {
 #ifdef STRATA_WITH_DNNL
-  Dnnl& d = dnnl_state();
-  try {
-    const dnnl::matmul::primitive_desc pd = dnnl_pd(d, kBlockRows, 1024, 256, 256, false, true, false);
-    if (std::strncmp(pd.impl_info_str(), "ref", 3) != 0) return std::string("oneDNN ") + pd.impl_info_str();
-  } catch (const dnnl::error&) {
-  }
+    try {
+      const impl::Product p = block_product(kBlockRows, 1024, 256, 256, false, true, false);
+      if (p.native()) return std::string("oneDNN ") + p.pd.impl_info_str();
+    } catch (const dnnl::error&) {
+    }
 #endif
-  return "";
+    return std::string();
+  }();
+  return impl;
 }
 
 }  // namespace strata::kernels::cpu

@@ -134,14 +134,13 @@ void attention_backward(float* dq /*(B,T,NH,HD)*/, float* dk /*(B,T,NKV,HD)*/, f
                         const float* v /*(B,T,NKV,HD)*/, const float* att /*(B,NH,T,T)*/, int B, int T,
                         int NH, int NKV, int HD);
 // The same two with the four products' operands rounded to bf16 and fp32 accumulation (attention_bf16.cpp),
-// for bf16 training; the same buffers and contract. Where oneDNN has no native bf16 matmul for (T, HD)
-// (attention_bf16_native false), they are the fp32 functions above.
+// for bf16 training; the same buffers and contract. Where oneDNN has no native bf16 matmul
+// (bf16_matmul_impl() empty), they are the fp32 functions above.
 void attention_forward_bf16(float* out, float* att, const float* q, const float* k, const float* v, int B,
                             int T, int NH, int NKV, int HD);
 void attention_backward_bf16(float* dq, float* dk, float* dv, float* scratch, const float* dout,
                              const float* q, const float* k, const float* v, const float* att, int B, int T,
                              int NH, int NKV, int HD);
-bool attention_bf16_native(int T, int HD);
 
 // ---- SwiGLU: out = silu(gate) * up, silu(z) = z / (1 + exp(-z)) ------------------------------------
 

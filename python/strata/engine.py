@@ -125,7 +125,6 @@ class Engine:
         self._forward_id = 0
         self._token = object()  # what this engine's Loss objects carry
         self._last_step = None
-        self._last_loss = None
 
     # ---- the loop ----
     def __call__(self, input_ids, labels=None):
@@ -138,8 +137,7 @@ class Engine:
         with self._lock:
             value = self._core.forward(input_ids, labels)
             self._forward_id += 1
-            self._last_loss = Loss(value, self._token, self._forward_id)
-            return self._last_loss
+            return Loss(value, self._token, self._forward_id)
 
     def backward(self, loss):
         """Adds the gradients of the last forward's loss (scaled by 1 / gradient_accumulation_steps)."""

@@ -172,8 +172,13 @@ struct StrataConfig {
   // only and recompute the block in backward. automatic: on when the activations of a micro-batch would
   // not fit the device beside the state and working set; otherwise off (faster, more device memory).
   enum class Checkpointing { automatic, on, off };  // "auto", true, false
+  // The optimizer overlapped with backward (zero3/engine_overlap.cpp, Note [Optimizer overlap]): each
+  // sub-group updated as soon as its gradients are final, exactly as after backward. automatic: on when
+  // the optimizer is offloaded to the CPU (offload_optimizer.device cpu) and the model computes on a GPU.
+  enum class Overlap { automatic, on, off };  // "auto", true, false
   Backend backend = Backend::automatic;
   Checkpointing checkpoint_activations = Checkpointing::automatic;
+  Overlap overlap_optimizer = Overlap::automatic;
   std::int64_t device = 0;
   std::uint64_t device_memory_cap = 0;  // bytes; 0 = the whole device
   Aio aio;

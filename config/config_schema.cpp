@@ -665,6 +665,17 @@ std::vector<Option> build_options() {
                    "the device plan shows both sizes.",
                .field = STRATA_FIELD(strata.checkpoint_activations),
                .choices = {"auto", "true", "false"}});
+  o.push_back({.path = "strata.overlap_optimizer",
+               .kind = Kind::choice,
+               .def = "auto",
+               .meaning =
+                   "Update each CPU optimizer sub-group during backward, as soon as its gradients are "
+                   "final (true), or after backward (false); auto: on when offload_optimizer.device is "
+                   "cpu and the backend is cuda (on the host backend compute shares the optimizer's "
+                   "cores). Bit-identical to false: a step whose clipping or overflow check changes the "
+                   "update is undone from host-memory copies (14 bytes a parameter) and redone.",
+               .field = STRATA_FIELD(strata.overlap_optimizer),
+               .choices = {"auto", "true", "false"}});
   o.push_back({.path = "strata.device",
                .kind = Kind::integer,
                .def = 0,

@@ -513,6 +513,14 @@ int run_train(const TrainOpts& o) {
       world > 1 ? "largest rank's " : "", format_size(peak.device).c_str(), format_size(peak.pinned).c_str(),
       format_size(peak.nvme).c_str(), format_size(std::uint64_t(device_peak), 1).c_str(),
       format_size(engine.device().caps().capacity, 1).c_str());
+  if (engine.plan().overlap_groups > 0) {
+    const zero3::OverlapStats& os = engine.overlap_stats();
+    std::fprintf(out,
+                 "  optimizer   overlapped with backward: %llu of %lld steps kept their early updates, %llu "
+                 "rolled back (%.3fs undoing), %llu cancelled\n",
+                 (unsigned long long)os.steps, (long long)n, (unsigned long long)os.rollbacks,
+                 os.rollback_seconds, (unsigned long long)os.cancelled);
+  }
   const tiering::Snapshot snap = engine.tiers().snapshot(false);
   const zero3::TransferStats& ts = engine.transfer_stats();
   std::fprintf(out, "  moved       gathers %s (%llu chunks), gradients off the device %s;",

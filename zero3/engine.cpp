@@ -23,14 +23,14 @@ int configure_threads(Config& cfg, int local_ranks) {
   kernels::cpu::set_blas_threads(threads);
   return threads;
 }
-namespace {
-
-using detail::cat;
-
 std::uint64_t physical_memory() {
   long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? std::uint64_t(pages) * std::uint64_t(page) : 0;
 }
+
+namespace {
+
+using detail::cat;
 
 DeviceOptions device_options(const Config& cfg, const EngineOptions& opts) {
   DeviceOptions d;
@@ -147,9 +147,11 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
     grad_ops = kernels::make_ops(*dev, *grad_stream);
   }
   init_chunks();
+  plan_overlap();
 }
 
 Engine::Impl::~Impl() {
+  overlap_stop();
   try {
     if (compute_stream) compute_stream->synchronize();
     if (grad_stream) grad_stream->synchronize();
@@ -215,6 +217,12 @@ void Engine::Impl::plan_memory() {
   group_window = p.group_window;
 }
 
+std::uint64_t Engine::Impl::host_need() const {
+  const DeviceCaps& caps = dev->caps();
+  return plan.pinned_state + plan.pinned_staging +
+         (caps.backend == BackendKind::host ? std::min(caps.capacity, plan.device_need()) : 0);
+}
+
 void Engine::Impl::check_fits() const {
   const auto& z = cfg.zero_optimization;
   // Configuration limits first: they fail whatever the machine.
@@ -272,8 +280,7 @@ void Engine::Impl::check_fits() const {
   }
   // On the host backend the device is host memory too.
   const std::uint64_t ram = physical_memory();
-  const std::uint64_t host = plan.pinned_state + plan.pinned_staging +
-                             (caps.backend == BackendKind::host ? std::min(caps.capacity, need) : 0);
+  const std::uint64_t host = host_need();
   if (ram && host > ram / 10 * 9)
     throw OutOfMemory(
         cat("the model does not fit host memory: ", format_size(plan.pinned_state),
@@ -495,10 +502,12 @@ StepResult Engine::step() {
 }
 std::string Engine::save_checkpoint(const std::string& dir, const nlohmann::json& client_state,
                                     const model::DataLoader* data, const std::string& tag) {
+  impl_->overlap_undo(false);  // the state as of the last step (a later step redoes the updates)
   return impl_->save(dir, client_state, data, tag);
 }
 nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string& tag,
                                        model::DataLoader* data) {
+  impl_->overlap_undo(false);
   return impl_->load(dir, tag, data);
 }
 std::int64_t Engine::global_step() const {
@@ -537,6 +546,10 @@ const prefetch::PrefetchStats& Engine::prefetch_stats() const {
 }
 const TransferStats& Engine::transfer_stats() const {
   return impl_->transfers;
+}
+const OverlapStats& Engine::overlap_stats() const {
+  static const OverlapStats none;
+  return impl_->overlap ? impl_->overlap->stats : none;
 }
 tiering::TierManager& Engine::tiers() {
   return *impl_->tm;

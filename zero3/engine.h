@@ -95,6 +95,10 @@ struct EngineOptions {
   // once per chunk in chunk order on every rank; each rank keeps its shard. Null: model::init_chunk with
   // strata.seed.
   std::function<void(const model::ChunkLayout& chunk, float* out)> init_params = nullptr;
+  // Tests only: called on the training thread with chunk `chunk`'s gradient buffer (numel fp32, device
+  // memory the CPU addresses) once the model's ops have written it and before it is handed to the shard —
+  // to put an overflow into the backward that ends a step. Null: not called.
+  std::function<void(int chunk, float* grads, std::size_t numel)> gradient_hook = nullptr;
 };
 
 // Seconds of one optimizer step (its accumulation micro-steps included). `wait` is the part of the
@@ -122,6 +126,19 @@ struct TransferStats {
   std::uint64_t gather_bytes = 0;   // SUM of working-param bytes read for them (the host-to-device traffic)
   std::uint64_t grad_handoffs = 0;  // COUNT of gradient buffers handed to their fp32 shard
   std::uint64_t grad_bytes = 0;     // SUM of their bytes (device-to-host when the shard is in host memory)
+};
+
+// The optimizer overlapped with backward (Note [Optimizer overlap] in zero3/engine_overlap.cpp). COUNT /
+// SUM since construction.
+struct OverlapStats {
+  std::uint64_t steps = 0;      // COUNT of steps that kept updates made during backward
+  std::uint64_t updates = 0;    // COUNT of chunk updates made during backward (kept or undone)
+  std::uint64_t rollbacks = 0;  // COUNT of steps whose updates made during backward were undone and
+                                // redone (or skipped): clipping fired, an overflow, a non-finite norm
+  std::uint64_t waited = 0;     // COUNT of steps not updated early because the step before clipped
+  std::uint64_t cancelled = 0;  // COUNT of times such updates were undone because no step followed
+                                // (another forward, a checkpoint, a failed backward)
+  double rollback_seconds = 0;  // SUM of the time spent undoing them
 };
 
 // The process's compute threads for a run (call before constructing the Engine): strata.threads, where 0
@@ -212,6 +229,7 @@ class Engine final : public model::ChunkProvider {
   std::uint64_t checkpoint_bytes() const;
   const prefetch::PrefetchStats& prefetch_stats() const;
   const TransferStats& transfer_stats() const;
+  const OverlapStats& overlap_stats() const;
   tiering::TierManager& tiers();
   Device& device();
   // The fp32 master parameters of chunk `id` (padded_numel), copied out wherever they live.

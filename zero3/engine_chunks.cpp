@@ -325,6 +325,11 @@ float* Engine::Impl::acquire_grads(int c) {
 void Engine::Impl::release_grads(int c) {
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.gbuf != nullptr, "zero3: gradients of chunk ", s.name, " released but not held");
+  if (opts.gradient_hook) {
+    STRATA_CHECK(dev->caps().host_addressable, "zero3: EngineOptions.gradient_hook needs addressable memory");
+    compute_stream->synchronize();
+    opts.gradient_hook(c, s.gbuf, s.numel);
+  }
   // This rank's slice of the buffer: with N ranks, the sum over ranks left there by the reduce-scatter
   // (in place, on the gradient stream once the model's ops are done); with one, the whole buffer.
   const float* src = s.gbuf + s.shard.offset;
@@ -377,6 +382,8 @@ void Engine::Impl::release_grads(int c) {
     tm->evict(s.gradbuf, Tier::device, Tier::pinned, s.handed_off.get());  // reused once the copy is done
   }
   s.gbuf = nullptr;
+  // The stream the hand-off ends on: the gradient stream, or the compute stream for one rank's device home.
+  overlap_handed_off(s, homes.grad == Tier::device && world == 1 ? *compute_stream : *grad_stream);
 }
 
 void Engine::Impl::sync_grads() {

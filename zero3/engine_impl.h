@@ -3,10 +3,13 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <exception>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "cpu_optim/cpu_optim.h"
@@ -71,12 +74,52 @@ struct ChunkSlot {
   cpu_optim::ShardStep opt;
 };
 
+// Bytes of RAM (0: unknown).
+std::uint64_t physical_memory();
+
+// The optimizer overlapped with backward: Note [Optimizer overlap] in engine_overlap.cpp.
+struct OptimizerOverlap {
+  enum class State : std::uint8_t { idle, queued, done, failed };
+  // The plan (plan_overlap): which sub-groups are updated during backward, and where their chunks' rollback
+  // copies are in `backup` (byte offsets; the copies of a chunk are its master, optimizer states and
+  // working params, in that order).
+  std::vector<char> eligible;           // per sub-group
+  std::vector<int> group_of;            // per chunk
+  std::vector<std::size_t> backup_at;   // per chunk (eligible sub-groups only)
+  std::unique_ptr<std::byte[]> backup;  // plan.overlap_host bytes
+  // The pass: gradient hand-offs of each chunk in the last complete backward (0: unknown) and in this one.
+  std::vector<int> expected, seen;
+  bool armed = false;  // this backward ends the step's accumulation: final hand-offs start updates
+  // The last applied step clipped: the next one probably will too, so it is not updated early.
+  bool last_clipped = false;
+  // What the updates made during this backward assumed: the step applies unclipped.
+  double lr = 0;
+  float factor = 1;
+  std::int64_t step_no = 0;
+  std::vector<int> pending;                         // per sub-group: chunks not final yet this backward
+  std::vector<std::unique_ptr<Event>> final_grads;  // per chunk: its last hand-off, on its stream
+  std::vector<cpu_optim::ShardStep> before;         // per chunk: its ShardStep before the update
+  std::vector<char> copied;  // per chunk: the worker has started overwriting (its copies are whole)
+  // The worker thread and its queue of sub-groups; `state` is read and written under `mu`.
+  std::vector<State> state;
+  std::thread worker;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<int> queue;
+  int running = 0;
+  bool stop = false;
+  std::exception_ptr error;  // the first update that failed
+  OverlapStats stats;
+};
+
 struct Engine::Impl final : prefetch::FetchTarget {
   Impl(const Config& cfg, const model::ModelConfig& mcfg, const EngineOptions& opts);
   ~Impl() override;
 
   // ---- construction (engine.cpp) ----
   void plan_memory();
+  // Host memory the plan takes: pinned state and staging, and on the host backend the device too.
+  std::uint64_t host_need() const;
   void check_fits() const;
   void open_tiers();
   void init_chunks();
@@ -141,6 +184,30 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void* param_out(ChunkSlot& s);
   void param_written(ChunkSlot& s, std::vector<tiering::Move>& writes);
   std::vector<tiering::TensorId> optimizer_tensors(const ChunkSlot& s) const;
+
+  // ---- the optimizer overlapped with backward (engine_overlap.cpp) ----
+  // Decides whether and for which sub-groups (constructor, after open_tiers); null `overlap` when off.
+  void plan_overlap();
+  // Engine::backward: before the model's backward (whether this one ends the step's accumulation) and
+  // after it (`ok`: it completed; its hand-off counts become the expected ones).
+  void overlap_begin_backward();
+  void overlap_end_backward(bool ok);
+  // release_grads, after the hand-off is enqueued: the chunk's last one this backward starts its
+  // update (on the worker).
+  void overlap_handed_off(ChunkSlot& s, Stream& on);
+  // Waits for the worker; rethrows the first failed update (after undoing every update).
+  void overlap_wait();
+  // Undoes every update made during backward (exactly: the copies are put back), counting it as a
+  // rollback (step) or a cancellation (anything else). No-op when there is none.
+  void overlap_undo(bool rollback);
+  // Whether chunk c was updated during this step's backward (after overlap_wait).
+  bool overlap_done(std::size_t c) const;
+  // step(): chunk c's update made during backward stands: its new working params to a device home.
+  void overlap_keep(std::size_t c);
+  void overlap_worker();
+  void overlap_update(int g);
+  void overlap_stop();  // ~Impl: joins the worker
+  std::unique_ptr<OptimizerOverlap> overlap;
 
   // ---- checkpoints (engine_checkpoint.cpp) ----
   std::string save(const std::string& dir, const nlohmann::json& client_state, const model::DataLoader* data,

@@ -14,10 +14,9 @@
 // i + 1 is updated (otherwise each write is waited for). At most `group_window` = buffer_count / (tensors
 // per parameter) sub-groups hold pinned buffers at once; the oldest write is waited for to make room.
 //
-// Overlap with backward (a later change): update_group() needs only its chunks' gradients, the gradient
-// scale and the learning rate. Without clipping and without fp16 (no global norm, no overflow check
-// needed before updating) a sub-group could be updated as soon as release_grads of its last chunk has
-// run; the gradient stream's completion per chunk is where that would hook in.
+// Note [Optimizer overlap] (engine_overlap.cpp): with the CPU optimizer, a chunk's update may already have
+// been made during backward, assuming the step applies unclipped; step() keeps it when that held and
+// undoes it (a rollback) before updating as below when it did not.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -226,7 +225,17 @@ void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
 StepResult Engine::Impl::step() {
   STRATA_CHECK(!in_pass, "zero3: step() inside a forward/backward pass");
   const auto t0 = Clock::now();
-  sync_grads();
+  try {
+    sync_grads();
+  } catch (...) {
+    overlap_undo(false);  // updates made from gradients that may not have arrived
+    throw;
+  }
+  {
+    const auto tw = Clock::now();
+    overlap_wait();  // the updates made during backward (Note [Optimizer overlap] in engine_overlap.cpp)
+    times.wait += seconds_since(tw);
+  }
   if (by_ops) gather_stream->synchronize();  // no gather still reads a device home the update writes
   tm->set_step(global_step + 1, tiering::Phase::optimizer);
 
@@ -251,9 +260,26 @@ StepResult Engine::Impl::step() {
     const GradScale gs = grad_scale(sum_sq, r.loss_scale, cfg.gradient_clipping);
     r.grad_norm = gs.norm;
     const std::int64_t step_no = applied_steps + 1;
+    // The updates made during backward assumed this factor, rate and step; otherwise they are undone.
+    if (overlap && !(gs.factor == overlap->factor && r.lr == overlap->lr && step_no == overlap->step_no))
+      overlap_undo(true);
+    if (overlap) overlap->last_clipped = gs.clipped;
     if (homes.master != Tier::nvme) {
       std::vector<tiering::Move> writes;
-      for (const auto& g : groups) update_group(g, r.lr, gs.factor, step_no, writes);
+      bool kept = false;
+      for (const auto& g : groups) {
+        std::vector<int> rest;
+        for (int c : g) {
+          if (!overlap_done(std::size_t(c))) {
+            rest.push_back(c);
+            continue;
+          }
+          overlap_keep(std::size_t(c));
+          kept = true;
+        }
+        update_group(rest, r.lr, gs.factor, step_no, writes);
+      }
+      if (kept) ++overlap->stats.steps;
       const auto tw = Clock::now();
       for (const tiering::Move& m : writes) m.wait();
       times.wait += seconds_since(tw);
@@ -316,6 +342,7 @@ StepResult Engine::Impl::step() {
     }
     drop_all_gathered();
   } else {
+    overlap_undo(true);
     r.grad_norm = finite ? std::sqrt(sum_sq) / r.loss_scale : std::numeric_limits<double>::infinity();
     ++skipped;
   }
@@ -344,6 +371,7 @@ StepResult Engine::Impl::step() {
 void Engine::begin_pass() {
   Impl& im = *impl_;
   STRATA_CHECK(!im.in_pass, "zero3: begin_pass inside a pass");
+  im.overlap_undo(false);  // a forward before step() sees the params of the last step
   im.tm->set_step(im.global_step + 1, tiering::Phase::forward);
   im.in_pass = true;
   im.pf->begin_pass();
@@ -381,13 +409,16 @@ void Engine::backward(model::LlamaModel& model) {
   im.tm->set_step(im.global_step + 1, tiering::Phase::backward);
   try {
     const auto t0 = Clock::now();
+    im.overlap_begin_backward();
     // The mean over the step's micro-batches on every rank: the reduce-scatter sums the ranks'.
     model.backward(*this, float(im.scaler.scale() / (double(im.cfg.gradient_accumulation_steps) * im.world)));
     im.times.backward += seconds_since(t0);
   } catch (...) {
+    im.overlap_end_backward(false);
     end_pass();
     throw;
   }
+  im.overlap_end_backward(true);
   end_pass();
   im.loss_sum += im.forward_loss;
   ++im.micro_steps;
@@ -430,6 +461,7 @@ StepResult Engine::train_batch(model::LlamaModel& model, model::DataLoader& data
 void Engine::read_params(int id, float* out) {
   Impl& im = *impl_;
   const ChunkSlot& s = im.slots.at(std::size_t(id));
+  im.overlap_undo(false);  // the params of the last step
   std::memset(out, 0, s.numel * sizeof(float));
   im.gather_stream->synchronize();  // replicated params: the step's all-gather has landed
   const std::size_t n = im.param_numel(s), at = im.replicated ? 0 : s.shard.offset;
@@ -442,6 +474,7 @@ void Engine::read_params(int id, float* out) {
 std::vector<float> Engine::master_params(int id) {
   Impl& im = *impl_;
   const ChunkSlot& s = im.slots.at(std::size_t(id));
+  im.overlap_undo(false);
   std::vector<float> out(s.shard.numel);
   im.with_host_copy(s.t.master,
                     [&](const void* p) { std::memcpy(out.data(), p, out.size() * sizeof(float)); });

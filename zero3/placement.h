@@ -58,6 +58,11 @@ struct MemoryPlan {
   // The NVMe swap file's capacity: the state plus room for the extents' alignment and reuse
   // (nvme_state / 16 + 64 MiB); what the free-space check at start-up asks of nvme_path.
   std::uint64_t nvme_budget = 0;
+  // The optimizer overlapped with backward (Note [Optimizer overlap] in zero3/engine_overlap.cpp; filled
+  // by the engine, 0 elsewhere): the sub-groups updated during backward, and the host memory (pageable,
+  // not the pinned pool) holding their rollback copies — master, optimizer states and working params.
+  int overlap_groups = 0, optimizer_groups = 0;
+  std::uint64_t overlap_host = 0;
   std::uint64_t total_state() const { return device_state + pinned_state + nvme_state; }
   // The smallest device capacity the step fits in.
   std::uint64_t device_need() const { return device_state + device_working_set + device_activations; }

@@ -23,6 +23,8 @@ struct RunResult {
   std::vector<double> losses, norms;
   std::uint64_t pinned_state = 0, nvme_state = 0, device_state = 0;
   std::uint64_t registered = 0;  // shard tensors' bytes in the tier manager
+  int overlap_groups = 0;        // sub-groups updated during backward (plan)
+  std::uint64_t overlap_updates = 0;
 };
 
 RunResult train(const Config& cfg, comm::Communicator& c, const std::string& tokens, int steps) {
@@ -46,6 +48,8 @@ RunResult train(const Config& cfg, comm::Communicator& c, const std::string& tok
   r.pinned_state = e.plan().pinned_state;
   r.nvme_state = e.plan().nvme_state;
   r.device_state = e.plan().device_state;
+  r.overlap_groups = e.plan().overlap_groups;
+  r.overlap_updates = e.overlap_stats().updates;
   // The tier manager's registry: the bytes of this rank's shard tensors (params, gradients, master,
   // moments; not the gathered copies or gradient buffers, which are whole chunks for a moment).
   for (tiering::TensorId id : e.tiers().tensor_ids()) {
@@ -80,6 +84,28 @@ TEST_P(TwoRanks, LossesAndNormsAreOneRanksWithTheSameSamplesBitForBit) {
     EXPECT_EQ(two.norms[i], ref.norms[i]) << "step " << i + 1;
   }
   EXPECT_LT(two.losses.back(), two.losses.front());
+}
+
+// The optimizer overlapped with backward (Note [Optimizer overlap] in zero3/engine_overlap.cpp) at two
+// ranks: each rank updates its shards as their reduce-scatters land, and the losses and norms are those
+// of the step after backward, bit for bit — clipping (gradient_clipping 1.0) fires on the early steps.
+TEST_P(TwoRanks, OptimizerOverlapOnAndOffAreTheSameBitForBit) {
+  ScratchDir d("ranks-overlap-r" + std::to_string(testing::ranks().rank()));
+  const std::string tokens = make_tokens(d);
+  Config on = config(d, 2, 2), off = config(d, 2, 2);
+  on.strata.overlap_optimizer = StrataConfig::Overlap::on;
+  off.strata.overlap_optimizer = StrataConfig::Overlap::off;
+  const RunResult a = train(on, testing::ranks(), tokens, 6);
+  const RunResult b = train(off, testing::ranks(), tokens, 6);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.norms, b.norms);
+  // Where it applies (the CPU optimizer in addressable memory), chunks were updated during backward.
+  if (a.overlap_groups > 0) {
+    EXPECT_GT(a.overlap_updates, 0u);
+  }
+  if (std::get<1>(GetParam()) == OffloadDevice::cpu) {
+    EXPECT_GT(a.overlap_groups, 0);
+  }
 }
 
 // Each rank holds its 1/N of the partitioned state, read from the tier manager's registry: the shards of

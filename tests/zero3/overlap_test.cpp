@@ -1,0 +1,214 @@
+// The CPU optimizer overlapped with backward (Note [Optimizer overlap] in zero3/engine_overlap.cpp): the
+// same losses, norms and fp32 master weights bit for bit as with strata.overlap_optimizer false, in every
+// placement where it applies — with clipping firing on some steps and not others, with fp16 overflows
+// skipping steps (both roll the early updates back, and are counted), and when something other than a
+// step follows the backward (the early updates are undone).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "tests/zero3/engine_util.h"
+
+namespace strata::zero3::test {
+namespace {
+
+// (offload_param, offload_optimizer, device state by ops)
+using Case = std::tuple<OffloadDevice, OffloadDevice, bool>;
+
+const model::ModelConfig kModel = block_model("blocks", 3);
+constexpr int kSeq = 32;
+constexpr int kSteps = 6;
+
+struct Result {
+  std::vector<double> losses, norms;
+  std::vector<bool> applied;
+  std::vector<std::vector<float>> masters;  // every chunk's, after the last step
+  MemoryPlan plan;
+  OverlapStats stats;
+};
+
+Result run(const Config& cfg, const std::string& tokens, bool by_ops, int steps = kSteps,
+           std::function<void(int, float*, std::size_t)> hook = nullptr) {
+  kernels::cpu::set_blas_threads(1);
+  Engine e(cfg, kModel,
+           {.backend = "host",
+            .device_memory_cap = 0,
+            .seq_len = kSeq,
+            .device_state_by_ops = by_ops,
+            .gradient_hook = std::move(hook)});
+  model::TokenFile file = model::TokenFile::open(tokens);
+  model::DataLoader data(file,
+                         {.batch_size = e.micro_batch(), .seq_len = kSeq, .seed = 3, .vocab_size = 256});
+  model::LlamaModel m(kModel, e.model_options());
+  Result r;
+  for (int i = 0; i < steps; ++i) {
+    const StepResult s = e.train_batch(m, data);
+    r.losses.push_back(s.loss);
+    r.norms.push_back(s.grad_norm);
+    r.applied.push_back(s.applied);
+  }
+  for (int c = 0; c < e.layout().num_chunks(); ++c) r.masters.push_back(e.master_params(c));
+  r.plan = e.plan();
+  r.stats = e.overlap_stats();
+  return r;
+}
+
+Config with_overlap(Config cfg, bool on) {
+  cfg.strata.overlap_optimizer = on ? StrataConfig::Overlap::on : StrataConfig::Overlap::off;
+  return cfg;
+}
+
+void expect_same(const Result& on, const Result& off) {
+  EXPECT_EQ(on.losses, off.losses);
+  EXPECT_EQ(on.norms, off.norms);
+  EXPECT_EQ(on.applied, off.applied);
+  ASSERT_EQ(on.masters.size(), off.masters.size());
+  for (std::size_t c = 0; c < on.masters.size(); ++c)
+    EXPECT_EQ(on.masters[c], off.masters[c]) << "chunk " << c;
+}
+
+// Steps whose clipping fired (grad_scale's test).
+int clipped(const Result& r, double clip) {
+  int n = 0;
+  for (double norm : r.norms) n += (norm + 1e-6) / clip > 1.0 ? 1 : 0;
+  return n;
+}
+
+class Overlap : public ::testing::TestWithParam<Case> {
+ protected:
+  Config config(const ScratchDir& d, const nlohmann::json& extra = nlohmann::json::object()) const {
+    return make_config(std::get<0>(GetParam()), std::get<1>(GetParam()), d.path(), extra);
+  }
+  bool by_ops() const { return std::get<2>(GetParam()); }
+};
+
+TEST_P(Overlap, IsPlannedWithItsHostMemory) {
+  ScratchDir d("overlap-plan");
+  const Result r = run(with_overlap(config(d), true), make_tokens(d), by_ops(), 1);
+  EXPECT_GT(r.plan.overlap_groups, 0);
+  EXPECT_LE(r.plan.overlap_groups, r.plan.optimizer_groups);
+  // AdamW in bf16: the master and two moments in fp32 and the bf16 working params, 14 bytes a parameter.
+  EXPECT_GE(r.plan.overlap_host, std::uint64_t(14) * kModel.num_parameters());
+}
+
+TEST_P(Overlap, UnclippedStepsKeepTheEarlyUpdatesBitForBit) {
+  ScratchDir d("overlap-unclipped");
+  const std::string tokens = make_tokens(d);
+  const nlohmann::json never = {{"gradient_clipping", 1e9}};
+  const Result on = run(with_overlap(config(d, never), true), tokens, by_ops());
+  const Result off = run(with_overlap(config(d, never), false), tokens, by_ops());
+  expect_same(on, off);
+  EXPECT_EQ(on.stats.steps, std::uint64_t(kSteps));
+  EXPECT_EQ(on.stats.rollbacks, 0u);
+  EXPECT_GT(on.stats.updates, 0u);
+}
+
+TEST_P(Overlap, ClippingOnSomeStepsRollsThoseBackBitForBit) {
+  ScratchDir d("overlap-clipped");
+  const std::string tokens = make_tokens(d);
+  // A threshold inside the range of the norms, so that some steps clip and some do not.
+  const Result free = run(with_overlap(config(d, {{"gradient_clipping", 0.0}}), false), tokens, by_ops());
+  std::vector<double> sorted = free.norms;
+  std::sort(sorted.begin(), sorted.end());
+  const double clip = sorted[sorted.size() / 2];
+  const nlohmann::json at = {{"gradient_clipping", clip}};
+  const Result on = run(with_overlap(config(d, at), true), tokens, by_ops());
+  const Result off = run(with_overlap(config(d, at), false), tokens, by_ops());
+  expect_same(on, off);
+  const int fired = clipped(off, clip);
+  ASSERT_GT(fired, 0) << "clipping never fired at " << clip;
+  ASSERT_LT(fired, kSteps) << "clipping fired on every step at " << clip;
+  // Each step kept its early updates, rolled them back, or made none because the step before clipped.
+  EXPECT_GT(on.stats.rollbacks, 0u);
+  EXPECT_GT(on.stats.steps, 0u);
+  EXPECT_EQ(on.stats.steps + on.stats.rollbacks + on.stats.waited, std::uint64_t(kSteps));
+  EXPECT_LE(on.stats.rollbacks, std::uint64_t(fired));
+  EXPECT_EQ(on.stats.cancelled, 0u);
+}
+
+TEST_P(Overlap, Fp16OverflowsSkipTheStepAndRollBackBitForBit) {
+  ScratchDir d("overlap-fp16");
+  const std::string tokens = make_tokens(d);
+  const nlohmann::json fp16 = {{"gradient_clipping", 1e9},
+                               {"bf16", {{"enabled", false}}},
+                               {"fp16", {{"enabled", true}, {"initial_scale_power", 12}, {"hysteresis", 1}}}};
+  // An inf in block 0's gradients in the backward of every third step's last micro-batch.
+  auto hook = [] {
+    return [calls = 0](int chunk, float* g, std::size_t) mutable {
+      if (chunk != 1) return;
+      ++calls;  // two micro-batches a step: block 0 is handed off twice a step
+      if (calls % 6 == 4) g[5] = std::numeric_limits<float>::infinity();
+    };
+  };
+  const Result on = run(with_overlap(config(d, fp16), true), tokens, by_ops(), kSteps, hook());
+  const Result off = run(with_overlap(config(d, fp16), false), tokens, by_ops(), kSteps, hook());
+  expect_same(on, off);
+  const auto skipped = std::count(off.applied.begin(), off.applied.end(), false);
+  ASSERT_EQ(skipped, 2);
+  EXPECT_EQ(on.stats.rollbacks, std::uint64_t(skipped));
+  EXPECT_EQ(on.stats.steps, std::uint64_t(kSteps - skipped));
+}
+
+TEST_P(Overlap, AForwardBeforeTheStepSeesTheLastStepsWeights) {
+  ScratchDir d("overlap-cancel");
+  const std::string tokens = make_tokens(d);
+  auto drive = [&](bool overlap) {
+    kernels::cpu::set_blas_threads(1);
+    Engine e(with_overlap(config(d, {{"gradient_clipping", 1e9}}), overlap), kModel,
+             {.backend = "host", .device_memory_cap = 0, .seq_len = kSeq, .device_state_by_ops = by_ops()});
+    model::TokenFile file = model::TokenFile::open(tokens);
+    model::DataLoader data(file,
+                           {.batch_size = e.micro_batch(), .seq_len = kSeq, .seed = 3, .vocab_size = 256});
+    model::LlamaModel m(kModel, e.model_options());
+    e.train_batch(m, data);
+    // The accumulation's micro-batches, then one more before the step (a caller that counts its own).
+    std::vector<double> seen;
+    for (int i = 0; i < e.accumulation_steps(); ++i) seen.push_back(e.forward_backward(m, data.next()));
+    std::vector<float> master = e.master_params(1);  // read between backward and step
+    seen.push_back(e.forward_backward(m, data.next()));
+    const StepResult s = e.step();
+    seen.push_back(s.loss);
+    seen.push_back(s.grad_norm);
+    std::vector<float> after = e.master_params(1);
+    return std::make_tuple(seen, master, after, e.overlap_stats());
+  };
+  const auto [seen_on, master_on, after_on, stats] = drive(true);
+  const auto [seen_off, master_off, after_off, unused] = drive(false);
+  EXPECT_EQ(seen_on, seen_off);
+  EXPECT_EQ(master_on, master_off);
+  EXPECT_EQ(after_on, after_off);
+  EXPECT_GT(stats.cancelled, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, Overlap,
+                         ::testing::Values(Case{OffloadDevice::none, OffloadDevice::cpu, false},
+                                           Case{OffloadDevice::cpu, OffloadDevice::cpu, false},
+                                           Case{OffloadDevice::none, OffloadDevice::none, false},
+                                           Case{OffloadDevice::none, OffloadDevice::cpu, true},
+                                           Case{OffloadDevice::cpu, OffloadDevice::cpu, true}),
+                         [](const auto& info) {
+                           return std::string("param_") + name(std::get<0>(info.param)) + "_optimizer_" +
+                                  name(std::get<1>(info.param)) + (std::get<2>(info.param) ? "_by_ops" : "");
+                         });
+
+// Where it does not apply, the step runs after backward as before, and says so in the plan.
+TEST(OverlapFallback, NvmeOptimizerStatesAreUpdatedAfterBackward) {
+  ScratchDir d("overlap-nvme");
+  Config cfg = make_config(OffloadDevice::cpu, OffloadDevice::nvme, d.path());
+  cfg.strata.overlap_optimizer = StrataConfig::Overlap::on;
+  const Result r = run(cfg, make_tokens(d), false, 1);
+  EXPECT_EQ(r.plan.overlap_groups, 0);
+  EXPECT_EQ(r.plan.overlap_host, 0u);
+}
+
+// "auto" leaves it off on the host backend, where backward computes on the optimizer's cores.
+TEST(OverlapFallback, AutoIsOffOnTheHostBackend) {
+  ScratchDir d("overlap-auto");
+  const Config cfg = make_config(OffloadDevice::none, OffloadDevice::cpu, d.path());
+  ASSERT_EQ(cfg.strata.overlap_optimizer, StrataConfig::Overlap::automatic);
+  EXPECT_EQ(run(cfg, make_tokens(d), false, 1).plan.overlap_groups, 0);
+}
+
+}  // namespace
+}  // namespace strata::zero3::test

@@ -1,0 +1,336 @@
+// The CPU optimizer overlapped with backward.
+//
+// Note [Optimizer overlap]: in the backward that ends a step's accumulation, a chunk's gradients are final
+// at its last hand-off to the fp32 gradient shard (its reduce-scatter at N ranks included). From then on
+// nothing in the pass reads that chunk's master, optimizer states or working params, so its update can
+// run while backward goes on with the chunks before it: release_grads records an event after the
+// hand-off and queues the chunk for a worker thread, which waits for the event and runs the same
+// update_chunk the step would run. The unit is the chunk, not the optimizer sub-group: the in-memory
+// update of a sub-group is its chunks' updates one after the other, so the bits are the same, and a
+// stock config's single sub-group (sub_group_size 1e9) still overlaps.
+//
+// What the update needs but cannot know yet: whether the step applies (the fp16 overflow check, a
+// non-finite norm) and the gradient factor (1 / loss scale, times the clipping coefficient once the
+// global norm is known). The worker assumes the common case — the step applies unclipped, so the factor
+// is 1 / loss scale — and keeps a copy of everything it overwrites (master, optimizer states and, in
+// place, the working params; the chunk's ShardStep). step() computes the norm as before (the same sums
+// in the same order), and when the assumption held the early updates stand: bit for bit the step without
+// overlap. When it did not (clipping fired, an overflow skipped the step, the learning rate changed),
+// the copies are put back and the step runs as without overlap: a rollback, counted in OverlapStats and
+// in strata train's summary. Anything else that must see the state as it was before the step — a
+// forward before step() (another micro-batch, an eval), a checkpoint, reading params, a backward that
+// failed — puts the copies back first (a cancellation); a later step redoes the work.
+//
+// What it costs: host memory for the copies, 4 x (1 + states) + working-dtype bytes a parameter
+// (AdamW in bf16: 14), pageable rather than pinned, and planned with the rest of host memory
+// (MemoryPlan.overlap_host): the chunks are taken from the last (the first backward finishes) down while
+// the copies fit in half of what check_fits leaves of 90% of RAM; the others are updated after backward
+// as before. Time: a copy pass over the state on the worker, hidden behind backward when there is
+// compute to hide behind, and a restore pass plus the redone update per rollback.
+//
+// When: strata.overlap_optimizer true, or "auto" with the optimizer offloaded to the CPU and the model
+// computing on a GPU. Not "auto" on the host backend, where backward and the optimizer would share the
+// same cores (a slower step, measured in bench/RESULTS.md).
+//
+// Which steps: the last applied step's clipping predicts this one's, so after a clipped step the next
+// is updated after backward (OverlapStats.waited) rather than rolled back again.
+//
+// Where it applies: the CPU optimizer updating state in addressable memory — offload_optimizer cpu, or
+// none on the host backend — with working params at home in pinned host memory or on the device. Not
+// overlapped (updated after backward, as before, with a log line): NVMe-resident optimizer states (the
+// swap pipeline reads and writes them by sub-group after backward), NVMe-resident working params, and
+// the device optimizer. A device home the CPU cannot address (cuda) receives the new working params at
+// step(), from the copy area, when the updates stand.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "core/log.h"
+#include "zero3/engine_impl.h"
+
+namespace strata::zero3 {
+
+using detail::cat;
+using State = OptimizerOverlap::State;
+
+namespace {
+
+constexpr std::size_t kCopyAlign = 64;
+
+}  // namespace
+
+void Engine::Impl::plan_overlap() {
+  using OV = StrataConfig::Overlap;
+  const OV mode = cfg.strata.overlap_optimizer;
+  plan.optimizer_groups = int(groups.size());
+  // "auto": where the model computes on a device and the optimizer in pinned host memory — the CPU is
+  // otherwise idle during backward. Not on the host backend, whose compute uses the same cores: there the
+  // early updates slow backward as much as they save (measured: bench/RESULTS.md) unless the optimizer
+  // is given cores of its own, so it takes an explicit true.
+  if (mode == OV::off ||
+      (mode == OV::automatic && (homes.master != Tier::pinned || dev->caps().backend == BackendKind::host)))
+    return;
+  std::string why;
+  if (homes.master == Tier::nvme)
+    why = "offload_optimizer.device is nvme (its states are swapped by sub-group after backward)";
+  else if (homes.master == Tier::device && by_ops)
+    why = "the optimizer runs on the device (offload_optimizer.device none)";
+  else if (homes.param == Tier::nvme)
+    why = "offload_param.device is nvme (new working params go through the NVMe tier after backward)";
+  if (!why.empty()) {
+    if (comm->rank() == 0)
+      STRATA_LOG_WARN("zero3: strata.overlap_optimizer is true but the optimizer runs after backward: ", why);
+    return;
+  }
+  auto o = std::make_unique<OptimizerOverlap>();
+  const std::size_t C = slots.size();
+  o->group_of.assign(C, -1);
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    for (int c : groups[g]) o->group_of[std::size_t(c)] = int(g);
+  // Bytes of host memory the copies may take: half of what the plan leaves of check_fits' 90% of RAM.
+  const std::uint64_t per = 4 * std::uint64_t(1 + n_states) + wd_bytes();
+  const std::uint64_t ram = physical_memory();
+  const std::uint64_t host = host_need();
+  const std::uint64_t room = ram == 0 ? std::numeric_limits<std::uint64_t>::max()
+                                      : (ram / 10 * 9 > host ? (ram / 10 * 9 - host) / 2 : 0);
+  o->eligible.assign(C, 0);
+  o->backup_at.assign(C, 0);
+  std::uint64_t total = 0;
+  int chunks = 0;
+  for (std::size_t i = C; i-- > 0;) {  // backward finishes the last chunks first
+    const std::uint64_t b = (slots[i].shard.numel * per + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
+    if (total + b > room) break;
+    o->eligible[i] = 1;
+    o->backup_at[i] = total;
+    total += b;
+    ++chunks;
+  }
+  if (chunks == 0) {
+    if (comm->rank() == 0)
+      STRATA_LOG_WARN("zero3: strata.overlap_optimizer: no room in host memory for the rollback copies (",
+                      format_size(per * slots.back().shard.numel),
+                      " for the last chunk); the optimizer "
+                      "runs after backward");
+    return;
+  }
+  std::vector<char> group_in(groups.size(), 0);
+  for (std::size_t i = 0; i < C; ++i)
+    if (o->eligible[i]) group_in[std::size_t(o->group_of[i])] = 1;
+  plan.overlap_groups = int(std::count(group_in.begin(), group_in.end(), 1));
+  plan.overlap_host = total;
+  o->backup = std::make_unique<std::byte[]>(total);
+  o->expected.assign(C, 0);
+  o->seen.assign(C, 0);
+  o->state.assign(C, State::idle);
+  o->copied.assign(C, 0);
+  o->before.resize(C);
+  o->final_grads.resize(C);
+  for (std::size_t i = 0; i < C; ++i)
+    if (o->eligible[i]) o->final_grads[i] = dev->create_event();
+  overlap = std::move(o);
+  if (comm->rank() == 0)
+    STRATA_LOG_INFO("zero3: optimizer overlapped with backward for ", chunks, " of ", C, " chunks (",
+                    plan.overlap_groups, " of ", groups.size(), " sub-groups); rollback copies ",
+                    format_size(total), " of host memory");
+}
+
+void Engine::Impl::overlap_begin_backward() {
+  if (!overlap) return;
+  OptimizerOverlap& o = *overlap;
+  // A second backward ending the accumulation before step() (more micro-batches than configured): what
+  // the first one updated is undone, and this one updates again with every gradient.
+  overlap_undo(false);
+  std::fill(o.seen.begin(), o.seen.end(), 0);
+  o.armed = micro_steps + 1 >= cfg.gradient_accumulation_steps;
+  if (o.armed && o.last_clipped) {
+    o.armed = false;
+    ++o.stats.waited;
+  }
+  if (!o.armed) return;
+  o.lr = sched.lr();
+  o.factor = float(1.0 / scaler.scale());  // grad_scale's factor when clipping does not fire
+  o.step_no = applied_steps + 1;
+}
+
+void Engine::Impl::overlap_end_backward(bool ok) {
+  if (!overlap) return;
+  OptimizerOverlap& o = *overlap;
+  o.armed = false;
+  if (ok)
+    o.expected = o.seen;
+  else
+    overlap_undo(false);
+}
+
+void Engine::Impl::overlap_handed_off(ChunkSlot& s, Stream& on) {
+  if (!overlap) return;
+  OptimizerOverlap& o = *overlap;
+  const std::size_t c = std::size_t(s.id);
+  const int seen = ++o.seen[c];
+  if (!o.armed || !o.eligible[c] || o.expected[c] == 0) return;
+  if (seen > o.expected[c]) {
+    // More hand-offs than the last backward made: this pass has another shape, and the chunk's update
+    // was made too early. Undo them all; this step updates after backward.
+    STRATA_LOG_DEBUG("zero3: chunk ", s.name, " got gradients after its update; the step waits");
+    overlap_undo(false);
+    o.armed = false;
+    return;
+  }
+  if (seen < o.expected[c]) return;
+  on.record(*o.final_grads[c]);
+  {
+    std::lock_guard<std::mutex> lk(o.mu);
+    o.state[c] = State::queued;
+    o.queue.push_back(int(c));
+  }
+  o.cv.notify_all();
+  if (!o.worker.joinable()) o.worker = std::thread([this] { overlap_worker(); });
+}
+
+void Engine::Impl::overlap_worker() {
+  OptimizerOverlap& o = *overlap;
+  std::unique_lock<std::mutex> lk(o.mu);
+  for (;;) {
+    o.cv.wait(lk, [&] { return o.stop || !o.queue.empty(); });
+    if (o.queue.empty()) return;  // stopping, and drained
+    const int c = o.queue.front();
+    o.queue.pop_front();
+    ++o.running;
+    lk.unlock();
+    std::exception_ptr err;
+    try {
+      overlap_update(c);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lk.lock();
+    --o.running;
+    if (err) {
+      o.state[std::size_t(c)] = State::failed;
+      if (!o.error) o.error = err;
+    } else {
+      o.state[std::size_t(c)] = State::done;
+    }
+    o.cv.notify_all();
+  }
+}
+
+// On the worker: chunk c's copies, then its update as step() would make it unclipped.
+void Engine::Impl::overlap_update(int c) {
+  OptimizerOverlap& o = *overlap;
+  ChunkSlot& s = slots[std::size_t(c)];
+  o.final_grads[std::size_t(c)]->synchronize();
+  const std::size_t n = s.shard.numel;
+  const bool m_used = cfg.optimizer.type != OptimizerType::Adagrad;
+  const bool v_used = cfg.optimizer.type != OptimizerType::Lion;
+  std::byte* b = o.backup.get() + o.backup_at[std::size_t(c)];
+  std::memcpy(b, s.master, n * sizeof(float));
+  b += n * sizeof(float);
+  if (m_used) {
+    std::memcpy(b, s.exp_avg, n * sizeof(float));
+    b += n * sizeof(float);
+  }
+  if (v_used) {
+    std::memcpy(b, s.exp_avg_sq, n * sizeof(float));
+    b += n * sizeof(float);
+  }
+  // Working params updated in place (pinned home, or a device the CPU addresses): copied first. A device
+  // home reached by stream work only receives them at step(), from here.
+  const bool staged = homes.param == Tier::device && by_ops;
+  if (!staged) std::memcpy(b, my_params(s), n * wd_bytes());
+  o.before[std::size_t(c)] = s.opt;
+  o.copied[std::size_t(c)] = 1;  // from here on, undoing puts the copies back
+  update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, staged ? static_cast<void*>(b) : my_params(s), o.lr,
+               o.factor, o.step_no);
+}
+
+void Engine::Impl::overlap_wait() {
+  if (!overlap) return;
+  OptimizerOverlap& o = *overlap;
+  std::exception_ptr err;
+  {
+    std::unique_lock<std::mutex> lk(o.mu);
+    o.cv.wait(lk, [&] { return o.queue.empty() && o.running == 0; });
+    std::swap(err, o.error);
+  }
+  if (err) {
+    overlap_undo(false);
+    std::rethrow_exception(err);
+  }
+}
+
+bool Engine::Impl::overlap_done(std::size_t c) const {
+  return overlap && overlap->state[c] == State::done;
+}
+
+void Engine::Impl::overlap_keep(std::size_t c) {
+  OptimizerOverlap& o = *overlap;
+  ChunkSlot& s = slots[c];
+  if (homes.param == Tier::device && by_ops) {
+    const std::size_t n = s.shard.numel;
+    const std::byte* p = o.backup.get() + o.backup_at[c] + n * sizeof(float) * std::size_t(1 + n_states);
+    to_device(my_params(s), p, n * wd_bytes());
+  }
+  o.state[c] = State::idle;
+  o.copied[c] = 0;
+  ++o.stats.updates;
+}
+
+void Engine::Impl::overlap_undo(bool rollback) {
+  if (!overlap) return;
+  OptimizerOverlap& o = *overlap;
+  {
+    std::unique_lock<std::mutex> lk(o.mu);
+    o.cv.wait(lk, [&] { return o.queue.empty() && o.running == 0; });
+    o.error = nullptr;  // the copies below undo whatever the failed update wrote
+  }
+  const auto t0 = Clock::now();
+  const bool m_used = cfg.optimizer.type != OptimizerType::Adagrad;
+  const bool v_used = cfg.optimizer.type != OptimizerType::Lion;
+  const bool staged = homes.param == Tier::device && by_ops;
+  bool any = false;
+  for (std::size_t c = 0; c < slots.size(); ++c) {
+    if (o.state[c] == State::idle) continue;
+    const bool wrote = o.copied[c] != 0;
+    o.state[c] = State::idle;
+    o.copied[c] = 0;
+    if (!wrote) continue;
+    any = true;
+    ++o.stats.updates;
+    ChunkSlot& s = slots[c];
+    const std::size_t n = s.shard.numel;
+    const std::byte* b = o.backup.get() + o.backup_at[c];
+    std::memcpy(s.master, b, n * sizeof(float));
+    b += n * sizeof(float);
+    if (m_used) {
+      std::memcpy(s.exp_avg, b, n * sizeof(float));
+      b += n * sizeof(float);
+    }
+    if (v_used) {
+      std::memcpy(s.exp_avg_sq, b, n * sizeof(float));
+      b += n * sizeof(float);
+    }
+    if (!staged) std::memcpy(my_params(s), b, n * wd_bytes());
+    s.opt = o.before[c];
+  }
+  if (!any) return;
+  if (rollback) {
+    ++o.stats.rollbacks;
+    o.stats.rollback_seconds += seconds_since(t0);
+  } else {
+    ++o.stats.cancelled;
+  }
+}
+
+void Engine::Impl::overlap_stop() {
+  if (!overlap) return;
+  OptimizerOverlap& o = *overlap;
+  {
+    std::lock_guard<std::mutex> lk(o.mu);
+    o.stop = true;
+  }
+  o.cv.notify_all();
+  if (o.worker.joinable()) o.worker.join();
+}
+
+}  // namespace strata::zero3

@@ -166,6 +166,7 @@ struct StrataConfig {
   };
   struct CpuOptim {
     std::string simd = "auto";  // "auto" or a Highway target name (AVX2, AVX3, NEON, ...)
+    std::int64_t cores = 0;     // kept for the optimizer alone (the rank's last cpus); 0 = shared
     bool pin_threads = true;
   };
   // Activation checkpointing (model/llama.h, Note [Activation checkpointing]): keep each block's input

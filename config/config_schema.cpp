@@ -719,10 +719,20 @@ std::vector<Option> build_options() {
                .choices = {"auto", "AVX3_DL", "AVX3", "AVX2", "SSE4", "SVE2_128", "SVE_256", "SVE2", "SVE",
                            "NEON", "PPC8", "WASM", "WASM_EMU256", "RVV", "EMU128", "SCALAR"},
                .case_insensitive = true});
+  o.push_back({.path = "strata.cpu_optim.cores",
+               .kind = Kind::integer,
+               .def = 0,
+               .meaning = "Cores kept for the CPU optimizer alone, the last of this rank's cpus: its threads "
+                          "run there, and on the host backend the model computes on the rest (with "
+                          "strata.overlap_optimizer auto, it then overlaps backward). 0 = the optimizer and "
+                          "compute share every core. At least one core must be left.",
+               .field = STRATA_FIELD(strata.cpu_optim.cores),
+               .min = 0});
   o.push_back({.path = "strata.cpu_optim.pin_threads",
                .kind = Kind::boolean,
                .def = true,
-               .meaning = "Pin CPU optimizer threads to cores (NUMA-local to the device).",
+               .meaning = "Pin CPU optimizer threads to this rank's cpus (the process's allowed cpus; on "
+                          "cuda those of the GPU's NUMA node when it has any).",
                .field = STRATA_FIELD(strata.cpu_optim.pin_threads)});
   o.push_back({.path = "strata.log_level",
                .kind = Kind::choice,

@@ -99,6 +99,21 @@ std::string Topology::summary() const {
   return s + ")";
 }
 
+std::vector<int> allowed_cpus() {
+  static const std::vector<int> cpus = [] {
+    std::vector<int> v;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) v.push_back(c);
+    }
+    if (v.empty()) v = Topology::get().all_cpus();
+    return v;
+  }();
+  return cpus;
+}
+
 void pin_current_thread(const std::vector<int>& cpus) {
   if (cpus.empty()) return;
   cpu_set_t set;

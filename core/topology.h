@@ -39,6 +39,11 @@ class Topology {
   std::vector<std::string> gpu_pci_;  // PCI bus ids by CUDA ordinal, filled lazily by gpu_numa_node
 };
 
+// The cpus this process may run on (sched_getaffinity: what mpirun --bind-to, taskset or a cgroup allows),
+// ascending, as they were at the first call — made before any thread pins itself (the engine asks first
+// thing), so later pinning does not narrow it.
+std::vector<int> allowed_cpus();
+
 // Binds the calling thread to the given OS cpu ids (empty: no-op). Throws BackendError when the kernel
 // refuses (e.g. a cpu outside the process's allowed set), naming the cpus.
 void pin_current_thread(const std::vector<int>& cpus);

@@ -142,9 +142,11 @@ struct Options {
   // (every cpu the process may run on). More than that splits each shard into this many ranges but runs
   // only that many at once. Negative raises ConfigError.
   int threads = 0;
-  // strata.cpu_optim.pin_threads: bind each thread to one cpu of core/topology's list while it works on a
-  // call (its previous affinity is restored when it leaves). Off by default.
+  // strata.cpu_optim.pin_threads: bind each thread to one cpu of `cpus` (empty: core/topology's list of
+  // every cpu) while it works on a call (its previous affinity is restored when it leaves). Off by
+  // default.
   bool pin = false;
+  std::vector<int> cpus = {};
   // Write the low-precision output with non-temporal (streaming) stores where the address allows: it is
   // written once and read next by a copy to the device, so it need not displace cached data, and the
   // stores skip the read-for-ownership of each line (2 bytes per element less traffic). Off: ordinary

@@ -6,13 +6,13 @@
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
-#include <tbb/task_scheduler_observer.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "core/arena_pin.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/topology.h"
@@ -27,45 +27,6 @@ namespace {
 constexpr std::size_t kSerialBelow = std::size_t(1) << 16;
 // Per-thread ranges start at multiples of this many elements (whole cache lines of every dtype).
 constexpr std::size_t kRangeAlign = 64;
-
-// Binds each thread of the arena to one cpu while it is inside the arena and gives it back its previous
-// affinity when it leaves. Threads are told apart by their arena slot, so slot k always gets cpus[k % n].
-class PinObserver : public tbb::task_scheduler_observer {
- public:
-  PinObserver(tbb::task_arena& arena, std::vector<int> cpus)
-      : tbb::task_scheduler_observer(arena), cpus_(std::move(cpus)) {
-    observe(true);
-  }
-  ~PinObserver() override { observe(false); }
-
-  void on_scheduler_entry(bool /*is_worker*/) override {
-    if (cpus_.empty()) return;
-    Saved& s = saved();
-    s.valid = pthread_getaffinity_np(pthread_self(), sizeof(s.mask), &s.mask) == 0;
-    const int slot = std::max(0, tbb::this_task_arena::current_thread_index());
-    try {
-      pin_current_thread({cpus_[std::size_t(slot) % cpus_.size()]});
-    } catch (const Error& e) {
-      STRATA_WARN_ONCE("cpu_optim: cannot pin optimizer threads (", e.what(), "); running unpinned");
-    }
-  }
-  void on_scheduler_exit(bool /*is_worker*/) override {
-    Saved& s = saved();
-    if (s.valid) pthread_setaffinity_np(pthread_self(), sizeof(s.mask), &s.mask);
-    s.valid = false;
-  }
-
- private:
-  struct Saved {
-    cpu_set_t mask;
-    bool valid = false;
-  };
-  static Saved& saved() {
-    thread_local Saved s;
-    return s;
-  }
-  std::vector<int> cpus_;
-};
 
 void check_buffer(const void* p, std::size_t n, std::size_t elem, const char* what, const char* call) {
   STRATA_CHECK(n == 0 || p != nullptr, call, ": shard.", what, " is null but the shard has ", n, " elements");
@@ -132,7 +93,7 @@ struct Optimizer::Impl {
   int threads = 1;
   bool stream_output = true;
   tbb::task_arena arena;
-  std::unique_ptr<PinObserver> pin;
+  std::unique_ptr<ArenaPin> pin;
 
   // Contiguous range `part` of `parts` over [0, n), starting at a multiple of kRangeAlign.
   static std::pair<std::size_t, std::size_t> range(std::size_t n, std::size_t parts, std::size_t part) {
@@ -186,7 +147,9 @@ Optimizer::Optimizer(const Options& options) : impl_(std::make_unique<Impl>()) {
   // More ranges than cores is allowed (the split is then finer than the parallelism) but oneTBB would
   // refuse the extra workers, so the arena asks for no more than it may have.
   impl_->arena.initialize(std::min(impl_->threads, cores));
-  if (options.pin) impl_->pin = std::make_unique<PinObserver>(impl_->arena, Topology::get().all_cpus());
+  if (options.pin)
+    impl_->pin = std::make_unique<ArenaPin>(
+        impl_->arena, options.cpus.empty() ? Topology::get().all_cpus() : options.cpus, "optimizer");
   STRATA_LOG_DEBUG("cpu_optim: SIMD target ", impl_->target.name, ", ", impl_->threads, " threads",
                    options.pin ? ", pinned" : "");
 }

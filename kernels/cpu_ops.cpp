@@ -8,8 +8,12 @@
 // gather cast on the gather stream runs while the compute stream computes) and the same ordering bugs
 // a GPU would have, and the results are those of calling kernels/cpu directly, bit for bit (the same
 // functions in the same order; the threads they run on do not change their arithmetic).
-#include <cstring>
+#include <tbb/task_arena.h>
 
+#include <cstring>
+#include <memory>
+
+#include "core/arena_pin.h"
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
@@ -34,6 +38,10 @@ class CpuOps final : public Ops {
                    (impl.empty() ? std::string("bf16-rounded through OpenBLAS") : impl) + "), oneTBB loops";
     }
     caps_.activation = DType::fp32;
+    if (!opts.cpus.empty()) {
+      arena_ = std::make_shared<tbb::task_arena>(int(opts.cpus.size()));
+      pin_ = std::make_shared<ArenaPin>(*arena_, opts.cpus, "compute");
+    }
   }
   const OpsCaps& caps() const override { return caps_; }
 
@@ -205,11 +213,15 @@ class CpuOps final : public Ops {
   // next synchronize().
   template <typename Fn>
   void enqueue(Fn&& fn) {
-    stream().host_fn(std::forward<Fn>(fn));
+    if (!arena_) return stream().host_fn(std::forward<Fn>(fn));
+    // The op's loops in the compute arena (its cpus); the arena outlives every op that reaches the stream.
+    stream().host_fn([arena = arena_, pin = pin_, f = std::forward<Fn>(fn)]() mutable { arena->execute(f); });
   }
 
   bool bf16_matmul_ = false;  // linear ops through kernels/cpu/linear_bf16.cpp
   OpsCaps caps_;
+  std::shared_ptr<tbb::task_arena> arena_;  // OpsOptions.cpus: where the ops compute (null: default arena)
+  std::shared_ptr<ArenaPin> pin_;
 };
 
 }  // namespace

@@ -204,6 +204,10 @@ struct OpsOptions {
   // rounds both operands to bf16 and accumulates in fp32 (kernels/cpu/linear_bf16.cpp), as the cuda path
   // always does — what bf16 training asks for. cuda computes in bf16 whatever this says.
   DType matmul = DType::fp32;
+  // The cpus the CPU ops compute on (host backend; strata.cpu_optim.cores keeps the optimizer's apart):
+  // each op runs in a oneTBB arena of that many threads pinned to them. Empty: oneTBB's default arena,
+  // every cpu. cuda ignores it.
+  std::vector<int> cpus = {};
 };
 
 // The implementation for `dev`'s backend, enqueuing on `stream` (a stream of `dev`). Throws BackendError

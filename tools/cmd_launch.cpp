@@ -114,6 +114,9 @@ Command launch(
                      "Accepted for DeepSpeed compatibility and ignored: MPI finds its peers itself");
       sub.add_option("--master_port", a->master_port,
                      "Accepted for DeepSpeed compatibility and ignored: MPI finds its peers itself");
+      sub.add_flag("--bind_cores_to_rank", a->opts.bind_cores_to_rank,
+                   "Bind each rank to its own cores, this host's cores split evenly among its ranks "
+                   "(DeepSpeed's flag); strata.cpu_optim.cores then splits a rank's cores");
       sub.add_flag("--dry-run", a->dry_run, "Print the mpirun command line instead of running it");
       sub.add_option("command", a->opts.command,
                      "The strata subcommand every rank runs and its arguments, after \"--\"");

@@ -322,9 +322,22 @@ LaunchPlan plan_launch(const LaunchOptions& o, const LaunchEnv& env) {
   a.push_back(env.mpirun);
   if (env.root) a.push_back("--allow-run-as-root");
   if (local_ranks > env.cores) a.push_back("--oversubscribe");
-  // Each rank runs many threads (CPU optimizer, BLAS, I/O); Open MPI's default binding for <= 2 ranks
-  // would hold all of a rank's threads to one core.
-  a.insert(a.end(), {"--bind-to", "none"});
+  if (o.bind_cores_to_rank) {
+    // The busiest host sets the share: every rank gets as many cores as a rank there can (the hosts of a
+    // pool are alike, as DeepSpeed assumes).
+    std::size_t most = 0;
+    for (const HostSlots& h : hosts) most = std::max(most, h.slots.size());
+    const int per_rank = env.cores / int(most);
+    if (per_rank < 1)
+      throw ConfigError(cat("--bind_cores_to_rank: ", most, " ranks on a host of ", env.cores,
+                            " cores leave none per rank; run at most ", env.cores,
+                            " ranks per host, or leave --bind_cores_to_rank out"));
+    a.insert(a.end(), {"--map-by", cat("slot:PE=", per_rank), "--bind-to", "core"});
+  } else {
+    // Each rank runs many threads (CPU optimizer, BLAS, I/O); Open MPI's default binding for <= 2 ranks
+    // would hold all of a rank's threads to one core.
+    a.insert(a.end(), {"--bind-to", "none"});
+  }
   // One app context per run of hosts with the same slot list (STRATA_LOCAL_DEVICES is per context).
   for (std::size_t i = 0; i < hosts.size();) {
     std::size_t j = i;

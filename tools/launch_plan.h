@@ -31,8 +31,12 @@ struct LaunchOptions {
   std::optional<int> num_gpus, num_nodes;  // unset: the pool's own slots / every host
   std::string include, exclude, hostfile;  // "" = not given
   std::string backend;                     // "" | auto | host | cuda; passed on to `train --backend`
-  std::vector<std::string> command;        // the strata subcommand and its arguments, e.g. {"train", ...}
-  std::vector<std::string> unparsed;       // what the option parser left over ("--" only, when well formed)
+  // DeepSpeed's --bind_cores_to_rank: each rank of a host bound to its own cores, the host's cores split
+  // evenly among its ranks (mpirun --map-by slot:PE=n --bind-to core); the engine then runs on those
+  // (zero3/engine.cpp, Note [Cores]). Off: ranks unbound (--bind-to none).
+  bool bind_cores_to_rank = false;
+  std::vector<std::string> command;   // the strata subcommand and its arguments, e.g. {"train", ...}
+  std::vector<std::string> unparsed;  // what the option parser left over ("--" only, when well formed)
 };
 
 // Facts about this machine and process the plan depends on (filled by cmd_launch.cpp, by tests by hand).

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <thread>
 
 #include "comm/devices.h"
 #include "core/log.h"
+#include "core/topology.h"
 #include "cpu_optim/cpu_optim.h"
 #include "kernels/cpu/ops.h"
 #include "zero3/engine_impl.h"
@@ -124,7 +126,9 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   // bf16 training multiplies bf16 operands with fp32 accumulation on every backend (cuda always does; the
   // CPU ops round their operands: kernels/cpu/linear_bf16.cpp). fp16 and fp32 training use fp32 products
   // on the CPU.
-  ops = kernels::make_ops(*dev, *compute_stream, {.matmul = cfg.bf16.enabled ? DType::bf16 : DType::fp32});
+  plan_cores();
+  ops = kernels::make_ops(*dev, *compute_stream,
+                          {.matmul = cfg.bf16.enabled ? DType::bf16 : DType::fp32, .cpus = compute_cpus});
   act = ops->caps().activation;
   plan_memory();
   check_fits();
@@ -135,9 +139,12 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   po.max_live_numel = z.stage3_max_live_parameters;
   po.max_reuse_distance = z.stage3_max_reuse_distance;
   pf = std::make_unique<prefetch::Prefetcher>(*this, po);
-  opt = std::make_unique<cpu_optim::Optimizer>(cpu_optim::Options{.simd = cfg.strata.cpu_optim.simd,
-                                                                  .threads = int(cfg.strata.threads),
-                                                                  .pin = cfg.strata.cpu_optim.pin_threads});
+  // Note [Cores]: with strata.cpu_optim.cores the optimizer has that many threads on its own cpus.
+  opt = std::make_unique<cpu_optim::Optimizer>(cpu_optim::Options{
+      .simd = cfg.strata.cpu_optim.simd,
+      .threads = cfg.strata.cpu_optim.cores > 0 ? int(cfg.strata.cpu_optim.cores) : int(cfg.strata.threads),
+      .pin = cfg.strata.cpu_optim.pin_threads,
+      .cpus = optimizer_cpus});
   gather_stream = dev->create_stream("zero3-gather");
   gather_ops = kernels::make_ops(*dev, *gather_stream);
   grad_stream = dev->create_stream("zero3-grads");
@@ -215,6 +222,43 @@ void Engine::Impl::plan_memory() {
   persistent_bytes = p.persistent_bytes;
   persistent_chunks = p.persistent_chunks;
   group_window = p.group_window;
+}
+
+// Note [Cores]: a rank runs on the cpus the process may use (mpirun's or strata launch's binding, taskset,
+// a cgroup), narrowed on cuda to those of the GPU's NUMA node when it has any. strata.cpu_optim.cores = k
+// keeps the last k for the CPU optimizer alone — its threads are pinned there — and, on the host backend,
+// the model's ops compute in an arena pinned to the others; the stream and NVMe completion threads stay
+// unpinned. k = 0 shares every cpu (the optimizer pinned round-robin over all of them when pin_threads).
+void Engine::Impl::plan_cores() {
+  std::vector<int> rank = allowed_cpus();
+  if (dev->caps().backend != BackendKind::host && dev->caps().numa_node >= 0) {
+    const std::vector<int> near = Topology::get().cpus_of_numa(dev->caps().numa_node);
+    std::vector<int> both;
+    std::set_intersection(rank.begin(), rank.end(), near.begin(), near.end(), std::back_inserter(both));
+    if (!both.empty()) rank = std::move(both);
+  }
+  const std::int64_t k = cfg.strata.cpu_optim.cores;
+  if (k == 0) {
+    optimizer_cpus = rank;
+    return;
+  }
+  if (k >= std::int64_t(rank.size())) {
+    std::string list;
+    for (int c : rank) list += cat(list.empty() ? "" : ",", c);
+    throw ConfigError(cat("strata.cpu_optim.cores: ", k, " but this rank runs on ", rank.size(), " cpu",
+                          rank.size() == 1 ? "" : "s", " (", list,
+                          "); leave at least one for the model and the copies (at most ", rank.size() - 1,
+                          "), or 0 to share them all"));
+  }
+  const auto split = rank.end() - std::ptrdiff_t(k);
+  optimizer_cpus.assign(split, rank.end());
+  if (dev->caps().backend == BackendKind::host) compute_cpus.assign(rank.begin(), split);
+  if (comm->rank() == 0)
+    STRATA_LOG_INFO("zero3: the CPU optimizer runs on cpu", k == 1 ? " " : "s ", optimizer_cpus.front(),
+                    k == 1 ? std::string() : cat("-", optimizer_cpus.back()),
+                    compute_cpus.empty() ? std::string()
+                                         : cat(", the model's ops on ", compute_cpus.size(), " other cpu",
+                                               compute_cpus.size() == 1 ? "" : "s"));
 }
 
 std::uint64_t Engine::Impl::host_need() const {

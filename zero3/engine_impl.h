@@ -117,6 +117,9 @@ struct Engine::Impl final : prefetch::FetchTarget {
   ~Impl() override;
 
   // ---- construction (engine.cpp) ----
+  // The rank's cpus, split between the CPU optimizer and the host backend's compute (Note [Cores]).
+  void plan_cores();
+  std::vector<int> compute_cpus, optimizer_cpus;
   void plan_memory();
   // Host memory the plan takes: pinned state and staging, and on the host backend the device too.
   std::uint64_t host_need() const;

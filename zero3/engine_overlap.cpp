@@ -29,8 +29,8 @@
 // compute to hide behind, and a restore pass plus the redone update per rollback.
 //
 // When: strata.overlap_optimizer true, or "auto" with the optimizer offloaded to the CPU and the model
-// computing on a GPU. Not "auto" on the host backend, where backward and the optimizer would share the
-// same cores (a slower step, measured in bench/RESULTS.md).
+// computing on a GPU, or on the host backend with strata.cpu_optim.cores giving the optimizer cores of
+// its own (sharing them, backward and the optimizer slow each other: measured in bench/RESULTS.md).
 //
 // Which steps: the last applied step's clipping predicts this one's, so after a clipped step the next
 // is updated after backward (OverlapStats.waited) rather than rolled back again.
@@ -64,11 +64,12 @@ void Engine::Impl::plan_overlap() {
   const OV mode = cfg.strata.overlap_optimizer;
   plan.optimizer_groups = int(groups.size());
   // "auto": where the model computes on a device and the optimizer in pinned host memory — the CPU is
-  // otherwise idle during backward. Not on the host backend, whose compute uses the same cores: there the
-  // early updates slow backward as much as they save (measured: bench/RESULTS.md) unless the optimizer
-  // is given cores of its own, so it takes an explicit true.
+  // otherwise idle during backward. On the host backend only when the optimizer has cores of its own
+  // (strata.cpu_optim.cores, Note [Cores] in engine.cpp): sharing them, the early updates slow backward
+  // as much as they save (measured: bench/RESULTS.md).
   if (mode == OV::off ||
-      (mode == OV::automatic && (homes.master != Tier::pinned || dev->caps().backend == BackendKind::host)))
+      (mode == OV::automatic && (homes.master != Tier::pinned || (dev->caps().backend == BackendKind::host &&
+                                                                  cfg.strata.cpu_optim.cores == 0))))
     return;
   std::string why;
   if (homes.master == Tier::nvme)

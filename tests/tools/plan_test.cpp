@@ -60,6 +60,26 @@ TEST(Plan, TwoRanksOnTheHostBackend) {
                                     " /opt/strata/bin/strata train --config c.json --backend host");
 }
 
+TEST(Plan, BindCoresToRankSplitsTheHostsCores) {
+  LaunchOptions o = train();
+  o.num_gpus = 2;
+  o.backend = "host";
+  o.bind_cores_to_rank = true;
+  EXPECT_EQ(joined(o, machine(8)), std::string("/usr/bin/mpirun --map-by slot:PE=4 --bind-to core -np 2 -H "
+                                               "localhost:2 -x STRATA_LOCAL_DEVICES=0,1 ") +
+                                       kForward +
+                                       " /opt/strata/bin/strata train --config c.json --backend host");
+}
+
+TEST(Plan, BindCoresToRankRefusesMoreRanksThanCores) {
+  LaunchOptions o = train();
+  o.num_gpus = 3;
+  o.backend = "host";
+  o.bind_cores_to_rank = true;
+  const std::string e = config_error(o, machine(2));
+  EXPECT_NE(e.find("--bind_cores_to_rank: 3 ranks on a host of 2 cores"), std::string::npos) << e;
+}
+
 TEST(Plan, DefaultIsOneRankOnTheHostBackend) {
   EXPECT_EQ(plan_launch(train({"--backend", "host"}), machine(8, 4)).world_size, 1);
   EXPECT_EQ(plan_launch(train(), machine(8, 0)).world_size, 1);  // auto without a GPU

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/topology.h"
 #include "tests/zero3/engine_util.h"
 
 namespace strata::zero3::test {
@@ -208,6 +209,38 @@ TEST(OverlapFallback, AutoIsOffOnTheHostBackend) {
   const Config cfg = make_config(OffloadDevice::none, OffloadDevice::cpu, d.path());
   ASSERT_EQ(cfg.strata.overlap_optimizer, StrataConfig::Overlap::automatic);
   EXPECT_EQ(run(cfg, make_tokens(d), false, 1).plan.overlap_groups, 0);
+}
+
+// Note [Cores] in zero3/engine.cpp: strata.cpu_optim.cores keeps the rank's last cpus for the optimizer.
+TEST(Cores, EveryCpuForTheOptimizerIsRefusedBeforeTraining) {
+  ScratchDir d("cores-all");
+  Config cfg = make_config(OffloadDevice::none, OffloadDevice::cpu, d.path());
+  cfg.strata.cpu_optim.cores = std::int64_t(allowed_cpus().size());
+  try {
+    Engine e(cfg, kModel, {.backend = "host", .device_memory_cap = 0, .seq_len = kSeq});
+    FAIL() << "every cpu given to the optimizer was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("strata.cpu_optim.cores"), std::string::npos) << e.what();
+  }
+}
+
+// Cores of its own turn the overlap on ("auto") on the host backend; the model computing on the other cpus
+// gives the same bits as every cpu shared.
+TEST(Cores, TheOptimizersOwnCoresOverlapItAndTrainTheSameBits) {
+  const std::size_t n = allowed_cpus().size();
+  if (n < 2) GTEST_SKIP() << "needs 2 cpus; this process may run on " << n;
+  ScratchDir d("cores-own");
+  const std::string tokens = make_tokens(d);
+  Config own = make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path(), {{"gradient_clipping", 1e9}});
+  own.strata.cpu_optim.cores = 1;
+  const Result split = run(own, tokens, false);
+  const Result shared = run(
+      with_overlap(
+          make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path(), {{"gradient_clipping", 1e9}}), false),
+      tokens, false);
+  EXPECT_GT(split.plan.overlap_groups, 0);
+  EXPECT_EQ(split.stats.steps, std::uint64_t(kSteps));
+  expect_same(split, shared);
 }
 
 }  // namespace

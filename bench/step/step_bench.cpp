@@ -4,13 +4,22 @@
 //
 //   step_bench --model 10m -B 4 -T 128 --steps 5 --nvme-path /local_nvme [--device-cap 1GiB]
 //              [--placements none,cpu,nvme] [--backend host] [--max-in-cpu 0] [--sub-group-size 1e8]
-//              [--ceiling auto|host|device]
+//              [--ceiling auto|host|device] [--overlap off,on] [--optimizer-cores 1] [--clip 0]
+//              [--checkpoint false]
+//
+// --overlap gives each placement a row per strata.overlap_optimizer value (a placement that cannot
+// overlap gets no "on" row); --optimizer-cores sets strata.cpu_optim.cores, and the compute-only step then
+// measures the model on the other cores and the optimizer on these, as the engine splits them. Each row's
+// step is set against the ideal overlapped step — the longest of compute (the compute-only forward and
+// backward), the optimizer (its update) and the transfers, each measured alone in the same run — and
+// against their sum (/ideal, /sum), with the steps that kept their early updates, rolled them back and
+// waited (kept/rb/w; Note [Optimizer overlap] in zero3/engine_overlap.cpp).
 //
 // Ceiling: the compute-only step — the same model, batch and AdamW update with every parameter, gradient
-// and state where compute reads it: on the host backend in ordinary memory (model::InMemoryChunks,
-// cpu_optim over the whole model), on cuda in device memory (model::DeviceChunks, the model on the
-// compute interface, the device optimizer; the whole model's state must fit the GPU): no gathers, no
-// gradient hand-off, no NVMe. Per placement:
+// and state where compute reads it: on the host backend in ordinary memory (model::InMemoryChunks, the
+// engine's ops with bf16 products on a host device, cpu_optim over the whole model), on cuda in device
+// memory (model::DeviceChunks, the model on the compute interface, the device optimizer; the whole
+// model's state must fit the GPU): no gathers, no gradient hand-off, no NVMe. Per placement:
 //   step          mean wall time of the measured steps (after one warm-up step that records the trace)
 //   transfers     the same step with the model's compute left out (the same acquires and gradient
 //                 hand-offs in the same order, then the optimizer step) minus the compute-only optimizer
@@ -50,6 +59,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "core/topology.h"
 #include "cpu_optim/cpu_optim.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
@@ -70,6 +80,10 @@ struct Opts {
   std::string placements = "none,cpu,nvme";
   std::string ceiling = "auto";  // auto: device where the CPU cannot address it, else host
   int batch = 4, seq = 128, steps = 5, threads = 0;
+  std::string overlap = "off";  // strata.overlap_optimizer per row: off, on (comma-separated)
+  int optimizer_cores = 0;      // strata.cpu_optim.cores
+  double clip = 1.0;            // gradient_clipping
+  bool checkpoint = true;       // strata.checkpoint_activations, placements and compute-only alike
   std::uint64_t sub_group = 100000000;
   std::uint64_t max_in_cpu = 1000000000;
 };
@@ -160,8 +174,22 @@ Split compute_only(const model::ModelConfig& mcfg, const Opts& o) {
   }
   model::InMemoryChunks chunks{model::ModelLayout(mcfg)};
   chunks.init(1);
-  model::LlamaModel m(mcfg, {.checkpoint_activations = true});
-  cpu_optim::Optimizer opt({.simd = "auto", .threads = o.threads, .pin = false});
+  // The engine's arithmetic: its ops (bf16 products, as the placements train) on a host device, with the
+  // placements' checkpointing. With --optimizer-cores k each runs alone on its share of the cores, as the
+  // engine splits them (the optimizer k threads, the model's ops the rest; Note [Cores] in
+  // zero3/engine.cpp).
+  const std::vector<int> cpus = allowed_cpus();
+  const int k = std::clamp(o.optimizer_cores, 0, int(cpus.size()) - 1);
+  DeviceOptions dopts;
+  dopts.backend = "host";
+  std::unique_ptr<Device> dev = open_device(dopts);
+  std::unique_ptr<Stream> stream = dev->create_stream("bench-compute-only");
+  std::unique_ptr<kernels::Ops> ops = kernels::make_ops(
+      *dev, *stream,
+      {.matmul = DType::bf16,
+       .cpus = k > 0 ? std::vector<int>(cpus.begin(), cpus.end() - k) : std::vector<int>{}});
+  model::LlamaModel m(mcfg, {.checkpoint_activations = o.checkpoint, .device = dev.get(), .ops = ops.get()});
+  cpu_optim::Optimizer opt({.simd = "auto", .threads = k > 0 ? k : o.threads, .pin = false});
   const std::size_t n = chunks.layout().total_padded_numel();
   std::vector<float> mom(n, 0.0f), var(n, 0.0f);
   std::vector<std::uint16_t> out(n);
@@ -172,10 +200,11 @@ Split compute_only(const model::ModelConfig& mcfg, const Opts& o) {
   for (int i = 0; i <= reps; ++i) {
     chunks.zero_grads();
     auto t0 = Clock::now();
-    m.forward(chunks, b.inputs.data(), b.targets.data(), b.rows, b.seq_len);
+    m.forward(chunks, b.inputs.data(), b.targets.data(), b.rows, b.seq_len);  // returns the loss: synced
     const double f = since(t0);
     t0 = Clock::now();
     m.backward(chunks);
+    stream->synchronize();
     const double bw = since(t0);
     t0 = Clock::now();
     opt.grad_stats(chunks.all_grads(), strata::DType::fp32, n);
@@ -195,11 +224,11 @@ Split compute_only(const model::ModelConfig& mcfg, const Opts& o) {
   return s;
 }
 
-Config placement_config(const std::string& p, const Opts& o) {
+Config placement_config(const std::string& p, const Opts& o, bool overlap) {
   nlohmann::json j = {
       {"train_micro_batch_size_per_gpu", o.batch},
       {"gradient_accumulation_steps", 1},
-      {"gradient_clipping", 1.0},
+      {"gradient_clipping", o.clip},
       {"bf16", {{"enabled", true}}},
       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}}},
       {"zero_optimization",
@@ -209,7 +238,12 @@ Config placement_config(const std::string& p, const Opts& o) {
         {"offload_optimizer",
          {{"device", p}, {"pipeline_read", true}, {"pipeline_write", true}, {"buffer_count", 9}}}}},
       {"aio", {{"queue_depth", 32}, {"intra_op_parallelism", 2}}},
-      {"strata", {{"backend", o.backend}, {"threads", o.threads}, {"cpu_optim", {{"pin_threads", false}}}}},
+      {"strata",
+       {{"backend", o.backend},
+        {"threads", o.threads},
+        {"overlap_optimizer", overlap},
+        {"checkpoint_activations", o.checkpoint},
+        {"cpu_optim", {{"pin_threads", o.optimizer_cores > 0}, {"cores", o.optimizer_cores}}}}},
   };
   if (p == "nvme") {
     if (o.nvme_path.empty()) throw ConfigError("placement nvme needs --nvme-path DIR");
@@ -242,6 +276,9 @@ void transfer_pass(zero3::Engine& e, const model::ModelConfig& m) {
 
 struct Row {
   std::string placement;
+  bool overlapped = false;  // strata.overlap_optimizer true (and planned: the placement allows it)
+  zero3::OverlapStats overlap_stats;
+  double ideal = 0, sum = 0;  // max and sum of compute, optimizer and transfers measured alone
   Split step;
   double transfers = 0, exposed = 0, overlap = -1, overlap_wait = -1, ratio = 0;
   std::vector<double> losses;
@@ -257,15 +294,17 @@ double model_flops(const model::ModelConfig& mcfg, const Opts& o) {
   return 3.0 * m.forward_flops(o.batch, o.seq);
 }
 
-Row run_placement(const std::string& p, const model::ModelConfig& mcfg, const Opts& o, const Split& ceiling) {
+Row run_placement(const std::string& p, bool overlap, const model::ModelConfig& mcfg, const Opts& o,
+                  const Split& ceiling) {
   Row r;
   r.placement = p;
   zero3::EngineOptions eo;
   eo.backend = o.backend;
   if (!o.device_cap.empty()) eo.device_memory_cap = parse_byte_size(o.device_cap, "--device-cap");
   eo.seq_len = o.seq;
-  zero3::Engine e(placement_config(p, o), mcfg, eo);
+  zero3::Engine e(placement_config(p, o, overlap), mcfg, eo);
   r.plan = e.plan();
+  r.overlapped = r.plan.overlap_groups > 0;
   model::LlamaModel m(mcfg, e.model_options());
   for (int i = 0; i <= o.steps; ++i) {
     e.forward_backward(m, random_batch(mcfg, o.batch, o.seq, 100 + std::uint64_t(i)));
@@ -295,6 +334,12 @@ Row run_placement(const std::string& p, const model::ModelConfig& mcfg, const Op
     r.overlap_wait = std::clamp((r.transfers - r.step.wait) / r.transfers, 0.0, 1.0);
   }
   r.ratio = ceiling.total / r.step.total;
+  // The overlapped step's bounds: nothing can beat the longest of the three measured alone, and a step
+  // that overlaps nothing takes their sum.
+  const double compute = ceiling.forward + ceiling.backward;
+  r.ideal = std::max({compute, ceiling.optimizer, r.transfers});
+  r.sum = compute + ceiling.optimizer + r.transfers;
+  r.overlap_stats = e.overlap_stats();
   r.tflops = model_flops(mcfg, o) / r.step.total / 1e12;
   r.misses = e.prefetch_stats().misses;
   r.late = e.prefetch_stats().late;
@@ -399,6 +444,15 @@ int main(int argc, char** argv) {
                  "device optimizer) or auto (device on cuda)")
       ->check(CLI::IsMember({"auto", "host", "device"}));
   app.add_option("--threads", o.threads, "CPU threads (0: all)");
+  app.add_option("--overlap", o.overlap,
+                 "strata.overlap_optimizer per row, comma-separated: off, on (a placement that cannot "
+                 "overlap gets no \"on\" row)");
+  app.add_option("--optimizer-cores", o.optimizer_cores,
+                 "strata.cpu_optim.cores: cores kept for the CPU optimizer (the compute-only step then "
+                 "measures the model on the others and the optimizer on these)");
+  app.add_option("--clip", o.clip, "gradient_clipping (0: off; clipped steps are not overlapped)");
+  app.add_option("--checkpoint", o.checkpoint,
+                 "Activation checkpointing in the placements and the compute-only step (default true)");
   app.add_option("--sub-group-size", o.sub_group, "zero_optimization.sub_group_size");
   app.add_option("--max-in-cpu", o.max_in_cpu,
                  "offload_param.max_in_cpu for the nvme placement (0: every parameter read from NVMe)");
@@ -429,15 +483,26 @@ int main(int argc, char** argv) {
         cp.grads_gbs, cp.d2h_gbs, cp.grads_gbs / cp.d2h_gbs);
     std::fflush(stdout);
     std::vector<Row> rows;
-    for (const std::string& p : split(o.placements)) rows.push_back(run_placement(p, mcfg, o, c));
+    for (const std::string& p : split(o.placements))
+      for (const std::string& ov : split(o.overlap)) {
+        if (ov != "on" && ov != "off") throw ConfigError("--overlap: expected on and/or off, got " + ov);
+        Row r = run_placement(p, ov == "on", mcfg, o, c);
+        if (ov == "on" && !r.overlapped) {
+          std::fprintf(stderr, "  %s: the optimizer is not overlapped in this placement; no \"on\" row\n",
+                       p.c_str());
+          continue;
+        }
+        rows.push_back(std::move(r));
+      }
 
     const double flops = model_flops(mcfg, o);
-    std::printf("\n%-9s %8s %8s %8s %8s %8s %9s %8s %8s %8s %6s %7s %10s %10s %8s\n", "placement", "step s",
-                "fwd", "bwd", "opt", "wait", "transfer", "exposed", "ovl wait", "ovl step", "ratio", "misses",
-                "NVMe GiB", "dev peak", "TFLOPS");
-    std::printf("%-9s %8.3f %8.3f %8.3f %8.3f %8s %9s %8s %8s %8s %6s %7s %10s %10s %8.4f\n", "compute",
-                c.total, c.forward, c.backward, c.optimizer, "-", "-", "-", "-", "-", "1.00", "-", "-", "-",
-                flops / c.total / 1e12);
+    std::printf("\n%-13s %8s %8s %8s %8s %8s %9s %8s %8s %8s %6s %7s %10s %10s %8s %7s %7s %9s\n",
+                "placement", "step s", "fwd", "bwd", "opt", "wait", "transfer", "exposed", "ovl wait",
+                "ovl step", "ratio", "misses", "NVMe GiB", "dev peak", "TFLOPS", "/ideal", "/sum",
+                "kept/rb/w");
+    std::printf("%-13s %8.3f %8.3f %8.3f %8.3f %8s %9s %8s %8s %8s %6s %7s %10s %10s %8.4f %7s %7s %9s\n",
+                "compute", c.total, c.forward, c.backward, c.optimizer, "-", "-", "-", "-", "-", "1.00", "-",
+                "-", "-", flops / c.total / 1e12, "-", "-", "-");
     nlohmann::json out = {{"bench", "step"},
                           {"model", mcfg.name},
                           {"parameters", mcfg.num_parameters()},
@@ -463,13 +528,31 @@ int main(int argc, char** argv) {
       char overlap[16] = "-", overlap_wait[16] = "-";
       if (r.overlap >= 0) std::snprintf(overlap, sizeof overlap, "%.2f", r.overlap);
       if (r.overlap_wait >= 0) std::snprintf(overlap_wait, sizeof overlap_wait, "%.2f", r.overlap_wait);
-      std::printf("%-9s %8.3f %8.3f %8.3f %8.3f %8.3f %9.3f %8.3f %8s %8s %6.2f %7llu %10.2f %9.0fM %8.4f\n",
-                  r.placement.c_str(), r.step.total, r.step.forward, r.step.backward, r.step.optimizer,
-                  r.step.wait, r.transfers, r.exposed, overlap_wait, overlap, r.ratio,
-                  (unsigned long long)r.misses, double(r.nvme_bytes) / double(1ull << 30),
-                  r.peak_device / double(1 << 20), r.tflops);
+      const zero3::OverlapStats& os = r.overlap_stats;
+      const std::string name = r.placement + (r.overlapped ? " overlap" : "");
+      const std::string counts = r.overlapped ? std::to_string(os.steps) + "/" + std::to_string(os.rollbacks) +
+                                                 "/" + std::to_string(os.waited)
+                                           : "-";
+      std::printf(
+          "%-13s %8.3f %8.3f %8.3f %8.3f %8.3f %9.3f %8.3f %8s %8s %6.2f %7llu %10.2f %9.0fM %8.4f %7.3f "
+          "%7.3f "
+          "%9s\n",
+          name.c_str(), r.step.total, r.step.forward, r.step.backward, r.step.optimizer, r.step.wait,
+          r.transfers, r.exposed, overlap_wait, overlap, r.ratio, (unsigned long long)r.misses,
+          double(r.nvme_bytes) / double(1ull << 30), r.peak_device / double(1 << 20), r.tflops,
+          r.step.total / r.ideal, r.step.total / r.sum, counts.c_str());
       out["placements"].push_back(
           {{"placement", r.placement},
+           {"overlap_optimizer", r.overlapped},
+           {"overlap_host_bytes", r.plan.overlap_host},
+           {"overlap_kept_steps", r.overlap_stats.steps},
+           {"overlap_rollbacks", r.overlap_stats.rollbacks},
+           {"overlap_rollback_s", r.overlap_stats.rollback_seconds},
+           {"overlap_waited_steps", r.overlap_stats.waited},
+           {"ideal_s", r.ideal},
+           {"sum_s", r.sum},
+           {"step_over_ideal", r.step.total / r.ideal},
+           {"step_over_sum", r.step.total / r.sum},
            {"step_s", r.step.total},
            {"forward_s", r.step.forward},
            {"backward_s", r.step.backward},

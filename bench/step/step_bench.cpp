@@ -530,9 +530,10 @@ int main(int argc, char** argv) {
       if (r.overlap_wait >= 0) std::snprintf(overlap_wait, sizeof overlap_wait, "%.2f", r.overlap_wait);
       const zero3::OverlapStats& os = r.overlap_stats;
       const std::string name = r.placement + (r.overlapped ? " overlap" : "");
-      const std::string counts = r.overlapped ? std::to_string(os.steps) + "/" + std::to_string(os.rollbacks) +
-                                                 "/" + std::to_string(os.waited)
-                                           : "-";
+      const std::string counts = r.overlapped
+                                     ? std::to_string(os.steps) + "/" + std::to_string(os.rollbacks) + "/" +
+                                           std::to_string(os.waited)
+                                     : "-";
       std::printf(
           "%-13s %8.3f %8.3f %8.3f %8.3f %8.3f %9.3f %8.3f %8s %8s %6.2f %7llu %10.2f %9.0fM %8.4f %7.3f "
           "%7.3f "

@@ -38,10 +38,7 @@ class CpuOps final : public Ops {
                    (impl.empty() ? std::string("bf16-rounded through OpenBLAS") : impl) + "), oneTBB loops";
     }
     caps_.activation = DType::fp32;
-    if (!opts.cpus.empty()) {
-      arena_ = std::make_shared<tbb::task_arena>(int(opts.cpus.size()));
-      pin_ = std::make_shared<ArenaPin>(*arena_, opts.cpus, "compute");
-    }
+    if (!opts.cpus.empty()) arena_ = std::make_shared<PinnedArena>(opts.cpus);
   }
   const OpsCaps& caps() const override { return caps_; }
 
@@ -215,13 +212,19 @@ class CpuOps final : public Ops {
   void enqueue(Fn&& fn) {
     if (!arena_) return stream().host_fn(std::forward<Fn>(fn));
     // The op's loops in the compute arena (its cpus); the arena outlives every op that reaches the stream.
-    stream().host_fn([arena = arena_, pin = pin_, f = std::forward<Fn>(fn)]() mutable { arena->execute(f); });
+    stream().host_fn([a = arena_, f = std::forward<Fn>(fn)]() mutable { a->arena.execute(f); });
   }
 
   bool bf16_matmul_ = false;  // linear ops through kernels/cpu/linear_bf16.cpp
   OpsCaps caps_;
-  std::shared_ptr<tbb::task_arena> arena_;  // OpsOptions.cpus: where the ops compute (null: default arena)
-  std::shared_ptr<ArenaPin> pin_;
+  // OpsOptions.cpus: an arena of that many threads pinned to them (null: oneTBB's default arena).
+  struct PinnedArena {
+    explicit PinnedArena(const std::vector<int>& cpus)
+        : arena(int(cpus.size())), pin(arena, cpus, "compute") {}
+    tbb::task_arena arena;
+    ArenaPin pin;  // after the arena: unobserves first
+  };
+  std::shared_ptr<PinnedArena> arena_;
 };
 
 }  // namespace

@@ -218,6 +218,7 @@ void Engine::Impl::plan_memory() {
     s.grad_block = p.grad_block[i];
   }
   groups = std::move(in.groups);
+  plan.optimizer_groups = int(groups.size());
   largest_shard = p.largest_shard;
   persistent_bytes = p.persistent_bytes;
   persistent_chunks = p.persistent_chunks;

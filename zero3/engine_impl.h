@@ -83,9 +83,8 @@ struct OptimizerOverlap {
   // The plan (plan_overlap): which sub-groups are updated during backward, and where their chunks' rollback
   // copies are in `backup` (byte offsets; the copies of a chunk are its master, optimizer states and
   // working params, in that order).
-  std::vector<char> eligible;           // per sub-group
-  std::vector<int> group_of;            // per chunk
-  std::vector<std::size_t> backup_at;   // per chunk (eligible sub-groups only)
+  std::vector<char> eligible;           // per chunk
+  std::vector<std::size_t> backup_at;   // per chunk (eligible chunks only)
   std::unique_ptr<std::byte[]> backup;  // plan.overlap_host bytes
   // The pass: gradient hand-offs of each chunk in the last complete backward (0: unknown) and in this one.
   std::vector<int> expected, seen;
@@ -96,11 +95,10 @@ struct OptimizerOverlap {
   double lr = 0;
   float factor = 1;
   std::int64_t step_no = 0;
-  std::vector<int> pending;                         // per sub-group: chunks not final yet this backward
   std::vector<std::unique_ptr<Event>> final_grads;  // per chunk: its last hand-off, on its stream
   std::vector<cpu_optim::ShardStep> before;         // per chunk: its ShardStep before the update
   std::vector<char> copied;  // per chunk: the worker has started overwriting (its copies are whole)
-  // The worker thread and its queue of sub-groups; `state` is read and written under `mu`.
+  // The worker thread and its queue of chunks; `state` is read and written under `mu`.
   std::vector<State> state;
   std::thread worker;
   std::mutex mu;
@@ -189,7 +187,7 @@ struct Engine::Impl final : prefetch::FetchTarget {
   std::vector<tiering::TensorId> optimizer_tensors(const ChunkSlot& s) const;
 
   // ---- the optimizer overlapped with backward (engine_overlap.cpp) ----
-  // Decides whether and for which sub-groups (constructor, after open_tiers); null `overlap` when off.
+  // Decides whether and for which chunks (constructor, after init_chunks); null `overlap` when off.
   void plan_overlap();
   // Engine::backward: before the model's backward (whether this one ends the step's accumulation) and
   // after it (`ok`: it completed; its hand-off counts become the expected ones).
@@ -208,7 +206,13 @@ struct Engine::Impl final : prefetch::FetchTarget {
   // step(): chunk c's update made during backward stands: its new working params to a device home.
   void overlap_keep(std::size_t c);
   void overlap_worker();
-  void overlap_update(int g);
+  void overlap_update(int c);
+  // What a chunk's copies hold, in their order in `backup`: master, the optimizer's states, and the
+  // working params unless they are staged (a device home reached by stream work only), whose new values
+  // then follow the copies (overlap_staging).
+  bool overlap_staged() const { return homes.param == Tier::device && by_ops; }
+  std::vector<std::pair<void*, std::size_t>> overlap_regions(ChunkSlot& s) const;
+  std::byte* overlap_staging(const ChunkSlot& s) const;
   void overlap_stop();  // ~Impl: joins the worker
   std::unique_ptr<OptimizerOverlap> overlap;
 

@@ -60,10 +60,23 @@ constexpr std::size_t kCopyAlign = 64;
 
 }  // namespace
 
+std::vector<std::pair<void*, std::size_t>> Engine::Impl::overlap_regions(ChunkSlot& s) const {
+  const std::size_t n = s.shard.numel;
+  std::vector<std::pair<void*, std::size_t>> r{{s.master, n * sizeof(float)}};
+  if (cfg.optimizer.type != OptimizerType::Adagrad) r.emplace_back(s.exp_avg, n * sizeof(float));
+  if (cfg.optimizer.type != OptimizerType::Lion) r.emplace_back(s.exp_avg_sq, n * sizeof(float));
+  if (!overlap_staged()) r.emplace_back(my_params(s), n * wd_bytes());
+  return r;
+}
+
+std::byte* Engine::Impl::overlap_staging(const ChunkSlot& s) const {
+  const std::size_t states = std::size_t(1 + n_states) * s.shard.numel * sizeof(float);
+  return overlap->backup.get() + overlap->backup_at[std::size_t(s.id)] + states;
+}
+
 void Engine::Impl::plan_overlap() {
   using OV = StrataConfig::Overlap;
   const OV mode = cfg.strata.overlap_optimizer;
-  plan.optimizer_groups = int(groups.size());
   // "auto": where the model computes on a device and the optimizer in pinned host memory — the CPU is
   // otherwise idle during backward. On the host backend only when the optimizer has cores of its own
   // (strata.cpu_optim.cores, Note [Cores] in engine.cpp): sharing them, the early updates slow backward
@@ -86,9 +99,6 @@ void Engine::Impl::plan_overlap() {
   }
   auto o = std::make_unique<OptimizerOverlap>();
   const std::size_t C = slots.size();
-  o->group_of.assign(C, -1);
-  for (std::size_t g = 0; g < groups.size(); ++g)
-    for (int c : groups[g]) o->group_of[std::size_t(c)] = int(g);
   // Bytes of host memory the copies may take: half of what the plan leaves of check_fits' 90% of RAM (the
   // other half stays free: with all of it, 13 of the 720m-byte model's 16 chunks overlapped on this
   // 23 GiB machine and backward slowed under the memory pressure as much as the step gained).
@@ -117,10 +127,9 @@ void Engine::Impl::plan_overlap() {
                       "runs after backward");
     return;
   }
-  std::vector<char> group_in(groups.size(), 0);
-  for (std::size_t i = 0; i < C; ++i)
-    if (o->eligible[i]) group_in[std::size_t(o->group_of[i])] = 1;
-  plan.overlap_groups = int(std::count(group_in.begin(), group_in.end(), 1));
+  plan.overlap_groups = int(std::count_if(groups.begin(), groups.end(), [&](const std::vector<int>& g) {
+    return std::any_of(g.begin(), g.end(), [&](int c) { return o->eligible[std::size_t(c)] != 0; });
+  }));
   plan.overlap_host = total;
   o->backup = std::make_unique<std::byte[]>(total);
   o->expected.assign(C, 0);
@@ -233,28 +242,17 @@ void Engine::Impl::overlap_update(int c) {
   OptimizerOverlap& o = *overlap;
   ChunkSlot& s = slots[std::size_t(c)];
   o.final_grads[std::size_t(c)]->synchronize();
-  const std::size_t n = s.shard.numel;
-  const bool m_used = cfg.optimizer.type != OptimizerType::Adagrad;
-  const bool v_used = cfg.optimizer.type != OptimizerType::Lion;
   std::byte* b = o.backup.get() + o.backup_at[std::size_t(c)];
-  std::memcpy(b, s.master, n * sizeof(float));
-  b += n * sizeof(float);
-  if (m_used) {
-    std::memcpy(b, s.exp_avg, n * sizeof(float));
-    b += n * sizeof(float);
+  for (const auto& [p, bytes] : overlap_regions(s)) {
+    std::memcpy(b, p, bytes);
+    b += bytes;
   }
-  if (v_used) {
-    std::memcpy(b, s.exp_avg_sq, n * sizeof(float));
-    b += n * sizeof(float);
-  }
-  // Working params updated in place (pinned home, or a device the CPU addresses): copied first. A device
-  // home reached by stream work only receives them at step(), from here.
-  const bool staged = homes.param == Tier::device && by_ops;
-  if (!staged) std::memcpy(b, my_params(s), n * wd_bytes());
   o.before[std::size_t(c)] = s.opt;
   o.copied[std::size_t(c)] = 1;  // from here on, undoing puts the copies back
-  update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, staged ? static_cast<void*>(b) : my_params(s), o.lr,
-               o.factor, o.step_no);
+  // Working params in place (pinned home, or a device the CPU addresses); a device home reached by stream
+  // work only receives them at step(), from the staging after the copies.
+  update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, overlap_staged() ? overlap_staging(s) : my_params(s),
+               o.lr, o.factor, o.step_no);
 }
 
 void Engine::Impl::overlap_wait() {
@@ -279,11 +277,7 @@ bool Engine::Impl::overlap_done(std::size_t c) const {
 void Engine::Impl::overlap_keep(std::size_t c) {
   OptimizerOverlap& o = *overlap;
   ChunkSlot& s = slots[c];
-  if (homes.param == Tier::device && by_ops) {
-    const std::size_t n = s.shard.numel;
-    const std::byte* p = o.backup.get() + o.backup_at[c] + n * sizeof(float) * std::size_t(1 + n_states);
-    to_device(my_params(s), p, n * wd_bytes());
-  }
+  if (overlap_staged()) to_device(my_params(s), overlap_staging(s), s.shard.numel * wd_bytes());
   o.state[c] = State::idle;
   o.copied[c] = 0;
   ++o.stats.updates;
@@ -298,9 +292,6 @@ void Engine::Impl::overlap_undo(bool rollback) {
     o.error = nullptr;  // the copies below undo whatever the failed update wrote
   }
   const auto t0 = Clock::now();
-  const bool m_used = cfg.optimizer.type != OptimizerType::Adagrad;
-  const bool v_used = cfg.optimizer.type != OptimizerType::Lion;
-  const bool staged = homes.param == Tier::device && by_ops;
   bool any = false;
   for (std::size_t c = 0; c < slots.size(); ++c) {
     if (o.state[c] == State::idle) continue;
@@ -311,19 +302,11 @@ void Engine::Impl::overlap_undo(bool rollback) {
     any = true;
     ++o.stats.updates;
     ChunkSlot& s = slots[c];
-    const std::size_t n = s.shard.numel;
     const std::byte* b = o.backup.get() + o.backup_at[c];
-    std::memcpy(s.master, b, n * sizeof(float));
-    b += n * sizeof(float);
-    if (m_used) {
-      std::memcpy(s.exp_avg, b, n * sizeof(float));
-      b += n * sizeof(float);
+    for (const auto& [p, bytes] : overlap_regions(s)) {
+      std::memcpy(p, b, bytes);
+      b += bytes;
     }
-    if (v_used) {
-      std::memcpy(s.exp_avg_sq, b, n * sizeof(float));
-      b += n * sizeof(float);
-    }
-    if (!staged) std::memcpy(my_params(s), b, n * wd_bytes());
     s.opt = o.before[c];
   }
   if (!any) return;

@@ -552,6 +552,10 @@ Config Config::parse(const nlohmann::json& doc, const Overrides& overrides, int 
   p.apply_dynamic_defaults();
   p.check_applicability();
   p.resolve_overrides_and_auto();
+  {  // offload_optimizer.ratio "auto" is resolved by the engine, which measures (config.h)
+    const std::size_t i = std::size_t(option_index("zero_optimization.offload_optimizer.ratio"));
+    p.cfg.zero_optimization.offload_optimizer.ratio_auto = p.is_auto[i] && !p.cfg.sources_[i].empty();
+  }
   p.infer_batch();
   p.check_cross_keys();
   p.throw_if_errors();

@@ -95,7 +95,12 @@ struct OffloadOptimizerConfig {
   bool pipeline_read = false;
   bool pipeline_write = false;
   bool fast_init = false;
-  double ratio = 1.0;  // fraction of optimizer states offloaded (< 1 needs stage 3)
+  // DeepSpeed's partial offload: the fraction of the optimizer sub-groups offloaded (the last ones); the
+  // first 1 - ratio of them keep their master, states and gradients on the device and are stepped by the
+  // device optimizer (< 1 needs stage 3). "auto" (ratio_auto; ratio stays 1 until the engine chooses):
+  // chosen at start-up from measured optimizer throughput and the device memory left (zero3/placement.h).
+  double ratio = 1.0;
+  bool ratio_auto = false;
 };
 
 struct ZeroConfig {

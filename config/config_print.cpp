@@ -76,6 +76,8 @@ nlohmann::json Config::to_json() const {
     if (i >= sources_.size() || sources_[i].empty()) continue;
     set_in(out, options()[i].path, read(options()[i], copy));
   }
+  if (zero_optimization.offload_optimizer.ratio_auto)
+    set_in(out, "zero_optimization.offload_optimizer.ratio", "auto");
   return out;
 }
 

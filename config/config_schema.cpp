@@ -95,6 +95,10 @@ AutoValue hidden_squared_09(const AutoContext& c) {
   if (!c.hidden_size) return {50000000u, "auto→default (no hidden_size)"};
   return {*c.hidden_size * *c.hidden_size * 9 / 10, "auto→0.9·hidden_size²"};
 }
+// offload_optimizer.ratio: the engine measures and chooses (ZeroConfig's ratio_auto), 1 until then.
+AutoValue ratio_measured(const AutoContext&) {
+  return {nullptr, "auto→measured at start-up"};
+}
 AutoValue hidden_times_10(const AutoContext& c) {
   if (!c.hidden_size) return {100000u, "auto→default (no hidden_size)"};
   return {*c.hidden_size * 10, "auto→10·hidden_size"};
@@ -469,11 +473,15 @@ std::vector<Option> build_options() {
       {.path = "zero_optimization.offload_optimizer.ratio",
        .kind = Kind::real,
        .def = 1.0,
-       .meaning =
-           "Fraction of the optimizer states offloaded; Strata offloads them all and warns once below 1.",
+       .meaning = "Fraction of the optimizer sub-groups offloaded (the last ones); the first 1 - ratio keep "
+                  "master, states and gradients on the device, stepped there beside the CPU optimizer. "
+                  "Stage 3.",
        .field = STRATA_FIELD(zero_optimization.offload_optimizer.ratio),
        .min = 0,
-       .max = 1});
+       .max = 1,
+       .auto_fallback = ratio_measured,
+       .auto_note = "chosen at start-up from the measured device and CPU optimizer throughput and the device "
+                    "memory left (printed)"});
   o.push_back({.path = "zero_optimization.stage3_prefetch_bucket_size",
                .kind = Kind::count,
                .def = 50000000u,

@@ -108,20 +108,20 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   const auto& z = cfg.zero_optimization;
   homes = shard_homes(z);
   n_states = cfg.optimizer.type == OptimizerType::Adam || cfg.optimizer.type == OptimizerType::AdamW ? 2 : 1;
-  if (z.offload_optimizer.device != OffloadDevice::none && z.offload_optimizer.ratio < 1.0)
-    STRATA_WARN_ONCE("zero_optimization.offload_optimizer.ratio ", z.offload_optimizer.ratio,
-                     " (partial offload) is not implemented; every optimizer state is offloaded");
-
   by_ops = !dev->caps().host_addressable || opts.device_state_by_ops;
   // The device optimizer is the compute interface's AdamW; the others run on the CPU only.
-  if (by_ops && homes.master == Tier::device && n_states != 2)
+  const bool partial = z.offload_optimizer.device != OffloadDevice::none && z.stage == 3 &&
+                       (z.offload_optimizer.ratio_auto || z.offload_optimizer.ratio < 1.0);
+  if (by_ops && n_states != 2 && (homes.master == Tier::device || partial))
     throw ConfigError(
         cat("optimizer.type ", cfg.optimizer.type == OptimizerType::Lion ? "Lion" : "Adagrad",
-            " with offload_optimizer.device = none needs an optimizer on the device, and the ",
-            to_string(dev->caps().backend), " backend (", dev->caps().name,
-            ") has only Adam and AdamW there: use optimizer.type AdamW, or set "
-            "zero_optimization.offload_optimizer.device to \"cpu\" (the CPU optimizers have all "
-            "four)"));
+            homes.master == Tier::device ? " with offload_optimizer.device = none"
+                                         : " with offload_optimizer.ratio below 1",
+            " needs an optimizer on the device, and the ", to_string(dev->caps().backend), " backend (",
+            dev->caps().name, ") has only Adam and AdamW there: use optimizer.type AdamW, or ",
+            homes.master == Tier::device ? "set zero_optimization.offload_optimizer.device to \"cpu\""
+                                         : "set zero_optimization.offload_optimizer.ratio to 1",
+            " (the CPU optimizers have all four)"));
   compute_stream = dev->create_stream("zero3-compute");
   // bf16 training multiplies bf16 operands with fp32 accumulation on every backend (cuda always does; the
   // CPU ops round their operands: kernels/cpu/linear_bf16.cpp). fp16 and fp32 training use fp32 products
@@ -130,6 +130,12 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   ops = kernels::make_ops(*dev, *compute_stream,
                           {.matmul = cfg.bf16.enabled ? DType::bf16 : DType::fp32, .cpus = compute_cpus});
   act = ops->caps().activation;
+  // Note [Cores]: with strata.cpu_optim.cores the optimizer has that many threads on its own cpus.
+  opt = std::make_unique<cpu_optim::Optimizer>(cpu_optim::Options{
+      .simd = cfg.strata.cpu_optim.simd,
+      .threads = cfg.strata.cpu_optim.cores > 0 ? int(cfg.strata.cpu_optim.cores) : int(cfg.strata.threads),
+      .pin = cfg.strata.cpu_optim.pin_threads,
+      .cpus = optimizer_cpus});
   plan_memory();
   check_fits();
   open_tiers();
@@ -139,12 +145,6 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   po.max_live_numel = z.stage3_max_live_parameters;
   po.max_reuse_distance = z.stage3_max_reuse_distance;
   pf = std::make_unique<prefetch::Prefetcher>(*this, po);
-  // Note [Cores]: with strata.cpu_optim.cores the optimizer has that many threads on its own cpus.
-  opt = std::make_unique<cpu_optim::Optimizer>(cpu_optim::Options{
-      .simd = cfg.strata.cpu_optim.simd,
-      .threads = cfg.strata.cpu_optim.cores > 0 ? int(cfg.strata.cpu_optim.cores) : int(cfg.strata.threads),
-      .pin = cfg.strata.cpu_optim.pin_threads,
-      .cpus = optimizer_cpus});
   gather_stream = dev->create_stream("zero3-gather");
   gather_ops = kernels::make_ops(*dev, *gather_stream);
   grad_stream = dev->create_stream("zero3-grads");
@@ -201,7 +201,12 @@ void Engine::Impl::plan_memory() {
     ckpt = zero3::plan_memory(in, cfg.zero_optimization).memory.device_need() > in.device_capacity;
   }
   in.activations = ckpt ? with_ckpt : without;
-  const Plan p = zero3::plan_memory(in, cfg.zero_optimization);
+  Plan p = zero3::plan_memory(in, cfg.zero_optimization);
+  const auto& oo = cfg.zero_optimization.offload_optimizer;
+  if (oo.ratio_auto && oo.device != OffloadDevice::none && cfg.zero_optimization.stage == 3) {
+    keep_optimizer_on_device(in, choose_device_groups(in, p));
+    p = zero3::plan_memory(in, cfg.zero_optimization);
+  }
   plan = p.memory;
   plan.checkpoint_activations = ckpt;
   plan.device_activations_checkpointed = with_ckpt;
@@ -216,9 +221,20 @@ void Engine::Impl::plan_memory() {
     s.persistent = in.chunks[i].persistent;
     s.gather_block = p.gather_block[i];
     s.grad_block = p.grad_block[i];
+    s.h = in.homes_of(in.chunks[i]);
   }
   groups = std::move(in.groups);
-  plan.optimizer_groups = int(groups.size());
+  if (plan.device_optimizer_groups > 0 && comm->rank() == 0)
+    STRATA_LOG_INFO("zero3: offload_optimizer.ratio ", plan.offload_ratio, ": ", plan.device_optimizer_groups,
+                    " of ", groups.size(),
+                    " optimizer sub-groups keep master, states and gradients on the device (stepped there ",
+                    by_ops ? "beside the CPU optimizer" : "by the CPU optimizer over device memory", ")");
+  else if (oo.device != OffloadDevice::none && !oo.ratio_auto && oo.ratio < 1.0 && comm->rank() == 0)
+    STRATA_LOG_WARN("zero3: offload_optimizer.ratio ", oo.ratio, " keeps none of the ", groups.size(),
+                    " optimizer sub-group", groups.size() == 1 ? "" : "s",
+                    " on the device (DeepSpeed's rule: the first (1 - ratio) x sub-groups, rounded down); "
+                    "lower zero_optimization.sub_group_size (now ",
+                    cfg.zero_optimization.sub_group_size, " elements) to split the optimizer into more");
   largest_shard = p.largest_shard;
   persistent_bytes = p.persistent_bytes;
   persistent_chunks = p.persistent_chunks;
@@ -306,7 +322,11 @@ void Engine::Impl::check_fits() const {
       todo += cat("checkpoint activations (strata.checkpoint_activations true or \"auto\": ",
                   format_size(plan.device_activations_checkpointed), " of activations instead of ",
                   format_size(plan.device_activations_all), "), ");
-    if (plan.device_state > 0)
+    if (plan.device_optimizer_groups > 0)
+      todo += cat("raise zero_optimization.offload_optimizer.ratio (", plan.offload_ratio, " keeps ",
+                  plan.device_optimizer_groups, " of ", plan.optimizer_groups,
+                  " optimizer sub-groups' master, states and gradients on the device), ");
+    else if (plan.device_state > 0)
       todo +=
           "set zero_optimization.offload_optimizer.device and offload_param.device to \"cpu\" or \"nvme\" "
           "(configs/zero3_cpu.json, configs/zero3_nvme.json), ";
@@ -340,8 +360,12 @@ void Engine::Impl::check_fits() const {
 
 void Engine::Impl::open_tiers() {
   const auto& z = cfg.zero_optimization;
-  if (homes.grad == Tier::pinned) grad_staging = PinnedBuffer(*dev, largest_shard * sizeof(float));
-  if (by_ops && homes.param == Tier::device && homes.master != Tier::device)
+  const bool grads_pinned =
+      std::any_of(slots.begin(), slots.end(), [](const ChunkSlot& s) { return s.h.grad == Tier::pinned; });
+  const bool stepped_on_host =
+      std::any_of(slots.begin(), slots.end(), [](const ChunkSlot& s) { return !s.device_optimizer(); });
+  if (grads_pinned) grad_staging = PinnedBuffer(*dev, largest_shard * sizeof(float));
+  if (by_ops && homes.param == Tier::device && stepped_on_host)
     param_staging = PinnedBuffer(*dev, largest_shard * wd_bytes());
   if (plan.nvme_state > 0) {
     const std::string& path = z.offload_optimizer.device == OffloadDevice::nvme
@@ -425,14 +449,14 @@ void Engine::Impl::init_chunks() {
                               .numel = n,
                               .working = wd,
                               .param_numel = param_numel(s),
-                              .homes = homes});
+                              .homes = s.h});
     full.assign(s.numel, 0.0f);
     if (opts.init_params)
       opts.init_params(layout.chunk(s.id), full.data());
     else
       model::init_chunk(layout, s.id, seed, full.data());
     const float* mine = full.data() + s.shard.offset;
-    writes.push_back(put(s.t.master, homes.master, mine, n * 4));
+    writes.push_back(put(s.t.master, s.h.master, mine, n * 4));
     // The working params: this rank's shard, or the whole chunk when replicated (stages 1 and 2).
     const float* params = replicated ? full.data() : mine;
     const std::size_t pn = param_numel(s);
@@ -448,8 +472,8 @@ void Engine::Impl::init_chunks() {
     }
     zeros.assign(n, 0.0f);
     for (tiering::TensorId st : optimizer_tensors(s))
-      if (st != s.t.master) writes.push_back(put(st, homes.optim, zeros.data(), n * 4));
-    tm->allocate(s.t.grad, homes.grad);
+      if (st != s.t.master) writes.push_back(put(st, s.h.optim, zeros.data(), n * 4));
+    tm->allocate(s.t.grad, s.h.grad);
     // Tensors at home on the device or in pinned memory stay there (their addresses are used directly);
     // NVMe-resident ones come and go through pinned memory.
     for (tiering::TensorId id : {s.t.param, s.t.grad, s.t.master, s.t.exp_avg, s.t.exp_avg_sq}) {
@@ -457,13 +481,13 @@ void Engine::Impl::init_chunks() {
       if (info.desc.home != Tier::nvme && info.allocated) tm->pin(id);
     }
     if (homes.param != Tier::nvme) s.param_home = tm->data(s.t.param, homes.param);
-    s.grad = static_cast<float*>(tm->data(s.t.grad, homes.grad));
-    if (homes.master != Tier::nvme) {
-      s.master = static_cast<float*>(tm->data(s.t.master, homes.master));
+    s.grad = static_cast<float*>(tm->data(s.t.grad, s.h.grad));
+    if (s.h.master != Tier::nvme) {
+      s.master = static_cast<float*>(tm->data(s.t.master, s.h.master));
       if (cfg.optimizer.type != OptimizerType::Adagrad)
-        s.exp_avg = static_cast<float*>(tm->data(s.t.exp_avg, homes.optim));
+        s.exp_avg = static_cast<float*>(tm->data(s.t.exp_avg, s.h.optim));
       if (cfg.optimizer.type != OptimizerType::Lion)
-        s.exp_avg_sq = static_cast<float*>(tm->data(s.t.exp_avg_sq, homes.optim));
+        s.exp_avg_sq = static_cast<float*>(tm->data(s.t.exp_avg_sq, s.h.optim));
     }
     for (const tiering::Move& w : writes) w.wait();
     writes.clear();
@@ -485,7 +509,8 @@ void Engine::Impl::init_chunks() {
     tm->pin(s.gathered);
     tm->pin(s.gradbuf);
   }
-  if (by_ops && homes.grad == Tier::device) {
+  if (by_ops &&
+      std::any_of(slots.begin(), slots.end(), [](const ChunkSlot& s) { return s.h.grad == Tier::device; })) {
     stats_id = tm->register_tensor({.name = "zero3.grad_stats",
                                     .kind = tiering::Kind::grad,
                                     .dtype = DType::u8,

@@ -346,7 +346,7 @@ void Engine::Impl::release_grads(int c) {
   s.grads_fresh = false;
   ++transfers.grad_handoffs;
   transfers.grad_bytes += n * sizeof(float);
-  if (homes.grad == Tier::device) {
+  if (s.h.grad == Tier::device) {
     // Copied into the empty shard or added to it: with one rank on the compute stream after the model's
     // ops; with N on the gradient stream after the reduce-scatter. The block is freed after that stream.
     kernels::Ops& o = world > 1 ? *grad_ops : *ops;
@@ -383,7 +383,7 @@ void Engine::Impl::release_grads(int c) {
   }
   s.gbuf = nullptr;
   // The stream the hand-off ends on: the gradient stream, or the compute stream for one rank's device home.
-  overlap_handed_off(s, homes.grad == Tier::device && world == 1 ? *compute_stream : *grad_stream);
+  overlap_handed_off(s, s.h.grad == Tier::device && world == 1 ? *compute_stream : *grad_stream);
 }
 
 void Engine::Impl::sync_grads() {

@@ -37,6 +37,10 @@ struct ChunkSlot {
   std::size_t numel = 0;    // gathered elements (padded_numel)
   comm::ShardRange shard;   // this rank's slice of the chunk
   tiering::ShardTensors t;  // param (working dtype), grad, master, exp_avg, exp_avg_sq (fp32)
+  // Their homes: the config's (Impl::homes), or with master, states and gradients on the device when
+  // offload_optimizer.ratio keeps the chunk's sub-group there (device_optimizer()).
+  tiering::ShardHomes h;
+  bool device_optimizer() const { return h.master == tiering::Tier::device; }
   // Below stage3_param_persistence_threshold: kept gathered after release whatever its reuse distance
   // (in the cache, which gives way to what the model holds: Note [Device room]).
   bool persistent = false;
@@ -119,6 +123,13 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void plan_cores();
   std::vector<int> compute_cpus, optimizer_cpus;
   void plan_memory();
+  // offload_optimizer.ratio "auto": how many sub-groups keep the optimizer on the device (plan_memory;
+  // `in` planned with none there). Note [Offload ratio].
+  int choose_device_groups(const PlanInput& in, const Plan& offloaded);
+  // Elements a second of the CPU optimizer (pinned memory) and of the device optimizer (device memory),
+  // measured on `n` elements.
+  double cpu_optimizer_rate(std::size_t n);
+  double device_optimizer_rate(std::size_t n);
   // Host memory the plan takes: pinned state and staging, and on the host backend the device too.
   std::uint64_t host_need() const;
   void check_fits() const;

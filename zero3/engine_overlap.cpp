@@ -39,8 +39,9 @@
 // none on the host backend — with working params at home in pinned host memory or on the device. Not
 // overlapped (updated after backward, as before, with a log line): NVMe-resident optimizer states (the
 // swap pipeline reads and writes them by sub-group after backward), NVMe-resident working params, and
-// the device optimizer. A device home the CPU cannot address (cuda) receives the new working params at
-// step(), from the copy area, when the updates stand.
+// the device optimizer (offload_optimizer none, or the sub-groups offload_optimizer.ratio keeps on the
+// device, where the device is reached by stream work only). A device home the CPU cannot address (cuda)
+// receives the new working params at step(), from the copy area, when the updates stand.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -112,12 +113,21 @@ void Engine::Impl::plan_overlap() {
   std::uint64_t total = 0;
   int chunks = 0;
   for (std::size_t i = C; i-- > 0;) {  // backward finishes the last chunks first
+    // offload_optimizer.ratio keeps the first chunks' optimizer on the device: the device optimizer's.
+    if (by_ops && slots[i].device_optimizer()) break;
     const std::uint64_t b = (slots[i].shard.numel * per + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
     if (total + b > room) break;
     o->eligible[i] = 1;
     o->backup_at[i] = total;
     total += b;
     ++chunks;
+  }
+  if (chunks == 0 && by_ops && slots.back().device_optimizer()) {
+    if (comm->rank() == 0 && mode == OV::on)
+      STRATA_LOG_WARN(
+          "zero3: strata.overlap_optimizer is true but offload_optimizer.ratio keeps every "
+          "sub-group on the device: the device optimizer runs after backward");
+    return;
   }
   if (chunks == 0) {
     if (comm->rank() == 0)

@@ -132,14 +132,14 @@ void Engine::Impl::update_group(const std::vector<int>& group, double lr, float 
   for (int c : group) {
     ChunkSlot& s = slots[std::size_t(c)];
     float *master = s.master, *m = s.exp_avg, *v = s.exp_avg_sq;
-    if (homes.master == Tier::nvme) {  // the pipeline has read them into pinned memory
+    if (s.h.master == Tier::nvme) {  // the pipeline has read them into pinned memory
       master = static_cast<float*>(tm->data(s.t.master, Tier::pinned));
       if (cfg.optimizer.type != OptimizerType::Adagrad)
         m = static_cast<float*>(tm->data(s.t.exp_avg, Tier::pinned));
       if (cfg.optimizer.type != OptimizerType::Lion)
         v = static_cast<float*>(tm->data(s.t.exp_avg_sq, Tier::pinned));
     }
-    if (by_ops && homes.master == Tier::device) {  // the device optimizer
+    if (by_ops && s.device_optimizer()) {  // the device optimizer
       void* out = homes.param == Tier::device ? my_params(s) : param_out(s);
       update_chunk_on_device(s, out, lr, factor, step_no);
       if (homes.param != Tier::device) param_written(s, writes);
@@ -153,18 +153,22 @@ void Engine::Impl::update_group(const std::vector<int>& group, double lr, float 
 
 void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
   using kernels::Tensor;
-  const bool on_device = by_ops && homes.grad == Tier::device;
+  // Gradients at home on the device and reached by stream work only are reduced there; the others (pinned
+  // memory, or a device the CPU addresses) by the CPU optimizer's reductions.
+  auto on_device = [&](const ChunkSlot& s) { return by_ops && s.h.grad == Tier::device; };
+  bool any_device = false, any_host = false;
   for (std::size_t i = 0; i < slots.size(); ++i) {
     ChunkSlot& s = slots[i];
     const Tensor g{s.grad, DType::fp32, s.shard.numel};
+    (on_device(s) ? any_device : any_host) = true;
     if (s.grads_fresh) {  // no gradients reached this chunk this step
-      if (on_device)
+      if (on_device(s))
         ops->zero(g);
       else
         std::memset(s.grad, 0, s.shard.numel * sizeof(float));
       continue;
     }
-    if (on_device) {  // on the compute stream, after the gradient adds; read back below, all at once
+    if (on_device(s)) {  // on the compute stream, after the gradient adds; read back below, all at once
       ops->squared_norm(Tensor{stats + 16 * i, DType::u8, 8}, g);
       ops->nonfinite_check(Tensor{stats + 16 * i + 8, DType::i32, 1}, g);
       continue;
@@ -174,7 +178,7 @@ void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
     sum_sq += st.sum_sq;
     finite = finite && st.finite;
   }
-  if (world > 1 && !on_device) {
+  if (world > 1 && any_host) {
     // Each rank's per-block partial sums, all-gathered: chunk c's norm is its blocks' partials added in
     // global block order — rank 0's shard, then rank 1's, ... — the same additions one rank makes over
     // the whole chunk (shards are whole blocks: the layout's chunk_multiple). So the norm, the clipping
@@ -184,14 +188,14 @@ void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
     std::vector<double> mine(slots.size() * per_shard, 0.0);
     for (std::size_t i = 0; i < slots.size(); ++i) {
       ChunkSlot& s = slots[i];
-      if (s.grads_fresh) continue;  // zeroed above: its partials are 0
+      if (s.grads_fresh || on_device(s)) continue;  // zeroed above (its partials are 0), or reduced there
       const std::vector<double> b = opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
       std::copy(b.begin(), b.end(), mine.begin() + std::ptrdiff_t(i * per_shard));
     }
     std::vector<double> all(mine.size() * std::size_t(world));
     comm->all_gather(mine.data(), all.data(), mine.size() * sizeof(double), DType::u8, nullptr);
     for (std::size_t i = 0; i < slots.size(); ++i) {
-      if (slots[i].grads_fresh) continue;
+      if (slots[i].grads_fresh || on_device(slots[i])) continue;
       const std::size_t blocks =
           (slots[i].shard.numel + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
       double chunk = 0.0;
@@ -202,22 +206,26 @@ void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
       finite = finite && std::isfinite(chunk);
     }
   }
-  if (on_device) {
+  if (any_device) {
     std::vector<char> host(slots.size() * 16);
     from_device(host.data(), stats, host.size());
+    double dev_sq = 0;
+    bool dev_finite = true;
     for (std::size_t i = 0; i < slots.size(); ++i) {
-      if (slots[i].grads_fresh) continue;
+      if (slots[i].grads_fresh || !on_device(slots[i])) continue;
       double sq;
       std::int32_t bad;
       std::memcpy(&sq, host.data() + 16 * i, sizeof sq);
       std::memcpy(&bad, host.data() + 16 * i + 8, sizeof bad);
-      sum_sq += sq;
-      finite = finite && bad == 0;
+      dev_sq += sq;
+      dev_finite = dev_finite && bad == 0;
     }
     if (world > 1) {  // the device reductions' sums of each rank's shards (not the one-rank bits)
-      sum_sq = comm->all_reduce_sum(sum_sq);
-      finite = comm->all_reduce_and(finite);
+      dev_sq = comm->all_reduce_sum(dev_sq);
+      dev_finite = comm->all_reduce_and(dev_finite);
     }
+    sum_sq += dev_sq;
+    finite = finite && dev_finite;
   }
   for (ChunkSlot& s : slots) s.grads_fresh = false;
 }
@@ -285,7 +293,17 @@ StepResult Engine::Impl::step() {
       times.wait += seconds_since(tw);
     } else {
       const auto& oo = cfg.zero_optimization.offload_optimizer;
-      const std::size_t G = groups.size();
+      // The sub-groups offload_optimizer.ratio keeps on the device first (the device optimizer's work is
+      // enqueued and runs beside the swaps below), then the swapped ones through the pipeline.
+      std::vector<const std::vector<int>*> swapped;
+      std::vector<tiering::Move> device_writes;
+      for (const auto& g : groups) {
+        if (slots[std::size_t(g.front())].device_optimizer())
+          update_group(g, r.lr, gs.factor, step_no, device_writes);
+        else
+          swapped.push_back(&g);
+      }
+      const std::size_t G = swapped.size();
       std::vector<std::vector<tiering::Move>> reads(G), writes(G);
       std::vector<bool> issued(G, false);
       std::size_t oldest = 0;  // the oldest sub-group whose writes have not been waited for
@@ -296,7 +314,7 @@ StepResult Engine::Impl::step() {
         times.wait += seconds_since(tw);
       };
       auto read = [&](std::size_t i) {
-        for (int c : groups[i])
+        for (int c : *swapped[i])
           for (tiering::TensorId id : optimizer_tensors(slots[std::size_t(c)])) {
             tm->pin(id);
             reads[i].push_back(tm->fetch(id, Tier::pinned));
@@ -312,8 +330,8 @@ StepResult Engine::Impl::step() {
         }
         wait_all(reads[i]);
         std::vector<tiering::Move> param_writes;
-        update_group(groups[i], r.lr, gs.factor, step_no, param_writes);
-        for (int c : groups[i])
+        update_group(*swapped[i], r.lr, gs.factor, step_no, param_writes);
+        for (int c : *swapped[i])
           for (tiering::TensorId id : optimizer_tensors(slots[std::size_t(c)])) {
             tm->mark_written(id, Tier::pinned);
             tm->unpin(id);
@@ -325,6 +343,7 @@ StepResult Engine::Impl::step() {
         }
       }
       while (oldest < G) wait_all(writes[oldest++]);
+      wait_all(device_writes);
     }
     ++applied_steps;
     sched.step();

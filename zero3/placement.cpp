@@ -2,6 +2,7 @@
 #include "zero3/placement.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "tiering/caching_allocator.h"
 
@@ -35,6 +36,23 @@ tiering::ShardHomes shard_homes(const ZeroConfig& z) {
   return h;
 }
 
+tiering::ShardHomes device_optimizer_homes(const tiering::ShardHomes& offloaded) {
+  tiering::ShardHomes h = offloaded;
+  h.master = h.optim = h.grad = Tier::device;
+  return h;
+}
+
+int device_optimizer_groups(double ratio, int groups) {
+  const double kept = (1.0 - ratio) * double(groups);
+  return std::clamp(int(std::floor(kept * (1 + 1e-9))), 0, groups);
+}
+
+void keep_optimizer_on_device(PlanInput& in, int groups) {
+  for (PlannedChunk& c : in.chunks) c.device_optimizer = false;
+  for (int g = 0; g < std::min<int>(groups, int(in.groups.size())); ++g)
+    for (int c : in.groups[std::size_t(g)]) in.chunks[std::size_t(c)].device_optimizer = true;
+}
+
 PlanInput plan_input(const Config& cfg, const std::vector<ChunkSize>& chunks, int world, int rank,
                      DType activation) {
   const ZeroConfig& z = cfg.zero_optimization;
@@ -65,6 +83,10 @@ PlanInput plan_input(const Config& cfg, const std::vector<ChunkSize>& chunks, in
     in.groups.back().push_back(i);
     acc += n;
   }
+  // Partial offload (stage 3; "auto" is the engine's choice, made after it measures).
+  const auto& oo = z.offload_optimizer;
+  if (oo.device != OffloadDevice::none && z.stage == 3 && !oo.ratio_auto)
+    keep_optimizer_on_device(in, device_optimizer_groups(oo.ratio, int(in.groups.size())));
   return in;
 }
 
@@ -107,16 +129,26 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
                                              : m.nvme_state;
     sum += t == Tier::device ? block(shard_bytes) : shard_bytes;
   };
+  bool grads_on_device = false, grads_pinned = false, stepped_on_host = false;
   for (const PlannedChunk& c : in.chunks) {
     const std::uint64_t n = c.shard.numel;
+    const tiering::ShardHomes h = in.homes_of(c);
     p.gather_block.push_back(block(c.numel * dtype_bytes(in.activation)));
     p.grad_block.push_back(block(c.numel * sizeof(float)));
-    add(homes.param, c.param_numel * wd);
-    if (homes.param == Tier::nvme) m.nvme_params += c.param_numel * wd;
-    add(homes.grad, n * 4);
-    add(homes.master, n * 4);
-    for (int i = 0; i < in.optimizer_states; ++i) add(homes.optim, n * 4);
+    add(h.param, c.param_numel * wd);
+    if (h.param == Tier::nvme) m.nvme_params += c.param_numel * wd;
+    add(h.grad, n * 4);
+    add(h.master, n * 4);
+    for (int i = 0; i < in.optimizer_states; ++i) add(h.optim, n * 4);
+    grads_on_device = grads_on_device || h.grad == Tier::device;
+    grads_pinned = grads_pinned || h.grad == Tier::pinned;
+    stepped_on_host = stepped_on_host || h.master != Tier::device;
   }
+  m.optimizer_groups = int(in.groups.size());
+  for (const auto& g : in.groups)
+    if (!g.empty() && in.chunks[std::size_t(g.front())].device_optimizer) ++m.device_optimizer_groups;
+  if (homes.master != Tier::device && !in.groups.empty())
+    m.offload_ratio = 1.0 - double(m.device_optimizer_groups) / double(in.groups.size());
   // The working set: what the model holds at once — one chunk with its gradient buffer, or (tied
   // embeddings) the head's and the embedding's together while the head runs. Persistent chunks are kept
   // after release whatever their reuse distance, but in the cache: they give way to the working set like
@@ -132,7 +164,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   m.device_activations = in.activations;
   // Per-chunk gradient squared norms and non-finite flags, 16 bytes a chunk, when the compute interface
   // reduces device-home gradients.
-  if (in.device_state_by_ops && homes.grad == Tier::device) m.device_state += block(in.chunks.size() * 16);
+  if (in.device_state_by_ops && grads_on_device) m.device_state += block(in.chunks.size() * 16);
   m.device_cache = in.device_capacity > m.device_need() ? in.device_capacity - m.device_need() : 0;
 
   std::uint64_t staging = 0;
@@ -154,8 +186,8 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   // The gradient staging buffer (accumulation into a pinned shard) is pinned memory of the engine's own,
   // outside the tier manager's budget; so is the parameter staging of device-home params stepped on the
   // host.
-  if (homes.grad == Tier::pinned) m.pinned_staging += p.largest_shard * sizeof(float);
-  if (in.device_state_by_ops && homes.param == Tier::device && homes.master != Tier::device)
+  if (grads_pinned) m.pinned_staging += p.largest_shard * sizeof(float);
+  if (in.device_state_by_ops && homes.param == Tier::device && stepped_on_host)
     m.pinned_staging += p.largest_shard * wd;
   if (m.nvme_state > 0) m.nvme_budget = m.nvme_state + m.nvme_state / 16 + (64ull << 20);
   return p;

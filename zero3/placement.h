@@ -34,6 +34,16 @@ const char* offload_name(tiering::Tier home);
 // out with the states by the optimizer pipeline).
 tiering::ShardHomes shard_homes(const ZeroConfig& z);
 
+// The homes of a chunk whose sub-group offload_optimizer.ratio keeps on the device: master, optimizer
+// states and the gradient accumulator there, the working params where `offloaded` (shard_homes) says.
+tiering::ShardHomes device_optimizer_homes(const tiering::ShardHomes& offloaded);
+
+// How many of `groups` optimizer sub-groups keep their state on the device at offload ratio `ratio`
+// (DeepSpeed's partial offload: sub-group i is offloaded when i >= (1 - ratio) * groups, so the first ones
+// stay). The product is rounded down after a relative 1e-9, so that 0.9 of 10 keeps 1 where the binary
+// fraction alone would keep 0.
+int device_optimizer_groups(double ratio, int groups);
+
 // Bytes of model state per tier, from the config (what the engine registers), and the device working set.
 struct MemoryPlan {
   std::uint64_t device_state = 0, pinned_state = 0, nvme_state = 0;
@@ -62,6 +72,11 @@ struct MemoryPlan {
   // by the engine, 0 elsewhere): the sub-groups updated during backward, and the host memory (pageable,
   // not the pinned pool) holding their rollback copies — master, optimizer states and working params.
   int overlap_groups = 0, optimizer_groups = 0;
+  // offload_optimizer.ratio: the first `device_optimizer_groups` sub-groups keep master, states and
+  // gradients on the device (in device_state) and are stepped by the device optimizer; `offload_ratio` is
+  // the fraction offloaded, 1 - device_optimizer_groups / optimizer_groups (1 without optimizer offload).
+  int device_optimizer_groups = 0;
+  double offload_ratio = 1.0;
   std::uint64_t overlap_host = 0;
   std::uint64_t total_state() const { return device_state + pinned_state + nvme_state; }
   // The smallest device capacity the step fits in.
@@ -80,7 +95,8 @@ struct PlannedChunk {
   std::uint64_t numel = 0;
   comm::ShardRange shard;
   std::uint64_t param_numel = 0;
-  bool persistent = false;  // below stage3_param_persistence_threshold
+  bool persistent = false;        // below stage3_param_persistence_threshold
+  bool device_optimizer = false;  // its sub-group keeps the optimizer on the device (offload ratio < 1)
 };
 
 struct PlanInput {
@@ -89,7 +105,10 @@ struct PlanInput {
   // chunk larger than that is a sub-group of its own.
   std::vector<std::vector<int>> groups;
   int head = -1, embedding = -1;  // tied embeddings in two chunks: both held while the head runs
-  tiering::ShardHomes homes;
+  tiering::ShardHomes homes;      // of a chunk offloaded as the config says (device_optimizer: see homes_of)
+  tiering::ShardHomes homes_of(const PlannedChunk& c) const {
+    return c.device_optimizer ? device_optimizer_homes(homes) : homes;
+  }
   int optimizer_states = 2;  // 2 for Adam/AdamW, 1 for Adagrad/Lion
   DType working = DType::bf16;
   DType activation = DType::fp32;    // the dtype chunks are gathered in (the compute interface's)
@@ -97,6 +116,11 @@ struct PlanInput {
   std::uint64_t activations = 0;     // the model's device bytes for one micro-batch
   std::uint64_t device_capacity = 0;
 };
+
+// Keeps the optimizer of the first `groups` sub-groups on the device (PlannedChunk.device_optimizer); 0
+// offloads them all. plan_input applies a numeric offload_optimizer.ratio itself; the engine calls this
+// for "auto".
+void keep_optimizer_on_device(PlanInput& in, int groups);
 
 // The input for chunks of these sizes (elements, and padded to chunk_multiple(world)) as rank `rank` of
 // `world` holds them under `cfg` (homes, dtypes, sub-groups).

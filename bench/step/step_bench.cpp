@@ -5,7 +5,7 @@
 //   step_bench --model 10m -B 4 -T 128 --steps 5 --nvme-path /local_nvme [--device-cap 1GiB]
 //              [--placements none,cpu,nvme] [--backend host] [--max-in-cpu 0] [--sub-group-size 1e8]
 //              [--ceiling auto|host|device] [--overlap off,on] [--optimizer-cores 1] [--clip 0]
-//              [--checkpoint false]
+//              [--checkpoint false] [--ratio 1,auto]
 //
 // --overlap gives each placement a row per strata.overlap_optimizer value (a placement that cannot
 // overlap gets no "on" row); --optimizer-cores sets strata.cpu_optim.cores, and the compute-only step then
@@ -13,7 +13,10 @@
 // step is set against the ideal overlapped step — the longest of compute (the compute-only forward and
 // backward), the optimizer (its update) and the transfers, each measured alone in the same run — and
 // against their sum (/ideal, /sum), with the steps that kept their early updates, rolled them back and
-// waited (kept/rb/w; Note [Optimizer overlap] in zero3/engine_overlap.cpp).
+// waited (kept/rb/w; Note [Optimizer overlap] in zero3/engine_overlap.cpp). --ratio gives a row per
+// zero_optimization.offload_optimizer.ratio (a number or auto; the offloaded placements only), and the
+// last column says what the engine kept on the device: the ratio in force and the sub-groups stepped by
+// the device optimizer out of all (Note [Offload ratio] in zero3/engine_ratio.cpp).
 //
 // Ceiling: the compute-only step — the same model, batch and AdamW update with every parameter, gradient
 // and state where compute reads it: on the host backend in ordinary memory (model::InMemoryChunks, the
@@ -83,6 +86,7 @@ struct Opts {
   std::string overlap = "off";  // strata.overlap_optimizer per row: off, on (comma-separated)
   int optimizer_cores = 0;      // strata.cpu_optim.cores
   double clip = 1.0;            // gradient_clipping
+  std::string ratio = "1";      // offload_optimizer.ratio per row: numbers and/or auto (comma-separated)
   bool checkpoint = true;       // strata.checkpoint_activations, placements and compute-only alike
   std::uint64_t sub_group = 100000000;
   std::uint64_t max_in_cpu = 1000000000;
@@ -224,7 +228,7 @@ Split compute_only(const model::ModelConfig& mcfg, const Opts& o) {
   return s;
 }
 
-Config placement_config(const std::string& p, const Opts& o, bool overlap) {
+Config placement_config(const std::string& p, const Opts& o, bool overlap, const std::string& ratio = "1") {
   nlohmann::json j = {
       {"train_micro_batch_size_per_gpu", o.batch},
       {"gradient_accumulation_steps", 1},
@@ -236,7 +240,11 @@ Config placement_config(const std::string& p, const Opts& o, bool overlap) {
         {"sub_group_size", o.sub_group},
         {"offload_param", {{"device", p}}},
         {"offload_optimizer",
-         {{"device", p}, {"pipeline_read", true}, {"pipeline_write", true}, {"buffer_count", 9}}}}},
+         {{"device", p},
+          {"pipeline_read", true},
+          {"pipeline_write", true},
+          {"buffer_count", 9},
+          {"ratio", ratio == "auto" ? nlohmann::json("auto") : nlohmann::json(std::stod(ratio))}}}}},
       {"aio", {{"queue_depth", 32}, {"intra_op_parallelism", 2}}},
       {"strata",
        {{"backend", o.backend},
@@ -276,7 +284,8 @@ void transfer_pass(zero3::Engine& e, const model::ModelConfig& m) {
 
 struct Row {
   std::string placement;
-  bool overlapped = false;  // strata.overlap_optimizer true (and planned: the placement allows it)
+  bool overlapped = false;          // strata.overlap_optimizer true (and planned: the placement allows it)
+  std::string ratio_setting = "1";  // offload_optimizer.ratio as asked (the plan has what was chosen)
   zero3::OverlapStats overlap_stats;
   double ideal = 0, sum = 0;  // max and sum of compute, optimizer and transfers measured alone
   Split step;
@@ -294,15 +303,15 @@ double model_flops(const model::ModelConfig& mcfg, const Opts& o) {
   return 3.0 * m.forward_flops(o.batch, o.seq);
 }
 
-Row run_placement(const std::string& p, bool overlap, const model::ModelConfig& mcfg, const Opts& o,
-                  const Split& ceiling) {
+Row run_placement(const std::string& p, bool overlap, const std::string& ratio,
+                  const model::ModelConfig& mcfg, const Opts& o, const Split& ceiling) {
   Row r;
   r.placement = p;
   zero3::EngineOptions eo;
   eo.backend = o.backend;
   if (!o.device_cap.empty()) eo.device_memory_cap = parse_byte_size(o.device_cap, "--device-cap");
   eo.seq_len = o.seq;
-  zero3::Engine e(placement_config(p, o, overlap), mcfg, eo);
+  zero3::Engine e(placement_config(p, o, overlap, ratio), mcfg, eo);
   r.plan = e.plan();
   r.overlapped = r.plan.overlap_groups > 0;
   model::LlamaModel m(mcfg, e.model_options());
@@ -451,6 +460,9 @@ int main(int argc, char** argv) {
                  "strata.cpu_optim.cores: cores kept for the CPU optimizer (the compute-only step then "
                  "measures the model on the others and the optimizer on these)");
   app.add_option("--clip", o.clip, "gradient_clipping (0: off; clipped steps are not overlapped)");
+  app.add_option("--ratio", o.ratio,
+                 "zero_optimization.offload_optimizer.ratio per row, comma-separated: numbers in [0, 1] "
+                 "and/or auto (offloaded placements only)");
   app.add_option("--checkpoint", o.checkpoint,
                  "Activation checkpointing in the placements and the compute-only step (default true)");
   app.add_option("--sub-group-size", o.sub_group, "zero_optimization.sub_group_size");
@@ -484,25 +496,31 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::vector<Row> rows;
     for (const std::string& p : split(o.placements))
-      for (const std::string& ov : split(o.overlap)) {
-        if (ov != "on" && ov != "off") throw ConfigError("--overlap: expected on and/or off, got " + ov);
-        Row r = run_placement(p, ov == "on", mcfg, o, c);
-        if (ov == "on" && !r.overlapped) {
-          std::fprintf(stderr, "  %s: the optimizer is not overlapped in this placement; no \"on\" row\n",
-                       p.c_str());
-          continue;
+      for (const std::string& ratio : split(o.ratio))
+        for (const std::string& ov : split(o.overlap)) {
+          if (ov != "on" && ov != "off") throw ConfigError("--overlap: expected on and/or off, got " + ov);
+          if (ratio != "auto" && ratio.find_first_not_of("0123456789.") != std::string::npos)
+            throw ConfigError("--ratio: expected numbers in [0, 1] and/or auto, got " + ratio);
+          if (ratio != "1" && p == "none") continue;  // nothing offloaded to split
+          Row r = run_placement(p, ov == "on", ratio, mcfg, o, c);
+          if (ov == "on" && !r.overlapped) {
+            std::fprintf(stderr, "  %s: the optimizer is not overlapped in this placement; no \"on\" row\n",
+                         p.c_str());
+            continue;
+          }
+          r.ratio_setting = ratio;
+          rows.push_back(std::move(r));
         }
-        rows.push_back(std::move(r));
-      }
 
     const double flops = model_flops(mcfg, o);
-    std::printf("\n%-13s %8s %8s %8s %8s %8s %9s %8s %8s %8s %6s %7s %10s %10s %8s %7s %7s %9s\n",
+    std::printf("\n%-13s %8s %8s %8s %8s %8s %9s %8s %8s %8s %6s %7s %10s %10s %8s %7s %7s %9s %16s\n",
                 "placement", "step s", "fwd", "bwd", "opt", "wait", "transfer", "exposed", "ovl wait",
                 "ovl step", "ratio", "misses", "NVMe GiB", "dev peak", "TFLOPS", "/ideal", "/sum",
-                "kept/rb/w");
-    std::printf("%-13s %8.3f %8.3f %8.3f %8.3f %8s %9s %8s %8s %8s %6s %7s %10s %10s %8.4f %7s %7s %9s\n",
-                "compute", c.total, c.forward, c.backward, c.optimizer, "-", "-", "-", "-", "-", "1.00", "-",
-                "-", "-", flops / c.total / 1e12, "-", "-", "-");
+                "kept/rb/w", "offload (dev/G)");
+    std::printf(
+        "%-13s %8.3f %8.3f %8.3f %8.3f %8s %9s %8s %8s %8s %6s %7s %10s %10s %8.4f %7s %7s %9s %16s\n",
+        "compute", c.total, c.forward, c.backward, c.optimizer, "-", "-", "-", "-", "-", "1.00", "-", "-",
+        "-", flops / c.total / 1e12, "-", "-", "-", "-");
     nlohmann::json out = {{"bench", "step"},
                           {"model", mcfg.name},
                           {"parameters", mcfg.num_parameters()},
@@ -534,17 +552,24 @@ int main(int argc, char** argv) {
                                      ? std::to_string(os.steps) + "/" + std::to_string(os.rollbacks) + "/" +
                                            std::to_string(os.waited)
                                      : "-";
+      char split_text[48];
+      std::snprintf(split_text, sizeof split_text, "%s%.2f (%d/%d)", r.ratio_setting == "auto" ? "auto " : "",
+                    r.plan.offload_ratio, r.plan.device_optimizer_groups, r.plan.optimizer_groups);
       std::printf(
           "%-13s %8.3f %8.3f %8.3f %8.3f %8.3f %9.3f %8.3f %8s %8s %6.2f %7llu %10.2f %9.0fM %8.4f %7.3f "
           "%7.3f "
-          "%9s\n",
+          "%9s %16s\n",
           name.c_str(), r.step.total, r.step.forward, r.step.backward, r.step.optimizer, r.step.wait,
           r.transfers, r.exposed, overlap_wait, overlap, r.ratio, (unsigned long long)r.misses,
           double(r.nvme_bytes) / double(1ull << 30), r.peak_device / double(1 << 20), r.tflops,
-          r.step.total / r.ideal, r.step.total / r.sum, counts.c_str());
+          r.step.total / r.ideal, r.step.total / r.sum, counts.c_str(), split_text);
       out["placements"].push_back(
           {{"placement", r.placement},
            {"overlap_optimizer", r.overlapped},
+           {"offload_ratio_setting", r.ratio_setting},
+           {"offload_ratio", r.plan.offload_ratio},
+           {"device_optimizer_groups", r.plan.device_optimizer_groups},
+           {"optimizer_groups", r.plan.optimizer_groups},
            {"overlap_host_bytes", r.plan.overlap_host},
            {"overlap_kept_steps", r.overlap_stats.steps},
            {"overlap_rollbacks", r.overlap_stats.rollbacks},

@@ -19,6 +19,23 @@ TEST(AutoValues, WithoutOverridesTakeTheDefaults) {
   EXPECT_EQ(c.source("optimizer.params.lr"), "auto→default");
 }
 
+// offload_optimizer.ratio "auto" is the engine's choice (it measures): flagged, 1 until then, and written
+// back as "auto" so that the resolved config reads the same.
+TEST(AutoValues, OffloadRatioAutoIsLeftToTheEngine) {
+  const nlohmann::json doc = {
+      {"train_batch_size", 8},
+      {"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", "auto"}}}}}};
+  Config c = Config::parse(doc);
+  EXPECT_TRUE(c.zero_optimization.offload_optimizer.ratio_auto);
+  EXPECT_DOUBLE_EQ(c.zero_optimization.offload_optimizer.ratio, 1.0);
+  EXPECT_EQ(c.source("zero_optimization.offload_optimizer.ratio"), "auto→measured at start-up");
+  const nlohmann::json out = c.to_json();
+  EXPECT_EQ(out["zero_optimization"]["offload_optimizer"]["ratio"], "auto");
+  EXPECT_TRUE(Config::parse(out).zero_optimization.offload_optimizer.ratio_auto);
+  EXPECT_FALSE(
+      Config::parse(nlohmann::json{{"train_batch_size", 8}}).zero_optimization.offload_optimizer.ratio_auto);
+}
+
 TEST(AutoValues, AllBatchSizesAutoWithNothingElseIsMicroBatchOne) {
   Config c = Config::load(fixture_path("hf_zero3_auto.json"), {}, 4);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1);

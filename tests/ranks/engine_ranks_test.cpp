@@ -108,6 +108,28 @@ TEST_P(TwoRanks, OptimizerOverlapOnAndOffAreTheSameBitForBit) {
   }
 }
 
+// zero_optimization.offload_optimizer.ratio at two ranks (Note [Offload ratio] in zero3/engine_ratio.cpp):
+// ratios 0, 0.5 and 1 keep none, half and all of each rank's sub-groups offloaded, and train the same
+// losses and norms bit for bit.
+TEST_P(TwoRanks, OffloadRatiosZeroHalfAndOneAreTheSameBitForBit) {
+  if (std::get<1>(GetParam()) == OffloadDevice::none) GTEST_SKIP() << "the optimizer is not offloaded";
+  ScratchDir d("ranks-ratio-r" + std::to_string(testing::ranks().rank()));
+  const std::string tokens = make_tokens(d);
+  auto at = [&](double ratio) {
+    Config c = config(d, 2, 2);
+    c.zero_optimization.offload_optimizer.ratio = ratio;
+    return train(c, testing::ranks(), tokens, 4);
+  };
+  const RunResult one = at(1.0), half = at(0.5), zero = at(0.0);
+  EXPECT_EQ(half.losses, one.losses);
+  EXPECT_EQ(half.norms, one.norms);
+  EXPECT_EQ(zero.losses, one.losses);
+  EXPECT_EQ(zero.norms, one.norms);
+  // The state moved: ratio 0 keeps all of it on the device, 0.5 some.
+  EXPECT_GT(half.device_state, one.device_state);
+  EXPECT_GT(zero.device_state, half.device_state);
+}
+
 // Each rank holds its 1/N of the partitioned state, read from the tier manager's registry: the shards of
 // chunks padded to whole multiples of world x the norm's block, so at most 2 x 8192 elements of padding per
 // chunk beyond an even split.

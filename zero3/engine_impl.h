@@ -189,10 +189,28 @@ struct Engine::Impl final : prefetch::FetchTarget {
   // the compute stream, writing the new working params to their home (through the device's scratch of
   // pinned staging when that home is host memory).
   void update_chunk_on_device(ChunkSlot& s, void* out, double lr, float factor, std::int64_t step_no);
+  // Whether chunk s is stepped by the device optimizer, on the compute stream: its master lives on the
+  // device and either the device is reached by stream work only (the compute interface's AdamW), or
+  // offload_optimizer.ratio put it there (Note [Offload ratio] in engine_ratio.cpp; on the host backend's
+  // directly addressed device, device_optimizer()).
+  bool steps_on_device(const ChunkSlot& s) const {
+    return s.device_optimizer() && (by_ops || homes.master != Tier::device);
+  }
+  // The host backend's device optimizer: the SIMD CPU optimizer with its own threads on the cpus the
+  // model's ops compute on (compute_cpus; every cpu when the cores are shared), run from the compute
+  // stream. Made on first use.
+  cpu_optim::Optimizer& host_device_optimizer();
+  std::unique_ptr<cpu_optim::Optimizer> device_opt;
+  // The host backend's direct path: the device optimizer's updates enqueued by update_group (their new
+  // working params written straight home), finished by finish_device_updates after the CPU optimizer's
+  // share of the step: the compute stream is waited for and the params' writes issued.
+  std::vector<int> device_updates;
+  void finish_device_updates(std::vector<tiering::Move>& writes);
   void update_group(const std::vector<int>& group, double lr, float grad_factor, std::int64_t step_no,
                     std::vector<tiering::Move>& writes);
+  // The CPU optimizer's update of one chunk (`with`: another cpu_optim::Optimizer than `opt`).
   void update_chunk(ChunkSlot& s, float* master, float* m, float* v, void* out, double lr, float factor,
-                    std::int64_t step_no);
+                    std::int64_t step_no, cpu_optim::Optimizer* with = nullptr);
   void* param_out(ChunkSlot& s);
   void param_written(ChunkSlot& s, std::vector<tiering::Move>& writes);
   std::vector<tiering::TensorId> optimizer_tensors(const ChunkSlot& s) const;

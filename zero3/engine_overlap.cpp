@@ -114,7 +114,7 @@ void Engine::Impl::plan_overlap() {
   int chunks = 0;
   for (std::size_t i = C; i-- > 0;) {  // backward finishes the last chunks first
     // offload_optimizer.ratio keeps the first chunks' optimizer on the device: the device optimizer's.
-    if (by_ops && slots[i].device_optimizer()) break;
+    if (steps_on_device(slots[i])) break;
     const std::uint64_t b = (slots[i].shard.numel * per + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
     if (total + b > room) break;
     o->eligible[i] = 1;
@@ -122,7 +122,7 @@ void Engine::Impl::plan_overlap() {
     total += b;
     ++chunks;
   }
-  if (chunks == 0 && by_ops && slots.back().device_optimizer()) {
+  if (chunks == 0 && steps_on_device(slots.back())) {
     if (comm->rank() == 0 && mode == OV::on)
       STRATA_LOG_WARN(
           "zero3: strata.overlap_optimizer is true but offload_optimizer.ratio keeps every "

@@ -8,25 +8,28 @@
 //   - gradients: a device-home chunk's hand-off adds into its device shard (as offload_optimizer none);
 //   - the norm and overflow check: the CPU's reductions over addressable shards, the compute interface's
 //     over device shards reached by stream work only (grad_stats), summed;
-//   - the update: step() walks the sub-groups in order, so the device ones come first. Where the device
-//     is reached by stream work (cuda; EngineOptions.device_state_by_ops on the host backend), their
-//     update is the compute interface's AdamW enqueued on the compute stream, and the CPU optimizer
-//     updates the offloaded sub-groups meanwhile; the device sub-groups are not overlapped with backward
-//     (Note [Optimizer overlap]), the offloaded ones are as before. On the host backend's directly
-//     addressed device, the device-home sub-groups are updated by the CPU optimizer over device memory,
-//     as offload_optimizer none is there: the split changes where the bytes live, not the arithmetic.
+//   - the update: step() walks the sub-groups in order, so the device ones come first, and their
+//     update is enqueued on the compute stream — the device optimizer — while the CPU optimizer updates
+//     the offloaded ones on the training thread. Where the device is reached by stream work (cuda;
+//     EngineOptions.device_state_by_ops on the host backend) it is the compute interface's AdamW. On the
+//     host backend's directly addressed device it is the SIMD CPU optimizer with threads of its own on
+//     the model's cpus (host_device_optimizer: with strata.cpu_optim.cores, the cpus the CPU optimizer
+//     does not use), the same arithmetic as the offloaded update. The device's sub-groups are not
+//     overlapped with backward (Note [Optimizer overlap]), the offloaded ones are as before, and need no
+//     rollback copies for the device's.
 //   - checkpoints store every tensor whatever its home, so a checkpoint loads at any ratio.
 // The losses are the same at every ratio on the host backend (the arithmetic of each tensor is the same
 // wherever it lives: tests/zero3/ratio_test.cpp).
 //
 // "auto" (choose_device_groups): the engine measures the CPU optimizer (pinned memory, its own threads)
-// and the device optimizer (device memory, the compute stream) on a sample of the largest shard, then
-// picks the number k of device sub-groups that minimises the update time after backward — the longer of
-// the device's and the CPU's parts when they run side by side, their sum when the device's optimizer is
-// the CPU's (the host backend's direct path) — among the k whose plan leaves the chunk cache room for
-// two of the largest gathered chunks (one in use, one prefetched). Ties go to the smaller k (less device
-// memory). The choice, the rates and the room are logged. The model leaves out the offloaded updates
-// hidden behind backward by the overlap, so it errs towards keeping more on the device.
+// and the device optimizer (device memory, from the compute stream) on 4 Mi elements each, then picks the
+// number k of device sub-groups that minimises the update after backward — the longer of the device's
+// and the CPU's parts, which run side by side — among the k whose plan leaves the chunk cache room for two
+// of the largest gathered chunks (one in use, one prefetched). Ties (within 0.1%) go to the smaller k
+// (less device memory). On the host backend with the cpus shared (strata.cpu_optim.cores 0) the two
+// optimizers would take turns on the same cores, so "auto" offloads everything without measuring. The
+// choice, the rates and the room are logged. The model leaves out the offloaded updates hidden behind
+// backward by the overlap, so it errs towards keeping more on the device.
 #include <algorithm>
 #include <cstring>
 
@@ -75,13 +78,23 @@ double Engine::Impl::device_optimizer_rate(std::size_t n) {
                                .weight_decay = float(o.weight_decay),
                                .adamw_mode = o.type == OptimizerType::AdamW || o.adam_w_mode,
                                .bias_correction = o.bias_correction};
+  // The host backend's direct path: the SIMD optimizer on the compute cpus, from the compute stream.
+  ChunkSlot s;
+  s.shard.numel = n;
+  s.grad = base + n;
+  cpu_optim::Optimizer* host = by_ops ? nullptr : &host_device_optimizer();
   double best = 0;
   for (int step = 1; step <= 1 + kTimedSteps; ++step) {
     compute_stream->synchronize();
     const auto t0 = Clock::now();
-    ops->adamw(Tensor{base, DType::fp32, n}, Tensor{base + n, DType::fp32, n},
-               Tensor{base + 2 * n, DType::fp32, n}, Tensor{base + 3 * n, DType::fp32, n},
-               Tensor{base + 4 * n, wd, n}, hp, step, 1.0f);
+    if (host)
+      compute_stream->host_fn([&, step] {
+        update_chunk(s, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step, host);
+      });
+    else
+      ops->adamw(Tensor{base, DType::fp32, n}, Tensor{base + n, DType::fp32, n},
+                 Tensor{base + 2 * n, DType::fp32, n}, Tensor{base + 3 * n, DType::fp32, n},
+                 Tensor{base + 4 * n, wd, n}, hp, step, 1.0f);
     compute_stream->synchronize();
     const double t = seconds_since(t0);
     if (step > 1) best = best == 0 ? t : std::min(best, t);
@@ -91,6 +104,17 @@ double Engine::Impl::device_optimizer_rate(std::size_t n) {
 
 int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloaded) {
   const int G = int(in.groups.size());
+  // The device optimizer runs beside the CPU's on a real device, and on the host backend when the CPU
+  // optimizer has cores of its own (strata.cpu_optim.cores: the device's then computes on the others).
+  // Sharing the cpus, the host backend's device optimizer is the same SIMD code on the same cores: a split
+  // only takes sub-groups away from the overlap with backward.
+  if (!by_ops && cfg.strata.cpu_optim.cores == 0) {
+    if (comm->rank() == 0)
+      STRATA_LOG_INFO("zero3: offload_optimizer.ratio auto: 1 (every sub-group offloaded): on the host "
+                      "backend the device optimizer would share the CPU optimizer's cpus "
+                      "(strata.cpu_optim.cores 0), so a split gains nothing");
+    return 0;
+  }
   std::vector<std::uint64_t> numel(std::size_t(G), 0);
   for (int g = 0; g < G; ++g)
     for (int c : in.groups[std::size_t(g)]) numel[std::size_t(g)] += in.chunks[std::size_t(c)].shard.numel;
@@ -107,15 +131,16 @@ int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloade
     fits = k;
     room_left = m.device_cache;
   }
-  // The sample: 4 Mi elements (80 MiB, beyond the caches, as the shards are), at most a 64th of the device.
-  std::size_t n = std::min<std::size_t>(std::size_t(1) << 22, dev->caps().capacity / 64);
-  n = std::max<std::size_t>(n / 64 * 64, 64);
+  // The samples: 4 Mi elements (80 MiB, beyond the caches, as the shards are), on the device at most a
+  // 64th of it.
+  const std::size_t n = std::size_t(1) << 22;
+  const std::size_t dev_n =
+      std::max<std::size_t>(std::min<std::size_t>(n, dev->caps().capacity / 64) / 64 * 64, 64);
   const double cpu_rate = cpu_optimizer_rate(n);
-  double dev_rate = cpu_rate;
-  const bool side_by_side = by_ops;  // otherwise the device's sub-groups are the CPU optimizer's work too
-  if (side_by_side && fits > 0) {
+  double dev_rate = 0;
+  if (fits > 0) {
     try {
-      dev_rate = device_optimizer_rate(n);
+      dev_rate = device_optimizer_rate(dev_n);
     } catch (const OutOfMemory& e) {
       STRATA_LOG_WARN(
           "zero3: offload_optimizer.ratio auto: no device memory to measure the device "
@@ -129,8 +154,8 @@ int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloade
   auto cost = [&](int k) {
     std::uint64_t on_dev = 0;
     for (int g = 0; g < k; ++g) on_dev += numel[std::size_t(g)];
-    const double d = double(on_dev) / dev_rate, c = double(total - on_dev) / cpu_rate;
-    return side_by_side ? std::max(d, c) : d + c;
+    const double d = on_dev == 0 ? 0 : double(on_dev) / dev_rate, c = double(total - on_dev) / cpu_rate;
+    return std::max(d, c);
   };
   int best = 0;
   for (int k = 1; k <= fits; ++k)
@@ -140,9 +165,8 @@ int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloade
         "zero3: offload_optimizer.ratio auto: ", 1.0 - double(best) / double(std::max(G, 1)), " (", best,
         " of ", G, " optimizer sub-group", G == 1 ? "" : "s", " on the device); measured on ", n,
         " elements: CPU optimizer ", cpu_rate / 1e6, " M elements/s",
-        side_by_side
-            ? cat(", device optimizer ", dev_rate / 1e6, " M elements/s")
-            : std::string(" (the device's sub-groups would be its work too: no gain on this backend)"),
+        dev_rate > 0 ? cat(", device optimizer ", dev_rate / 1e6, " M elements/s")
+                     : std::string(" (the device optimizer not measured: no room)"),
         "; the device has room for ", fits, " (", format_size(room_left),
         " of chunk cache left at that many); estimated update after backward ", cost(best), " s (", cost(0),
         " s all offloaded)");

@@ -33,7 +33,8 @@ using detail::cat;
 // ----------------------------------------------------------------------------------------- the update
 
 void Engine::Impl::update_chunk(ChunkSlot& s, float* master, float* m, float* v, void* out, double lr,
-                                float factor, std::int64_t step_no) {
+                                float factor, std::int64_t step_no, cpu_optim::Optimizer* with) {
+  cpu_optim::Optimizer& optimizer = with ? *with : *opt;
   const std::size_t n = s.shard.numel;
   cpu_optim::Shard sh;
   sh.params = master;
@@ -47,7 +48,7 @@ void Engine::Impl::update_chunk(ChunkSlot& s, float* master, float* m, float* v,
   switch (o.type) {
     case OptimizerType::Adam:
     case OptimizerType::AdamW:
-      opt->adam(s.opt,
+      optimizer.adam(s.opt,
                 {.lr = float(lr),
                  .beta1 = float(o.betas[0]),
                  .beta2 = float(o.betas[1]),
@@ -58,11 +59,11 @@ void Engine::Impl::update_chunk(ChunkSlot& s, float* master, float* m, float* v,
                 step_no, sh, factor);
       break;
     case OptimizerType::Adagrad:
-      opt->adagrad(s.opt, {.lr = float(lr), .eps = float(o.eps), .weight_decay = float(o.weight_decay)},
+      optimizer.adagrad(s.opt, {.lr = float(lr), .eps = float(o.eps), .weight_decay = float(o.weight_decay)},
                    step_no, sh, factor);
       break;
     case OptimizerType::Lion:
-      opt->lion(s.opt,
+      optimizer.lion(s.opt,
                 {.lr = float(lr),
                  .beta1 = float(o.betas[0]),
                  .beta2 = float(o.betas[1]),
@@ -145,10 +146,39 @@ void Engine::Impl::update_group(const std::vector<int>& group, double lr, float 
       if (homes.param != Tier::device) param_written(s, writes);
       continue;
     }
+    if (steps_on_device(s)) {  // the device optimizer over directly addressed memory, beside the CPU's
+      void* out = param_out(s);
+      cpu_optim::Optimizer* with = &host_device_optimizer();
+      compute_stream->host_fn([this, &s, out, lr, factor, step_no, with] {
+        update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, out, lr, factor, step_no, with);
+      });
+      device_updates.push_back(c);
+      if (homes.param == Tier::nvme) finish_device_updates(writes);  // one pinned copy at a time
+      continue;
+    }
     void* out = param_out(s);
     update_chunk(s, master, m, v, out, lr, factor, step_no);
     param_written(s, writes);
   }
+}
+
+cpu_optim::Optimizer& Engine::Impl::host_device_optimizer() {
+  if (!device_opt)
+    device_opt = std::make_unique<cpu_optim::Optimizer>(
+        cpu_optim::Options{.simd = cfg.strata.cpu_optim.simd,
+                           .threads = compute_cpus.empty() ? int(cfg.strata.threads) : int(compute_cpus.size()),
+                           .pin = !compute_cpus.empty() && cfg.strata.cpu_optim.pin_threads,
+                           .cpus = compute_cpus});
+  return *device_opt;
+}
+
+void Engine::Impl::finish_device_updates(std::vector<tiering::Move>& writes) {
+  if (device_updates.empty()) return;
+  const auto tw = Clock::now();
+  compute_stream->synchronize();
+  times.wait += seconds_since(tw);
+  for (int c : device_updates) param_written(slots[std::size_t(c)], writes);
+  device_updates.clear();
 }
 
 void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
@@ -287,6 +317,7 @@ StepResult Engine::Impl::step() {
         }
         update_group(rest, r.lr, gs.factor, step_no, writes);
       }
+      finish_device_updates(writes);
       if (kept) ++overlap->stats.steps;
       const auto tw = Clock::now();
       for (const tiering::Move& m : writes) m.wait();
@@ -343,6 +374,7 @@ StepResult Engine::Impl::step() {
         }
       }
       while (oldest < G) wait_all(writes[oldest++]);
+      finish_device_updates(device_writes);
       wait_all(device_writes);
     }
     ++applied_steps;

@@ -7,6 +7,7 @@
 // the tiers, checkpoints load at any ratio, and "auto" chooses within the device memory it has.
 #include <gtest/gtest.h>
 
+#include "core/topology.h"
 #include "tests/zero3/engine_util.h"
 
 namespace strata::zero3::test {
@@ -195,6 +196,31 @@ INSTANTIATE_TEST_SUITE_P(Placements, Ratio,
                            return std::string("param_") + name(std::get<0>(info.param)) + "_optimizer_" +
                                   name(std::get<1>(info.param)) + (std::get<2>(info.param) ? "_by_ops" : "");
                          });
+
+// With cores of its own for the CPU optimizer (strata.cpu_optim.cores), the host backend's device
+// optimizer steps the device's sub-groups on the other cpus at the same time: the same bits, overlapped
+// with backward or not, and "auto" measures both and splits within the device room.
+TEST(RatioCores, SideBySideOnSeparateCoresTrainTheSameBits) {
+  const std::size_t n = allowed_cpus().size();
+  if (n < 2) GTEST_SKIP() << "needs 2 cpus; this process may run on " << n;
+  ScratchDir d("ratio-cores");
+  const std::string tokens = make_tokens(d);
+  auto cfg = [&](const nlohmann::json& r, bool overlap, int cores) {
+    nlohmann::json extra = ratio(r);
+    extra["strata"]["overlap_optimizer"] = overlap;
+    extra["strata"]["cpu_optim"]["cores"] = cores;
+    return make_config(OffloadDevice::none, OffloadDevice::cpu, d.path(), extra);
+  };
+  const Result one = run(cfg(1.0, false, 0), tokens, false);
+  for (const bool overlap : {false, true}) {
+    const Result half = run(cfg(0.5, overlap, 1), tokens, false);
+    EXPECT_EQ(half.losses, one.losses) << "overlap " << overlap;
+    EXPECT_EQ(half.masters, one.masters) << "overlap " << overlap;
+    EXPECT_GT(half.plan.device_optimizer_groups, 0);
+    const Result a = run(cfg("auto", overlap, 1), tokens, false);
+    EXPECT_EQ(a.losses, one.losses) << "auto, overlap " << overlap;
+  }
+}
 
 TEST(RatioRule, TheFirstSubGroupsStayOnTheDevice) {
   EXPECT_EQ(device_optimizer_groups(1.0, 8), 0);

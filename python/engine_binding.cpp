@@ -278,6 +278,11 @@ class Core {
     d["pinned_budget"] = p.pinned_budget;
     d["nvme_state"] = p.nvme_state;
     d["nvme_budget"] = p.nvme_budget;
+    d["optimizer_groups"] = p.optimizer_groups;
+    d["device_optimizer_groups"] = p.device_optimizer_groups;
+    d["offload_ratio"] = p.offload_ratio;
+    d["overlap_groups"] = p.overlap_groups;
+    d["overlap_host"] = p.overlap_host;
     return d;
   }
 

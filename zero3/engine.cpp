@@ -225,11 +225,12 @@ void Engine::Impl::plan_memory() {
   }
   groups = std::move(in.groups);
   if (plan.device_optimizer_groups > 0 && comm->rank() == 0)
-    STRATA_LOG_INFO("zero3: offload_optimizer.ratio ", plan.offload_ratio, ": ", plan.device_optimizer_groups,
-                    " of ", groups.size(),
-                    " optimizer sub-groups keep master, states and gradients on the device, stepped there by ",
-                    by_ops ? "the compute interface's AdamW" : "the SIMD optimizer on the model's cpus",
-                    " beside the CPU optimizer");
+    STRATA_LOG_INFO(
+        "zero3: offload_optimizer.ratio ", plan.offload_ratio, ": ", plan.device_optimizer_groups, " of ",
+        groups.size(),
+        " optimizer sub-groups keep master, states and gradients on the device, stepped there by ",
+        by_ops ? "the compute interface's AdamW" : "the SIMD optimizer on the model's cpus",
+        " beside the CPU optimizer");
   else if (oo.device != OffloadDevice::none && !oo.ratio_auto && oo.ratio < 1.0 && comm->rank() == 0)
     STRATA_LOG_WARN("zero3: offload_optimizer.ratio ", oo.ratio, " keeps none of the ", groups.size(),
                     " optimizer sub-group", groups.size() == 1 ? "" : "s",

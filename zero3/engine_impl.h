@@ -208,6 +208,10 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void finish_device_updates(std::vector<tiering::Move>& writes);
   void update_group(const std::vector<int>& group, double lr, float grad_factor, std::int64_t step_no,
                     std::vector<tiering::Move>& writes);
+  // The chunks not updated during backward, with the optimizer in addressable memory: update_group, with a
+  // share of the CPU optimizer's work on the model's idle cpus (Note [The optimizer's tail]).
+  void update_rest(const std::vector<int>& chunks, double lr, float grad_factor, std::int64_t step_no,
+                   std::vector<tiering::Move>& writes);
   // The CPU optimizer's update of one chunk (`with`: another cpu_optim::Optimizer than `opt`).
   void update_chunk(ChunkSlot& s, float* master, float* m, float* v, void* out, double lr, float factor,
                     std::int64_t step_no, cpu_optim::Optimizer* with = nullptr);

@@ -110,9 +110,10 @@ int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloade
   // only takes sub-groups away from the overlap with backward.
   if (!by_ops && cfg.strata.cpu_optim.cores == 0) {
     if (comm->rank() == 0)
-      STRATA_LOG_INFO("zero3: offload_optimizer.ratio auto: 1 (every sub-group offloaded): on the host "
-                      "backend the device optimizer would share the CPU optimizer's cpus "
-                      "(strata.cpu_optim.cores 0), so a split gains nothing");
+      STRATA_LOG_INFO(
+          "zero3: offload_optimizer.ratio auto: 1 (every sub-group offloaded): on the host "
+          "backend the device optimizer would share the CPU optimizer's cpus "
+          "(strata.cpu_optim.cores 0), so a split gains nothing");
     return 0;
   }
   std::vector<std::uint64_t> numel(std::size_t(G), 0);
@@ -161,15 +162,15 @@ int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloade
   for (int k = 1; k <= fits; ++k)
     if (cost(k) < cost(best) * (1 - 1e-3)) best = k;
   if (comm->rank() == 0)
-    STRATA_LOG_INFO(
-        "zero3: offload_optimizer.ratio auto: ", 1.0 - double(best) / double(std::max(G, 1)), " (", best,
-        " of ", G, " optimizer sub-group", G == 1 ? "" : "s", " on the device); measured on ", n,
-        " elements: CPU optimizer ", cpu_rate / 1e6, " M elements/s",
-        dev_rate > 0 ? cat(", device optimizer ", dev_rate / 1e6, " M elements/s")
-                     : std::string(" (the device optimizer not measured: no room)"),
-        "; the device has room for ", fits, " (", format_size(room_left),
-        " of chunk cache left at that many); estimated update after backward ", cost(best), " s (", cost(0),
-        " s all offloaded)");
+    STRATA_LOG_INFO("zero3: offload_optimizer.ratio auto: ", 1.0 - double(best) / double(std::max(G, 1)),
+                    " (", best, " of ", G, " optimizer sub-group", G == 1 ? "" : "s",
+                    " on the device); measured on ", n, " elements: CPU optimizer ", cpu_rate / 1e6,
+                    " M elements/s",
+                    dev_rate > 0 ? cat(", device optimizer ", dev_rate / 1e6, " M elements/s")
+                                 : std::string(" (the device optimizer not measured: no room)"),
+                    "; the device has room for ", fits, " (", format_size(room_left),
+                    " of chunk cache left at that many); estimated update after backward ", cost(best),
+                    " s (", cost(0), " s all offloaded)");
   return best;
 }
 

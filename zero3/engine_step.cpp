@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "core/log.h"
 #include "model/dtype.h"
@@ -49,26 +50,26 @@ void Engine::Impl::update_chunk(ChunkSlot& s, float* master, float* m, float* v,
     case OptimizerType::Adam:
     case OptimizerType::AdamW:
       optimizer.adam(s.opt,
-                {.lr = float(lr),
-                 .beta1 = float(o.betas[0]),
-                 .beta2 = float(o.betas[1]),
-                 .eps = float(o.eps),
-                 .weight_decay = float(o.weight_decay),
-                 .adamw = o.type == OptimizerType::AdamW || o.adam_w_mode,
-                 .bias_correction = o.bias_correction},
-                step_no, sh, factor);
+                     {.lr = float(lr),
+                      .beta1 = float(o.betas[0]),
+                      .beta2 = float(o.betas[1]),
+                      .eps = float(o.eps),
+                      .weight_decay = float(o.weight_decay),
+                      .adamw = o.type == OptimizerType::AdamW || o.adam_w_mode,
+                      .bias_correction = o.bias_correction},
+                     step_no, sh, factor);
       break;
     case OptimizerType::Adagrad:
       optimizer.adagrad(s.opt, {.lr = float(lr), .eps = float(o.eps), .weight_decay = float(o.weight_decay)},
-                   step_no, sh, factor);
+                        step_no, sh, factor);
       break;
     case OptimizerType::Lion:
       optimizer.lion(s.opt,
-                {.lr = float(lr),
-                 .beta1 = float(o.betas[0]),
-                 .beta2 = float(o.betas[1]),
-                 .weight_decay = float(o.weight_decay)},
-                step_no, sh, factor);
+                     {.lr = float(lr),
+                      .beta1 = float(o.betas[0]),
+                      .beta2 = float(o.betas[1]),
+                      .weight_decay = float(o.weight_decay)},
+                     step_no, sh, factor);
       break;
   }
   if (wd == DType::fp32) std::memcpy(out, master, n * sizeof(float));
@@ -164,21 +165,66 @@ void Engine::Impl::update_group(const std::vector<int>& group, double lr, float 
 
 cpu_optim::Optimizer& Engine::Impl::host_device_optimizer() {
   if (!device_opt)
-    device_opt = std::make_unique<cpu_optim::Optimizer>(
-        cpu_optim::Options{.simd = cfg.strata.cpu_optim.simd,
-                           .threads = compute_cpus.empty() ? int(cfg.strata.threads) : int(compute_cpus.size()),
-                           .pin = !compute_cpus.empty() && cfg.strata.cpu_optim.pin_threads,
-                           .cpus = compute_cpus});
+    device_opt = std::make_unique<cpu_optim::Optimizer>(cpu_optim::Options{
+        .simd = cfg.strata.cpu_optim.simd,
+        .threads = compute_cpus.empty() ? int(cfg.strata.threads) : int(compute_cpus.size()),
+        .pin = !compute_cpus.empty() && cfg.strata.cpu_optim.pin_threads,
+        .cpus = compute_cpus});
   return *device_opt;
+}
+
+// Note [The optimizer's tail]: on the host backend with cores of the optimizer's own
+// (strata.cpu_optim.cores), the model's cpus are idle once backward ends, while the CPU optimizer still
+// has the chunks the overlap did not update (or all of them without it). The model's cpus then take a
+// share of those in proportion to their count, through the host backend's device optimizer (the same
+// SIMD code, so the same bits) from the compute stream, beside the CPU optimizer on its own cores; the
+// first chunks go to them, after any the offload ratio keeps on the device (their work counts towards
+// that share). Not with NVMe-resident working params (each update holds a pinned copy until it is
+// written) and not on a device of its own (cuda: the CPU optimizer has every cpu of the rank).
+void Engine::Impl::update_rest(const std::vector<int>& chunks, double lr, float factor, std::int64_t step_no,
+                               std::vector<tiering::Move>& writes) {
+  const bool helper = dev->caps().backend == BackendKind::host && !by_ops && !compute_cpus.empty() &&
+                      homes.param != Tier::nvme;
+  if (!helper) return update_group(chunks, lr, factor, step_no, writes);
+  std::uint64_t total = 0, device = 0;
+  for (int c : chunks) {
+    const std::uint64_t n = slots[std::size_t(c)].shard.numel;
+    total += n;
+    if (steps_on_device(slots[std::size_t(c)])) device += n;
+  }
+  const double share = double(compute_cpus.size()) / double(compute_cpus.size() + optimizer_cpus.size());
+  const double target = share * double(total);
+  std::vector<int> cpu;
+  cpu_optim::Optimizer* with = &host_device_optimizer();
+  for (int c : chunks) {
+    ChunkSlot& s = slots[std::size_t(c)];
+    if (steps_on_device(s)) continue;  // update_group below
+    const double n = double(s.shard.numel);
+    if (double(device) + n / 2 > target) {
+      cpu.push_back(c);
+      continue;
+    }
+    device += s.shard.numel;
+    void* out = param_out(s);
+    compute_stream->host_fn([this, &s, out, lr, factor, step_no, with] {
+      update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, out, lr, factor, step_no, with);
+    });
+    device_updates.push_back(c);
+  }
+  std::vector<int> on_device;
+  for (int c : chunks)
+    if (steps_on_device(slots[std::size_t(c)])) on_device.push_back(c);
+  update_group(on_device, lr, factor, step_no, writes);
+  update_group(cpu, lr, factor, step_no, writes);
 }
 
 void Engine::Impl::finish_device_updates(std::vector<tiering::Move>& writes) {
   if (device_updates.empty()) return;
+  const std::vector<int> done = std::exchange(device_updates, {});
   const auto tw = Clock::now();
-  compute_stream->synchronize();
+  compute_stream->synchronize();  // raises an update that failed
   times.wait += seconds_since(tw);
-  for (int c : device_updates) param_written(slots[std::size_t(c)], writes);
-  device_updates.clear();
+  for (int c : done) param_written(slots[std::size_t(c)], writes);
 }
 
 void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
@@ -305,8 +351,8 @@ StepResult Engine::Impl::step() {
     if (homes.master != Tier::nvme) {
       std::vector<tiering::Move> writes;
       bool kept = false;
-      for (const auto& g : groups) {
-        std::vector<int> rest;
+      std::vector<int> rest;
+      for (const auto& g : groups)
         for (int c : g) {
           if (!overlap_done(std::size_t(c))) {
             rest.push_back(c);
@@ -315,8 +361,7 @@ StepResult Engine::Impl::step() {
           overlap_keep(std::size_t(c));
           kept = true;
         }
-        update_group(rest, r.lr, gs.factor, step_no, writes);
-      }
+      update_rest(rest, r.lr, gs.factor, step_no, writes);
       finish_device_updates(writes);
       if (kept) ++overlap->stats.steps;
       const auto tw = Clock::now();

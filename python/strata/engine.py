@@ -317,7 +317,8 @@ class Engine:
 
     @property
     def memory_plan(self) -> dict:
-        """The device plan (bytes): state, working set, activations, chunk cache; pinned and NVMe state."""
+        """The device plan (bytes): state, working set, activations, chunk cache; pinned and NVMe state;
+        the optimizer sub-groups kept on the device (offload ratio) and overlapped with backward."""
         return self._core.memory_plan()
 
     # ---- lifetime ----

@@ -243,5 +243,23 @@ TEST(Cores, TheOptimizersOwnCoresOverlapItAndTrainTheSameBits) {
   expect_same(split, shared);
 }
 
+// Note [The optimizer's tail] in zero3/engine_step.cpp: with the optimizer on cores of its own, the
+// model's idle cpus take a share of the update after backward (all of it without the overlap, clipped
+// steps with it): the same bits as one optimizer on every cpu.
+TEST(Cores, TheModelsCpusShareTheUpdateAfterBackwardWithTheSameBits) {
+  const std::size_t n = allowed_cpus().size();
+  if (n < 2) GTEST_SKIP() << "needs 2 cpus; this process may run on " << n;
+  ScratchDir d("cores-tail");
+  const std::string tokens = make_tokens(d);
+  for (const OffloadDevice param : {OffloadDevice::none, OffloadDevice::cpu}) {
+    Config own = with_overlap(make_config(param, OffloadDevice::cpu, d.path()), false);
+    own.strata.cpu_optim.cores = 1;
+    const Result split = run(own, tokens, false);
+    const Result shared =
+        run(with_overlap(make_config(param, OffloadDevice::cpu, d.path()), false), tokens, false);
+    expect_same(split, shared);
+  }
+}
+
 }  // namespace
 }  // namespace strata::zero3::test

@@ -102,6 +102,16 @@ struct OptimizerOverlap {
   std::vector<std::unique_ptr<Event>> final_grads;  // per chunk: its last hand-off, on its stream
   std::vector<cpu_optim::ShardStep> before;         // per chunk: its ShardStep before the update
   std::vector<char> copied;  // per chunk: the worker has started overwriting (its copies are whole)
+  // Per chunk: its gradients' statistics, taken by the worker from the final gradients (every chunk whose
+  // gradients the CPU reduces, eligible or not), for step()'s norm: the same function on the same bytes.
+  // Ready until the next backward or a cancellation.
+  struct GradStats {
+    bool ready = false;
+    double sum_sq = 0;
+    bool finite = true;
+    std::vector<double> blocks;  // world > 1: the per-block partials
+  };
+  std::vector<GradStats> grad_stats;
   // The worker thread and its queue of chunks; `state` is read and written under `mu`.
   std::vector<State> state;
   std::thread worker;
@@ -240,6 +250,7 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void overlap_keep(std::size_t c);
   void overlap_worker();
   void overlap_update(int c);
+  void overlap_grad_stats(int c);  // on the worker: chunk c's GradStats
   // What a chunk's copies hold, in their order in `backup`: master, the optimizer's states, and the
   // working params unless they are staged (a device home reached by stream work only), whose new values
   // then follow the copies (overlap_staging).

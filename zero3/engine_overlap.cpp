@@ -146,10 +146,10 @@ void Engine::Impl::plan_overlap() {
   o->seen.assign(C, 0);
   o->state.assign(C, State::idle);
   o->copied.assign(C, 0);
+  o->grad_stats.assign(C, {});
   o->before.resize(C);
   o->final_grads.resize(C);
-  for (std::size_t i = 0; i < C; ++i)
-    if (o->eligible[i]) o->final_grads[i] = dev->create_event();
+  for (std::size_t i = 0; i < C; ++i) o->final_grads[i] = dev->create_event();
   overlap = std::move(o);
   if (comm->rank() == 0)
     STRATA_LOG_INFO("zero3: optimizer overlapped with backward for ", chunks, " of ", C, " chunks (",
@@ -164,6 +164,7 @@ void Engine::Impl::overlap_begin_backward() {
   // the first one updated is undone, and this one updates again with every gradient.
   overlap_undo(false);
   std::fill(o.seen.begin(), o.seen.end(), 0);
+  for (auto& st : o.grad_stats) st.ready = false;
   o.armed = micro_steps + 1 >= cfg.gradient_accumulation_steps;
   if (o.armed && o.last_clipped) {
     o.armed = false;
@@ -190,7 +191,10 @@ void Engine::Impl::overlap_handed_off(ChunkSlot& s, Stream& on) {
   OptimizerOverlap& o = *overlap;
   const std::size_t c = std::size_t(s.id);
   const int seen = ++o.seen[c];
-  if (!o.armed || !o.eligible[c] || o.expected[c] == 0) return;
+  // Chunks the optimizer does not update here still get their gradient statistics taken early, where the
+  // CPU reduces their gradients.
+  const bool stats_only = !o.eligible[c] && !(by_ops && s.h.grad == Tier::device);
+  if (!o.armed || !(o.eligible[c] || stats_only) || o.expected[c] == 0) return;
   if (seen > o.expected[c]) {
     // More hand-offs than the last backward made: this pass has another shape, and the chunk's update
     // was made too early. Undo them all; this step updates after backward.
@@ -231,7 +235,10 @@ void Engine::Impl::overlap_worker() {
     lk.unlock();
     std::exception_ptr err;
     try {
-      overlap_update(c);
+      if (o.eligible[std::size_t(c)])
+        overlap_update(c);
+      else
+        overlap_grad_stats(c);
     } catch (...) {
       err = std::current_exception();
     }
@@ -241,17 +248,34 @@ void Engine::Impl::overlap_worker() {
       o.state[std::size_t(c)] = State::failed;
       if (!o.error) o.error = err;
     } else {
-      o.state[std::size_t(c)] = State::done;
+      o.state[std::size_t(c)] = o.eligible[std::size_t(c)] ? State::done : State::idle;
     }
     o.cv.notify_all();
   }
 }
 
-// On the worker: chunk c's copies, then its update as step() would make it unclipped.
-void Engine::Impl::overlap_update(int c) {
+// On the worker: chunk c's gradient statistics, as grad_stats() would take them.
+void Engine::Impl::overlap_grad_stats(int c) {
   OptimizerOverlap& o = *overlap;
   ChunkSlot& s = slots[std::size_t(c)];
   o.final_grads[std::size_t(c)]->synchronize();
+  OptimizerOverlap::GradStats& st = o.grad_stats[std::size_t(c)];
+  if (world > 1) {
+    st.blocks = opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
+  } else {
+    const cpu_optim::GradStats g = opt->grad_stats(s.grad, DType::fp32, s.shard.numel, 1.0f);
+    st.sum_sq = g.sum_sq;
+    st.finite = g.finite;
+  }
+  st.ready = true;
+}
+
+// On the worker: chunk c's gradient statistics, its copies, then its update as step() would make it
+// unclipped.
+void Engine::Impl::overlap_update(int c) {
+  OptimizerOverlap& o = *overlap;
+  ChunkSlot& s = slots[std::size_t(c)];
+  overlap_grad_stats(c);
   std::byte* b = o.backup.get() + o.backup_at[std::size_t(c)];
   for (const auto& [p, bytes] : overlap_regions(s)) {
     std::memcpy(b, p, bytes);
@@ -301,6 +325,8 @@ void Engine::Impl::overlap_undo(bool rollback) {
     o.cv.wait(lk, [&] { return o.queue.empty() && o.running == 0; });
     o.error = nullptr;  // the copies below undo whatever the failed update wrote
   }
+  if (!rollback)  // gradients may still change before the step: their statistics are taken again
+    for (auto& st : o.grad_stats) st.ready = false;
   const auto t0 = Clock::now();
   bool any = false;
   for (std::size_t c = 0; c < slots.size(); ++c) {

@@ -232,6 +232,8 @@ void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
   // Gradients at home on the device and reached by stream work only are reduced there; the others (pinned
   // memory, or a device the CPU addresses) by the CPU optimizer's reductions.
   auto on_device = [&](const ChunkSlot& s) { return by_ops && s.h.grad == Tier::device; };
+  // Taken by the overlap's worker from the final gradients (Note [Optimizer overlap]).
+  auto early = [&](std::size_t i) { return overlap && overlap->grad_stats[i].ready; };
   bool any_device = false, any_host = false;
   for (std::size_t i = 0; i < slots.size(); ++i) {
     ChunkSlot& s = slots[i];
@@ -250,6 +252,11 @@ void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
       continue;
     }
     if (world > 1) continue;  // below: the partials of every rank's shard
+    if (early(i)) {
+      sum_sq += overlap->grad_stats[i].sum_sq;
+      finite = finite && overlap->grad_stats[i].finite;
+      continue;
+    }
     const cpu_optim::GradStats st = opt->grad_stats(s.grad, DType::fp32, s.shard.numel, 1.0f);
     sum_sq += st.sum_sq;
     finite = finite && st.finite;
@@ -265,7 +272,8 @@ void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
     for (std::size_t i = 0; i < slots.size(); ++i) {
       ChunkSlot& s = slots[i];
       if (s.grads_fresh || on_device(s)) continue;  // zeroed above (its partials are 0), or reduced there
-      const std::vector<double> b = opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
+      const std::vector<double> b = early(i) ? overlap->grad_stats[i].blocks
+                                             : opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
       std::copy(b.begin(), b.end(), mine.begin() + std::ptrdiff_t(i * per_shard));
     }
     std::vector<double> all(mine.size() * std::size_t(world));

@@ -5,7 +5,7 @@
 //   step_bench --model 10m -B 4 -T 128 --steps 5 --nvme-path /local_nvme [--device-cap 1GiB]
 //              [--placements none,cpu,nvme] [--backend host] [--max-in-cpu 0] [--sub-group-size 1e8]
 //              [--ceiling auto|host|device] [--overlap off,on] [--optimizer-cores 1] [--clip 0]
-//              [--checkpoint false] [--ratio 1,auto]
+//              [--checkpoint false] [--ratio 1,auto] [--warmup 1]
 //
 // --overlap gives each placement a row per strata.overlap_optimizer value (a placement that cannot
 // overlap gets no "on" row); --optimizer-cores sets strata.cpu_optim.cores, and the compute-only step then
@@ -82,7 +82,7 @@ struct Opts {
   std::string model = "10m", nvme_path, device_cap, backend = "host";
   std::string placements = "none,cpu,nvme";
   std::string ceiling = "auto";  // auto: device where the CPU cannot address it, else host
-  int batch = 4, seq = 128, steps = 5, threads = 0;
+  int batch = 4, seq = 128, steps = 5, threads = 0, warmup = 1;
   std::string overlap = "off";  // strata.overlap_optimizer per row: off, on (comma-separated)
   int optimizer_cores = 0;      // strata.cpu_optim.cores
   double clip = 1.0;            // gradient_clipping
@@ -315,14 +315,14 @@ Row run_placement(const std::string& p, bool overlap, const std::string& ratio,
   r.plan = e.plan();
   r.overlapped = r.plan.overlap_groups > 0;
   model::LlamaModel m(mcfg, e.model_options());
-  for (int i = 0; i <= o.steps; ++i) {
+  for (int i = 1 - o.warmup; i <= o.steps; ++i) {
     e.forward_backward(m, random_batch(mcfg, o.batch, o.seq, 100 + std::uint64_t(i)));
     const zero3::StepResult s = e.step();
     r.losses.push_back(s.loss);
     std::fprintf(stderr, "  %s step %d/%d: %.2fs (fwd %.2f bwd %.2f opt %.2f wait %.2f) loss %.4f\n",
                  p.c_str(), i, o.steps, s.times.total, s.times.forward, s.times.backward, s.times.optimizer,
                  s.times.wait, s.loss);
-    if (i == 0) continue;  // records the trace
+    if (i <= 0) continue;  // the first records the trace; the others touch the memory first
     r.step.forward += s.times.forward / o.steps, r.step.backward += s.times.backward / o.steps;
     r.step.optimizer += s.times.optimizer / o.steps, r.step.wait += s.times.wait / o.steps;
     r.step.total += s.times.total / o.steps;
@@ -443,7 +443,10 @@ int main(int argc, char** argv) {
   app.add_option("--model", o.model, "Preset or model.json");
   app.add_option("-B,--batch", o.batch, "Micro batch (rows)");
   app.add_option("-T,--seq", o.seq, "Sequence length");
-  app.add_option("--steps", o.steps, "Measured steps per placement (after one warm-up step)");
+  app.add_option("--steps", o.steps, "Measured steps per placement (after the warm-up steps)");
+  app.add_option("--warmup", o.warmup,
+                 "Warm-up steps per placement, not measured (at least 1: it records the trace)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--placements", o.placements, "Comma-separated: none, cpu, nvme (both offloads)");
   app.add_option("--nvme-path", o.nvme_path, "Directory for the nvme placement");
   app.add_option("--device-cap", o.device_cap, "Device memory cap, e.g. 1GiB");

@@ -32,6 +32,12 @@
 // computing on a GPU, or on the host backend with strata.cpu_optim.cores giving the optimizer cores of
 // its own (sharing them, backward and the optimizer slow each other: measured in bench/RESULTS.md).
 //
+// The norm: the worker also takes each chunk's gradient statistics (squared norm and finiteness, or at
+// N ranks the per-block partials) as soon as its gradients are final — every chunk whose gradients the
+// CPU reduces, updated early or not — so step() sums them instead of reading every gradient again after
+// backward. The same function over the same bytes, summed in the same order: the same norm. They are
+// taken again when a new backward starts or the early work is cancelled.
+//
 // Which steps: the last applied step's clipping predicts this one's, so after a clipped step the next
 // is updated after backward (OverlapStats.waited) rather than rolled back again.
 //

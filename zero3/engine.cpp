@@ -146,13 +146,28 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   po.max_reuse_distance = z.stage3_max_reuse_distance;
   pf = std::make_unique<prefetch::Prefetcher>(*this, po);
   gather_stream = dev->create_stream("zero3-gather");
-  gather_ops = kernels::make_ops(*dev, *gather_stream);
+  // Note [Cores]: on the host backend with cores of the optimizer's own, the copies run there too.
+  const std::vector<int> copy_cpus =
+      dev->caps().backend == BackendKind::host && !compute_cpus.empty() && cfg.strata.cpu_optim.pin_threads
+          ? optimizer_cpus
+          : std::vector<int>{};
+  gather_ops = kernels::make_ops(*dev, *gather_stream, {.cpus = copy_cpus});
   grad_stream = dev->create_stream("zero3-grads");
   if (world > 1) {  // collective: every rank dups in this order
     gather_comm = comm->dup();
     grad_comm = comm->dup();
-    grad_ops = kernels::make_ops(*dev, *grad_stream);
+    grad_ops = kernels::make_ops(*dev, *grad_stream, {.cpus = copy_cpus});
   }
+  if (!copy_cpus.empty())
+    for (Stream* st : {gather_stream.get(), grad_stream.get()})
+      st->host_fn([copy_cpus] {  // the stream's one thread, from its first piece of work on
+        try {
+          pin_current_thread(copy_cpus);
+        } catch (const Error& e) {
+          STRATA_WARN_ONCE("zero3: cannot pin the copy streams to the optimizer's cpus (", e.what(),
+                           "); they run unpinned");
+        }
+      });
   init_chunks();
   plan_overlap();
 }
@@ -245,9 +260,13 @@ void Engine::Impl::plan_memory() {
 
 // Note [Cores]: a rank runs on the cpus the process may use (mpirun's or strata launch's binding, taskset,
 // a cgroup), narrowed on cuda to those of the GPU's NUMA node when it has any. strata.cpu_optim.cores = k
-// keeps the last k for the CPU optimizer alone — its threads are pinned there — and, on the host backend,
-// the model's ops compute in an arena pinned to the others; the stream and NVMe completion threads stay
-// unpinned. k = 0 shares every cpu (the optimizer pinned round-robin over all of them when pin_threads).
+// keeps the last k for the CPU optimizer — its threads are pinned there — and, on the host backend, the
+// model's ops compute in an arena pinned to the others. The host backend's copies (the gather and gradient
+// streams' threads and their casts and adds) are CPU work too: they run on the optimizer's cpus, which are
+// idle while the model computes forward and share backward with the early updates — as a GPU's copy
+// engines are not its SMs. On cuda the stream threads only enqueue, and stay unpinned, as do the NVMe
+// completion threads. k = 0 shares every cpu (the optimizer pinned round-robin over all of them when
+// pin_threads).
 void Engine::Impl::plan_cores() {
   std::vector<int> rank = allowed_cpus();
   if (dev->caps().backend != BackendKind::host && dev->caps().numa_node >= 0) {

@@ -22,14 +22,15 @@
 // wherever it lives: tests/zero3/ratio_test.cpp).
 //
 // "auto" (choose_device_groups): the engine measures the CPU optimizer (pinned memory, its own threads)
-// and the device optimizer (device memory, from the compute stream) on 4 Mi elements each, then picks the
-// number k of device sub-groups that minimises the update after backward — the longer of the device's
-// and the CPU's parts, which run side by side — among the k whose plan leaves the chunk cache room for two
-// of the largest gathered chunks (one in use, one prefetched). Ties (within 0.1%) go to the smaller k
-// (less device memory). On the host backend with the cpus shared (strata.cpu_optim.cores 0) the two
-// optimizers would take turns on the same cores, so "auto" offloads everything without measuring. The
-// choice, the rates and the room are logged. The model leaves out the offloaded updates hidden behind
-// backward by the overlap, so it errs towards keeping more on the device.
+// and the device optimizer (device memory, the compute stream) on 4 Mi elements each, then picks the
+// number k of device sub-groups that minimises the update after backward — the longer of the device's and
+// the CPU's parts, which run side by side — among the k whose plan leaves the chunk cache room for two of
+// the largest gathered chunks (one in use, one prefetched). Ties (within 0.1%) go to the smaller k (less
+// device memory). The choice, the rates and the room are logged. The model leaves out the offloaded
+// updates hidden behind backward by the overlap, so it errs towards keeping more on the device. On the
+// host backend's directly addressed device, whose optimizer runs on the CPU's own cores, "auto" offloads
+// everything without measuring (the log line says why; measured in bench/RESULTS.md).
+
 #include <algorithm>
 #include <cstring>
 
@@ -104,16 +105,19 @@ double Engine::Impl::device_optimizer_rate(std::size_t n) {
 
 int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloaded) {
   const int G = int(in.groups.size());
-  // The device optimizer runs beside the CPU's on a real device, and on the host backend when the CPU
-  // optimizer has cores of its own (strata.cpu_optim.cores: the device's then computes on the others).
-  // Sharing the cpus, the host backend's device optimizer is the same SIMD code on the same cores: a split
-  // only takes sub-groups away from the overlap with backward.
-  if (!by_ops && cfg.strata.cpu_optim.cores == 0) {
+  // The host backend's device is the CPU: its optimizer is the same SIMD code on the model's cpus. Sharing
+  // the cpus with the CPU optimizer (strata.cpu_optim.cores 0) the two would take turns; with cores of the
+  // optimizer's own, the model's cpus already take their share of the update after backward (Note [The
+  // optimizer's tail] in engine_step.cpp). Either way a split only moves gradient adds onto the model's
+  // cpus and sub-groups out of the overlap with backward.
+  if (!by_ops) {
     if (comm->rank() == 0)
       STRATA_LOG_INFO(
-          "zero3: offload_optimizer.ratio auto: 1 (every sub-group offloaded): on the host "
-          "backend the device optimizer would share the CPU optimizer's cpus "
-          "(strata.cpu_optim.cores 0), so a split gains nothing");
+          "zero3: offload_optimizer.ratio auto: 1 (every sub-group offloaded): the host "
+          "backend's device optimizer runs on the CPU's cores, ",
+          cfg.strata.cpu_optim.cores == 0 ? "the CPU optimizer's too (strata.cpu_optim.cores 0)"
+                                          : "which already take a share of the update after backward",
+          ", so a split gains nothing");
     return 0;
   }
   std::vector<std::uint64_t> numel(std::size_t(G), 0);

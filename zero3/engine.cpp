@@ -593,11 +593,13 @@ StepResult Engine::step() {
 }
 std::string Engine::save_checkpoint(const std::string& dir, const nlohmann::json& client_state,
                                     const model::DataLoader* data, const std::string& tag) {
+  impl_->overlap_settle(-1);   // the last step's updates left to the worker
   impl_->overlap_undo(false);  // the state as of the last step (a later step redoes the updates)
   return impl_->save(dir, client_state, data, tag);
 }
 nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string& tag,
                                        model::DataLoader* data) {
+  impl_->overlap_settle(-1);
   impl_->overlap_undo(false);
   return impl_->load(dir, tag, data);
 }

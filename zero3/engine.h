@@ -139,6 +139,9 @@ struct OverlapStats {
   std::uint64_t cancelled = 0;  // COUNT of times such updates were undone because no step followed
                                 // (another forward, a checkpoint, a failed backward)
   double rollback_seconds = 0;  // SUM of the time spent undoing them
+  // COUNT of chunk updates left to the worker by step() (those not made during backward), finished while
+  // the next forward runs (each chunk before its next gather): Note [Optimizer overlap].
+  std::uint64_t deferred = 0;
 };
 
 // The process's compute threads for a run (call before constructing the Engine): strata.threads, where 0

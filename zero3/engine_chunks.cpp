@@ -153,6 +153,7 @@ void* Engine::Impl::device_alloc(tiering::TensorId id, bool demand) {
 bool Engine::Impl::start_fetch(int c, bool demand) {
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.g == ChunkSlot::Gather::absent, "zero3: chunk ", s.name, " gathered twice");
+  overlap_settle(c);  // the last step's update of this chunk, left to the worker, writes its params
   const bool from_nvme = homes.param == Tier::nvme;
   const auto& z = cfg.zero_optimization;
   if (from_nvme && !demand && nvme_param_reads >= z.offload_param.buffer_count) {
@@ -325,6 +326,7 @@ float* Engine::Impl::acquire_grads(int c) {
 void Engine::Impl::release_grads(int c) {
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.gbuf != nullptr, "zero3: gradients of chunk ", s.name, " released but not held");
+  overlap_settle(c);  // the last step's update of this chunk, left to the worker, reads its gradients
   if (opts.gradient_hook) {
     STRATA_CHECK(dev->caps().host_addressable, "zero3: EngineOptions.gradient_hook needs addressable memory");
     compute_stream->synchronize();

@@ -121,6 +121,17 @@ struct OptimizerOverlap {
   int running = 0;
   bool stop = false;
   std::exception_ptr error;  // the first update that failed
+  // Work made during backward (updates, gradient statistics) queued or running: what undo and wait wait
+  // for.
+  int early_pending = 0;
+  // Updates step() left to the worker (deferred[c]), with the step's rate, factor and number; they run
+  // while the next forward starts, each chunk before its gather or gradients (overlap_settle).
+  std::vector<char> deferred;
+  int deferred_pending = 0;
+  double deferred_lr = 0;
+  float deferred_factor = 1;
+  std::int64_t deferred_step = 0;
+  std::exception_ptr deferred_error;
   OverlapStats stats;
 };
 
@@ -251,6 +262,11 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void overlap_worker();
   void overlap_update(int c);
   void overlap_grad_stats(int c);  // on the worker: chunk c's GradStats
+  // step(): whether chunk c's update may be left to the worker, and leaves them (in order).
+  bool overlap_may_defer(const ChunkSlot& s) const;
+  void overlap_defer(const std::vector<int>& chunks, double lr, float factor, std::int64_t step_no);
+  // Waits for chunk c's deferred update (c < 0: every one); rethrows one that failed.
+  void overlap_settle(int c);
   // What a chunk's copies hold, in their order in `backup`: master, the optimizer's states, and the
   // working params unless they are staged (a device home reached by stream work only), whose new values
   // then follow the copies (overlap_staging).

@@ -153,6 +153,7 @@ void Engine::Impl::plan_overlap() {
   o->state.assign(C, State::idle);
   o->copied.assign(C, 0);
   o->grad_stats.assign(C, {});
+  o->deferred.assign(C, 0);
   o->before.resize(C);
   o->final_grads.resize(C);
   for (std::size_t i = 0; i < C; ++i) o->final_grads[i] = dev->create_event();
@@ -215,6 +216,7 @@ void Engine::Impl::overlap_handed_off(ChunkSlot& s, Stream& on) {
     std::lock_guard<std::mutex> lk(o.mu);
     o.state[c] = State::queued;
     o.queue.push_back(int(c));
+    ++o.early_pending;
   }
   o.cv.notify_all();
   if (!o.worker.joinable()) o.worker = std::thread([this] { overlap_worker(); });
@@ -240,16 +242,30 @@ void Engine::Impl::overlap_worker() {
     ++o.running;
     lk.unlock();
     std::exception_ptr err;
+    const bool deferred = o.deferred[std::size_t(c)] != 0;  // set before queueing, cleared below
     try {
-      if (o.eligible[std::size_t(c)])
+      if (deferred) {
+        ChunkSlot& s = slots[std::size_t(c)];
+        update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, my_params(s), o.deferred_lr, o.deferred_factor,
+                     o.deferred_step);
+      } else if (o.eligible[std::size_t(c)]) {
         overlap_update(c);
-      else
+      } else {
         overlap_grad_stats(c);
+      }
     } catch (...) {
       err = std::current_exception();
     }
     lk.lock();
     --o.running;
+    if (deferred) {
+      o.deferred[std::size_t(c)] = 0;
+      --o.deferred_pending;
+      if (err && !o.deferred_error) o.deferred_error = err;
+      o.cv.notify_all();
+      continue;
+    }
+    --o.early_pending;
     if (err) {
       o.state[std::size_t(c)] = State::failed;
       if (!o.error) o.error = err;
@@ -301,7 +317,7 @@ void Engine::Impl::overlap_wait() {
   std::exception_ptr err;
   {
     std::unique_lock<std::mutex> lk(o.mu);
-    o.cv.wait(lk, [&] { return o.queue.empty() && o.running == 0; });
+    o.cv.wait(lk, [&] { return o.early_pending == 0; });
     std::swap(err, o.error);
   }
   if (err) {
@@ -328,7 +344,7 @@ void Engine::Impl::overlap_undo(bool rollback) {
   OptimizerOverlap& o = *overlap;
   {
     std::unique_lock<std::mutex> lk(o.mu);
-    o.cv.wait(lk, [&] { return o.queue.empty() && o.running == 0; });
+    o.cv.wait(lk, [&] { return o.early_pending == 0; });
     o.error = nullptr;  // the copies below undo whatever the failed update wrote
   }
   if (!rollback)  // gradients may still change before the step: their statistics are taken again
@@ -358,6 +374,48 @@ void Engine::Impl::overlap_undo(bool rollback) {
   } else {
     ++o.stats.cancelled;
   }
+}
+
+bool Engine::Impl::overlap_may_defer(const ChunkSlot& s) const {
+  // The CPU optimizer in addressable memory writing the working params in place (no NVMe, no staging),
+  // stage 3 (no all-gather of the params after the step).
+  return overlap && !replicated && homes.master != Tier::nvme && homes.param != Tier::nvme &&
+         !overlap_staged() && !steps_on_device(s) && s.master != nullptr;
+}
+
+void Engine::Impl::overlap_defer(const std::vector<int>& chunks, double lr, float factor,
+                                 std::int64_t step_no) {
+  if (chunks.empty()) return;
+  OptimizerOverlap& o = *overlap;
+  {
+    std::lock_guard<std::mutex> lk(o.mu);
+    o.deferred_lr = lr;
+    o.deferred_factor = factor;
+    o.deferred_step = step_no;
+    for (int c : chunks) {
+      o.deferred[std::size_t(c)] = 1;
+      ++o.deferred_pending;
+      o.queue.push_back(c);
+    }
+    o.stats.deferred += chunks.size();
+  }
+  o.cv.notify_all();
+  if (!o.worker.joinable()) o.worker = std::thread([this] { overlap_worker(); });
+}
+
+void Engine::Impl::overlap_settle(int c) {
+  if (!overlap) return;
+  OptimizerOverlap& o = *overlap;
+  std::exception_ptr err;
+  {
+    std::unique_lock<std::mutex> lk(o.mu);
+    if (c < 0)
+      o.cv.wait(lk, [&] { return o.deferred_pending == 0; });
+    else
+      o.cv.wait(lk, [&] { return o.deferred[std::size_t(c)] == 0; });
+    std::swap(err, o.deferred_error);
+  }
+  if (err) std::rethrow_exception(err);
 }
 
 void Engine::Impl::overlap_stop() {

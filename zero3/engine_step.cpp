@@ -325,7 +325,8 @@ StepResult Engine::Impl::step() {
   }
   {
     const auto tw = Clock::now();
-    overlap_wait();  // the updates made during backward (Note [Optimizer overlap] in engine_overlap.cpp)
+    overlap_settle(-1);  // the last step's updates left to the worker (chunks no backward reached)
+    overlap_wait();      // the updates made during backward (Note [Optimizer overlap] in engine_overlap.cpp)
     times.wait += seconds_since(tw);
   }
   if (by_ops) gather_stream->synchronize();  // no gather still reads a device home the update writes
@@ -369,8 +370,13 @@ StepResult Engine::Impl::step() {
           overlap_keep(std::size_t(c));
           kept = true;
         }
-      update_rest(rest, r.lr, gs.factor, step_no, writes);
+      // The rest: with the overlap's worker, those it can update in place are left to it (they run while
+      // the next forward starts; Note [Optimizer overlap]), after the others are made here.
+      std::vector<int> later, now;
+      for (int c : rest) (overlap_may_defer(slots[std::size_t(c)]) ? later : now).push_back(c);
+      update_rest(now, r.lr, gs.factor, step_no, writes);
       finish_device_updates(writes);
+      overlap_defer(later, r.lr, gs.factor, step_no);
       if (kept) ++overlap->stats.steps;
       const auto tw = Clock::now();
       for (const tiering::Move& m : writes) m.wait();
@@ -565,6 +571,7 @@ StepResult Engine::train_batch(model::LlamaModel& model, model::DataLoader& data
 void Engine::read_params(int id, float* out) {
   Impl& im = *impl_;
   const ChunkSlot& s = im.slots.at(std::size_t(id));
+  im.overlap_settle(-1);
   im.overlap_undo(false);  // the params of the last step
   std::memset(out, 0, s.numel * sizeof(float));
   im.gather_stream->synchronize();  // replicated params: the step's all-gather has landed
@@ -578,6 +585,7 @@ void Engine::read_params(int id, float* out) {
 std::vector<float> Engine::master_params(int id) {
   Impl& im = *impl_;
   const ChunkSlot& s = im.slots.at(std::size_t(id));
+  im.overlap_settle(-1);
   im.overlap_undo(false);
   std::vector<float> out(s.shard.numel);
   im.with_host_copy(s.t.master,

@@ -517,9 +517,11 @@ int run_train(const TrainOpts& o) {
     const zero3::OverlapStats& os = engine.overlap_stats();
     std::fprintf(out,
                  "  optimizer   overlapped with backward: %llu of %lld steps kept their early updates, %llu "
-                 "rolled back (%.3fs undoing), %llu cancelled\n",
+                 "rolled back (%.3fs undoing), %llu waited, %llu cancelled; %llu chunk updates overlapped "
+                 "with the next forward\n",
                  (unsigned long long)os.steps, (long long)n, (unsigned long long)os.rollbacks,
-                 os.rollback_seconds, (unsigned long long)os.cancelled);
+                 os.rollback_seconds, (unsigned long long)os.waited, (unsigned long long)os.cancelled,
+                 (unsigned long long)os.deferred);
   }
   const tiering::Snapshot snap = engine.tiers().snapshot(false);
   const zero3::TransferStats& ts = engine.transfer_stats();

@@ -32,6 +32,16 @@
 // computing on a GPU, or on the host backend with strata.cpu_optim.cores giving the optimizer cores of
 // its own (sharing them, backward and the optimizer slow each other: measured in bench/RESULTS.md).
 //
+// After backward: step() leaves the chunks not updated during backward (no room for their copies, or the
+// step waited after a clipped one) to the same worker, in chunk order, once the norm is known — their
+// updates are final, nothing to undo — and returns. They run while the next forward starts: a chunk's
+// gather (start_fetch) and its next gradient hand-off (release_grads) wait for its update
+// (overlap_settle), and so does everything that reads the state (step(), checkpoints, read_params,
+// master_params). The first chunks are the last updated during backward's tail and the first the next
+// forward needs, so the forward waits for about one chunk's update rather than all of them. Where the
+// update cannot be made in place on the worker (NVMe, staged device params, the device optimizer,
+// stages 1 and 2's all-gather), step() makes it as before. OverlapStats.deferred counts them.
+//
 // The norm: the worker also takes each chunk's gradient statistics (squared norm and finiteness, or at
 // N ranks the per-block partials) as soon as its gradients are final — every chunk whose gradients the
 // CPU reduces, updated early or not — so step() sums them instead of reading every gradient again after

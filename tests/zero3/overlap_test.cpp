@@ -128,6 +128,27 @@ TEST_P(Overlap, ClippingOnSomeStepsRollsThoseBackBitForBit) {
   EXPECT_EQ(on.stats.cancelled, 0u);
 }
 
+// A step that clips every time: after the first, the next ones wait (no early updates), and step() leaves
+// the updates to the worker, which makes them while the next forward starts (each chunk's before its
+// gather). The same bits as without the overlap, read back between steps too.
+TEST_P(Overlap, UpdatesLeftToTheWorkerAfterTheStepAreTheSameBitForBit) {
+  ScratchDir d("overlap-deferred");
+  const std::string tokens = make_tokens(d);
+  const nlohmann::json always = {{"gradient_clipping", 1e-6}};
+  const Result on = run(with_overlap(config(d, always), true), tokens, by_ops());
+  const Result off = run(with_overlap(config(d, always), false), tokens, by_ops());
+  expect_same(on, off);
+  EXPECT_EQ(on.stats.steps, 0u);
+  EXPECT_EQ(on.stats.waited, std::uint64_t(kSteps - 1));
+  // In place on the worker where the working params are (pinned memory, or a device the CPU addresses).
+  const bool in_place = !(by_ops() && std::get<0>(GetParam()) == OffloadDevice::none);
+  if (in_place) {
+    EXPECT_GT(on.stats.deferred, 0u);
+  } else {
+    EXPECT_EQ(on.stats.deferred, 0u);
+  }
+}
+
 TEST_P(Overlap, Fp16OverflowsSkipTheStepAndRollBackBitForBit) {
   ScratchDir d("overlap-fp16");
   const std::string tokens = make_tokens(d);

@@ -322,8 +322,7 @@ Row run_placement(const std::string& p, bool overlap, const std::string& ratio,
     std::fprintf(stderr,
                  "  %s step %d/%d: %.2fs (fwd %.2f bwd %.2f opt %.2f wait %.2f) loss %.4f grad norm %.4g%s\n",
                  p.c_str(), i, o.steps, s.times.total, s.times.forward, s.times.backward, s.times.optimizer,
-                 s.times.wait, s.loss, s.grad_norm,
-                 o.clip > 0 && s.grad_norm > o.clip ? " (clipped)" : "");
+                 s.times.wait, s.loss, s.grad_norm, o.clip > 0 && s.grad_norm > o.clip ? " (clipped)" : "");
     if (i <= 0) continue;  // the first records the trace; the others touch the memory first
     r.step.forward += s.times.forward / o.steps, r.step.backward += s.times.backward / o.steps;
     r.step.optimizer += s.times.optimizer / o.steps, r.step.wait += s.times.wait / o.steps;

@@ -141,7 +141,8 @@ STRATA_TIERING_BACKENDS(Memprof);
 
 // Lines whose "type" is not a string, that are no JSON object, or that hold a fraction where a whole number
 // belongs are ConfigErrors naming the line (found by fuzz/memprof_trace_fuzz: the error message itself read
-// "type" the way that had just failed, and the JSON library's type_error escaped; 8.9e54 as an integer).
+// "type" the way that had just failed, and the JSON library's type_error escaped; 8.9e54 as an integer;
+// a tensor's shard of 3.3e113).
 TEST(MemprofTrace, ALineWhoseTypeIsNotAStringIsAnErrorNamingTheLine) {
   strata::test::ScratchDir dir("memprof");
   const std::string header =
@@ -154,7 +155,13 @@ TEST(MemprofTrace, ALineWhoseTypeIsNotAStringIsAnErrorNamingTheLine) {
                            // behaviour (UBSan under fuzz/memprof_trace_fuzz); it is refused instead.
                            R"({"type":"gap","dropped":8.9e54})",
                            R"({"type":"event","seq":1,"t":1e30,"ev":"alloc","tier":"device","to":"device",)"
-                           R"("kind":"param","phase":"forward","tensor":1,"bytes":4,"step":0})"}) {
+                           R"("kind":"param","phase":"forward","tensor":1,"bytes":4,"step":0})",
+                           // A tensor's shard beyond int (3.3e113 as an int: UBSan), or a whole number
+                           // beyond int32 (narrowed to another shard): out of range.
+                           R"({"type":"tensor","bytes":4096,"chunk":-1,"dtype":"bf16","home":"pinned","id":1,)"
+                           R"("kind":"param","name":"p","shard":3.33e113})",
+                           R"({"type":"tensor","bytes":4096,"chunk":-1,"dtype":"bf16","home":"pinned","id":1,)"
+                           R"("kind":"param","name":"p","shard":4294967297})"}) {
     const std::string path = dir.file("t.memprof.jsonl");
     std::ofstream(path) << header << "\n" << line << "\n{\"type\":\"end\"}\n";
     try {

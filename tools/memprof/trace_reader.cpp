@@ -44,8 +44,8 @@ TraceTensor tensor_from(const json& j) {
   t.dtype = parse_dtype(j.at("dtype").get<std::string>(), "tensor.dtype");
   t.bytes = whole_of<std::uint64_t>(j.at("bytes"));
   t.home = parse_tier(j.at("home").get<std::string>(), "tensor.home");
-  t.chunk = j.at("chunk").get<std::int32_t>();
-  t.shard = j.at("shard").get<std::int32_t>();
+  t.chunk = whole_of<std::int32_t>(j.at("chunk"));
+  t.shard = whole_of<std::int32_t>(j.at("shard"));
   return t;
 }
 

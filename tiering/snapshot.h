@@ -86,12 +86,12 @@ T json_whole(const nlohmann::json& v, std::string_view what) {
   if (!v.is_number_integer() || (std::is_unsigned_v<T> && !v.is_number_unsigned()))
     throw ConfigError(detail::cat("memprof JSON: ", what, " is ", v.dump().substr(0, 40),
                                   ", not a whole number", std::is_unsigned_v<T> ? " >= 0" : ""));
-  // In range of T (a larger one would be narrowed to another number).
+  // In range of T (a larger one would be narrowed to another number). A signed value reaches here only
+  // for a signed T.
   const bool fits = v.is_number_unsigned()
                         ? v.get<std::uint64_t>() <= std::uint64_t(std::numeric_limits<T>::max())
                         : v.get<std::int64_t>() >= std::int64_t(std::numeric_limits<T>::min()) &&
-                              (std::is_unsigned_v<T> ||
-                               v.get<std::int64_t>() <= std::int64_t(std::numeric_limits<T>::max()));
+                              v.get<std::int64_t>() <= std::int64_t(std::numeric_limits<T>::max());
   if (!fits)
     throw ConfigError(detail::cat("memprof JSON: ", what, " is ", v.dump().substr(0, 40), ", out of range"));
   return v.get<T>();

@@ -210,6 +210,8 @@ struct Engine::Impl final : prefetch::FetchTarget {
   // the compute stream, writing the new working params to their home (through the device's scratch of
   // pinned staging when that home is host memory).
   void update_chunk_on_device(ChunkSlot& s, void* out, double lr, float factor, std::int64_t step_no);
+  // The config's Adam/AdamW hyper-parameters at rate `lr`, for the device optimizer (Ops::adamw).
+  kernels::Ops::AdamW device_adamw(double lr) const;
   // Whether chunk s is stepped by the device optimizer, on the compute stream: its master lives on the
   // device and either the device is reached by stream work only (the compute interface's AdamW), or
   // offload_optimizer.ratio put it there (Note [Offload ratio] in engine_ratio.cpp; on the host backend's
@@ -226,6 +228,7 @@ struct Engine::Impl final : prefetch::FetchTarget {
   // working params written straight home), finished by finish_device_updates after the CPU optimizer's
   // share of the step: the compute stream is waited for and the params' writes issued.
   std::vector<int> device_updates;
+  void update_on_model_cpus(ChunkSlot& s, double lr, float factor, std::int64_t step_no);  // enqueues one
   void finish_device_updates(std::vector<tiering::Move>& writes);
   void update_group(const std::vector<int>& group, double lr, float grad_factor, std::int64_t step_no,
                     std::vector<tiering::Move>& writes);

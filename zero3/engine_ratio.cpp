@@ -71,14 +71,7 @@ double Engine::Impl::device_optimizer_rate(std::size_t n) {
   DeviceBuffer buf(*dev, n * (4 * sizeof(float) + sizeof(float)), "zero3.ratio_sample");
   compute_stream->memset_async(buf.data(), 0, buf.size());
   float* base = static_cast<float*>(buf.data());
-  const OptimizerConfig& o = cfg.optimizer;
-  const kernels::Ops::AdamW hp{.lr = 1e-4f,
-                               .beta1 = float(o.betas[0]),
-                               .beta2 = float(o.betas[1]),
-                               .eps = float(o.eps),
-                               .weight_decay = float(o.weight_decay),
-                               .adamw_mode = o.type == OptimizerType::AdamW || o.adam_w_mode,
-                               .bias_correction = o.bias_correction};
+  const kernels::Ops::AdamW hp = device_adamw(1e-4);
   // The host backend's direct path: the SIMD optimizer on the compute cpus, from the compute stream.
   ChunkSlot s;
   s.shard.numel = n;

@@ -104,18 +104,22 @@ void Engine::Impl::param_written(ChunkSlot& s, std::vector<tiering::Move>& write
   }
 }
 
+kernels::Ops::AdamW Engine::Impl::device_adamw(double lr) const {
+  const OptimizerConfig& o = cfg.optimizer;
+  return {.lr = float(lr),
+          .beta1 = float(o.betas[0]),
+          .beta2 = float(o.betas[1]),
+          .eps = float(o.eps),
+          .weight_decay = float(o.weight_decay),
+          .adamw_mode = o.type == OptimizerType::AdamW || o.adam_w_mode,
+          .bias_correction = o.bias_correction};
+}
+
 void Engine::Impl::update_chunk_on_device(ChunkSlot& s, void* out, double lr, float factor,
                                           std::int64_t step_no) {
   using kernels::Tensor;
   const std::size_t n = s.shard.numel;
-  const OptimizerConfig& o = cfg.optimizer;
-  const kernels::Ops::AdamW hp{.lr = float(lr),
-                               .beta1 = float(o.betas[0]),
-                               .beta2 = float(o.betas[1]),
-                               .eps = float(o.eps),
-                               .weight_decay = float(o.weight_decay),
-                               .adamw_mode = o.type == OptimizerType::AdamW || o.adam_w_mode,
-                               .bias_correction = o.bias_correction};
+  const kernels::Ops::AdamW hp = device_adamw(lr);
   // New working params straight into a device home; for a home in host memory, into the chunk's gradient
   // buffer block (free between passes; the working set has room for it), then copied off the device.
   void* scratch = homes.param == Tier::device ? nullptr : device_alloc(s.gradbuf, true);
@@ -148,12 +152,7 @@ void Engine::Impl::update_group(const std::vector<int>& group, double lr, float 
       continue;
     }
     if (steps_on_device(s)) {  // the device optimizer over directly addressed memory, beside the CPU's
-      void* out = param_out(s);
-      cpu_optim::Optimizer* with = &host_device_optimizer();
-      compute_stream->host_fn([this, &s, out, lr, factor, step_no, with] {
-        update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, out, lr, factor, step_no, with);
-      });
-      device_updates.push_back(c);
+      update_on_model_cpus(s, lr, factor, step_no);
       if (homes.param == Tier::nvme) finish_device_updates(writes);  // one pinned copy at a time
       continue;
     }
@@ -187,15 +186,16 @@ void Engine::Impl::update_rest(const std::vector<int>& chunks, double lr, float 
                       homes.param != Tier::nvme;
   if (!helper) return update_group(chunks, lr, factor, step_no, writes);
   std::uint64_t total = 0, device = 0;
+  std::vector<int> on_device, cpu;
   for (int c : chunks) {
     const std::uint64_t n = slots[std::size_t(c)].shard.numel;
     total += n;
-    if (steps_on_device(slots[std::size_t(c)])) device += n;
+    if (!steps_on_device(slots[std::size_t(c)])) continue;
+    device += n;
+    on_device.push_back(c);
   }
   const double share = double(compute_cpus.size()) / double(compute_cpus.size() + optimizer_cpus.size());
   const double target = share * double(total);
-  std::vector<int> cpu;
-  cpu_optim::Optimizer* with = &host_device_optimizer();
   for (int c : chunks) {
     ChunkSlot& s = slots[std::size_t(c)];
     if (steps_on_device(s)) continue;  // update_group below
@@ -205,17 +205,19 @@ void Engine::Impl::update_rest(const std::vector<int>& chunks, double lr, float 
       continue;
     }
     device += s.shard.numel;
-    void* out = param_out(s);
-    compute_stream->host_fn([this, &s, out, lr, factor, step_no, with] {
-      update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, out, lr, factor, step_no, with);
-    });
-    device_updates.push_back(c);
+    update_on_model_cpus(s, lr, factor, step_no);
   }
-  std::vector<int> on_device;
-  for (int c : chunks)
-    if (steps_on_device(slots[std::size_t(c)])) on_device.push_back(c);
   update_group(on_device, lr, factor, step_no, writes);
   update_group(cpu, lr, factor, step_no, writes);
+}
+
+void Engine::Impl::update_on_model_cpus(ChunkSlot& s, double lr, float factor, std::int64_t step_no) {
+  void* out = param_out(s);
+  cpu_optim::Optimizer* with = &host_device_optimizer();
+  compute_stream->host_fn([this, &s, out, lr, factor, step_no, with] {
+    update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, out, lr, factor, step_no, with);
+  });
+  device_updates.push_back(s.id);
 }
 
 void Engine::Impl::finish_device_updates(std::vector<tiering::Move>& writes) {

@@ -23,6 +23,11 @@ inline const char* name(OffloadDevice d) {
   return offload_name(d);  // zero3/placement.h
 }
 
+// A parameterised test's name for (offload_param, offload_optimizer, device state by ops).
+inline std::string placement_name(OffloadDevice param, OffloadDevice optim, bool by_ops) {
+  return std::string("param_") + name(param) + "_optimizer_" + name(optim) + (by_ops ? "_by_ops" : "");
+}
+
 // A byte-vocabulary model of `layers` blocks of 213,248 parameters each (d_model 128, ffn 384, 4 heads):
 // 833 KiB per block gathered in fp32, above DeepSpeed's default persistence threshold of 1e5 elements;
 // the embedding and head (32,768 each) below it.

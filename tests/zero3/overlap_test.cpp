@@ -210,8 +210,8 @@ INSTANTIATE_TEST_SUITE_P(Placements, Overlap,
                                            Case{OffloadDevice::none, OffloadDevice::cpu, true},
                                            Case{OffloadDevice::cpu, OffloadDevice::cpu, true}),
                          [](const auto& info) {
-                           return std::string("param_") + name(std::get<0>(info.param)) + "_optimizer_" +
-                                  name(std::get<1>(info.param)) + (std::get<2>(info.param) ? "_by_ops" : "");
+                           return placement_name(std::get<0>(info.param), std::get<1>(info.param),
+                                                 std::get<2>(info.param));
                          });
 
 // Where it does not apply, the step runs after backward as before, and says so in the plan.

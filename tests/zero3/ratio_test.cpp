@@ -193,8 +193,8 @@ INSTANTIATE_TEST_SUITE_P(Placements, Ratio,
                                            Case{OffloadDevice::cpu, OffloadDevice::cpu, true},
                                            Case{OffloadDevice::none, OffloadDevice::nvme, true}),
                          [](const auto& info) {
-                           return std::string("param_") + name(std::get<0>(info.param)) + "_optimizer_" +
-                                  name(std::get<1>(info.param)) + (std::get<2>(info.param) ? "_by_ops" : "");
+                           return placement_name(std::get<0>(info.param), std::get<1>(info.param),
+                                                 std::get<2>(info.param));
                          });
 
 // With cores of its own for the CPU optimizer (strata.cpu_optim.cores), the host backend's device

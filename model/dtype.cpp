@@ -34,6 +34,7 @@ bool parse_safetensors_dtype(std::string_view s, DType* out) {
 
 void convert_from_f32(DType t, const float* src, size_t n, void* dst) {
   STRATA_CHECK(dtype_is_float(t), "convert_from_f32: ", dtype_name(t), " is not a floating-point dtype");
+  if (n == 0) return;  // an empty tensor may come with null pointers, which memcpy must not see
   if (t == DType::fp32)
     std::memcpy(dst, src, n * sizeof(float));
   else if (t == DType::bf16)
@@ -46,6 +47,7 @@ void convert_from_f32(DType t, const float* src, size_t n, void* dst) {
 // is staged through an aligned block.
 void convert_to_f32(DType t, const void* src, size_t n, float* dst) {
   STRATA_CHECK(dtype_is_float(t), "convert_to_f32: ", dtype_name(t), " is not a floating-point dtype");
+  if (n == 0) return;  // an empty tensor may come with null pointers, which memcpy must not see
   if (t == DType::fp32) {
     std::memcpy(dst, src, n * sizeof(float));
     return;

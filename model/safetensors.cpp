@@ -122,10 +122,12 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         throw bad(detail::cat("has data_offsets [", e.begin, ", ", e.end, "] outside the ", data_bytes,
                               "-byte data section"));
       // The element count and byte size are computed without wrapping: a shape such as [2^62, 4] of F32
-      // wraps to 0 elements, which would match an empty data range.
-      uint64_t numel = 1, nbytes = 0;
+      // wraps to 0 elements, which would match an empty data range. A zero dimension makes the tensor
+      // empty whatever the others are ([2^62, 4, 0] holds nothing), as in PyTorch.
+      const bool empty = std::find(e.shape.begin(), e.shape.end(), int64_t(0)) != e.shape.end();
+      uint64_t numel = empty ? 0 : 1, nbytes = 0;
       for (int64_t d : e.shape)
-        if (__builtin_mul_overflow(numel, uint64_t(d), &numel))
+        if (!empty && __builtin_mul_overflow(numel, uint64_t(d), &numel))
           throw bad(
               detail::cat("has shape ", shape_str(e.shape), ", whose element count does not fit 64 bits"));
       if (e.dtype_known && __builtin_mul_overflow(numel, uint64_t(dtype_bytes(e.dtype)), &nbytes))

@@ -284,6 +284,27 @@ TEST(Safetensors, AShapeWhoseSizeOverflowsIsRejected) {
   }
 }
 
+// An empty tensor (a zero dimension) is valid and reads as nothing, whatever its other dimensions and even
+// into a null buffer from an empty data section (found by fuzz/safetensors_fuzz: memcpy from null).
+TEST(Safetensors, AnEmptyTensorReadsAsNothing) {
+  test::ScratchDir dir("model");
+  const std::string path = dir.file("empty.safetensors");
+  for (const json& shape : {json{0, 4}, json{46116860184273849, 0, 4}, json{uint64_t(1) << 62, 4, 0}}) {
+    for (const char* dtype : {"F32", "BF16"}) {
+      json h = {{"w", {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {0, 0}}}}};
+      std::string text = h.dump();
+      std::string bytes(8, '\0');
+      for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char(uint64_t(text.size()) >> (8 * i));
+      std::ofstream(path, std::ios::binary) << bytes << text;
+      SafetensorsReader r(path);
+      ASSERT_EQ(r.entries().size(), 1u) << shape.dump();
+      EXPECT_EQ(r.entries()[0].numel(), 0u) << shape.dump();
+      const std::vector<int64_t> dims = shape.get<std::vector<int64_t>>();
+      EXPECT_NO_THROW(r.read_f32("w", dims, nullptr)) << shape.dump() << " " << dtype;
+    }
+  }
+}
+
 // A header number beyond a double's range (nlohmann: out_of_range.406, not parse_error) is a ConfigError
 // naming the file (found by fuzz/safetensors_fuzz).
 TEST(Safetensors, AHeaderNumberTooLargeForADoubleIsRejected) {

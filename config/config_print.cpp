@@ -55,6 +55,10 @@ std::string Config::resolved_table() const {
   for (std::size_t i = 0; i < options().size(); ++i) {
     if (i >= sources_.size() || sources_[i].empty()) continue;
     rows.push_back({options()[i].path, value_text(options()[i], copy), sources_[i]});
+    // ratio "auto" reads as 1 until the engine has measured; the table shows what the user asked for.
+    if (zero_optimization.offload_optimizer.ratio_auto &&
+        options()[i].path == std::string_view("zero_optimization.offload_optimizer.ratio"))
+      rows.back()[1] = "auto";
   }
   std::size_t w0 = 0, w1 = 0;
   for (const auto& r : rows) {

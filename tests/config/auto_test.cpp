@@ -31,6 +31,11 @@ TEST(AutoValues, OffloadRatioAutoIsLeftToTheEngine) {
   EXPECT_EQ(c.source("zero_optimization.offload_optimizer.ratio"), "auto→measured at start-up");
   const nlohmann::json out = c.to_json();
   EXPECT_EQ(out["zero_optimization"]["offload_optimizer"]["ratio"], "auto");
+  const std::string table = c.resolved_table();
+  const std::size_t row = table.find("zero_optimization.offload_optimizer.ratio ");
+  ASSERT_NE(row, std::string::npos) << table;
+  const std::string line = table.substr(row, table.find('\n', row) - row);
+  EXPECT_NE(line.find(" auto "), std::string::npos) << line;
   EXPECT_TRUE(Config::parse(out).zero_optimization.offload_optimizer.ratio_auto);
   EXPECT_FALSE(
       Config::parse(nlohmann::json{{"train_batch_size", 8}}).zero_optimization.offload_optimizer.ratio_auto);

@@ -227,11 +227,20 @@ struct ConfigParser {
     }
   }
 
+  // An ignored key set to false or null, or a section with "enabled": false, asks for nothing Strata
+  // lacks (stock configs carry "tensorboard": {"enabled": false}): no warning.
+  static bool asks_for_nothing(const nlohmann::json& v) {
+    if (v.is_null() || (v.is_boolean() && !v.get<bool>())) return true;
+    if (!v.is_object()) return false;
+    auto enabled = v.find("enabled");
+    return enabled != v.end() && enabled->is_boolean() && !enabled->get<bool>();
+  }
+
   void walk(const nlohmann::json& obj, const std::string& section) {
     for (const auto& [k, v] : obj.items()) {
       std::string p = section.empty() ? k : section + "." + k;
       if (const Ignored* ig = find_ignored(p)) {
-        warn(detail::cat(shown_key(p), ": ignored; ", ig->reason));
+        if (!asks_for_nothing(v)) warn(detail::cat(shown_key(p), ": ignored; ", ig->reason));
         continue;
       }
       int idx = option_index(p);

@@ -110,7 +110,7 @@ std::string config_reference_markdown() {
       "  (`zero_optimization.stage3_prefetch_bucket: unknown key; did you mean "
       "stage3_prefetch_bucket_size?`).\n"
       "  DeepSpeed keys Strata knowingly does not implement are listed below: each gives one warning and is\n"
-      "  ignored.\n";
+      "  ignored; one set to false or null, or a section with `\"enabled\": false`, is ignored silently.\n";
   md +=
       "- **Sizes.** `count` keys are numbers of elements and `bytes` keys numbers of bytes, as in "
       "DeepSpeed.\n"
@@ -184,7 +184,10 @@ std::string config_reference_markdown() {
       "DeepSpeed's oldest form |\n";
 
   md += "\n## DeepSpeed keys accepted and ignored\n\n";
-  md += "Each gives one warning naming the reason; its value is not read.\n\n";
+  md +=
+      "Each gives one warning naming the reason; its value is not read. One set to `false` or `null`, or "
+      "a\n"
+      "section with `\"enabled\": false`, asks for nothing and gives no warning.\n\n";
   md += "| key | why |\n|---|---|\n";
   for (const Ignored& ig : ignored()) md += detail::cat("| `", ig.path, "` | ", ig.reason, " |\n");
 

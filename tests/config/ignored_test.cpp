@@ -17,5 +17,23 @@ TEST(IgnoredKeys, EachWarnsOnceAndIsNotValidated) {
     EXPECT_TRUE(testing::any_contains(c.warnings(), key)) << key;
 }
 
+// A stock config disables what it does not use ("tensorboard": {"enabled": false}); that asks for nothing
+// Strata lacks, so it gives no warning. Enabled, or with anything but a boolean false, it still warns.
+TEST(IgnoredKeys, DisabledOnesAreSilent) {
+  nlohmann::json doc = {{"train_batch_size", 8},
+                        {"tensorboard", {{"enabled", false}, {"output_path", "logs/"}}},
+                        {"flops_profiler", {{"enabled", false}}},
+                        {"prescale_gradients", false},
+                        {"wandb", nullptr},
+                        {"zero_optimization", {{"stage", 3}, {"zero_quantized_weights", false}}}};
+  EXPECT_TRUE(Config::parse(doc).warnings().empty());
+  doc["comms_logger"] = {{"enabled", "false"}};
+  doc["zero_optimization"]["zero_hpz_partition_size"] = 1;
+  Config c = Config::parse(doc);
+  ASSERT_EQ(c.warnings().size(), 2u);
+  EXPECT_TRUE(testing::any_contains(c.warnings(), "comms_logger: ignored"));
+  EXPECT_TRUE(testing::any_contains(c.warnings(), "zero_hpz_partition_size: ignored"));
+}
+
 }  // namespace
 }  // namespace strata

@@ -266,7 +266,10 @@ std::uint64_t size_from_json(const nlohmann::json& v, bool bytes, std::string_vi
   if (v.is_string()) return parse_size(v.get_ref<const std::string&>(), bytes, key);
   const char* what = bytes ? "a byte size" : "a whole number of elements";
   if (v.is_number_unsigned()) return v.get<std::uint64_t>();
-  if (v.is_number_integer()) fail(key, v, detail::cat("is negative; allowed: ", what, " >= 0"));
+  if (v.is_number_integer()) {  // signed: a document built in C++ from int keeps its positive sizes signed
+    if (v.get<std::int64_t>() < 0) fail(key, v, detail::cat("is negative; allowed: ", what, " >= 0"));
+    return std::uint64_t(v.get<std::int64_t>());
+  }
   if (v.is_number_float()) {
     double d = v.get<double>();
     if (!std::isfinite(d) || std::floor(d) != d)

@@ -87,5 +87,23 @@ TEST(SizeKeys, IntegerKeysAcceptExactFloats) {
   EXPECT_EQ(c.zero_optimization.stage, 3);
 }
 
+// A document built in C++ from int holds signed integers; positive ones are sizes like any other, and
+// only a value below zero is called negative.
+TEST(SizeKeys, SignedIntegersFromCppAreSizes) {
+  nlohmann::json doc = {
+      {"train_batch_size", 8},
+      {"zero_optimization", {{"stage", 3}, {"stage3_prefetch_bucket_size", std::int64_t(426496)}}}};
+  ASSERT_TRUE(doc["zero_optimization"]["stage3_prefetch_bucket_size"].is_number_integer());
+  ASSERT_FALSE(doc["zero_optimization"]["stage3_prefetch_bucket_size"].is_number_unsigned());
+  EXPECT_EQ(Config::parse(doc).zero_optimization.stage3_prefetch_bucket_size, 426496u);
+  doc["zero_optimization"]["stage3_prefetch_bucket_size"] = std::int64_t(-1);
+  try {
+    Config::parse(doc);
+    FAIL() << "-1 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(testing::contains(e.what(), "is negative")) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -227,6 +227,44 @@ TEST_P(SavePretrained, WritesADirectoryThatReadsBackBitForBit) {
 // 0: one file; 20 KB: several shards for the tiny model (each block's tensors are a few KB).
 INSTANTIATE_TEST_SUITE_P(Sharding, SavePretrained, ::testing::Values(0u, 20000u));
 
+// An export over an earlier one with another shard count leaves only its own weights: the earlier shards
+// (and the single file, or the index) are gone, other files stay, and the directory reads back bit for bit.
+TEST(HfDir, ReExportRemovesTheEarlierShards) {
+  test::ScratchDir dir("hf");
+  const std::string out = dir.file("out");
+  const ModelConfig mc = ModelConfig::from_json(hf_config());
+  InMemoryChunks ch{ModelLayout(mc)};
+  ch.init(5);
+  auto shards = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(out))
+      if (e.path().extension() == ".safetensors") names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  save_pretrained(out, ch, DType::fp32, {.max_shard_bytes = 10000, .source_dir = ""});
+  const std::size_t many = shards().size();
+  ASSERT_GT(many, 3u);
+  std::ofstream(out + "/model-00001-of-00001.safetensors.bak") << "kept";  // not a shard name
+  std::ofstream(out + "/notes.txt") << "kept";
+  save_pretrained(out, ch, DType::fp32, {.max_shard_bytes = 40000, .source_dir = ""});
+  const std::vector<std::string> fewer = shards();
+  ASSERT_GT(fewer.size(), 1u);
+  ASSERT_LT(fewer.size(), many);
+  const std::string of = "-of-" + std::string(5 - std::to_string(fewer.size()).size(), '0') +
+                         std::to_string(fewer.size()) + ".safetensors";
+  for (const std::string& name : fewer) EXPECT_TRUE(name.ends_with(of)) << name;
+  EXPECT_TRUE(fs::exists(out + "/model-00001-of-00001.safetensors.bak"));
+  EXPECT_TRUE(fs::exists(out + "/notes.txt"));
+  save_pretrained(out, ch, DType::fp32, {});
+  EXPECT_EQ(shards(), std::vector<std::string>{"model.safetensors"});
+  EXPECT_FALSE(fs::exists(out + "/model.safetensors.index.json"));
+  InMemoryChunks back{ModelLayout(open_hf_model(out).config)};
+  load_weights(open_hf_model(out).weights, back);
+  EXPECT_EQ(
+      0, std::memcmp(back.all_params(), ch.all_params(), ch.layout().total_padded_numel() * sizeof(float)));
+}
+
 TEST(HfDir, AMissingTensorIsNamedWhenTheSourceOpens) {
   test::ScratchDir dir("hf");
   ModelConfig mc = ModelConfig::from_json(hf_config());

@@ -65,12 +65,11 @@ InMemoryChunks::InMemoryChunks(ModelLayout layout)
       held_(size_t(layout_.num_chunks()), 0),
       grads_held_(size_t(layout_.num_chunks()), 0) {
   params_ = alloc_floats(layout_.total_padded_numel());
-  try {
-    grads_ = alloc_floats(layout_.total_padded_numel());
-  } catch (...) {
-    std::free(params_);
-    throw;
-  }
+}
+
+float* InMemoryChunks::grad_buffer() {
+  if (!grads_) grads_ = alloc_floats(layout_.total_padded_numel());
+  return grads_;
 }
 
 InMemoryChunks::~InMemoryChunks() {
@@ -109,7 +108,7 @@ float* InMemoryChunks::acquire_grads(int id) {
   STRATA_CHECK(!grads_held_[size_t(id)], "gradients of chunk ", id, " (", c.name, ") acquired while held");
   grads_held_[size_t(id)] = 1;
   calls_.push_back({Op::acquire_grads, id});
-  return grads_ + c.flat_offset;
+  return grad_buffer() + c.flat_offset;
 }
 
 void InMemoryChunks::release_grads(int id) {
@@ -123,8 +122,13 @@ void InMemoryChunks::init(uint64_t seed) {
   for (int c = 0; c < layout_.num_chunks(); ++c) init_chunk(layout_, c, seed, params(c));
 }
 
+std::size_t InMemoryChunks::host_bytes() const {
+  const std::size_t one = layout_.total_padded_numel() * sizeof(float);
+  return grads_ ? 2 * one : one;
+}
+
 void InMemoryChunks::zero_grads() {
-  std::memset(grads_, 0, layout_.total_padded_numel() * sizeof(float));
+  if (grads_) std::memset(grads_, 0, layout_.total_padded_numel() * sizeof(float));  // else zero when made
 }
 
 }  // namespace strata::model

@@ -87,15 +87,20 @@ class InMemoryChunks final : public ChunkProvider {
   void init(uint64_t seed);  // init_chunk on every chunk
   float* params(int id) { return params_ + layout_.chunk(id).flat_offset; }
   const float* params(int id) const { return params_ + layout_.chunk(id).flat_offset; }
-  float* grads(int id) { return grads_ + layout_.chunk(id).flat_offset; }
-  float* all_params() { return params_; }  // (total_padded_numel)
-  float* all_grads() { return grads_; }    // (total_padded_numel)
+  // The gradients are allocated on first use: evaluation and export never take them.
+  float* grads(int id) { return grad_buffer() + layout_.chunk(id).flat_offset; }
+  float* all_params() { return params_; }       // (total_padded_numel)
+  float* all_grads() { return grad_buffer(); }  // (total_padded_numel)
   void zero_grads();
+  // Host memory held: the parameters, and the gradients once made.
+  std::size_t host_bytes() const;
 
   const std::vector<Call>& calls() const { return calls_; }
   void clear_calls() { calls_.clear(); }
 
  private:
+  float* grad_buffer();
+
   ModelLayout layout_;
   float* params_ = nullptr;
   float* grads_ = nullptr;

@@ -80,6 +80,22 @@ TEST(InMemoryChunks, MisuseOfTheProtocolThrowsNamingTheChunk) {
   EXPECT_THROW(ch.acquire(99), Error);
 }
 
+// Evaluation and export only read parameters: the gradients are not allocated until first taken, and then
+// start at zero.
+TEST(InMemoryChunks, GradientsAreMadeOnFirstUse) {
+  InMemoryChunks ch{ModelLayout(ModelConfig::preset("tiny"))};
+  ch.init(3);
+  const std::size_t params = ch.layout().total_padded_numel() * sizeof(float);
+  std::vector<float> out(ch.layout().chunk(1).padded_numel);
+  ch.read_params(1, out.data());
+  ch.zero_grads();
+  EXPECT_EQ(ch.host_bytes(), params);
+  const float* g = ch.acquire_grads(2);
+  EXPECT_EQ(ch.host_bytes(), 2 * params);
+  for (std::size_t i = 0; i < ch.layout().chunk(2).padded_numel; ++i) ASSERT_EQ(g[i], 0.0f) << i;
+  ch.release_grads(2);
+}
+
 // The sequence of provider calls one forward + backward makes.
 std::vector<Call> expected_calls(const ModelConfig& cfg) {
   const int L = int(cfg.n_layers), E = 0, H = L + 1;

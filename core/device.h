@@ -70,6 +70,11 @@ class Stream {
   virtual void wait(const Event& e) = 0;  // later work on this stream starts after e completes
   virtual void synchronize() = 0;         // blocks until all enqueued work completed
   virtual void* native_handle() = 0;      // cudaStream_t on cuda, nullptr on host
+  // Seconds this stream has spent running work (copies, memsets, host functions) since it was created,
+  // the work running now included, and not waiting for events of other streams. The host backend
+  // measures it; cuda returns 0 (not measured), so a caller's "idle while blocked" figure stays the
+  // blocked time there.
+  virtual double busy_seconds() const { return 0.0; }
   const std::string& name() const { return name_; }
 
  protected:

@@ -8,11 +8,13 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -88,14 +90,14 @@ class HostStream final : public Stream {
   void record(Event& e) override {
     auto c = std::make_shared<Completion>();
     dynamic_cast<HostEvent&>(e).set_current(c);
-    enqueue([c] { c->set(); });
+    enqueue([c] { c->set(); }, /*busy=*/false);
   }
   void wait(const Event& e) override {
-    if (auto c = dynamic_cast<const HostEvent&>(e).current()) enqueue([c] { c->wait(); });
+    if (auto c = dynamic_cast<const HostEvent&>(e).current()) enqueue([c] { c->wait(); }, /*busy=*/false);
   }
   void synchronize() override {
     auto c = std::make_shared<Completion>();
-    enqueue([c] { c->set(); });
+    enqueue([c] { c->set(); }, /*busy=*/false);
     c->wait();
     std::exception_ptr err;
     {
@@ -105,37 +107,61 @@ class HostStream final : public Stream {
     if (err) std::rethrow_exception(err);
   }
   void* native_handle() override { return nullptr; }
+  double busy_seconds() const override {
+    std::lock_guard<std::mutex> lk(busy_m_);
+    const std::chrono::duration<double> running =
+        busy_since_ ? BusyClock::now() - *busy_since_ : BusyClock::duration::zero();
+    return (busy_ + running).count();
+  }
 
  private:
-  void enqueue(std::function<void()> fn) {
+  using BusyClock = std::chrono::steady_clock;
+  struct Work {
+    std::function<void()> fn;
+    bool busy;  // false: an event wait or a completion marker, which is not work
+  };
+
+  void enqueue(std::function<void()> fn, bool busy = true) {
     {
       std::lock_guard<std::mutex> lk(m_);
-      q_.push_back(std::move(fn));
+      q_.push_back({std::move(fn), busy});
     }
     cv_.notify_one();
   }
   void run() {
     for (;;) {
-      std::function<void()> fn;
+      Work w;
       {
         std::unique_lock<std::mutex> lk(m_);
         cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
         if (q_.empty()) return;  // stop_ and drained
-        fn = std::move(q_.front());
+        w = std::move(q_.front());
         q_.pop_front();
       }
+      if (w.busy) {
+        std::lock_guard<std::mutex> lk(busy_m_);
+        busy_since_ = BusyClock::now();
+      }
       try {
-        fn();
+        w.fn();
       } catch (...) {
         std::lock_guard<std::mutex> lk(m_);
         if (!error_) error_ = std::current_exception();
+      }
+      if (w.busy) {
+        std::lock_guard<std::mutex> lk(busy_m_);
+        busy_ += BusyClock::now() - *busy_since_;
+        busy_since_.reset();
       }
     }
   }
 
   std::mutex m_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> q_;
+  std::deque<Work> q_;
+  mutable std::mutex busy_m_;                        // guards the two below, read by busy_seconds()
+  BusyClock::duration busy_{};                       // finished work
+  std::optional<BusyClock::time_point> busy_since_;  // the work running now
   bool stop_ = false;
   std::exception_ptr error_;
   std::shared_ptr<StreamSet> set_;

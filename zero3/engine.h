@@ -102,8 +102,10 @@ struct EngineOptions {
 };
 
 // Seconds of one optimizer step (its accumulation micro-steps included). `wait` is the part of the
-// others spent blocked on transfers: acquires waiting for gathers, the optimizer waiting for NVMe reads
-// and writes, gradients still being copied off the device.
+// others spent blocked on transfers while the compute stream had nothing running: acquires waiting for
+// gathers, the optimizer waiting for NVMe reads and writes, gradients still being copied off the device.
+// On the host backend a block that only waited for queued computation counts nothing (the stream's
+// busy_seconds); on cuda, which does not measure that, it is the blocked time.
 struct StepTimes {
   double forward = 0, backward = 0, optimizer = 0, wait = 0, total = 0;
 };

@@ -275,7 +275,7 @@ model::ChunkView Engine::Impl::acquire(int c) {
   STRATA_CHECK(c >= 0 && c < int(slots.size()), "zero3: chunk ", c, " does not exist");
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.g != ChunkSlot::Gather::held, "zero3: chunk ", s.name, " acquired while already held");
-  auto t0 = Clock::now();
+  const WaitTimer t0(*compute_stream);
   // While the prefetcher makes c resident and then starts the fetches after it, c must not be chosen to
   // make room for them.
   acquiring = c;
@@ -291,7 +291,7 @@ model::ChunkView Engine::Impl::acquire(int c) {
     throw;
   }
   acquiring = -1;
-  times.wait += seconds_since(t0);
+  times.wait += t0.idle_seconds();
   STRATA_CHECK(s.g == ChunkSlot::Gather::ready && s.gptr, "zero3: chunk ", s.name,
                " is not resident after acquire");
   s.g = ChunkSlot::Gather::held;
@@ -389,10 +389,10 @@ void Engine::Impl::release_grads(int c) {
 }
 
 void Engine::Impl::sync_grads() {
-  auto t0 = Clock::now();
+  const WaitTimer t0(*compute_stream);
   compute_stream->synchronize();  // gradients at home on the device are added there
   grad_stream->synchronize();     // raises a failed copy or add of the gradient stream
-  times.wait += seconds_since(t0);
+  times.wait += t0.idle_seconds();
 }
 
 Event& Engine::Impl::computed(ChunkSlot& s) {

@@ -2,6 +2,7 @@
 // streams run host functions that touch only the buffers they were handed and a slot's `error`.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -28,6 +29,23 @@ using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// StepTimes.wait: the time the host was blocked while the compute stream had nothing running. Where the
+// backend measures the stream's busy time (host: the model's ops run on the compute stream's thread), a
+// block that only waited for computation to drain counts nothing; on cuda busy_seconds is 0, so the
+// figure is the blocked time.
+struct WaitTimer {
+  explicit WaitTimer(const Stream& compute) : compute_(compute), busy0_(compute.busy_seconds()) {}
+  double idle_seconds() const {
+    const double blocked = seconds_since(t0_);
+    return std::clamp(blocked - (compute_.busy_seconds() - busy0_), 0.0, blocked);
+  }
+
+ private:
+  const Stream& compute_;
+  Clock::time_point t0_ = Clock::now();
+  double busy0_;
+};
 
 // One chunk: its shard's five tensors in the tier manager, its gathered copy on the device, its gradient
 // buffer, its optimizer step counter.

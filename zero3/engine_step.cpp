@@ -223,9 +223,9 @@ void Engine::Impl::update_on_model_cpus(ChunkSlot& s, double lr, float factor, s
 void Engine::Impl::finish_device_updates(std::vector<tiering::Move>& writes) {
   if (device_updates.empty()) return;
   const std::vector<int> done = std::exchange(device_updates, {});
-  const auto tw = Clock::now();
+  const WaitTimer tw(*compute_stream);
   compute_stream->synchronize();  // raises an update that failed
-  times.wait += seconds_since(tw);
+  times.wait += tw.idle_seconds();
   for (int c : done) param_written(slots[std::size_t(c)], writes);
 }
 
@@ -326,10 +326,10 @@ StepResult Engine::Impl::step() {
     throw;
   }
   {
-    const auto tw = Clock::now();
+    const WaitTimer tw(*compute_stream);
     overlap_settle(-1);  // the last step's updates left to the worker (chunks no backward reached)
     overlap_wait();      // the updates made during backward (Note [Optimizer overlap] in engine_overlap.cpp)
-    times.wait += seconds_since(tw);
+    times.wait += tw.idle_seconds();
   }
   if (by_ops) gather_stream->synchronize();  // no gather still reads a device home the update writes
   tm->set_step(global_step + 1, tiering::Phase::optimizer);
@@ -380,9 +380,9 @@ StepResult Engine::Impl::step() {
       finish_device_updates(writes);
       overlap_defer(later, r.lr, gs.factor, step_no);
       if (kept) ++overlap->stats.steps;
-      const auto tw = Clock::now();
+      const WaitTimer tw(*compute_stream);
       for (const tiering::Move& m : writes) m.wait();
-      times.wait += seconds_since(tw);
+      times.wait += tw.idle_seconds();
     } else {
       const auto& oo = cfg.zero_optimization.offload_optimizer;
       // The sub-groups offload_optimizer.ratio keeps on the device first (the device optimizer's work is
@@ -400,10 +400,10 @@ StepResult Engine::Impl::step() {
       std::vector<bool> issued(G, false);
       std::size_t oldest = 0;  // the oldest sub-group whose writes have not been waited for
       auto wait_all = [&](std::vector<tiering::Move>& moves) {
-        const auto tw = Clock::now();
+        const WaitTimer tw(*compute_stream);
         for (const tiering::Move& m : moves) m.wait();
         moves.clear();
-        times.wait += seconds_since(tw);
+        times.wait += tw.idle_seconds();
       };
       auto read = [&](std::size_t i) {
         for (int c : *swapped[i])

@@ -8,6 +8,7 @@
 #include <future>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -113,6 +114,34 @@ TEST_P(DeviceStream, AnExceptionInAHostFunctionSurfacesAtSynchronize) {
   s->host_fn([] { throw IoError("simulated failure"); });
   EXPECT_THROW(s->synchronize(), IoError);
   s->synchronize();  // reported once
+}
+
+// busy_seconds counts the stream's work, the work running now included, and never the time it sat
+// waiting for another stream's event (what StepTimes.wait subtracts). The host backend measures it; cuda
+// reports 0 by contract.
+TEST_P(DeviceStream, BusySecondsCountWorkNotEventWaits) {
+  auto dev = open();
+  if (GetParam() == "cuda") GTEST_SKIP() << "cuda streams do not measure busy time (busy_seconds is 0)";
+  auto a = dev->create_stream("a"), b = dev->create_stream("b");
+  auto done = dev->create_event();
+  test::StreamGate gate;
+  std::promise<void> entered;
+  a->host_fn([&entered, held = gate.wait_fn()] {
+    entered.set_value();
+    held();
+  });
+  a->record(*done);
+  b->wait(*done);  // b waits, idle, for all of a's work
+  entered.get_future().wait();
+  const double running = a->busy_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_GE(a->busy_seconds() - running, 0.020) << "the work running now counts";
+  gate.open();
+  a->host_fn([] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); });
+  b->synchronize();
+  a->synchronize();
+  EXPECT_GE(a->busy_seconds(), 0.050);
+  EXPECT_EQ(b->busy_seconds(), 0.0) << "b only waited for an event";
 }
 
 STRATA_INSTANTIATE_BACKENDS(DeviceStream);

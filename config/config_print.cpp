@@ -11,8 +11,17 @@ using namespace config_detail;
 
 namespace {
 
+// A key's value in force, as the resolved table and to_json give it: offload_optimizer.ratio "auto" reads
+// as 1 until the engine has measured, and is shown as what the user asked for.
+nlohmann::json resolved_value(const Option& o, Config& cfg) {
+  if (cfg.zero_optimization.offload_optimizer.ratio_auto &&
+      std::string_view(o.path) == "zero_optimization.offload_optimizer.ratio")
+    return "auto";
+  return read(o, cfg);
+}
+
 std::string value_text(const Option& o, Config& cfg) {
-  nlohmann::json v = read(o, cfg);
+  nlohmann::json v = resolved_value(o, cfg);
   if (v.is_null()) return "(unset)";
   if (o.kind == Kind::bytes && v.get<std::uint64_t>() >= 1024) return format_bytes(v.get<std::uint64_t>());
   if (v.is_string()) return v.get<std::string>();
@@ -55,10 +64,6 @@ std::string Config::resolved_table() const {
   for (std::size_t i = 0; i < options().size(); ++i) {
     if (i >= sources_.size() || sources_[i].empty()) continue;
     rows.push_back({options()[i].path, value_text(options()[i], copy), sources_[i]});
-    // ratio "auto" reads as 1 until the engine has measured; the table shows what the user asked for.
-    if (zero_optimization.offload_optimizer.ratio_auto &&
-        options()[i].path == std::string_view("zero_optimization.offload_optimizer.ratio"))
-      rows.back()[1] = "auto";
   }
   std::size_t w0 = 0, w1 = 0;
   for (const auto& r : rows) {
@@ -78,10 +83,8 @@ nlohmann::json Config::to_json() const {
   nlohmann::json out = nlohmann::json::object();
   for (std::size_t i = 0; i < options().size(); ++i) {
     if (i >= sources_.size() || sources_[i].empty()) continue;
-    set_in(out, options()[i].path, read(options()[i], copy));
+    set_in(out, options()[i].path, resolved_value(options()[i], copy));
   }
-  if (zero_optimization.offload_optimizer.ratio_auto)
-    set_in(out, "zero_optimization.offload_optimizer.ratio", "auto");
   return out;
 }
 

@@ -1,10 +1,11 @@
 #include "model/hf_dir.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
 #include <vector>
 
 #include "core/error.h"
@@ -186,20 +187,14 @@ void save_pretrained(const std::string& dir, ChunkProvider& chunks, DType dtype,
   // Shards of an earlier export to the same place that this one did not write (it had another count),
   // removed once the new index is in place, as transformers' save_pretrained does: only names of the
   // form model-NNNNN-of-MMMMM.safetensors.
+  static const std::regex kShardName(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  std::set<std::string> written;
+  for (std::size_t i = 0; i < n; ++i) written.insert(shard_name(i));
   std::vector<fs::path> stale;
   for (const fs::directory_entry& e : fs::directory_iterator(out, ignored)) {
     const std::string name = e.path().filename().string();
-    const auto digits = [&](std::size_t at) {
-      return std::all_of(name.begin() + long(at), name.begin() + long(at + 5),
-                         [](char c) { return c >= '0' && c <= '9'; });
-    };
-    const bool shard_name_form = name.size() == 32 && name.starts_with("model-") && digits(6) &&
-                                 name.compare(11, 4, "-of-") == 0 && digits(15) &&
-                                 name.ends_with(".safetensors");
-    if (!shard_name_form || !e.is_regular_file(ignored)) continue;
-    const std::size_t a = std::stoul(name.substr(6, 5)), b = std::stoul(name.substr(15, 5));
-    if (n > 1 && b == n && a >= 1 && a <= n) continue;  // one of this export's
-    stale.push_back(e.path());
+    if (std::regex_match(name, kShardName) && !written.count(name) && e.is_regular_file(ignored))
+      stale.push_back(e.path());
   }
   for (const fs::path& p : stale) fs::remove(p, ignored);
 

@@ -23,6 +23,13 @@ std::vector<unsigned char> file_bytes(const std::string& path) {
   return std::vector<unsigned char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// A file of only a header (no data section): the 8-byte little-endian length, then `header` as given.
+void write_header_only(const std::string& path, const std::string& header) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char(uint64_t(header.size()) >> (8 * i));
+  std::ofstream(path, std::ios::binary) << bytes << header;
+}
+
 // Rounds every parameter through `t` so that a write in `t` must read back bit-exactly.
 void make_representable(InMemoryChunks& ch, DType t) {
   const size_t n = ch.layout().total_padded_numel();
@@ -270,11 +277,8 @@ TEST(Safetensors, AShapeWhoseSizeOverflowsIsRejected) {
   const std::string path = dir.file("overflow.safetensors");
   for (const json& shape : {json{uint64_t(1) << 62, 4}, json{uint64_t(1) << 32, uint64_t(1) << 32},
                             json{1 << 21, 1 << 21, 1 << 22}}) {
-    json h = {{"w", {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {0, 0}}}}};
-    std::string text = h.dump();
-    std::string bytes(8, '\0');
-    for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char(uint64_t(text.size()) >> (8 * i));
-    std::ofstream(path, std::ios::binary) << bytes << text;
+    write_header_only(path,
+                      json{{"w", {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {0, 0}}}}}.dump());
     try {
       SafetensorsReader r(path);
       FAIL() << "shape " << shape.dump() << " was accepted with " << r.entries().size() << " entries";
@@ -291,11 +295,8 @@ TEST(Safetensors, AnEmptyTensorReadsAsNothing) {
   const std::string path = dir.file("empty.safetensors");
   for (const json& shape : {json{0, 4}, json{46116860184273849, 0, 4}, json{uint64_t(1) << 62, 4, 0}}) {
     for (const char* dtype : {"F32", "BF16"}) {
-      json h = {{"w", {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {0, 0}}}}};
-      std::string text = h.dump();
-      std::string bytes(8, '\0');
-      for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char(uint64_t(text.size()) >> (8 * i));
-      std::ofstream(path, std::ios::binary) << bytes << text;
+      write_header_only(path,
+                        json{{"w", {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {0, 0}}}}}.dump());
       SafetensorsReader r(path);
       ASSERT_EQ(r.entries().size(), 1u) << shape.dump();
       EXPECT_EQ(r.entries()[0].numel(), 0u) << shape.dump();
@@ -310,10 +311,7 @@ TEST(Safetensors, AnEmptyTensorReadsAsNothing) {
 TEST(Safetensors, AHeaderNumberTooLargeForADoubleIsRejected) {
   test::ScratchDir dir("model");
   const std::string path = dir.file("huge_number.safetensors");
-  const std::string text = R"({"w":{"dtype":"F32","shape":[1e999],"data_offsets":[0,0]}})";
-  std::string bytes(8, '\0');
-  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char(uint64_t(text.size()) >> (8 * i));
-  std::ofstream(path, std::ios::binary) << bytes << text;
+  write_header_only(path, R"({"w":{"dtype":"F32","shape":[1e999],"data_offsets":[0,0]}})");
   try {
     SafetensorsReader r(path);
     FAIL() << "accepted";

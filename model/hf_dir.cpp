@@ -1,10 +1,10 @@
 #include "model/hf_dir.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 #include <vector>
 
@@ -18,6 +18,14 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using detail::cat;
+
+// model-NNNNN-of-MMMMM.safetensors: the name transformers gives a weight shard.
+bool is_shard_file_name(std::string_view name) {
+  constexpr std::string_view form = "model-#####-of-#####.safetensors";
+  return name.size() == form.size() && std::equal(form.begin(), form.end(), name.begin(), [](char f, char c) {
+           return f == '#' ? c >= '0' && c <= '9' : f == c;
+         });
+}
 
 json read_json(const fs::path& p, const char* what) {
   std::ifstream in(p);
@@ -187,13 +195,12 @@ void save_pretrained(const std::string& dir, ChunkProvider& chunks, DType dtype,
   // Shards of an earlier export to the same place that this one did not write (it had another count),
   // removed once the new index is in place, as transformers' save_pretrained does: only names of the
   // form model-NNNNN-of-MMMMM.safetensors.
-  static const std::regex kShardName(R"(model-\d{5}-of-\d{5}\.safetensors)");
   std::set<std::string> written;
   for (std::size_t i = 0; i < n; ++i) written.insert(shard_name(i));
   std::vector<fs::path> stale;
   for (const fs::directory_entry& e : fs::directory_iterator(out, ignored)) {
     const std::string name = e.path().filename().string();
-    if (std::regex_match(name, kShardName) && !written.count(name) && e.is_regular_file(ignored))
+    if (is_shard_file_name(name) && !written.count(name) && e.is_regular_file(ignored))
       stale.push_back(e.path());
   }
   for (const fs::path& p : stale) fs::remove(p, ignored);

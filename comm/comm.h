@@ -6,6 +6,7 @@
 //   std::unique_ptr<comm::Communicator> grads = world->dup();   // one communicator per stream / thread
 //   grads->reduce_scatter(full, shard, shard_numel, DType::fp32, comm::ReduceOp::sum, grad_stream);
 //   double norm_sq = world->all_reduce_sum(local_norm_sq);      // host scalars: blocking
+//   world->host_all_gather(&mine, all.data(), sizeof mine);      // small host data: blocking
 //
 // Note [Communicator semantics]:
 // - Argument order is nccl.h's everywhere: send buffer, receive buffer, count, dtype, (op), (root),
@@ -21,6 +22,16 @@
 //   MPI_THREAD_MULTIPLE for this, which make_communicator requests).
 // - Reductions: fp32 / bf16 / fp16 buffers; bf16 and fp16 are reduced in fp32 and rounded once (core's
 //   rounding). avg = sum / world_size.
+// - Memory: the collectives above take the Device's buffers — host memory on the host backend, device
+//   memory on cuda (NCCL refuses pageable and pinned host memory with a strata::Error that names the
+//   collective and the buffer; managed memory is accepted). Host data (a norm's partials, a few ids, a
+//   checkpoint's metadata) goes through the host collectives, which take ordinary host memory on every
+//   backend and block on the calling thread: host_all_gather (rank r's `bytes` bytes of send land at
+//   recv + r * bytes on every rank; in place when send == recv + rank * bytes), host_broadcast (root's
+//   `bytes` bytes of buf land in buf on every rank), and the host scalars. They are collectives like the
+//   others: every rank calls them in the same order on the communicator, from the thread that owns it.
+//   Single: copies; MPI: the same MPI calls as all_gather / broadcast over bytes; NCCL: MPI over the
+//   communicator's MPI_Comm (a one-rank NCCL communicator made without MPI: copies).
 #pragma once
 
 #include <cstddef>
@@ -66,6 +77,13 @@ class Communicator {
   // Collective: every rank calls it in the same order.
   virtual std::unique_ptr<Communicator> dup() = 0;
 
+  // Host memory, blocking, on the calling thread, whatever the backend (Note [Communicator semantics]).
+  // Rank r's `bytes` bytes of `send` land at recv + r * bytes on every rank (recv holds world * bytes);
+  // in place when send == recv + rank * bytes.
+  virtual void host_all_gather(const void* send, void* recv, std::size_t bytes) = 0;
+  // The root's `bytes` bytes of `buf` land in `buf` on every rank.
+  virtual void host_broadcast(void* buf, std::size_t bytes, int root) = 0;
+
   // Host scalars, blocking (over host memory, whatever the backend).
   virtual double all_reduce_sum(double x) = 0;
   virtual bool all_reduce_and(bool x) = 0;
@@ -74,6 +92,14 @@ class Communicator {
 
 // World size 1: every collective is a copy (or nothing).
 std::unique_ptr<Communicator> make_single_rank();
+
+// World size 1 over NCCL on the cuda Device `dev`, made without MPI (ncclCommInitAll over that one
+// device): every device collective runs through NCCL, so that its code runs on a machine with one GPU;
+// barrier, the host collectives and host scalars are local. make_communicator never makes it (one rank
+// gets the single-rank communicator); tests and benchmarks do. Throws BackendError when the build has no
+// NCCL (nccl_built()), Error when `dev` is not a cuda device.
+std::unique_ptr<Communicator> make_nccl_single_rank(const Device& dev);
+bool nccl_built();
 
 // The communicator for this process: single rank when not launched by MPI (or world size 1); otherwise
 // MPI (initialised here with MPI_THREAD_MULTIPLE) for a host-addressable device, NCCL (its unique id

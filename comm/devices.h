@@ -12,6 +12,15 @@
 // count within whatever CUDA_VISIBLE_DEVICES the user set. Unset or empty: local rank r opens
 // strata.device + r (what plain `mpirun -np N strata train` gives). A list may name one ordinal twice
 // (two ranks sharing a GPU).
+// The price of every GPU staying visible: CUDA's current device is per thread and starts at 0, so any
+// thread of a rank that calls CUDA without choosing its device works on, and makes a context (memory)
+// on, GPU 0 — another rank's GPU. Hence the rule of Note [thread device] in core/device.h: a rank uses
+// the one device it opened, and every thread that touches it calls Device::bind_thread() first (the
+// device's own stream workers, the tier manager's movers and the trace writer do; the cuda backend's
+// entry points also make the device current, and give a thread back only a context it already had).
+// Narrowing CUDA_VISIBLE_DEVICES per rank would make such a mistake harmless (ordinal 0 would then be the
+// rank's own GPU) but lose what the paragraph above keeps (peer access, NCCL's topology detection), so
+// the launcher keeps every GPU visible and the runtime keeps the rule.
 #pragma once
 
 #include <string_view>

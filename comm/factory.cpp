@@ -75,6 +75,25 @@ std::unique_ptr<Communicator> make_communicator(const Device& dev) {
 #endif
 }
 
+std::unique_ptr<Communicator> make_nccl_single_rank(const Device& dev) {
+#ifdef STRATA_HAVE_NCCL
+  return detail::make_local_nccl_communicator(dev);
+#else
+  (void)dev;
+  throw BackendError(
+      "an NCCL communicator was asked for, but this build has no NCCL: build with the cuda backend and "
+      "NCCL (nccl.h and libnccl.so, e.g. NVIDIA's libnccl-dev)");
+#endif
+}
+
+bool nccl_built() {
+#ifdef STRATA_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
 void abort_all(int exit_code) {
   std::fflush(stdout);
   std::fflush(stderr);

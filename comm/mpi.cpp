@@ -352,6 +352,14 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiCommunicator>(c);
   }
 
+  // Host memory is this communicator's memory: the collectives over bytes, on the calling thread.
+  void host_all_gather(const void* send, void* recv, std::size_t bytes) override {
+    all_gather(send, recv, bytes, DType::u8, nullptr);
+  }
+  void host_broadcast(void* buf, std::size_t bytes, int root) override {
+    broadcast(buf, buf, bytes, DType::u8, root, nullptr);
+  }
+
   double all_reduce_sum(double x) override { return mpi_scalar_sum(comm_, x); }
   bool all_reduce_and(bool x) override { return mpi_scalar_and(comm_, x); }
   double all_reduce_max(double x) override { return mpi_scalar_max(comm_, x); }
@@ -498,6 +506,11 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
   MPI_Comm c = MPI_COMM_NULL;
   STRATA_MPI_CHECK("communicator", MPI_Comm_dup(MPI_COMM_WORLD, &c));
   return std::make_unique<MpiCommunicator>(c);
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm owned) {
+  STRATA_CHECK(mpi_active(), "make_mpi_communicator before mpi_init_once");
+  return std::make_unique<MpiCommunicator>(owned);
 }
 
 }  // namespace strata::comm::detail

@@ -52,11 +52,15 @@ double mpi_scalar_max(MPI_Comm c, double x);
 
 // A communicator over a dup of MPI_COMM_WORLD. Requires mpi_init_once().
 std::unique_ptr<Communicator> make_mpi_communicator();
+// A communicator over `owned`, which it frees when destroyed (the NCCL communicator's host side).
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm owned);
 
 #ifdef STRATA_HAVE_NCCL
 // A communicator over the cuda Device `dev` (ncclCommInitRank, unique id broadcast over MPI). Requires
-// mpi_init_once(). Compiled, never run on a GPU so far.
+// mpi_init_once(). Multi-rank: compiled, never run on GPUs so far.
 std::unique_ptr<Communicator> make_nccl_communicator(const Device& dev);
+// One rank, no MPI (ncclCommInitAll over dev): comm.h's make_nccl_single_rank.
+std::unique_ptr<Communicator> make_local_nccl_communicator(const Device& dev);
 #endif
 
 // MPI counts are int: messages longer than this many elements are split into pieces of at most this

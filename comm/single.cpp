@@ -48,6 +48,13 @@ class SingleRank final : public Communicator {
   void barrier() override {}
   std::unique_ptr<Communicator> dup() override { return std::make_unique<SingleRank>(); }
 
+  void host_all_gather(const void* send, void* recv, std::size_t bytes) override {
+    copy(send, recv, bytes, nullptr);
+  }
+  void host_broadcast(void*, std::size_t, int root) override {
+    STRATA_CHECK(root == 0, "host_broadcast root ", root, " of world 1");
+  }
+
   double all_reduce_sum(double x) override { return x; }
   bool all_reduce_and(bool x) override { return x; }
   double all_reduce_max(double x) override { return x; }

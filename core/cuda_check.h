@@ -2,7 +2,7 @@
 // every CUDA entry point uses.
 //
 // Example:
-//   strata::detail::CudaDeviceGuard guard(stream);  // the stream's device is current until scope exit
+//   strata::detail::CudaDeviceGuard guard(stream);  // the stream's device is current in this scope
 //   STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream));
 //   my_kernel<<<grid, block, 0, stream>>>(...);
 //   STRATA_KERNEL_CHECK(stream);                  // cudaGetLastError after every launch
@@ -32,10 +32,21 @@ bool cuda_sync_after_launch();
 void kernel_check(const char* file, int line, cudaStream_t stream);
 void kernel_check(const char* file, int line);
 
-// Makes a CUDA device current for the scope and restores the previous one at exit, so an entry point runs
-// its allocations, launches and library calls on the stream's device whatever device the calling thread
-// had current (a thread's current device is per thread; a stream belongs to one device). Throws
-// BackendError when a CUDA call fails; the restore at exit cannot throw and is best effort.
+// Makes a CUDA device the calling thread's current device for the scope, so an entry point runs its
+// allocations, launches and library calls on the stream's device whatever thread calls it. At scope exit
+// it gives the thread back the context it had current before, and only that: a thread that had none (a
+// fresh thread) keeps the device (Note [device guard]). Throws BackendError when a CUDA call fails; the
+// restore at exit cannot throw and is best effort.
+//
+// Note [device guard]: the guard used to restore the thread's previous *device* at scope exit. On a thread
+// that never chose a device the previous device is 0, and since CUDA 12 cudaSetDevice creates that
+// device's primary context: every rank, through any entry point called from a fresh thread, made a context
+// on GPU 0 and held its memory there. Now the guard asks the driver which context the thread has current
+// (cuCtxGetCurrent) and restores that context (cuCtxSetCurrent), which exists already: nothing is created
+// on another GPU. A thread with no context current keeps the guard's device, the rank's device (a rank
+// uses one device: core/device.h, Note [thread device]), which is where its later CUDA calls belong. A
+// thread that had chosen a device itself (a test driving two GPUs, a framework's thread) gets it back.
+// Where the driver's entry points cannot be found, the guard only sets, never restores.
 class CudaDeviceGuard {
  public:
   explicit CudaDeviceGuard(int device);
@@ -47,9 +58,13 @@ class CudaDeviceGuard {
 
  private:
   void enter(int device);
-  int previous_ = -1;
   int device_ = -1;
+  void* restore_ = nullptr;  // CUcontext to make current again at exit; null: none (keep the device)
 };
+
+// Makes `device` current (no restore), for destructors: never throws (a failure is cleared from the
+// thread's last-error slot and ignored).
+void make_device_current_noexcept(int device) noexcept;
 
 }  // namespace strata::detail
 

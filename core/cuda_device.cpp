@@ -2,19 +2,26 @@
 // helpers core/cuda_check.h declares (the device guard, the kernel check and STRATA_CUDA_SYNC).
 //
 // Note [cuda device capacity]: caps().capacity is what this process may really use: the memory the driver
-// reports free once our context exists (so the context, other processes and other contexts are already
-// subtracted), less a headroom of max(256 MiB, 2% of the device) for what allocates outside the Device
-// (cuBLASLt and NCCL internals, cuDNN, kernels' local memory), then clamped by a configured
-// strata.device_memory_cap. Every allocation the runtime makes on the device goes through allocate()
-// (kernels/cuda takes its GEMM workspace and reduction scratch from its caller), so the count in
-// memory_stats() is the device footprint, and a request past the capacity gets the same OutOfMemory as
-// on the host backend before the driver is asked.
+// reports free (so the context, other processes and other contexts are already subtracted) plus what our
+// own pool holds, less a headroom of max(256 MiB, 2% of the device) for what allocates outside the Device
+// after that, then clamped by a configured strata.device_memory_cap. It is read at open, once the context
+// exists, and again by measure_capacity() — which the engine calls once its NCCL communicators (connected
+// by one small collective each), cuBLASLt and cuDNN handles and the compute interface's workspace exist,
+// before it plans — so what those libraries took at creation is already out of it, and what we took
+// through the Device is in our count. The headroom (caps().reserved, shown in the plan) is for what they
+// take later on their own: NCCL connections made lazily for another algorithm or protocol, the kernel
+// modules CUDA loads on a kernel's first launch (lazy loading, the default since CUDA 12), cuDNN and
+// cuBLASLt plans and their kernels, kernels' local memory. Every allocation the runtime makes on the
+// device goes through allocate() (kernels/cuda takes its GEMM workspace and scratch from its caller), so
+// the count in memory_stats() is the device footprint, and a request past the capacity gets the same
+// OutOfMemory as on the host backend before the driver is asked.
 //
 // Note [cuda device allocator]: cudaFree synchronises the whole device, which would stall every stream
 // at each release in the steady state. allocate()/deallocate() instead use a memory pool of this device
 // (cudaMallocFromPoolAsync / cudaFreeAsync) on an internal stream that carries nothing else. The pool
-// keeps freed memory (release threshold: unlimited, the capacity bounds it) and hands it out again
-// without a driver call. allocate() waits for its own allocation on that stream, so the pointer it
+// keeps freed memory up to the capacity (its release threshold) and hands it out again without a driver
+// call; beyond that it gives memory back at its synchronisation points, so the libraries beside it keep
+// their headroom. allocate() waits for its own allocation on that stream, so the pointer it
 // returns is usable on any stream at once. deallocate(p) has the host backend's contract: work that uses
 // p must have completed (or be ordered before the next user of the memory by the caller) — the free is
 // not ordered after other streams' work. When the pool cannot grow, allocate() trims the pool's unused
@@ -105,6 +112,39 @@ void kernel_check(const char* file, int line) {
                   cudaGetErrorString(s));
 }
 
+namespace {
+
+// The driver's context calls behind Note [device guard], through the runtime (no link against libcuda);
+// null when the driver does not have them.
+struct ContextCalls {
+  CUresult (*get_current)(CUcontext*) = nullptr;
+  CUresult (*set_current)(CUcontext) = nullptr;
+};
+
+template <class F>
+F driver_entry_point(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  const cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<F>(fn) : nullptr;
+}
+
+const ContextCalls& context_calls() {
+  static const ContextCalls calls = [] {
+    ContextCalls c;
+    c.get_current = driver_entry_point<decltype(c.get_current)>("cuCtxGetCurrent");
+    c.set_current = driver_entry_point<decltype(c.set_current)>("cuCtxSetCurrent");
+    if (!c.get_current || !c.set_current) c = {};
+    return c;
+  }();
+  return calls;
+}
+
+}  // namespace
+
+// Note [device guard] (core/cuda_check.h). cudaGetDevice reads the thread's current device without
+// creating a context.
 CudaDeviceGuard::CudaDeviceGuard(int device) {
   enter(device);
 }
@@ -116,13 +156,25 @@ CudaDeviceGuard::CudaDeviceGuard(cudaStream_t stream) {
 }
 
 void CudaDeviceGuard::enter(int device) {
-  STRATA_CUDA_CHECK(cudaGetDevice(&previous_));
   device_ = device;
-  if (previous_ != device_) STRATA_CUDA_CHECK(cudaSetDevice(device_));
+  int current = -1;
+  STRATA_CUDA_CHECK(cudaGetDevice(&current));
+  if (current == device_) return;
+  const ContextCalls& ctx = context_calls();
+  CUcontext previous = nullptr;
+  if (ctx.get_current && ctx.get_current(&previous) != CUDA_SUCCESS) previous = nullptr;
+  STRATA_CUDA_CHECK(cudaSetDevice(device_));
+  restore_ = previous;  // null (a fresh thread): keep the device
 }
 
 CudaDeviceGuard::~CudaDeviceGuard() {
-  if (previous_ >= 0 && previous_ != device_) (void)cudaSetDevice(previous_);  // cannot throw here
+  if (restore_) (void)context_calls().set_current(static_cast<CUcontext>(restore_));  // cannot throw here
+}
+
+void make_device_current_noexcept(int device) noexcept {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device) return;
+  if (cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
 }
 
 namespace {
@@ -144,8 +196,12 @@ class CudaEvent final : public Event {
     CudaDeviceGuard guard(dev_);
     STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_, kEventFlags));
   }
-  ~CudaEvent() override { (void)cudaEventDestroy(ev_); }
+  ~CudaEvent() override {
+    make_device_current_noexcept(dev_);
+    (void)cudaEventDestroy(ev_);
+  }
   bool query() const override {
+    CudaDeviceGuard guard(dev_);
     const cudaError_t e = cudaEventQuery(ev_);
     if (e == cudaErrorNotReady) {
       clear_not_ready();
@@ -154,7 +210,10 @@ class CudaEvent final : public Event {
     STRATA_CUDA_CHECK(e);
     return true;
   }
-  void synchronize() const override { STRATA_CUDA_CHECK(cudaEventSynchronize(ev_)); }
+  void synchronize() const override {
+    CudaDeviceGuard guard(dev_);
+    STRATA_CUDA_CHECK(cudaEventSynchronize(ev_));
+  }
   cudaEvent_t get() const { return ev_; }
 
  private:
@@ -182,13 +241,7 @@ using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned i
 
 // cuStreamWaitValue32 from the driver, through the runtime (no link against libcuda); null if missing.
 WaitValue32Fn find_wait_value32() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  const cudaError_t e =
-      cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &found);
-  if (e != cudaSuccess) (void)cudaGetLastError();
-  return e == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<WaitValue32Fn>(fn)
-                                                                  : nullptr;
+  return driver_entry_point<WaitValue32Fn>("cuStreamWaitValue32");
 }
 
 class CudaStream;
@@ -243,7 +296,7 @@ class CudaStream final : public Stream {
     }
     cv_.notify_all();
     worker_.join();  // runs the queued host functions first, which releases the stream's waits
-    CudaDeviceGuard guard(shared_->device);
+    make_device_current_noexcept(shared_->device);
     (void)cudaStreamSynchronize(s_);
     (void)cudaStreamDestroy(s_);
     for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
@@ -288,6 +341,7 @@ class CudaStream final : public Stream {
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(s_, dynamic_cast<const CudaEvent&>(e).get(), 0));
   }
   void synchronize() override {
+    CudaDeviceGuard guard(shared_->device);
     STRATA_CUDA_CHECK(cudaStreamSynchronize(s_));
     std::exception_ptr err;
     {
@@ -439,43 +493,33 @@ class CudaDevice final : public Device {
       throw Error(cat("cuda device ordinal ", dev_, " is not visible: ", count, " CUDA device(s) visible",
                       count == 0 ? cat(" (", why, ")") : std::string(),
                       "; choose an ordinal below the count (CUDA_VISIBLE_DEVICES renumbers them)"));
-    CudaDeviceGuard guard(dev_);
+    bind_thread();  // open_device binds its caller (Note [thread device] in core/device.h)
     STRATA_CUDA_CHECK(cudaFree(nullptr));  // create the context now, so the free memory below excludes it
     cudaDeviceProp p{};
     STRATA_CUDA_CHECK(cudaGetDeviceProperties(&p, dev_));
-    std::size_t free_b = 0, total_b = 0;
-    STRATA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    const std::size_t headroom = std::max(kMinHeadroom, total_b / 50);
-    const std::size_t usable = free_b > headroom ? free_b - headroom : 0;
     caps_.backend = BackendKind::cuda;
     caps_.name = p.name;
     caps_.ordinal = dev_;
     caps_.physical_bytes = p.totalGlobalMem;
-    caps_.capacity = opts.memory_cap ? std::min(opts.memory_cap, usable) : usable;
-    if (opts.memory_cap > usable)
-      STRATA_LOG_WARN("cuda device ", dev_, ": the configured memory cap ", format_bytes(opts.memory_cap),
-                      " exceeds what is usable (", format_bytes(free_b), " free less ",
-                      format_bytes(headroom), " headroom); using ", format_bytes(usable));
     caps_.cc_major = p.major;
     caps_.cc_minor = p.minor;
     caps_.multiprocessors = p.multiProcessorCount;
     caps_.numa_node = Topology::get().gpu_numa_node(dev_);
     caps_.host_addressable = false;
-    headroom_ = headroom;
+    memory_cap_ = opts.memory_cap;
 
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = dev_;
     STRATA_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
-    std::uint64_t keep_all = UINT64_MAX;
-    STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_all));
     STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking));
+    measure();
     shared_->device = dev_;
     shared_->wait_value32 = find_wait_value32();
   }
   ~CudaDevice() override {
-    CudaDeviceGuard guard(dev_);
+    make_device_current_noexcept(dev_);
     for (auto& [p, n] : pinned_) (void)cudaFreeHost(p);
     for (auto& [p, n] : live_) (void)cudaFreeAsync(p, alloc_stream_);
     (void)cudaStreamSynchronize(alloc_stream_);
@@ -483,6 +527,11 @@ class CudaDevice final : public Device {
     (void)cudaMemPoolDestroy(pool_);
   }
   const DeviceCaps& caps() const override { return caps_; }
+  void bind_thread() const override { STRATA_CUDA_CHECK(cudaSetDevice(dev_)); }
+  void measure_capacity() override {
+    bind_thread();
+    measure();
+  }
 
   void* allocate(std::size_t bytes, const char* what) override {
     if (bytes == 0) bytes = 1;
@@ -566,6 +615,7 @@ class CudaDevice final : public Device {
       stats_.pinned_in_use -= it->second;
       pinned_.erase(it);
     }
+    CudaDeviceGuard guard(dev_);  // any thread frees: it must not make a context on device 0
     STRATA_CUDA_CHECK(cudaFreeHost(p));
   }
   std::unique_ptr<Stream> create_stream(const std::string& name) override {
@@ -585,13 +635,40 @@ class CudaDevice final : public Device {
 
  private:
   std::string capacity_detail() const {
-    return cat("the cuda capacity is the memory free at open less ", format_bytes(headroom_),
-               " headroom for CUDA libraries, clamped by the configured cap");
+    return cat("the cuda capacity is the memory free once the CUDA libraries exist less ",
+               format_bytes(caps_.reserved),
+               " headroom for what they allocate later, clamped by the configured cap (Note [cuda device "
+               "capacity] in core/cuda_device.cpp)");
+  }
+
+  // Note [cuda device capacity]: capacity from the driver's free memory and our pool's holding; the pool
+  // keeps up to the capacity (its release threshold).
+  void measure() {
+    std::size_t free_b = 0, total_b = 0;
+    STRATA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    std::uint64_t pool_held = 0;  // reserved by our pool: ours, whether in use or kept for reuse
+    STRATA_CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &pool_held));
+    const std::size_t headroom = std::max(kMinHeadroom, total_b / 50);
+    const std::size_t ours = free_b + std::size_t(pool_held);
+    const std::size_t usable = ours > headroom ? ours - headroom : 0;
+    std::lock_guard<std::mutex> lk(m_);
+    caps_.capacity = memory_cap_ ? std::min(memory_cap_, usable) : usable;
+    caps_.reserved = headroom;
+    if (memory_cap_ > usable && !warned_cap_) {
+      warned_cap_ = true;
+      STRATA_LOG_WARN("cuda device ", dev_, ": the configured memory cap ", format_bytes(memory_cap_),
+                      " exceeds what is usable (", format_bytes(free_b), " free and ",
+                      format_bytes(std::size_t(pool_held)), " held, less ", format_bytes(headroom),
+                      " headroom); using ", format_bytes(usable));
+    }
+    std::uint64_t keep = caps_.capacity;
+    STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
   }
 
   int dev_ = 0;
   DeviceCaps caps_;
-  std::size_t headroom_ = 0;
+  std::size_t memory_cap_ = 0;  // DeviceOptions.memory_cap
+  bool warned_cap_ = false;
   cudaMemPool_t pool_ = nullptr;
   cudaStream_t alloc_stream_ = nullptr;  // carries only this device's pool allocations and frees
   std::shared_ptr<StreamShared> shared_ = std::make_shared<StreamShared>();

@@ -24,6 +24,28 @@
 //
 // Locking contract: Device and Event methods are thread-safe. A Stream may be used from several threads,
 // but the relative order of two enqueues made concurrently from different threads is unspecified.
+//
+// Note [thread device]: CUDA keeps a current device per thread, device 0 until the thread chooses one,
+// and since CUDA 12 choosing a device (or calling almost any runtime API on a thread that chose none)
+// creates that device's primary context, hundreds of MiB of its memory. `strata launch` leaves every GPU
+// visible to every rank (comm/devices.h, Note [STRATA_LOCAL_DEVICES]), so a thread that calls CUDA
+// without choosing runs on, and takes memory of, GPU 0 — another rank's GPU. The rule: a rank uses one
+// device, and every thread that calls into it (the Device, its streams and events, or a CUDA library for
+// it) calls Device::bind_thread() first.
+//   - open_device() binds the thread that opens the device; each stream's worker binds itself (so
+//     Stream::host_fn functions run bound).
+//   - Threads the runtime starts bind at their start: the tier manager's movers, the memprof trace
+//     writer, the engine's optimizer worker. NVMe workers never call the device.
+//   - The cuda backend also makes its device current inside every entry point and, leaving, gives a thread
+//     back only a context it already had (CudaDeviceGuard, core/cuda_check.h, Note [device guard]), so a
+//     missed bind costs no context on another GPU there; CUDA calls outside the Device rely on the bind.
+//   - The host backend emulates the per-thread current device so that a missed bind is found without a
+//     GPU: each thread has a current ordinal (0 until bound, as in CUDA), and with
+//     DeviceOptions::check_thread_device every entry point called from a thread whose current ordinal is
+//     not the device's throws strata::Error naming the call, the thread and both ordinals. Checked: every
+//     Device method but caps() and memory_stats(), every Stream method that enqueues or waits, and
+//     Event::query / synchronize (what calls CUDA on the cuda backend); not destructors. Off (the
+//     default), the entry points cost one untaken branch.
 #pragma once
 
 #include <cstddef>
@@ -44,6 +66,9 @@ struct DeviceCaps {
   int ordinal = 0;
   std::size_t physical_bytes = 0;  // what the hardware has (host: physical RAM)
   std::size_t capacity = 0;        // the cap in force: min(physical, configured cap)
+  // Device memory kept out of `capacity` for what allocates beside the Device (cuda: the CUDA libraries'
+  // later allocations, Note [cuda device capacity]; the host backend: 0).
+  std::size_t reserved = 0;
   int cc_major = 0, cc_minor = 0;  // compute capability (cuda only)
   int multiprocessors = 0;         // SMs (cuda only)
   int numa_node = -1;              // NUMA node nearest the device, -1 unknown
@@ -96,6 +121,17 @@ class Device {
   virtual ~Device() = default;
   virtual const DeviceCaps& caps() const = 0;
 
+  // Makes this device the calling thread's current device (Note [thread device]): cuda: cudaSetDevice
+  // (checked); host: the thread's emulated current ordinal. Cheap when it already is; call it first in
+  // every thread that uses the device.
+  virtual void bind_thread() const = 0;
+
+  // Reads the device's free memory again and sets caps().capacity (and reserved) from it, as at open:
+  // call it once what takes device memory beside the Device (NCCL communicators, the cuBLASLt and cuDNN
+  // handles) exists, before planning with the capacity (cuda: Note [cuda device capacity]). The host
+  // backend's capacity is its cap and does not change.
+  virtual void measure_capacity() {}
+
   // Device memory, counted against caps().capacity; OutOfMemory names capacity, in use and requested
   // bytes and the setting to change. `what` names the allocation in that message.
   virtual void* allocate(std::size_t bytes, const char* what = nullptr) = 0;
@@ -114,10 +150,17 @@ class Device {
 
 struct DeviceOptions {
   std::string backend = "auto";  // "auto" (cuda if a GPU is visible, else host), "host", "cuda"
-  int ordinal = 0;               // CUDA device ordinal
-  std::size_t memory_cap = 0;    // 0: the whole device (host: physical RAM)
+  // CUDA device ordinal. The host backend keeps it as its identity (caps().ordinal) for Note [thread
+  // device]; it must be >= 0.
+  int ordinal = 0;
+  std::size_t memory_cap = 0;  // 0: the whole device (host: physical RAM)
+  // Host backend: every entry point refuses a thread that has not bound this device (Note [thread
+  // device]), to find a missed Device::bind_thread() without a GPU; use an ordinal other than 0, the
+  // ordinal every thread starts with. Default off. The cuda backend ignores it.
+  bool check_thread_device = false;
 };
 
+// Opens the device and binds the calling thread to it (Device::bind_thread).
 std::unique_ptr<Device> open_device(const DeviceOptions& opts);
 
 // Number of CUDA devices visible; 0 when the cuda backend is not built or none is visible, with the

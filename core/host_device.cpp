@@ -5,8 +5,18 @@
 // bugs show up without one. An event record is a queue entry that marks a fresh completion state; wait()
 // captures the state current at call time (CUDA semantics: the most recent record), so a later record of
 // the same event never changes what an earlier wait waits for.
+//
+// Note [host thread device]: the host backend's half of Note [thread device] (core/device.h). Each
+// thread has an emulated current ordinal, t_current_ordinal, 0 until it binds a device, as CUDA's current
+// device is. bind_thread(), open_device() and every stream worker at its start set it to the device's
+// ordinal. With DeviceOptions::check_thread_device, the device, its streams and its events share one
+// ThreadCheck that each entry point calls first; a thread whose current ordinal differs gets a
+// strata::Error naming the call (and stream), the thread (id and name) and both ordinals. Off, the
+// check is one load and an untaken branch, and nothing else changes: the ordinal is only compared.
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -25,13 +35,47 @@
 namespace strata::detail {
 namespace {
 
+thread_local int t_current_ordinal = 0;  // this thread's current device, emulated (Note [host thread device])
+
+// "thread 1234 ("name")": the kernel's thread id and the name the thread was given, if any.
+std::string this_thread_text() {
+  char name[32] = {};
+  std::string s = cat("thread ", ::gettid());
+  if (::pthread_getname_np(::pthread_self(), name, sizeof name) == 0 && name[0])
+    s += cat(" (\"", name, "\")");
+  return s;
+}
+
+// The entry-point check of Note [host thread device], shared by a device and its streams and events.
+struct ThreadCheck {
+  int ordinal = 0;
+  bool on = false;
+  // `what`: the entry point ("Device::allocate", "copy_async"); `stream`: its stream's name, or null.
+  void operator()(const char* what, const std::string* stream = nullptr) const {
+    if (on && t_current_ordinal != ordinal) [[unlikely]]
+      fail(what, stream);
+  }
+  [[noreturn]] void fail(const char* what, const std::string* stream) const {
+    throw Error(cat("host device ", ordinal, ": ", stream ? cat("stream '", *stream, "' ") : std::string(),
+                    what, " called from ", this_thread_text(), ", whose current device is ",
+                    t_current_ordinal, ", not ", ordinal,
+                    ". Every thread that uses a device calls Device::bind_thread() first (Note [thread "
+                    "device] in core/device.h); on a GPU this thread's CUDA calls would run on device ",
+                    t_current_ordinal, " and create a context there"));
+  }
+};
+using ThreadCheckPtr = std::shared_ptr<const ThreadCheck>;
+
 class HostEvent final : public Event {
  public:
+  explicit HostEvent(ThreadCheckPtr check) : check_(std::move(check)) {}
   bool query() const override {
+    (*check_)("Event::query");
     auto c = current();
     return !c || c->ready();
   }
   void synchronize() const override {
+    (*check_)("Event::synchronize");
     if (auto c = current()) c->wait();
   }
   std::shared_ptr<Completion> current() const {
@@ -44,6 +88,7 @@ class HostEvent final : public Event {
   }
 
  private:
+  ThreadCheckPtr check_;
   mutable std::mutex m_;
   std::shared_ptr<Completion> cur_;  // null: never recorded
 };
@@ -58,8 +103,8 @@ struct StreamSet {
 
 class HostStream final : public Stream {
  public:
-  HostStream(const std::string& name, std::shared_ptr<StreamSet> set)
-      : Stream(name), set_(std::move(set)), worker_([this] { run(); }) {
+  HostStream(const std::string& name, std::shared_ptr<StreamSet> set, ThreadCheckPtr check)
+      : Stream(name), set_(std::move(set)), check_(std::move(check)), worker_([this] { run(); }) {
     std::lock_guard<std::mutex> lk(set_->m);
     set_->live[this] = true;
   }
@@ -77,25 +122,33 @@ class HostStream final : public Stream {
   }
 
   void copy_async(void* dst, const void* src, std::size_t bytes, CopyKind) override {
+    (*check_)("copy_async", &name());
     if (bytes == 0) return;
     STRATA_CHECK(dst && src, "copy_async on stream ", name(), ": null pointer");
     enqueue([=] { std::memcpy(dst, src, bytes); });
   }
   void memset_async(void* dst, int value, std::size_t bytes) override {
+    (*check_)("memset_async", &name());
     if (bytes == 0) return;
     STRATA_CHECK(dst, "memset_async on stream ", name(), ": null pointer");
     enqueue([=] { std::memset(dst, value, bytes); });
   }
-  void host_fn(std::function<void()> fn) override { enqueue(std::move(fn)); }
+  void host_fn(std::function<void()> fn) override {
+    (*check_)("host_fn", &name());
+    enqueue(std::move(fn));
+  }
   void record(Event& e) override {
+    (*check_)("record", &name());
     auto c = std::make_shared<Completion>();
     dynamic_cast<HostEvent&>(e).set_current(c);
     enqueue([c] { c->set(); }, /*busy=*/false);
   }
   void wait(const Event& e) override {
+    (*check_)("wait", &name());
     if (auto c = dynamic_cast<const HostEvent&>(e).current()) enqueue([c] { c->wait(); }, /*busy=*/false);
   }
   void synchronize() override {
+    (*check_)("synchronize", &name());
     auto c = std::make_shared<Completion>();
     enqueue([c] { c->set(); }, /*busy=*/false);
     c->wait();
@@ -129,6 +182,7 @@ class HostStream final : public Stream {
     cv_.notify_one();
   }
   void run() {
+    t_current_ordinal = check_->ordinal;  // as a cuda stream's worker makes its device current
     for (;;) {
       Work w;
       {
@@ -165,6 +219,7 @@ class HostStream final : public Stream {
   bool stop_ = false;
   std::exception_ptr error_;
   std::shared_ptr<StreamSet> set_;
+  ThreadCheckPtr check_;
   std::thread worker_;  // last: starts after the members it uses exist
 };
 
@@ -173,12 +228,17 @@ constexpr std::size_t kDeviceAlign = 4096;  // page: device buffers can be O_DIR
 class HostDevice final : public Device {
  public:
   explicit HostDevice(const DeviceOptions& opts) {
+    if (opts.ordinal < 0)
+      throw ConfigError(cat("strata.device: ", opts.ordinal, " is not a device ordinal; use 0 or more"));
     caps_.backend = BackendKind::host;
     caps_.name = "host";
-    caps_.ordinal = 0;
+    caps_.ordinal = opts.ordinal;
     caps_.physical_bytes = physical_ram_bytes();
     caps_.capacity = opts.memory_cap ? opts.memory_cap : caps_.physical_bytes;
     caps_.host_addressable = true;
+    check_ = std::make_shared<const ThreadCheck>(
+        ThreadCheck{.ordinal = opts.ordinal, .on = opts.check_thread_device});
+    bind_thread();
   }
   ~HostDevice() override {
     for (auto& [p, n] : pinned_) release_pinned(p, n);
@@ -186,8 +246,10 @@ class HostDevice final : public Device {
   }
 
   const DeviceCaps& caps() const override { return caps_; }
+  void bind_thread() const override { t_current_ordinal = caps_.ordinal; }
 
   void* allocate(std::size_t bytes, const char* what) override {
+    (*check_)("Device::allocate");
     if (bytes == 0) bytes = 1;
     {
       std::lock_guard<std::mutex> lk(m_);
@@ -208,6 +270,7 @@ class HostDevice final : public Device {
     return p;
   }
   void deallocate(void* p) override {
+    (*check_)("Device::deallocate");
     if (!p) return;
     {
       std::lock_guard<std::mutex> lk(m_);
@@ -225,6 +288,7 @@ class HostDevice final : public Device {
   }
 
   void* allocate_pinned(std::size_t bytes) override {
+    (*check_)("Device::allocate_pinned");
     if (bytes == 0) bytes = 1;
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
@@ -248,6 +312,7 @@ class HostDevice final : public Device {
     return p;
   }
   void deallocate_pinned(void* p) override {
+    (*check_)("Device::deallocate_pinned");
     if (!p) return;
     std::size_t n;
     {
@@ -262,10 +327,15 @@ class HostDevice final : public Device {
   }
 
   std::unique_ptr<Stream> create_stream(const std::string& name) override {
-    return std::make_unique<HostStream>(name, streams_);
+    (*check_)("Device::create_stream");
+    return std::make_unique<HostStream>(name, streams_, check_);
   }
-  std::unique_ptr<Event> create_event() override { return std::make_unique<HostEvent>(); }
+  std::unique_ptr<Event> create_event() override {
+    (*check_)("Device::create_event");
+    return std::make_unique<HostEvent>(check_);
+  }
   void synchronize() override {
+    (*check_)("Device::synchronize");
     // Holding the set's lock keeps every listed stream alive while it drains.
     std::lock_guard<std::mutex> lk(streams_->m);
     for (auto& [s, _] : streams_->live) s->synchronize();
@@ -278,6 +348,7 @@ class HostDevice final : public Device {
   }
 
   DeviceCaps caps_;
+  ThreadCheckPtr check_;
   mutable std::mutex m_;
   DeviceMemoryStats stats_;
   std::unordered_map<void*, std::size_t> live_;

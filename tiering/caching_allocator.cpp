@@ -21,6 +21,11 @@
 // waits for the pending fences rather than fail: fences are signalled by the device or by the mover's
 // worker threads, and neither ever takes this allocator's mutex or the tier manager's, so the wait ends.
 // The cost of the rule is memory that is free but not yet reusable; pending_bytes reports it.
+//
+// Threads: segments are allocated and released (Device::allocate / deallocate, allocate_pinned /
+// deallocate_pinned) and event fences are queried on the thread that calls the allocator, which has
+// bound the device (Note [thread device] in core/device.h). The cuda backend makes its device current in
+// those entry points too, so a pinned free from any thread never touches another GPU.
 
 namespace strata::tiering {
 namespace {
@@ -200,26 +205,35 @@ struct CachingAllocator::Impl {
   }
 
   // Gives cached free segments back to the source: all of them, or (exact_segments) only as many as it
-  // takes for `room` bytes to fit the budget, oldest first.
+  // takes for `room` bytes to fit the budget, oldest first. When the source throws (a device error, a
+  // thread that has not bound the device), the segment it refused and those not yet looked at stay
+  // cached and consistent, and the exception propagates.
   std::size_t release_cached(std::size_t room = SIZE_MAX) {
     std::size_t released = 0;
     const bool all = room == SIZE_MAX || !opts.exact_segments;
     auto fits = [&] { return stats.reserved_bytes[0].current + room <= opts.capacity; };
-    auto keep = segments.begin();
-    for (auto& seg : segments) {
-      Block* h = seg->head;
-      if (!(is_free(h) && h->next == nullptr) || (!all && fits())) {
-        *keep++ = std::move(seg);
-        continue;
+    auto keep = segments.begin(), it = segments.begin();
+    try {
+      for (; it != segments.end(); ++it) {
+        Segment* seg = it->get();
+        Block* h = seg->head;
+        if (!(is_free(h) && h->next == nullptr) || (!all && fits())) {
+          *keep++ = std::move(*it);
+          continue;
+        }
+        src.release(seg->base, seg->size);  // first: nothing has changed yet if it throws
+        free_set(seg->small).erase(h);
+        delete h;
+        update(seg->small, [&](int i) {
+          stats.segment[i].sub(1);
+          stats.reserved_bytes[i].sub(seg->size);
+        });
+        released += seg->size;
       }
-      free_set(seg->small).erase(h);
-      delete h;
-      src.release(seg->base, seg->size);
-      update(seg->small, [&](int i) {
-        stats.segment[i].sub(1);
-        stats.reserved_bytes[i].sub(seg->size);
-      });
-      released += seg->size;
+    } catch (...) {
+      for (; it != segments.end(); ++it) *keep++ = std::move(*it);
+      segments.erase(keep, segments.end());
+      throw;
     }
     segments.erase(keep, segments.end());
     return released;
@@ -316,7 +330,12 @@ CachingAllocator::~CachingAllocator() {
       delete b;
       b = n;
     }
-    impl_->src.release(seg->base, seg->size);
+    try {  // a destructor cannot throw: a refused release leaks the segment, said once
+      impl_->src.release(seg->base, seg->size);
+    } catch (const std::exception& e) {
+      STRATA_WARN_ONCE("the ", opts_.name,
+                       " allocator could not release a segment at destruction: ", e.what());
+    }
   }
 }
 

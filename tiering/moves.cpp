@@ -13,6 +13,8 @@
 // wait for it (copies), or by recording it on our stream as a gate the mover waits for before it
 // submits the I/O (I/O-first paths). Each move has two moments the manager cares about: the source has
 // been read (read_done: an evicted source block may be reused) and the data is in place (done).
+// A mover waits for the device's events and issues H2D copies, so it binds the manager's device before
+// each job (Note [thread device] in core/device.h; binding an already bound thread is one cheap call).
 #include <cstring>
 
 #include "core/error.h"
@@ -189,6 +191,7 @@ void TierManager::Impl::run_job(const std::shared_ptr<MoveJob>& jp) {
       j.io = swap->write(j.dst.extent, j.from == Tier::pinned ? j.src.ptr : j.staging.ptr);
   };
   try {
+    dev.bind_thread();
     if ((j.from == Tier::pinned && j.to == Tier::device) ||
         (j.from == Tier::device && j.to == Tier::pinned)) {
       j.copy_done->synchronize();

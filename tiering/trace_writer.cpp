@@ -176,17 +176,27 @@ void TraceWriter::drain(bool force_sample) {
   cpu_ns_ += thread_cpu_ns() - c0;
 }
 
+// Reading the manager's figures queries the device's events (the pools' fences), so the thread binds the
+// device first (Note [thread device] in core/device.h). An error on this thread (the device refused, say)
+// ends the sampling with one log line instead of the process; close() still drains and writes the end
+// from its caller's thread.
 void TraceWriter::loop() {
-  std::unique_lock<std::mutex> lk(m_stop_);
-  while (!stop_) {
-    cv_.wait_for(lk, std::chrono::milliseconds(opts_.sample_interval_ms), [&] { return stop_; });
-    if (stop_) break;
-    lk.unlock();
-    {
-      std::lock_guard<std::mutex> dl(drain_mu_);
-      drain(false);
+  try {
+    m_.device().bind_thread();
+    std::unique_lock<std::mutex> lk(m_stop_);
+    while (!stop_) {
+      cv_.wait_for(lk, std::chrono::milliseconds(opts_.sample_interval_ms), [&] { return stop_; });
+      if (stop_) break;
+      lk.unlock();
+      {
+        std::lock_guard<std::mutex> dl(drain_mu_);
+        drain(false);
+      }
+      lk.lock();
     }
-    lk.lock();
+  } catch (const std::exception& e) {
+    STRATA_LOG_ERROR("memprof trace ", opts_.path, ": the writer thread stopped sampling: ", e.what(),
+                     "; the trace's last sample is written at close");
   }
 }
 

@@ -1,4 +1,5 @@
-// The communicator's identity, host scalars, argument errors and rank discovery.
+// The communicator's identity, host scalars, argument errors, rank discovery, and the one-rank NCCL
+// factory's refusals.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -45,6 +46,14 @@ TEST(Communicator, BadArgumentsThrowOnEveryRankBeforeCommunicating) {
   }
   world().barrier();  // and the communicator still works
   EXPECT_EQ(run_and_check(world(), {.coll = Coll::all_reduce, .count = 5}, 9), 0u);
+}
+
+// make_nccl_single_rank wants a build with NCCL and a cuda device (test_comm_nccl runs it on a GPU).
+TEST(Communicator, NcclSingleRankRefusesAHostDeviceOrABuildWithoutNccl) {
+  if (comm::nccl_built())
+    EXPECT_THROW(comm::make_nccl_single_rank(host_device()), Error);
+  else
+    EXPECT_THROW(comm::make_nccl_single_rank(host_device()), BackendError);
 }
 
 // Saves and restores the environment variables it changes.

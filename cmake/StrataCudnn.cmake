@@ -1,4 +1,4 @@
-# Decide whether the cuDNN fused attention path (kernels/cuda_attention_cudnn.cpp) is built. Included by
+# Decide whether the cuDNN fused attention path (kernels/cuda/attention_cudnn.cpp) is built. Included by
 # StrataCuda.cmake once the cuda backend is on. Sets STRATA_WITH_CUDNN and, when on, the INTERFACE target
 # strata_dep_cudnn (the cuDNN frontend's headers, cuDNN 9 and NVRTC, which the frontend calls).
 #

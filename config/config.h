@@ -185,6 +185,11 @@ struct StrataConfig {
   Backend backend = Backend::automatic;
   Checkpointing checkpoint_activations = Checkpointing::automatic;
   Overlap overlap_optimizer = Overlap::automatic;
+  // Attention's backward on cuda with cuDNN: its deterministic algorithm (the same bits run to run; on
+  // Hopper a slower path with an O(B·heads·T²) workspace, counted in the device plan), or false: its
+  // faster one, whose gradients vary in the last bits run to run (kernels/cuda/attention_cudnn.cpp, Note
+  // [cuDNN attention determinism]). The host backend is deterministic either way.
+  bool deterministic_attention = true;
   std::int64_t device = 0;
   std::uint64_t device_memory_cap = 0;  // bytes; 0 = the whole device
   Aio aio;

@@ -684,6 +684,14 @@ std::vector<Option> build_options() {
                    "update is undone from host-memory copies (14 bytes a parameter) and redone.",
                .field = STRATA_FIELD(strata.overlap_optimizer),
                .choices = {"auto", "true", "false"}});
+  o.push_back({.path = "strata.deterministic_attention",
+               .kind = Kind::boolean,
+               .def = true,
+               .meaning = "cuda: cuDNN attention's backward takes its deterministic algorithm, so a run "
+                          "repeats bit for bit (on Hopper it keeps an O(B x heads x T^2) workspace, counted "
+                          "in the device plan, and is slower); false takes the faster one, whose gradients "
+                          "vary in the last bits from run to run. The host backend is deterministic always.",
+               .field = STRATA_FIELD(strata.deterministic_attention)});
   o.push_back({.path = "strata.device",
                .kind = Kind::integer,
                .def = 0,

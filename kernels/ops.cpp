@@ -14,7 +14,7 @@ std::unique_ptr<Ops> make_ops(Device& dev, Stream& stream, OpsOptions opts) {
       return make_cpu_ops(dev, stream, opts);
     case BackendKind::cuda:
 #ifdef STRATA_WITH_CUDA
-      return make_cuda_ops(dev, stream);
+      return make_cuda_ops(dev, stream, opts);
 #else
       break;
 #endif
@@ -22,6 +22,21 @@ std::unique_ptr<Ops> make_ops(Device& dev, Stream& stream, OpsOptions opts) {
   throw BackendError(detail::cat("the ", to_string(dev.caps().backend),
                                  " backend's compute ops are not built into this binary; rebuild with the "
                                  "CUDA toolkit (scripts/build.sh finds nvcc) or use --backend host"));
+}
+
+std::size_t Ops::scratch_bytes(const OpShapes&) const {
+  return 0;
+}
+
+void Ops::reserve_scratch(std::size_t) {}
+
+std::string Ops::attention_path(int, int, int, int, int) const {
+  return caps().name;
+}
+
+void Ops::check_model_role(const char* op) const {
+  STRATA_CHECK(role_ == OpsRole::model, "kernels: ", op, " called on a runtime-role Ops (", caps().name,
+               "), which has the runtime helpers only");
 }
 
 void Ops::read(void* host, const void* device, std::size_t bytes) {
@@ -77,6 +92,7 @@ constexpr DType F = DType::fp32, I = DType::i32;
 }  // namespace
 
 void Ops::embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int V) {
+  check_model_role("embedding_forward");
   const DType A = caps().activation;
   need(out, A, sz(N, C), "embedding out");
   need(tokens, I, sz(N), "tokens");
@@ -85,6 +101,7 @@ void Ops::embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C,
 }
 
 void Ops::embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int V) {
+  check_model_role("embedding_backward");
   need(dwte, F, sz(V, C), "dwte");
   need(dout, caps().activation, sz(N, C), "embedding dout");
   need(tokens, I, sz(N), "tokens");
@@ -92,6 +109,7 @@ void Ops::embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int
 }
 
 void Ops::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps) {
+  check_model_role("rmsnorm_forward");
   const DType A = caps().activation;
   need(out, A, sz(N, C), "rmsnorm out");
   need(rstd, F, sz(N), "rstd");
@@ -101,6 +119,7 @@ void Ops::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, in
 }
 
 void Ops::rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N, int C) {
+  check_model_role("rmsnorm_backward");
   const DType A = caps().activation;
   need(dx, A, sz(N, C), "rmsnorm dx");
   need(dw, F, sz(C), "rmsnorm dw");
@@ -112,6 +131,7 @@ void Ops::rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w
 }
 
 void Ops::linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) {
+  check_model_role("linear_forward");
   const DType A = caps().activation;
   need(out, A, sz(N, OC), "linear out");
   need(x, A, sz(N, IC), "linear x");
@@ -120,6 +140,7 @@ void Ops::linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) 
 }
 
 void Ops::linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC, int OC) {
+  check_model_role("linear_backward");
   const DType A = caps().activation;
   if (dx) need(dx, A, sz(N, IC), "linear dx");
   need(dw, F, sz(OC, IC), "linear dw");
@@ -134,6 +155,7 @@ AttentionSizes Ops::attention_sizes(int B, int T, int NH, int, int) const {
 }
 
 void Ops::rope_cache(Tensor cos, Tensor sin, int T, int HD, std::span<const float> inv_freq) {
+  check_model_role("rope_cache");
   need(cos, F, sz(T, HD / 2), "rope cos");
   need(sin, F, sz(T, HD / 2), "rope sin");
   STRATA_CHECK(HD % 2 == 0 && inv_freq.size() == std::size_t(HD / 2), "rope_cache: ", inv_freq.size(),
@@ -149,11 +171,13 @@ void Ops::rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta) {
 }
 
 void Ops::rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) {
+  check_model_role("rope_forward");
   rope_operands(out, x, cos, sin, B, T, H, HD);
   do_rope_forward(out, x, cos, sin, B, T, H, HD);
 }
 
 void Ops::rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD) {
+  check_model_role("rope_backward");
   rope_operands(dx, dout, cos, sin, B, T, H, HD);
   do_rope_backward(dx, dout, cos, sin, B, T, H, HD);
 }
@@ -178,6 +202,7 @@ void Ops::attention_operands(const Tensor& q_shaped, const Tensor& k, const Tens
 
 void Ops::attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
                             int NKV, int HD) {
+  check_model_role("attention_forward");
   need(out, caps().activation, sz(B, T, NH, HD), "attention out");
   attention_operands(q, k, v, saved, B, T, NH, NKV, HD);
   do_attention_forward(out, saved, q, k, v, B, T, NH, NKV, HD);
@@ -185,6 +210,7 @@ void Ops::attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor
 
 void Ops::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
                              Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD) {
+  check_model_role("attention_backward");
   attention_operands(q, k, v, saved, B, T, NH, NKV, HD);
   attention_operands(dout, dk, dv, saved, B, T, NH, NKV, HD);
   need(dq, caps().activation, sz(B, T, NH, HD), "attention dq");
@@ -193,22 +219,26 @@ void Ops::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Te
 }
 
 void Ops::swiglu_forward(Tensor out, Tensor gate, Tensor up) {
+  check_model_role("swiglu_forward");
   for (const Tensor* t : {&out, &gate, &up}) need(*t, caps().activation, out.numel, "swiglu operand");
   do_swiglu_forward(out, gate, up);
 }
 
 void Ops::swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) {
+  check_model_role("swiglu_backward");
   for (const Tensor* t : {&dgate, &dup, &dout, &gate, &up})
     need(*t, caps().activation, dout.numel, "swiglu operand");
   do_swiglu_backward(dgate, dup, dout, gate, up);
 }
 
 void Ops::residual_forward(Tensor out, Tensor a, Tensor b) {
+  check_model_role("residual_forward");
   for (const Tensor* t : {&out, &a, &b}) need(*t, caps().activation, out.numel, "residual operand");
   do_residual_forward(out, a, b);
 }
 
 void Ops::residual_backward(Tensor da, Tensor db, Tensor dout) {
+  check_model_role("residual_backward");
   const DType A = caps().activation;
   need(dout, A, dout.numel, "residual dout");
   if (da) need(da, A, dout.numel, "residual da");
@@ -218,6 +248,7 @@ void Ops::residual_backward(Tensor da, Tensor db, Tensor dout) {
 
 void Ops::cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits, Tensor targets, int N,
                         int V, float grad_scale) {
+  check_model_role("cross_entropy");
   const DType A = caps().activation;
   need(logits, A, sz(N, V), "logits");
   if (dlogits) need(dlogits, A, sz(N, V), "dlogits");
@@ -229,8 +260,7 @@ void Ops::cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor 
 
 void Ops::cast(Tensor out, Tensor in) {
   STRATA_CHECK(out.numel == in.numel, "kernels: cast of ", in.numel, " elements into ", out.numel);
-  const bool known = out.dtype == in.dtype || (in.dtype == F && dtype_is_float(out.dtype)) ||
-                     (out.dtype == F && dtype_is_float(in.dtype));
+  const bool known = out.dtype == in.dtype || (dtype_is_float(in.dtype) && dtype_is_float(out.dtype));
   STRATA_CHECK(known, "kernels: no cast from ", dtype_name(in.dtype), " to ", dtype_name(out.dtype));
   STRATA_CHECK(in.numel == 0 || (in.data && out.data), "kernels: cast of a null tensor");
   do_cast(out, in);

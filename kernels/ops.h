@@ -24,10 +24,17 @@
 //   - every buffer is device memory of the Stream's device (on the host backend that is host memory).
 // Ordering: ops run in the order of `stream()`: after the work already enqueued on it, before any enqueued
 // later, and the call returns at once (cuda: a kernel launch; CPU: a host function on the stream's worker
-// thread, Note [CPU ops on the stream] in kernels/cpu_ops.cpp). Buffers must stay allocated, and inputs
+// thread, Note [CPU ops on the stream] in kernels/cpu/ops.cpp). Buffers must stay allocated, and inputs
 // unchanged, until the stream has run the op: free them after an event recorded on the stream, or after
 // synchronizing it. Callers write one stream-ordered program for both backends. A `cast` input may also
 // be pinned host memory from the same Device (device-accessible on both backends).
+// Note [Ops device memory]: an implementation may take device memory of its own besides the callers'
+// buffers — the matrix products' library workspace (cuda: cuBLASLt's, taken at construction) and one
+// scratch buffer for the ops that need temporary room (cuda: embedding and norm backward, squared_norm,
+// cuDNN's forward workspace), grown to the largest request. Both come from the Device, so its count is
+// complete, and both are planned: a caller that budgets the device asks scratch_bytes() for the shapes it
+// will run, reserve_scratch()s that much before it plans, and counts device_bytes(). One workspace per
+// stream is all the products need; the engine's copy streams take runtime-role objects, which hold none.
 // Errors: a wrong dtype or a buffer smaller than the shape needs is a programming error (STRATA_CHECK);
 // a device failure raises BackendError. Tokens outside [0, V) raise strata::Error on the CPU and give NaN
 // rows on cuda (kernels/cuda/ops.h).
@@ -36,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -70,6 +78,21 @@ struct OpsCaps {
   DType activation = DType::fp32;  // activations, weights, activation gradients
   bool fused_attention = false;    // attention without a (B, NH, T, T) probability matrix
   bool bit_reproducible = true;    // same inputs and thread count: the same bits, run to run
+};
+
+// What an Ops object is for (OpsOptions.role). model: every op. runtime: the runtime helpers only (cast,
+// fill, zero, add, scale, squared_norm, nonfinite_check, adamw) — what the engine's gather and gradient
+// streams run. A runtime Ops holds no matrix-product workspace and no attention library handle (on cuda
+// those are the 32 MiB of cuBLASLt workspace and a cuDNN handle per object); asking it for a model op is
+// a programming error.
+enum class OpsRole { model, runtime };
+
+// The largest shapes a caller will run, for Ops::scratch_bytes: the rows, width and vocabulary of the
+// embedding, norm and cross-entropy ops, the attention shape, and the longest squared_norm input.
+struct OpShapes {
+  int N = 0, C = 0, V = 0;
+  int B = 0, T = 0, NH = 0, NKV = 0, HD = 0;
+  std::size_t reduce_numel = 0;
 };
 
 // Sizes of the attention buffers an implementation needs (elements, fp32).
@@ -127,7 +150,8 @@ class Ops {
                      Tensor targets /*(N) i32*/, int N, int V, float grad_scale);
 
   // ---- runtime helpers (the engine's device-side work) ----
-  // out = in converted (fp32 <-> bf16 / fp16, core/dtype.h's rounding; same dtype: a copy). Same numel.
+  // out = in converted (fp32 <-> bf16 / fp16, and fp16 <-> bf16 through fp32, core/dtype.h's rounding;
+  // same dtype: a copy). Same numel.
   void cast(Tensor out, Tensor in);
   void fill(Tensor x /*fp32*/, float value);
   // x = 0, any dtype (all bits zero).
@@ -145,13 +169,27 @@ class Ops {
   void adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor p_out, const AdamW& hp, std::int64_t step,
              float grad_scale);
 
+  // ---- device memory the implementation takes (Note [Ops device memory]) ----
+  // Bytes of device memory this object holds now, beyond the callers' buffers: its library workspace
+  // (taken at construction) and its scratch.
+  virtual std::size_t device_bytes() const { return 0; }
+  // The scratch every op needs for shapes up to `s` (bytes): the largest single request, as one buffer
+  // serves every op on the stream.
+  virtual std::size_t scratch_bytes(const OpShapes& s) const;
+  // Takes scratch of at least `bytes` now, so that later calls within the shapes it was sized for take no
+  // device memory.
+  virtual void reserve_scratch(std::size_t bytes);
+  // Which attention runs for this shape, in words ("cuDNN fused attention", or the fallback and why), so
+  // that a run can say what it computed with.
+  virtual std::string attention_path(int B, int T, int NH, int NKV, int HD) const;
+
   // ---- results back to the host (these wait for the stream) ----
   float read_f32(Tensor x);   // x[0] of an fp32 tensor
   double read_f64(Tensor x);  // x[0] of an 8-byte u8 tensor written by squared_norm
   std::int32_t read_i32(Tensor x);
 
  protected:
-  explicit Ops(Stream& s) : stream_(s) {}
+  explicit Ops(Stream& s, OpsRole role = OpsRole::model) : stream_(s), role_(role) {}
   void rope_operands(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int B, int T,
                      int H, int HD) const;
   void attention_operands(const Tensor& q_shaped, const Tensor& k, const Tensor& v, const Tensor& saved,
@@ -193,9 +231,13 @@ class Ops {
 
   // Copies `bytes` from device memory to the host and waits for them.
   void read(void* host, const void* device, std::size_t bytes);
+  // A model op called on an Ops of OpsRole::runtime: a programming error.
+  void check_model_role(const char* op) const;
+  OpsRole role() const { return role_; }
 
  private:
   Stream& stream_;
+  OpsRole role_;
 };
 
 // What a caller asks of the implementation beyond the backend.
@@ -208,6 +250,17 @@ struct OpsOptions {
   // each op runs in a oneTBB arena of that many threads pinned to them. Empty: oneTBB's default arena,
   // every cpu. cuda ignores it.
   std::vector<int> cpus = {};
+  // model: every op; runtime: the runtime helpers only, with no workspace or handle (OpsRole).
+  OpsRole role = OpsRole::model;
+  // Device memory the matrix products take at construction for their library's workspace (model role
+  // only). No value: the implementation's own (cuda: 32 MiB of cuBLASLt workspace; the CPU: none). The CPU
+  // ops take what is given here from the device as a stand-in, so that a test holds the engine's memory
+  // plan to every byte an implementation takes without a GPU.
+  std::optional<std::size_t> workspace_bytes = std::nullopt;
+  // Attention's backward on cuda: true (the default) asks cuDNN for its deterministic algorithm, so the
+  // interface is bit-reproducible run to run (strata.deterministic_attention); false lets cuDNN pick its
+  // faster non-deterministic one (caps().bit_reproducible is then false). The CPU is deterministic always.
+  bool deterministic_attention = true;
 };
 
 // The implementation for `dev`'s backend, enqueuing on `stream` (a stream of `dev`). Throws BackendError
@@ -217,7 +270,7 @@ std::unique_ptr<Ops> make_ops(Device& dev, Stream& stream, OpsOptions opts = {})
 // Implementations (make_ops calls one of these).
 std::unique_ptr<Ops> make_cpu_ops(Device& dev, Stream& stream, OpsOptions opts = {});
 #ifdef STRATA_WITH_CUDA
-std::unique_ptr<Ops> make_cuda_ops(Device& dev, Stream& stream);
+std::unique_ptr<Ops> make_cuda_ops(Device& dev, Stream& stream, OpsOptions opts = {});
 #endif
 
 }  // namespace strata::kernels

@@ -3,7 +3,7 @@
 # non-interactive: packages already present are skipped, and apt is only touched when one is missing.
 # The CUDA toolkit (nvcc, cuBLAS, NCCL) is expected at /usr/local/cuda; without it the build is CPU-only.
 # Then fetches the cuDNN frontend's C++ headers (header-only, pinned below) into deps/cudnn-frontend/ for
-# kernels/cuda_attention_cudnn.cpp; when that download fails (offline) the build goes on without the
+# kernels/cuda/attention_cudnn.cpp; when that download fails (offline) the build goes on without the
 # cuDNN attention path (cmake/StrataCudnn.cmake says so) and attention runs on kernels/cuda's own kernel.
 # Last makes deps/pyenv/, a Python venv holding Hugging Face `tokenizers` (pinned below) for
 # scripts/tokenize_text.py (docs/train.md); offline, it warns and the script still succeeds.

@@ -25,7 +25,8 @@ namespace kc = kernels::cpu;
 
 class CpuOps final : public Ops {
  public:
-  CpuOps(Device& dev, Stream& s, OpsOptions opts) : Ops(s), bf16_matmul_(opts.matmul == DType::bf16) {
+  CpuOps(Device& dev, Stream& s, OpsOptions opts)
+      : Ops(s, opts.role), bf16_matmul_(opts.matmul == DType::bf16) {
     STRATA_CHECK(dev.caps().host_addressable, "kernels: the CPU ops need host-addressable device memory");
     STRATA_CHECK(opts.matmul == DType::fp32 || opts.matmul == DType::bf16, "kernels: CPU matrix products in ",
                  dtype_name(opts.matmul), " are not implemented (fp32 or bf16)");
@@ -39,8 +40,24 @@ class CpuOps final : public Ops {
     }
     caps_.activation = DType::fp32;
     if (!opts.cpus.empty()) arena_ = std::make_shared<PinnedArena>(opts.cpus);
+    // A stand-in for a library workspace (OpsOptions.workspace_bytes): taken from the device, never used.
+    if (opts.role == OpsRole::model && opts.workspace_bytes.value_or(0) > 0)
+      workspace_ = DeviceBuffer(dev, *opts.workspace_bytes, "matrix-product workspace");
+  }
+  // The work queued with this object may still be running on the stream: it ends before the object (and
+  // before the stream, which its owner destroys after it).
+  ~CpuOps() override {
+    try {
+      stream().synchronize();
+    } catch (...) {
+    }
   }
   const OpsCaps& caps() const override { return caps_; }
+  std::size_t device_bytes() const override { return workspace_.size(); }
+  std::string attention_path(int, int, int, int, int) const override {
+    return bf16_matmul_ ? "kernels/cpu attention, bf16 products (B,NH,T,T) fp32 probabilities"
+                        : "kernels/cpu attention, fp32 (B,NH,T,T) probabilities";
+  }
 
   void do_embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int V) override {
     enqueue(
@@ -153,8 +170,12 @@ class CpuOps final : public Ops {
         kc::cast_f32_to_f16(out.as<kc::fp16_t>(), in.as<float>(), n);
       } else if (in.dtype == DType::bf16 && out.dtype == DType::fp32) {
         kc::cast_bf16_to_f32(out.as<float>(), in.as<kc::bf16_t>(), n);
-      } else {  // fp16 -> fp32, the one left (checked above)
+      } else if (in.dtype == DType::fp16 && out.dtype == DType::fp32) {
         kc::cast_f16_to_f32(out.as<float>(), in.as<kc::fp16_t>(), n);
+      } else if (in.dtype == DType::fp16 && out.dtype == DType::bf16) {
+        kc::cast_f16_to_bf16(out.as<kc::bf16_t>(), in.as<kc::fp16_t>(), n);
+      } else {  // bf16 -> fp16, the one left (checked above)
+        kc::cast_bf16_to_f16(out.as<kc::fp16_t>(), in.as<kc::bf16_t>(), n);
       }
     });
   }
@@ -217,6 +238,7 @@ class CpuOps final : public Ops {
 
   bool bf16_matmul_ = false;  // linear ops through kernels/cpu/linear_bf16.cpp
   OpsCaps caps_;
+  DeviceBuffer workspace_;  // OpsOptions.workspace_bytes (model role), or empty
   // OpsOptions.cpus: an arena of that many threads pinned to them (null: oneTBB's default arena).
   struct PinnedArena {
     explicit PinnedArena(const std::vector<int>& cpus)

@@ -176,6 +176,10 @@ void cast_f32_to_bf16(bf16_t* out /*(n)*/, const float* in /*(n)*/, std::size_t 
 void cast_bf16_to_f32(float* out /*(n)*/, const bf16_t* in /*(n)*/, std::size_t n);
 void cast_f32_to_f16(fp16_t* out /*(n)*/, const float* in /*(n)*/, std::size_t n);
 void cast_f16_to_f32(float* out /*(n)*/, const fp16_t* in /*(n)*/, std::size_t n);
+// 16-bit -> the other 16-bit format: widened to fp32 (exact), then rounded as above. fp16 -> bf16 loses
+// mantissa bits and keeps the range; bf16 -> fp16 may overflow to +-inf or round to a subnormal or zero.
+void cast_f16_to_bf16(bf16_t* out /*(n)*/, const fp16_t* in /*(n)*/, std::size_t n);
+void cast_bf16_to_f16(fp16_t* out /*(n)*/, const bf16_t* in /*(n)*/, std::size_t n);
 // Single-value forms of the same conversions (the oracle for the bulk forms and the CUDA kernels): the
 // one implementation, core/dtype.h's.
 using strata::bf16_to_f32;

@@ -1,4 +1,4 @@
-// cuDNN's fused attention (kernels/cuda_attention_cudnn.h): one forward and one backward cuDNN frontend
+// cuDNN's fused attention (kernels/cuda/attention_cudnn.h): one forward and one backward cuDNN frontend
 // SDPA graph per shape, built on first use, kept, and executed on the interface's stream. Without
 // STRATA_WITH_CUDNN only the "not built" answers at the end of this file are compiled. Compiled, never run
 // on a GPU.
@@ -15,14 +15,20 @@
 // engine plans it with the other activations. The forward's workspace (often 0) is not part of `saved`
 // (which is kept per layer); the caller passes it separately (CudaOps: its grown compute scratch).
 //
-// Note [cuDNN attention determinism]: the backward graph asks for cuDNN's deterministic algorithm, so the
-// interface stays bit-reproducible run to run (OpsCaps::bit_reproducible). Where cuDNN has none for a
-// shape the plan is refused and kernels/cuda's own (deterministic) kernel runs that shape.
+// Note [cuDNN attention determinism]: by default (strata.deterministic_attention, OpsOptions) the backward
+// graph asks for cuDNN's deterministic algorithm, so the interface stays bit-reproducible run to run
+// (OpsCaps::bit_reproducible) and a step repeats bit for bit. On Hopper that algorithm takes the path that
+// keeps dP in a workspace of O(B·NH·T²) fp32 — counted in the plan, as the backward's scratch is part of
+// the activations (attention_sizes) — and is slower than the default one, whose dQ accumulation uses
+// atomics (the last bits of dq vary run to run). false asks for that one. Where cuDNN has no plan for a
+// shape it is refused and kernels/cuda's own (deterministic, unfused) kernel runs that shape; that
+// fallback keeps (B,NH,T,T) fp32 scores and is far slower, so it is a warning naming the shape and why,
+// and OpsCaps/attention_path() say which path runs.
 //
 // Note [cuDNN attention mask]: causal is the frontend's diagonal band with TOP_LEFT alignment and right
 // bound 0 (key s is seen by query t when s <= t), which is kernels/cpu's mask for equal query and key
 // lengths. The frontend's older set_causal_mask is the same setting, marked deprecated.
-#include "kernels/cuda_attention_cudnn.h"
+#include "kernels/cuda/attention_cudnn.h"
 
 #include <cmath>
 #include <cstdint>
@@ -126,7 +132,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionShape& s) {
 }
 
 // dq, dk, dv = sdpa_backward(q, k, v, o, dout, stats): written; dk, dv summed over each group's heads.
-std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionShape& s) {
+std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionShape& s, bool deterministic) {
   auto g = new_graph(s.dtype);
   const Layout ql = bthd(s.B, s.T, s.NH, s.HD), kvl = bthd(s.B, s.T, s.NKV, s.HD);
   TensorPtr q = input(*g, "q", kQ, ql), k = input(*g, "k", kK, kvl), v = input(*g, "v", kV, kvl);
@@ -138,7 +144,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionShape& s) {
                    .set_attn_scale(attn_scale(s.HD))
                    .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                    .set_diagonal_band_right_bound(0)
-                   .set_deterministic_algorithm(true);  // Note [cuDNN attention determinism]
+                   .set_deterministic_algorithm(deterministic);  // Note [cuDNN attention determinism]
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, attrs);
   output(dq, kdQ, ql);
   output(dk, kdK, kvl);
@@ -182,7 +188,7 @@ struct CudnnAttention::Impl {
     std::shared_ptr<fe::graph::Graph> fwd, bwd;
   };
 
-  explicit Impl(cudaStream_t s) : stream(s) {}
+  Impl(cudaStream_t s, bool det) : stream(s), deterministic(det) {}
   ~Impl() {
     if (handle) (void)cudnnDestroy(handle);  // best effort: a destructor does not throw
   }
@@ -235,7 +241,7 @@ struct CudnnAttention::Impl {
         if (std::string f = build(*e.fwd, handle, &fwd_ws); !f.empty()) {
           why = "forward: " + f;
         } else {
-          e.bwd = backward_graph(s);
+          e.bwd = backward_graph(s, deterministic);
           if (std::string b = build(*e.bwd, handle, &bwd_ws); !b.empty()) {
             why = "backward: " + b;
           } else {
@@ -248,9 +254,15 @@ struct CudnnAttention::Impl {
       } catch (const std::exception& x) {
         why = x.what();
       }
-      if (!e.plan.supported)
-        STRATA_LOG_INFO("attention ", describe(s), ": cuDNN refused it (", why,
-                        "); kernels/cuda's own kernel runs this shape");
+    }
+    if (!e.plan.supported && opened && open_error.empty()) {
+      const double scores = 2.0 * double(s.B) * s.NH * double(s.T) * s.T * sizeof(float);
+      STRATA_LOG_WARN("attention ", describe(s), ": cuDNN refused it (", why,
+                      "); kernels/cuda's own unfused kernel runs this shape instead, which keeps (B,NH,T,T) "
+                      "fp32 scores (",
+                      format_bytes(std::size_t(scores)),
+                      " for forward and backward) and is far slower; a shorter sequence or another head "
+                      "dimension may let cuDNN take it");
     }
     if (!e.plan.supported) {
       e.plan.why_not = why;
@@ -268,6 +280,7 @@ struct CudnnAttention::Impl {
   }
 
   cudaStream_t stream;
+  bool deterministic = true;
   std::mutex mu;
   bool opened = false;
   std::string open_error;
@@ -279,8 +292,14 @@ bool CudnnAttention::compiled_in() {
   return true;
 }
 
-CudnnAttention::CudnnAttention(cudaStream_t stream) : impl_(std::make_unique<Impl>(stream)) {}
+CudnnAttention::CudnnAttention(cudaStream_t stream, bool deterministic)
+    : impl_(std::make_unique<Impl>(stream, deterministic)) {}
 CudnnAttention::~CudnnAttention() = default;
+
+std::string CudnnAttention::describe_path() const {
+  return impl_->deterministic ? "cuDNN fused attention (deterministic backward)"
+                              : "cuDNN fused attention (non-deterministic backward)";
+}
 
 bool CudnnAttention::available(std::string* why_not) const {
   std::lock_guard lock(impl_->mu);
@@ -345,8 +364,12 @@ struct CudnnAttention::Impl {};
 bool CudnnAttention::compiled_in() {
   return false;
 }
-CudnnAttention::CudnnAttention(cudaStream_t) {}
+CudnnAttention::CudnnAttention(cudaStream_t, bool) {}
 CudnnAttention::~CudnnAttention() = default;
+
+std::string CudnnAttention::describe_path() const {
+  return kNotBuilt;
+}
 
 bool CudnnAttention::available(std::string* why_not) const {
   if (why_not) *why_not = kNotBuilt;

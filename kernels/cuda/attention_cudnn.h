@@ -1,6 +1,6 @@
-// strata/kernels/cuda_attention_cudnn.h: causal grouped-query attention through cuDNN's fused scaled dot
+// strata/kernels/cuda/attention_cudnn.h: causal grouped-query attention through cuDNN's fused scaled dot
 // product attention (flash attention, forward and backward, cuDNN frontend graph API), for the CUDA compute
-// interface (kernels/cuda_ops.cpp). Built with the cuda backend; the cuDNN part only when
+// interface (kernels/cuda/ops.cpp). Built with the cuda backend; the cuDNN part only when
 // STRATA_WITH_CUDNN (cmake/StrataCudnn.cmake): without it every plan says so and CudaOps uses kernels/cuda's
 // own attention. Compiled, never run on a GPU (docs/train.md).
 //
@@ -55,8 +55,9 @@ class CudnnAttention {
   };
 
   // `stream`: the CUDA stream every call enqueues on (its device is the one used). Allocates nothing: every
-  // buffer comes from the caller. No cuDNN call until the first available() or plan().
-  explicit CudnnAttention(cudaStream_t stream);
+  // buffer comes from the caller. No cuDNN call until the first available() or plan(). `deterministic`:
+  // the backward graph asks for cuDNN's deterministic algorithm (Note [cuDNN attention determinism]).
+  CudnnAttention(cudaStream_t stream, bool deterministic = true);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
@@ -64,6 +65,9 @@ class CudnnAttention {
   // Whether cuDNN runs on this GPU at all (cuDNN loads, the handle is created, the GPU is sm80 or newer);
   // when not, why (also logged once). A plan may still refuse a shape.
   bool available(std::string* why_not = nullptr) const;
+
+  // What runs where a plan is supported, in words: "cuDNN fused attention (deterministic backward)".
+  std::string describe_path() const;
 
   // The cuDNN graphs for `shape` (forward with softmax statistics, backward), built on first use and kept:
   // supported when both build (the frontend's validate, support check and plan build) on this GPU. A

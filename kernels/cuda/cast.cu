@@ -1,4 +1,5 @@
-// strata/kernels/cuda/cast.cu: fp32 <-> bf16 / fp16 with the CPU's rounding, bit for bit; 8 elements per
+// strata/kernels/cuda/cast.cu: fp32 <-> bf16 / fp16, and fp16 <-> bf16 through fp32, with the CPU's
+// rounding, bit for bit; 8 elements per
 // thread with 16-byte loads (Note [vectorised element-wise kernels] in common_impl.cuh).
 #include "kernels/cuda/common_impl.cuh"
 
@@ -23,6 +24,14 @@ struct F32ToF16 {
 // fp16 -> fp32 is exact, NaN payloads included, in the hardware conversion.
 struct F16ToF32 {
   __device__ float operator()(fp16 x) const { return __half2float(x); }
+};
+
+// fp16 <-> bf16: widened exactly to fp32, then rounded once (kernels/cpu/cast.cpp's composition).
+struct F16ToBF16 {
+  __device__ bf16 operator()(fp16 x) const { return F32ToBF16{}(F16ToF32{}(x)); }
+};
+struct BF16ToF16 {
+  __device__ fp16 operator()(bf16 x) const { return F32ToF16{}(BF16ToF32{}(x)); }
 };
 
 template <typename Out, typename In, typename Op>
@@ -61,6 +70,14 @@ void cast_f32_to_f16(fp16* out, const float* in, std::size_t n, cudaStream_t str
 
 void cast_f16_to_f32(float* out, const fp16* in, std::size_t n, cudaStream_t stream) {
   cast<F16ToF32>(out, in, n, stream);
+}
+
+void cast_f16_to_bf16(bf16* out, const fp16* in, std::size_t n, cudaStream_t stream) {
+  cast<F16ToBF16>(out, in, n, stream);
+}
+
+void cast_bf16_to_f16(fp16* out, const bf16* in, std::size_t n, cudaStream_t stream) {
+  cast<BF16ToF16>(out, in, n, stream);
 }
 
 }  // namespace strata::kernels::cuda

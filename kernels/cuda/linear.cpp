@@ -102,6 +102,10 @@ Gemm::Gemm(strata::Device& device, std::size_t workspace_bytes) : impl_(std::mak
 
 Gemm::~Gemm() = default;
 
+std::size_t Gemm::workspace_bytes() const {
+  return impl_->workspace.size();
+}
+
 namespace {
 
 // The plan for this shape, built on first use.

@@ -3,7 +3,7 @@
 // method checks its operands as the CPU implementation does and calls the kernel of the same name.
 // Compiled in CI; it runs only where a GPU is (tests/kernels/compute_interface_test.cpp, cuda cases).
 //
-// Note [attention paths]: attention runs on cuDNN's fused attention (kernels/cuda_attention_cudnn.h) for
+// Note [attention paths]: attention runs on cuDNN's fused attention (kernels/cuda/attention_cudnn.h) for
 // every shape cuDNN accepts on this GPU — built in (STRATA_WITH_CUDNN), bf16/fp16 activations, compute
 // capability 8.0 or newer, and the frontend's support check and plan build pass for both graphs — and on
 // kernels/cuda's own unfused kernel otherwise. The choice is made once per shape (the cuDNN plan is cached)
@@ -13,13 +13,13 @@
 // The cuDNN path is compiled, never run on a GPU.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/ops.h"
-#include "kernels/cuda_attention_cudnn.h"
-#include "kernels/cuda_ops_kernels.h"
 #include "kernels/ops.h"
 
 namespace strata::kernels {
@@ -29,12 +29,20 @@ namespace ku = kernels::cuda;
 
 class CudaOps final : public Ops {
  public:
-  CudaOps(Device& dev, Stream& s)
-      : Ops(s), dev_(dev), s_(static_cast<cudaStream_t>(s.native_handle())), gemm_(dev), cudnn_(s_) {
+  CudaOps(Device& dev, Stream& s, const OpsOptions& opts)
+      : Ops(s, opts.role), dev_(dev), s_(static_cast<cudaStream_t>(s.native_handle())) {
     STRATA_CHECK(dev.caps().backend == BackendKind::cuda, "kernels: the CUDA ops need a cuda device");
+    STRATA_CHECK(s_ != nullptr, "kernels: the CUDA ops need a cuda stream");
     caps_.backend = BackendKind::cuda;
     caps_.activation = DType::bf16;
-    caps_.fused_attention = cudnn_.available();  // Note [attention paths]
+    if (opts.role == OpsRole::runtime) {  // the runtime helpers: no workspace, no handle (OpsRole)
+      caps_.name = "cuda: runtime helpers";
+      return;
+    }
+    gemm_ = std::make_unique<ku::Gemm>(dev, opts.workspace_bytes.value_or(ku::kGemmWorkspaceBytes));
+    cudnn_ = std::make_unique<CudnnAttention>(s_, opts.deterministic_attention);
+    caps_.fused_attention = cudnn_->available();  // Note [attention paths]
+    caps_.bit_reproducible = opts.deterministic_attention || !caps_.fused_attention;
     caps_.name =
         caps_.fused_attention
             ? "cuda: bf16 storage, fp32 accumulation, cuBLASLt matrix products, cuDNN fused attention"
@@ -48,6 +56,30 @@ class CudaOps final : public Ops {
     }
   }
   const OpsCaps& caps() const override { return caps_; }
+
+  std::size_t device_bytes() const override {
+    return (gemm_ ? gemm_->workspace_bytes() : 0) + scratch_.size();
+  }
+  std::size_t scratch_bytes(const OpShapes& sh) const override {
+    std::size_t b = ku::squared_norm_scratch_bytes(sh.reduce_numel);
+    if (role() == OpsRole::runtime) return b;
+    if (sh.N > 0 && sh.V > 0) b = std::max(b, ku::embedding_backward_scratch_bytes(sh.N, sh.V));
+    if (sh.N > 0 && sh.C > 0) b = std::max(b, ku::rmsnorm_backward_scratch_bytes(sh.N, sh.C));
+    if (sh.B > 0 && sh.T > 0 && sh.NH > 0 && sh.NKV > 0 && sh.HD > 0)
+      if (const CudnnAttention::Plan& p = cudnn_->plan(shape(sh.B, sh.T, sh.NH, sh.NKV, sh.HD)); p.supported)
+        b = std::max(b, p.forward_workspace_bytes);
+    return b;
+  }
+  void reserve_scratch(std::size_t bytes) override {
+    if (bytes > 0) scratch(bytes);
+  }
+  std::string attention_path(int B, int T, int NH, int NKV, int HD) const override {
+    check_model_role("attention_path");
+    const CudnnAttention::Plan& p = cudnn_->plan(shape(B, T, NH, NKV, HD));
+    if (p.supported) return cudnn_->describe_path();
+    return detail::cat("kernels/cuda's own unfused attention, (B,NH,T,T) fp32 scores (cuDNN: ", p.why_not,
+                       ")");
+  }
 
   void do_embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int V) override {
     ku::embedding_forward(out.as<ku::bf16>(), tokens.as<std::int32_t>(), wte.as<ku::bf16>(), N, C, V, s_);
@@ -70,11 +102,11 @@ class CudaOps final : public Ops {
   }
 
   void do_linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) override {
-    ku::linear_forward(gemm_, out.as<ku::bf16>(), x.as<ku::bf16>(), w.as<ku::bf16>(), N, IC, OC, s_);
+    ku::linear_forward(*gemm_, out.as<ku::bf16>(), x.as<ku::bf16>(), w.as<ku::bf16>(), N, IC, OC, s_);
   }
   void do_linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
                           int OC) override {
-    ku::linear_backward(gemm_, dx ? dx.as<ku::bf16>() : nullptr, dw.as<float>(), dout.as<ku::bf16>(),
+    ku::linear_backward(*gemm_, dx ? dx.as<ku::bf16>() : nullptr, dw.as<float>(), dout.as<ku::bf16>(),
                         x.as<ku::bf16>(), w.as<ku::bf16>(), N, IC, OC, s_);
   }
 
@@ -91,14 +123,15 @@ class CudaOps final : public Ops {
   }
 
   AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD) const override {
-    const CudnnAttention::Plan& p = cudnn_.plan(shape(B, T, NH, NKV, HD));
+    check_model_role("attention_sizes");
+    const CudnnAttention::Plan& p = cudnn_->plan(shape(B, T, NH, NKV, HD));
     return p.supported ? p.sizes : Ops::attention_sizes(B, T, NH, NKV, HD);
   }
   void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
                             int NKV, int HD) override {
     const AttentionShape sh = shape(B, T, NH, NKV, HD);
-    if (const CudnnAttention::Plan& p = cudnn_.plan(sh); p.supported) {
-      cudnn_.forward(sh, out, saved, q, k, v, scratch(p.forward_workspace_bytes));
+    if (const CudnnAttention::Plan& p = cudnn_->plan(sh); p.supported) {
+      cudnn_->forward(sh, out, saved, q, k, v, scratch(p.forward_workspace_bytes));
       return;
     }
     ku::attention_forward(out.as<ku::bf16>(), saved.as<float>(), q.as<ku::bf16>(), k.as<ku::bf16>(),
@@ -107,8 +140,8 @@ class CudaOps final : public Ops {
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
                              Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD) override {
     const AttentionShape sh = shape(B, T, NH, NKV, HD);
-    if (cudnn_.plan(sh).supported) {
-      cudnn_.backward(sh, dq, dk, dv, scratch, dout, q, k, v, saved);
+    if (cudnn_->plan(sh).supported) {
+      cudnn_->backward(sh, dq, dk, dv, scratch, dout, q, k, v, saved);
       return;
     }
     ku::attention_backward(dq.as<ku::bf16>(), dk.as<ku::bf16>(), dv.as<ku::bf16>(), scratch.as<float>(),
@@ -154,18 +187,22 @@ class CudaOps final : public Ops {
       ku::cast_f32_to_f16(out.as<ku::fp16>(), in.as<float>(), n, s_);
     } else if (in.dtype == DType::bf16 && out.dtype == F) {
       ku::cast_bf16_to_f32(out.as<float>(), in.as<ku::bf16>(), n, s_);
-    } else {  // fp16 -> fp32, the one left (Ops::cast checked the pair)
+    } else if (in.dtype == DType::fp16 && out.dtype == F) {
       ku::cast_f16_to_f32(out.as<float>(), in.as<ku::fp16>(), n, s_);
+    } else if (in.dtype == DType::fp16 && out.dtype == DType::bf16) {
+      ku::cast_f16_to_bf16(out.as<ku::bf16>(), in.as<ku::fp16>(), n, s_);
+    } else {  // bf16 -> fp16, the one left (Ops::cast checked the pair)
+      ku::cast_bf16_to_f16(out.as<ku::fp16>(), in.as<ku::bf16>(), n, s_);
     }
   }
-  void do_fill(Tensor x, float value) override { cuda_ops::fill_f32(x.as<float>(), value, x.numel, s_); }
+  void do_fill(Tensor x, float value) override { ku::fill_f32(x.as<float>(), value, x.numel, s_); }
   void do_zero(Tensor x) override {
     if (x.numel == 0) return;
     detail::CudaDeviceGuard guard(s_);
     STRATA_CUDA_CHECK(cudaMemsetAsync(x.data, 0, x.bytes(), s_));
   }
   void do_add(Tensor dst, Tensor src) override {
-    cuda_ops::add_f32(dst.as<float>(), src.as<float>(), src.numel, s_);
+    ku::add_f32(dst.as<float>(), src.as<float>(), src.numel, s_);
   }
   void do_scale(Tensor x, float s) override { ku::scale(x.as<float>(), s, x.numel, s_); }
   void do_squared_norm(Tensor out, Tensor x) override {
@@ -205,16 +242,16 @@ class CudaOps final : public Ops {
 
   Device& dev_;
   cudaStream_t s_;
-  ku::Gemm gemm_;
-  CudnnAttention cudnn_;  // Note [attention paths]
+  std::unique_ptr<ku::Gemm> gemm_;         // model role only
+  std::unique_ptr<CudnnAttention> cudnn_;  // model role only; Note [attention paths]
   DeviceBuffer scratch_;
   OpsCaps caps_;
 };
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cuda_ops(Device& dev, Stream& stream) {
-  return std::make_unique<CudaOps>(dev, stream);
+std::unique_ptr<Ops> make_cuda_ops(Device& dev, Stream& stream, OpsOptions opts) {
+  return std::make_unique<CudaOps>(dev, stream, opts);
 }
 
 }  // namespace strata::kernels

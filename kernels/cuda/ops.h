@@ -66,6 +66,8 @@ class Gemm {
 
   struct Impl;
   Impl& impl() { return *impl_; }
+  // Device bytes of the workspace taken at construction.
+  std::size_t workspace_bytes() const;
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -154,6 +156,13 @@ void cast_f32_to_bf16(bf16* out /*(n)*/, const float* in /*(n)*/, std::size_t n,
 void cast_bf16_to_f32(float* out /*(n)*/, const bf16* in /*(n)*/, std::size_t n, cudaStream_t stream);
 void cast_f32_to_f16(fp16* out /*(n)*/, const float* in /*(n)*/, std::size_t n, cudaStream_t stream);
 void cast_f16_to_f32(float* out /*(n)*/, const fp16* in /*(n)*/, std::size_t n, cudaStream_t stream);
+// fp16 <-> bf16 through fp32: widened exactly, rounded once (the CPU's cast_f16_to_bf16 / cast_bf16_to_f16).
+void cast_f16_to_bf16(bf16* out /*(n)*/, const fp16* in /*(n)*/, std::size_t n, cudaStream_t stream);
+void cast_bf16_to_f16(fp16* out /*(n)*/, const bf16* in /*(n)*/, std::size_t n, cudaStream_t stream);
+// x[i] = value (fp32).
+void fill_f32(float* x /*(n)*/, float value, std::size_t n, cudaStream_t stream);
+// dst[i] += src[i] (fp32, one rounded add per element: the CPU's result bit for bit).
+void add_f32(float* dst /*(n)*/, const float* src /*(n)*/, std::size_t n, cudaStream_t stream);
 // x *= s (fp32).
 void scale(float* x /*(n)*/, float s, std::size_t n, cudaStream_t stream);
 // *found = 1 if any x is NaN or +-inf, else 0 (written, not accumulated).

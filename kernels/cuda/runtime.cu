@@ -1,14 +1,13 @@
-// The two element-wise kernels the compute interface needs beyond kernels/cuda: fill and the fp32
-// gradient add (dst += src). Grid-stride loops; each element is one correctly rounded fp32 add, so the
-// result equals the CPU's bit for bit.
+// The runtime's element-wise kernels: fill and the fp32 gradient add (dst += src). Grid-stride loops; each
+// element is one correctly rounded fp32 add, so the result equals the CPU's bit for bit.
 #include <cuda_runtime.h>
 
 #include <cstddef>
 
 #include "core/cuda_check.h"
-#include "kernels/cuda_ops_kernels.h"
+#include "kernels/cuda/ops.h"
 
-namespace strata::kernels::cuda_ops {
+namespace strata::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
@@ -46,4 +45,4 @@ void add_f32(float* dst, const float* src, std::size_t n, cudaStream_t stream) {
   STRATA_KERNEL_CHECK(stream);
 }
 
-}  // namespace strata::kernels::cuda_ops
+}  // namespace strata::kernels::cuda

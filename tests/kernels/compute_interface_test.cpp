@@ -3,7 +3,9 @@
 // Also: make_ops picks the backend's implementation, ops run in stream order, misuse is refused by name.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <vector>
 
 #include "core/dtype.h"
@@ -269,6 +271,66 @@ TEST_P(Compute, CastsRoundExactlyAsCoreDtype) {
   EXPECT_EQ(0, std::memcmp(get(back).data(), want_h.data(), v.size() * 4)) << "fp32 -> fp16 -> fp32";
 }
 
+// fp16 <-> bf16 (the gather of fp16 working params into bf16 activations): widened exactly, rounded once.
+TEST_P(Compute, CastsBetweenTheSixteenBitFormatsRoundOnceThroughFp32) {
+  std::vector<float> v = random_floats(1000, 27, 1e3f);
+  v[0] = 65504.0f, v[1] = 3e38f, v[2] = 1e-7f, v[3] = -0.0f, v[4] = 6.1e-5f;  // fp16 max, overflow, tiny
+  std::vector<std::uint16_t> h(v.size()), b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) h[i] = f32_to_f16(v[i]), b[i] = f32_to_bf16(v[i]);
+  std::vector<float> hv(v.size()), bv(v.size()), want_b(v.size()), want_h(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    hv[i] = f16_to_f32(h[i]), bv[i] = bf16_to_f32(b[i]);
+    want_b[i] = bf16_to_f32(f32_to_bf16(hv[i]));
+    want_h[i] = f16_to_f32(f32_to_f16(bv[i]));
+  }
+  Tensor th = put(hv, DType::fp16), tb = put(bv, DType::bf16), to_b = alloc(v.size(), DType::bf16),
+         to_h = alloc(v.size(), DType::fp16);
+  ops->cast(to_b, th);
+  ops->cast(to_h, tb);
+  EXPECT_EQ(0, std::memcmp(get(to_b).data(), want_b.data(), v.size() * 4)) << "fp16 -> bf16";
+  EXPECT_EQ(0, std::memcmp(get(to_h).data(), want_h.data(), v.size() * 4)) << "bf16 -> fp16";
+}
+
+// The runtime role (the engine's copy streams): the helpers, no workspace, and a model op refused by name.
+TEST_P(Compute, TheRuntimeRoleHasTheHelpersOnly) {
+  auto s2 = dev->create_stream("runtime");
+  const std::size_t before = dev->memory_stats().in_use;
+  {
+    std::unique_ptr<Ops> rt = make_ops(*dev, *s2, {.role = OpsRole::runtime});
+    EXPECT_EQ(rt->device_bytes(), 0u);
+    EXPECT_EQ(dev->memory_stats().in_use, before) << "a runtime-role object took device memory";
+    std::vector<float> v = random_floats(64, 28);
+    Tensor src = put(v, DType::fp32), dst = alloc(v.size(), A);
+    stream->synchronize();  // the buffers' memsets ran on the test's stream
+    rt->cast(dst, src);
+    s2->synchronize();
+    Tensor out = alloc(16, A), x = alloc(16, A), w = alloc(16, A);
+    try {
+      rt->linear_forward(out, x, w, 4, 4, 4);
+      FAIL() << "a runtime-role object ran a matrix product";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("linear_forward"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// An Ops object waits for the work it queued when it goes (its workspace and scratch outlive that work),
+// so its owner destroys it before its stream. Held at a gate, the destruction cannot finish early.
+TEST_P(Compute, DestroyingAnOpsObjectWaitsForItsWork) {
+  auto s2 = dev->create_stream("destroyed-ops");
+  std::unique_ptr<Ops> o = make_ops(*dev, *s2);
+  Tensor x = alloc(256, DType::fp32);
+  stream->synchronize();
+  strata::test::StreamGate gate;
+  s2->host_fn(gate.wait_fn());
+  o->scale(x, 2.0f);
+  auto gone = std::async(std::launch::async, [&o] { o.reset(); });
+  EXPECT_EQ(gone.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "the object went while its work was still queued";
+  gate.open();
+  gone.get();
+}
+
 TEST_P(Compute, FillAddScaleNormAndNonFiniteCheckAgreeWithTheCpu) {
   std::vector<float> a = random_floats(5000, 18), b = random_floats(5000, 19);
   Tensor ta = put(a, DType::fp32), tb = put(b, DType::fp32), norm = alloc(8, DType::u8),
@@ -343,6 +405,21 @@ TEST_P(Compute, AWrongDtypeOrATooSmallBufferIsRefusedNamingTheOperand) {
 }
 
 STRATA_INSTANTIATE_BACKENDS(Compute);
+
+// OpsOptions.workspace_bytes on the CPU: device memory taken as a library's workspace would be, so that a
+// plan that counts device_bytes() is checked without a GPU.
+TEST(ComputeFactory, TheCpuOpsTakeAStandInWorkspaceFromTheDevice) {
+  auto dev = open_device({.backend = "host", .ordinal = 0, .memory_cap = 64u << 20});
+  auto s = dev->create_stream("s");
+  {
+    auto ops = make_ops(*dev, *s, {.workspace_bytes = std::size_t(5) << 20});
+    EXPECT_EQ(ops->device_bytes(), std::size_t(5) << 20);
+    EXPECT_EQ(dev->memory_stats().in_use, std::size_t(5) << 20);
+    EXPECT_EQ(ops->scratch_bytes({.N = 64, .C = 128, .V = 256, .reduce_numel = 1000}), 0u);
+  }
+  EXPECT_EQ(dev->memory_stats().in_use, 0u);
+  EXPECT_THROW(make_ops(*dev, *s, {.workspace_bytes = std::size_t(65) << 20}), OutOfMemory);
+}
 
 TEST(ComputeFactory, TheHostBackendGetsTheCpuOpsInFp32) {
   auto dev = open_device({.backend = "host", .ordinal = 0, .memory_cap = 0});

@@ -1,4 +1,4 @@
-// cuDNN's fused attention (kernels/cuda_attention_cudnn.h) against the CPU reference (kernels/cpu's
+// cuDNN's fused attention (kernels/cuda/attention_cudnn.h) against the CPU reference (kernels/cpu's
 // attention) on fresh random bf16 inputs, for shapes with grouped-query heads (NKV < NH, down to one
 // key/value head) and sequence lengths that are not multiples of 64. Bounds, as relative L2 error:
 //   out <= 1e-2 (bf16 storage rounds each output by up to 2^-9; flash attention also rounds the
@@ -20,7 +20,7 @@
 
 #include "core/dtype.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cuda_attention_cudnn.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/ops.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/reference.h"

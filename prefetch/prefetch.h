@@ -21,6 +21,15 @@
 //   stage3_max_reuse_distance    max_reuse_distance: a released chunk stays gathered when the trace uses it
 //                                again within this many elements acquired in between.
 //
+// Note [Reuse across passes]: a pass that begins with `repeat` (begin_pass(true)) is followed by another
+// pass over the same chunk values — the engine's next micro-batch of the same step, whose parameters no
+// update has changed. Its chunks are then used again after this pass ends: a chunk with no later use in
+// this pass has its next use at the same chunk's first position in the trace, counted on from the end
+// of this pass (trace length + position), and keep_after_release measures the reuse distance across the
+// boundary. So where the device has room a chunk stays gathered from one micro-batch to the next and is
+// gathered once per step; with stage3_max_reuse_distance 0, or no room, nothing changes. Without
+// `repeat`, uses past the end of the pass are unknown (-1), as before.
+//
 // Classification of each acquire while replaying: hit (already resident), late (its prefetch was in
 // flight: the caller waited, and the wait is summed), miss (nothing had been started: fetched on demand).
 // Acquires of recording passes are fetched on demand and counted apart. A changed order (see trace.h) is
@@ -82,7 +91,8 @@ class Prefetcher {
  public:
   Prefetcher(FetchTarget& target, PrefetchOptions opts);
 
-  void begin_pass();
+  // `repeat`: another pass over the same chunk values follows this one (Note [Reuse across passes]).
+  void begin_pass(bool repeat = false);
   // Makes `c` resident (waiting or fetching on demand as needed), then starts the fetches ahead of it.
   Access acquire(int c);
   // Whether `c`, being released, is used again by this pass within max_reuse_distance elements.
@@ -92,12 +102,13 @@ class Prefetcher {
   // for the rest of the pass complete and stay resident for the next pass.
   void abandon_pass();
 
-  // The next position in this pass at which `c` is acquired again after its current (or last) acquire,
-  // or -1 (unknown, or not again this pass).
+  // The next position at which `c` is acquired again after its current (or last) acquire: in this pass,
+  // or in the repeat pass that follows (positions from the trace's length on; Note [Reuse across
+  // passes]); -1 when unknown or never.
   std::int64_t next_use(int c) const;
-  // The position of the next acquire of `c` not yet made in this pass (what a fetch started now is for),
-  // or -1 (unknown, or none left).
-  std::int64_t upcoming(int c) const { return trace_.upcoming(c); }
+  // The position of the next acquire of `c` not yet made (what a fetch started now is for), in this pass
+  // or the repeat pass that follows, as next_use; -1 when unknown or none.
+  std::int64_t upcoming(int c) const;
   const Trace& trace() const { return trace_; }
   const PrefetchStats& stats() const { return stats_; }
   const PrefetchOptions& options() const { return opts_; }
@@ -106,11 +117,16 @@ class Prefetcher {
   void issue_ahead(std::int64_t from_position);
   void log_divergence(const char* what, std::size_t position, int expected, int got);
 
+  // The position of `c`'s first acquire in the repeat pass after this one, or -1 (no repeat, no trace,
+  // or not in the trace).
+  std::int64_t in_repeat(int c) const;
+
   FetchTarget& target_;
   PrefetchOptions opts_;
   Trace trace_;
   PrefetchStats stats_;
   std::vector<std::int64_t> held_at_;  // by chunk: position of its current acquire, -1 none
+  bool repeat_ = false;                // this pass is followed by one over the same values
 };
 
 }  // namespace strata::prefetch

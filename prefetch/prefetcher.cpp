@@ -44,7 +44,8 @@ void Prefetcher::log_divergence(const char* what, std::size_t position, int expe
   }
 }
 
-void Prefetcher::begin_pass() {
+void Prefetcher::begin_pass(bool repeat) {
+  repeat_ = repeat;
   trace_.begin_pass();
   if (trace_.mode() == Trace::Mode::replaying) issue_ahead(-1);
 }
@@ -114,9 +115,22 @@ void Prefetcher::issue_ahead(std::int64_t from_position) {
   }
 }
 
+std::int64_t Prefetcher::in_repeat(int c) const {
+  if (!repeat_ || trace_.mode() != Trace::Mode::replaying) return -1;
+  const std::vector<int>& t = trace_.entries();
+  const auto it = std::find(t.begin(), t.end(), c);
+  return it == t.end() ? -1 : std::int64_t(t.size()) + std::int64_t(it - t.begin());
+}
+
 std::int64_t Prefetcher::next_use(int c) const {
   if (std::size_t(c) >= held_at_.size() || held_at_[std::size_t(c)] < 0) return -1;
-  return trace_.next_use(c, std::size_t(held_at_[std::size_t(c)]));
+  const std::int64_t q = trace_.next_use(c, std::size_t(held_at_[std::size_t(c)]));
+  return q >= 0 ? q : in_repeat(c);
+}
+
+std::int64_t Prefetcher::upcoming(int c) const {
+  const std::int64_t q = trace_.upcoming(c);
+  return q >= 0 ? q : in_repeat(c);
 }
 
 bool Prefetcher::keep_after_release(int c) const {
@@ -124,8 +138,8 @@ bool Prefetcher::keep_after_release(int c) const {
   if (q < 0) return false;
   const std::vector<int>& t = trace_.entries();
   std::uint64_t distance = 0;
-  for (std::int64_t k = held_at_[std::size_t(c)] + 1; k < q; ++k)
-    distance += target_.numel(t[std::size_t(k)]);
+  for (std::int64_t k = held_at_[std::size_t(c)] + 1; k < q; ++k)  // past the end: the repeat pass
+    distance += target_.numel(t[std::size_t(k) % t.size()]);
   return distance <= opts_.max_reuse_distance;
 }
 
@@ -136,11 +150,13 @@ void Prefetcher::end_pass() {
   if (trace_.end_pass()) log_divergence("the pass ended", pos, expected, -1);
   ++stats_.passes;
   std::fill(held_at_.begin(), held_at_.end(), -1);
+  repeat_ = false;
 }
 
 void Prefetcher::abandon_pass() {
   trace_.abandon_pass();
   std::fill(held_at_.begin(), held_at_.end(), -1);
+  repeat_ = false;
 }
 
 }  // namespace strata::prefetch

@@ -165,5 +165,52 @@ TEST(Prefetcher, ReuseDistanceDecidesWhatStaysGathered) {
   }
 }
 
+// Note [Reuse across passes]: a pass followed by another over the same values (the next micro-batch of a
+// step) keeps what the next pass uses first: a chunk with no later use in this pass is next used at its
+// first position in the trace, counted on from the end of this one, and the distance runs across the
+// boundary.
+TEST(Prefetcher, ARepeatedPassKeepsChunksForTheNext) {
+  const auto order = model_order(4);  // 0 1 2 3 4 5 | 5 4 3 2 1
+  MockTarget t(sizes());
+  Prefetcher pf(t, {.bucket_numel = 0, .max_live_numel = 100000, .max_reuse_distance = 1000000});
+  run_pass(pf, t, order);
+  pf.begin_pass(/*repeat=*/true);
+  for (std::size_t i = 0; i + 1 < order.size(); ++i) pf.acquire(order[i]);
+  pf.acquire(1);  // the pass's last acquire: block 1 is next used at position 1 of the next pass
+  EXPECT_EQ(pf.next_use(1), std::int64_t(order.size()) + 1);
+  EXPECT_TRUE(pf.keep_after_release(1));
+  // The embedding (position 0) is not acquired again in this pass: upcoming in the next, first of all.
+  EXPECT_EQ(pf.upcoming(0), std::int64_t(order.size()));
+  pf.end_pass();
+  // Without a repeat, nothing is known past the end of the pass.
+  pf.begin_pass();
+  for (std::size_t i = 0; i + 1 < order.size(); ++i) pf.acquire(order[i]);
+  pf.acquire(1);
+  EXPECT_EQ(pf.next_use(1), -1);
+  EXPECT_FALSE(pf.keep_after_release(1));
+  EXPECT_EQ(pf.upcoming(0), -1);
+  pf.end_pass();
+}
+
+// The reuse distance still applies across the boundary: with a small one, a chunk whose next use is a
+// whole pass away is not kept.
+TEST(Prefetcher, ARepeatedPassRespectsTheReuseDistance) {
+  const auto order = model_order(4);
+  MockTarget t(sizes());
+  Prefetcher pf(t, {.bucket_numel = 0, .max_live_numel = 100000, .max_reuse_distance = 1000});
+  run_pass(pf, t, order);
+  pf.begin_pass(/*repeat=*/true);
+  for (std::size_t i = 0; i + 1 < order.size(); ++i) pf.acquire(order[i]);
+  pf.acquire(1);
+  // Block 1 comes back after the embedding (400 elements): kept; chunk 4, not used again this pass after
+  // position 7, comes back after 0 1 2 3 (3400 elements): not.
+  EXPECT_TRUE(pf.keep_after_release(1));
+  pf.end_pass();
+  pf.begin_pass(/*repeat=*/true);
+  for (std::size_t i = 0; i < 8; ++i) pf.acquire(order[i]);  // ... 5 4 (position 7)
+  EXPECT_FALSE(pf.keep_after_release(4));
+  pf.abandon_pass();
+}
+
 }  // namespace
 }  // namespace strata::prefetch

@@ -55,6 +55,10 @@ class ChunkProvider {
   // default acquires the chunk and copies its view, which must be fp32 in host-addressable memory; a
   // provider whose chunks live in device memory overrides it.
   virtual void read_params(int id, float* out);
+  // Whether the provider orders its use of the gradient buffers after the model's ops itself, by stream
+  // events (zero3::Engine): the model's backward then returns without waiting for its stream. false (the
+  // default): backward waits, so the provider may read the gradients on the host when it returns.
+  virtual bool orders_grads_by_stream() const { return false; }
 };
 
 // Fills chunk `id` (padded_numel floats) with the initial parameters: weight matrices N(0, 0.02), the

@@ -221,6 +221,18 @@ size_t LlamaModel::activation_bytes(const ModelConfig& cfg, int B, int T, bool c
   return n;
 }
 
+kernels::OpShapes LlamaModel::op_shapes(const ModelConfig& cfg, int B, int T) {
+  return {.N = B * T,
+          .C = int(cfg.d_model),
+          .V = int(cfg.vocab_size),
+          .B = B,
+          .T = T,
+          .NH = int(cfg.n_heads),
+          .NKV = int(cfg.n_kv_heads),
+          .HD = int(cfg.head_dim()),
+          .reduce_numel = 0};
+}
+
 std::vector<float> LlamaModel::logits() const {
   const size_t n = size_t(B_) * size_t(T_) * size_t(cfg_.vocab_size);
   std::vector<float> out(n);
@@ -386,10 +398,6 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
   const ModelLayout& layout = chunks.layout();
   kernels::Ops& o = *ops_;
   Stream& s = o.stream();
-  // The token ids go to the device on the compute stream; the host arrays are read before the first op
-  // that uses them returns (CPU ops wait for the stream; a cuda copy from pageable memory is staged).
-  s.copy_async(inputs_.t.data, inputs, size_t(N) * sizeof(int32_t), CopyKind::host_to_device);
-  if (targets) s.copy_async(targets_.t.data, targets, size_t(N) * sizeof(int32_t), CopyKind::host_to_device);
   // Every row's tokens are checked on the host: on the device a bad id is a NaN row, not an error.
   for (int i = 0; i < N; ++i) {
     if (inputs[i] < 0 || inputs[i] >= V)
@@ -399,7 +407,21 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
       throw Error(detail::cat("LlamaModel::forward: target ", targets[i], " at position ", i,
                               " is outside the vocabulary [0, ", V, ") of model '", cfg_.name, "'"));
   }
-  s.synchronize();
+  // The token ids go to the device on the compute stream, from pinned staging of the model's own (the
+  // caller's arrays may go when this returns; the stream copies later). The staging is reused once the
+  // last forward's copies are done, which they long are: the host does not wait for the stream here.
+  const size_t tok_bytes = size_t(N) * sizeof(int32_t);
+  if (tokens_copied_) tokens_copied_->synchronize();
+  if (tokens_host_.size() < 2 * tok_bytes) tokens_host_ = PinnedBuffer(*dev_, 2 * tok_bytes);
+  auto* staged = static_cast<int32_t*>(tokens_host_.data());
+  std::memcpy(staged, inputs, tok_bytes);
+  s.copy_async(inputs_.t.data, staged, tok_bytes, CopyKind::host_to_device);
+  if (targets) {
+    std::memcpy(staged + N, targets, tok_bytes);
+    s.copy_async(targets_.t.data, staged + N, tok_bytes, CopyKind::host_to_device);
+  }
+  if (!tokens_copied_) tokens_copied_ = dev_->create_event();
+  s.record(*tokens_copied_);
 
   {
     ChunkTimer ct(profile_, layout.embedding_chunk(), Phase::forward, &chunk_flops_);
@@ -500,9 +522,10 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
                            V);
     });
   }
-  // The gradients are complete when backward returns (a provider that hands out its own accumulator
-  // reads them next); an op's failure surfaces here.
-  o.stream().synchronize();
+  // For a provider that reads its gradients on the host (its own accumulator), they are complete when
+  // backward returns, and an op's failure surfaces here. One that orders its hand-offs by stream events
+  // (the engine) waits where it reads.
+  if (!chunks.orders_grads_by_stream()) o.stream().synchronize();
 }
 
 }  // namespace strata::model

@@ -80,6 +80,9 @@ class LlamaModel {
   // (what activation_bytes() reaches): the engine reserves them in its device plan.
   static size_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
                                  const kernels::Ops& ops);
+  // The largest shapes its ops run for a micro-batch of B x T tokens, for the compute interface's
+  // scratch (kernels::Ops::scratch_bytes; reduce_numel is the caller's to set).
+  static kernels::OpShapes op_shapes(const ModelConfig& cfg, int B, int T);
   // Multiply-adds × 2 of one forward / backward over (B, T), as the profile counts them.
   double forward_flops(int B, int T) const;
   double backward_flops(int B, int T) const;
@@ -149,8 +152,10 @@ class LlamaModel {
   bool have_targets_ = false, ckpt_ = false;
   double chunk_flops_ = 0;  // flops since the current chunk began (profiling)
 
-  Buf inputs_, targets_;     // (N) i32
-  Buf rope_cos_, rope_sin_;  // (T, D/2) fp32
+  Buf inputs_, targets_;                  // (N) i32
+  PinnedBuffer tokens_host_;              // (2, N) i32: the inputs and targets on their way to the device
+  std::unique_ptr<Event> tokens_copied_;  // the compute stream after their copies
+  Buf rope_cos_, rope_sin_;               // (T, D/2) fp32
   int rope_T_ = 0;
   Buf resid_;                    // (L + 1, N, C): resid_[l] is block l's input, [L] the head's
   std::vector<BlockActs> acts_;  // L sets, or 1 with checkpointing

@@ -271,7 +271,11 @@ class Core {
     d["checkpoint_activations"] = p.checkpoint_activations;
     d["device_activations_checkpointed"] = p.device_activations_checkpointed;
     d["device_activations_all"] = p.device_activations_all;
+    d["device_ops"] = p.device_ops;
+    d["device_accumulators"] = p.device_accumulators;
+    d["device_accumulator_bytes"] = p.device_accumulator_bytes;
     d["device_cache"] = p.device_cache;
+    d["device_headroom"] = p.device_headroom;
     d["device_need"] = p.device_need();
     d["pinned_state"] = p.pinned_state;
     d["pinned_staging"] = p.pinned_staging;

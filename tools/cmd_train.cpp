@@ -396,15 +396,21 @@ int run_train(const TrainOpts& o) {
   const zero3::MemoryPlan& plan = engine.plan();
   std::fprintf(
       out,
-      "device plan%s: state %s + working set %s + activations %s (checkpointing %s, %s: %s) + chunk "
-      "cache %s (docs/train.md, \"Device memory\")\n",
+      "device plan%s: state %s + working set %s + activations %s (checkpointing %s, %s: %s) + compute "
+      "workspace %s + gradient accumulators %s (%d chunks) + chunk cache %s%s (docs/train.md, \"Device "
+      "memory\")\n",
       world > 1 ? " (each rank)" : "", format_size(plan.device_state, 1).c_str(),
       format_size(plan.device_working_set, 1).c_str(), format_size(plan.device_activations, 1).c_str(),
       plan.checkpoint_activations ? "on" : "off", plan.checkpoint_activations ? "off" : "on",
       format_size(
           plan.checkpoint_activations ? plan.device_activations_all : plan.device_activations_checkpointed, 1)
           .c_str(),
-      format_size(plan.device_cache, 1).c_str());
+      format_size(plan.device_ops, 1).c_str(), format_size(plan.device_accumulator_bytes, 1).c_str(),
+      plan.device_accumulators, format_size(plan.device_cache, 1).c_str(),
+      plan.device_headroom > 0
+          ? (", beside " + format_size(plan.device_headroom, 1) + " kept for the CUDA libraries").c_str()
+          : "");
+
   std::fflush(out);
 
   Progress progress(o.steps, first, tty, cfg.steps_per_print, out);
@@ -513,6 +519,12 @@ int run_train(const TrainOpts& o) {
       world > 1 ? "largest rank's " : "", format_size(peak.device).c_str(), format_size(peak.pinned).c_str(),
       format_size(peak.nvme).c_str(), format_size(std::uint64_t(device_peak), 1).c_str(),
       format_size(engine.device().caps().capacity, 1).c_str());
+  // What attention computed with at the training shape (a fallback was also a warning when chosen).
+  std::fprintf(out, "  attention   %s\n",
+               engine.ops()
+                   .attention_path(engine.micro_batch(), seq_len, int(mcfg.n_heads), int(mcfg.n_kv_heads),
+                                   int(mcfg.head_dim()))
+                   .c_str());
   if (engine.plan().overlap_groups > 0) {
     const zero3::OverlapStats& os = engine.overlap_stats();
     std::fprintf(out,
@@ -525,9 +537,9 @@ int run_train(const TrainOpts& o) {
   }
   const tiering::Snapshot snap = engine.tiers().snapshot(false);
   const zero3::TransferStats& ts = engine.transfer_stats();
-  std::fprintf(out, "  moved       gathers %s (%llu chunks), gradients off the device %s;",
+  std::fprintf(out, "  moved       gathers %s (%llu chunks), gradients off the device %s (%llu shards);",
                format_size(ts.gather_bytes, 1).c_str(), (unsigned long long)ts.gathers,
-               format_size(ts.grad_bytes, 1).c_str());
+               format_size(ts.grad_offload_bytes, 1).c_str(), (unsigned long long)ts.grad_offloads);
   for (int d = 0; d < tiering::kDirectionCount; ++d)
     if (snap.moves[std::size_t(d)].count)
       std::fprintf(out, " %s %s;", tiering::direction_name(d),

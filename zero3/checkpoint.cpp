@@ -258,7 +258,7 @@ std::string CheckpointWriter::commit(nlohmann::json meta) {
   std::uint64_t mine[3] = {table_offset + table_text.size(), table_.size(), table_crc};
   std::vector<std::uint64_t> all(3 * std::size_t(world_));
   if (world_ > 1)
-    comm_->all_gather(mine, all.data(), sizeof mine, DType::u8, nullptr);
+    comm_->host_all_gather(mine, all.data(), sizeof mine);  // host memory, whatever the backend
   else
     std::copy(mine, mine + 3, all.begin());
   if (rank_ != 0) {

@@ -47,6 +47,7 @@ DeviceOptions device_options(const Config& cfg, const EngineOptions& opts) {
   // of STRATA_LOCAL_DEVICES, which `strata launch` sets (Note [STRATA_LOCAL_DEVICES] in comm/devices.h).
   d.ordinal = comm::local_device_ordinal(int(cfg.strata.device), comm::rank_from_env().local_rank);
   d.memory_cap = opts.device_memory_cap ? opts.device_memory_cap : cfg.strata.device_memory_cap;
+  d.check_thread_device = opts.check_thread_device;
   return d;
 }
 
@@ -122,14 +123,40 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
             homes.master == Tier::device ? "set zero_optimization.offload_optimizer.device to \"cpu\""
                                          : "set zero_optimization.offload_optimizer.ratio to 1",
             " (the CPU optimizers have all four)"));
+  // Note [Device memory outside the pool]: everything that takes device memory of its own — the
+  // communicators (NCCL's buffers), the streams, the compute interface (the matrix products' workspace,
+  // the attention library's handle, the ops' scratch) — exists before the plan reads the device's
+  // capacity, so the plan counts what was taken through the Device (MemoryPlan.device_ops) and the
+  // capacity excludes what the libraries took beside it (MemoryPlan.device_headroom).
   compute_stream = dev->create_stream("zero3-compute");
+  gather_stream = dev->create_stream("zero3-gather");
+  grad_stream = dev->create_stream("zero3-grads");
+  if (world > 1) {  // collective: every rank dups in this order
+    gather_comm = comm->dup();
+    grad_comm = comm->dup();
+  }
   // bf16 training multiplies bf16 operands with fp32 accumulation on every backend (cuda always does; the
   // CPU ops round their operands: kernels/cpu/linear_bf16.cpp). fp16 and fp32 training use fp32 products
   // on the CPU.
   plan_cores();
   ops = kernels::make_ops(*dev, *compute_stream,
-                          {.matmul = cfg.bf16.enabled ? DType::bf16 : DType::fp32, .cpus = compute_cpus});
+                          {.matmul = cfg.bf16.enabled ? DType::bf16 : DType::fp32,
+                           .cpus = compute_cpus,
+                           .workspace_bytes = opts.ops_workspace_bytes,
+                           .deterministic_attention = cfg.strata.deterministic_attention});
   act = ops->caps().activation;
+  // Note [Cores]: on the host backend with cores of the optimizer's own, the copies run there too.
+  const std::vector<int> copy_cpus =
+      dev->caps().backend == BackendKind::host && !compute_cpus.empty() && cfg.strata.cpu_optim.pin_threads
+          ? optimizer_cpus
+          : std::vector<int>{};
+  gather_ops =
+      kernels::make_ops(*dev, *gather_stream, {.cpus = copy_cpus, .role = kernels::OpsRole::runtime});
+  grad_ops = kernels::make_ops(*dev, *grad_stream, {.cpus = copy_cpus, .role = kernels::OpsRole::runtime});
+  // NCCL connects its communicators lazily, at their first collective, taking device buffers then: one
+  // small collective on each before the capacity is read (a few bytes, all ranks in the same order).
+  if (world > 1) warm_up_communicators();
+  dev->measure_capacity();
   // Note [Cores]: with strata.cpu_optim.cores the optimizer has that many threads on its own cpus.
   opt = std::make_unique<cpu_optim::Optimizer>(cpu_optim::Options{
       .simd = cfg.strata.cpu_optim.simd,
@@ -145,19 +172,6 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   po.max_live_numel = z.stage3_max_live_parameters;
   po.max_reuse_distance = z.stage3_max_reuse_distance;
   pf = std::make_unique<prefetch::Prefetcher>(*this, po);
-  gather_stream = dev->create_stream("zero3-gather");
-  // Note [Cores]: on the host backend with cores of the optimizer's own, the copies run there too.
-  const std::vector<int> copy_cpus =
-      dev->caps().backend == BackendKind::host && !compute_cpus.empty() && cfg.strata.cpu_optim.pin_threads
-          ? optimizer_cpus
-          : std::vector<int>{};
-  gather_ops = kernels::make_ops(*dev, *gather_stream, {.cpus = copy_cpus});
-  grad_stream = dev->create_stream("zero3-grads");
-  if (world > 1) {  // collective: every rank dups in this order
-    gather_comm = comm->dup();
-    grad_comm = comm->dup();
-    grad_ops = kernels::make_ops(*dev, *grad_stream, {.cpus = copy_cpus});
-  }
   if (!copy_cpus.empty())
     for (Stream* st : {gather_stream.get(), grad_stream.get()})
       st->host_fn([copy_cpus] {  // the stream's one thread, from its first piece of work on
@@ -196,6 +210,15 @@ void Engine::Impl::plan_memory() {
   PlanInput in = plan_input(cfg, layout, mcfg.tie_embeddings, world, comm->rank(), act);
   planned_seq_len = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
   in.device_state_by_ops = by_ops;
+  // The compute interface's scratch for the model's shapes and the engine's own reductions (the longest
+  // shard), taken now so that the ops never grow it during a step; then what every Ops holds (Note
+  // [Ops device memory] in kernels/ops.h).
+  kernels::OpShapes shapes =
+      model::LlamaModel::op_shapes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len);
+  for (const PlannedChunk& c : in.chunks)
+    shapes.reduce_numel = std::max<std::size_t>(shapes.reduce_numel, c.shard.numel);
+  ops->reserve_scratch(ops->scratch_bytes(shapes));
+  in.ops = ops->device_bytes() + gather_ops->device_bytes() + grad_ops->device_bytes();
   in.device_capacity = dev->caps().capacity;
   const auto activations = [&](bool ckpt) {
     return model::LlamaModel::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len,
@@ -224,6 +247,7 @@ void Engine::Impl::plan_memory() {
   }
   plan = p.memory;
   plan.checkpoint_activations = ckpt;
+  plan.device_headroom = dev->caps().reserved;
   plan.device_activations_checkpointed = with_ckpt;
   plan.device_activations_all = without;
   slots.resize(in.chunks.size());
@@ -237,7 +261,10 @@ void Engine::Impl::plan_memory() {
     s.gather_block = p.gather_block[i];
     s.grad_block = p.grad_block[i];
     s.h = in.homes_of(in.chunks[i]);
+    s.accumulate = p.accumulate[i] != 0;
   }
+  handoffs_expected.assign(slots.size(), 0);
+  handoffs_seen.assign(slots.size(), 0);
   groups = std::move(in.groups);
   if (plan.device_optimizer_groups > 0 && comm->rank() == 0)
     STRATA_LOG_INFO(
@@ -299,6 +326,18 @@ void Engine::Impl::plan_cores() {
                                                compute_cpus.size() == 1 ? "" : "s"));
 }
 
+void Engine::Impl::warm_up_communicators() {
+  DeviceBuffer b(*dev, 2 * std::size_t(world) * sizeof(float), "communicator warm-up");
+  float* p = static_cast<float*>(b.data());
+  compute_stream->memset_async(p, 0, b.size());
+  compute_stream->synchronize();
+  gather_comm->all_gather(p + comm->rank(), p, 1, DType::fp32, gather_stream.get());
+  grad_comm->reduce_scatter(p, p + comm->rank(), 1, DType::fp32, comm::ReduceOp::sum, grad_stream.get());
+  grad_comm->all_reduce(p, p, 1, DType::fp32, comm::ReduceOp::sum, grad_stream.get());  // stage 1's
+  gather_stream->synchronize();
+  grad_stream->synchronize();
+}
+
 std::uint64_t Engine::Impl::host_need() const {
   const DeviceCaps& caps = dev->caps();
   return plan.pinned_state + plan.pinned_staging +
@@ -357,9 +396,11 @@ void Engine::Impl::check_fits() const {
         " of state (offload_param.device = ", offload_name(z.offload_param.device),
         ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ") and a working set of ",
         format_size(plan.device_working_set), " (the largest chunk gathered in ", dtype_name(act),
-        " with its fp32 gradient buffer), and ", format_size(plan.device_activations),
+        " with its fp32 gradient buffer), ", format_size(plan.device_activations),
         " of activations for a micro-batch of ", cfg.train_micro_batch_size_per_gpu, " x ", planned_seq_len,
-        " tokens — and the device has ", format_size(caps.capacity), " (", caps.name, "). To fit, ", todo,
+        " tokens and ", format_size(plan.device_ops),
+        " of the compute interface's workspace and scratch — and the device has ", format_size(caps.capacity),
+        " (", caps.name, "). To fit, ", todo,
         "lower train_micro_batch_size_per_gpu or the sequence length (--seq-len), "
         "or raise strata.device_memory_cap (--device-memory-cap) to at least ",
         need, " bytes (docs/train.md, \"Device memory\")"));
@@ -420,8 +461,9 @@ void Engine::Impl::open_tiers() {
   }
   tiering::TierOptions to;
   to.pinned_budget = plan.pinned_budget;
-  // The model allocates its activations from the device beside the pool: the pool gets the rest.
-  to.device_budget = dev->caps().capacity - plan.device_activations;
+  // The model allocates its activations, and the compute interface its workspace and scratch, from the
+  // device beside the pool: the pool gets the rest.
+  to.device_budget = dev->caps().capacity - plan.device_activations - plan.device_ops;
   tm = std::make_unique<tiering::TierManager>(*dev, to, swap.get());
   if (!cfg.strata.memprof.path.empty())
     trace = std::make_unique<tiering::TraceWriter>(
@@ -529,6 +571,16 @@ void Engine::Impl::init_chunks() {
                                      .shard = -1});
     tm->pin(s.gathered);
     tm->pin(s.gradbuf);
+    if (s.accumulate) {  // its device accumulator (Note [Gradients off the device]), a block while live
+      s.accbuf = tm->register_tensor({.name = s.name + ".grad_acc",
+                                      .kind = tiering::Kind::grad,
+                                      .dtype = DType::fp32,
+                                      .bytes = s.shard.numel * sizeof(float),
+                                      .home = Tier::device,
+                                      .chunk = s.id,
+                                      .shard = -1});  // transient, as the gradient buffer
+      tm->pin(s.accbuf);
+    }
   }
   if (by_ops &&
       std::any_of(slots.begin(), slots.end(), [](const ChunkSlot& s) { return s.h.grad == Tier::device; })) {
@@ -589,16 +641,19 @@ void Engine::release_grads(int id) {
   impl_->release_grads(id);
 }
 StepResult Engine::step() {
+  impl_->dev->bind_thread();  // Note [thread device] in core/device.h: whichever thread calls
   return impl_->step();
 }
 std::string Engine::save_checkpoint(const std::string& dir, const nlohmann::json& client_state,
                                     const model::DataLoader* data, const std::string& tag) {
+  impl_->dev->bind_thread();
   impl_->overlap_settle(-1);   // the last step's updates left to the worker
   impl_->overlap_undo(false);  // the state as of the last step (a later step redoes the updates)
   return impl_->save(dir, client_state, data, tag);
 }
 nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string& tag,
                                        model::DataLoader* data) {
+  impl_->dev->bind_thread();
   impl_->overlap_settle(-1);
   impl_->overlap_undo(false);
   return impl_->load(dir, tag, data);

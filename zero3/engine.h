@@ -19,7 +19,8 @@
 // Where each tensor of a chunk's shard lives (DESIGN.md §2), from zero_optimization:
 //   working params  offload_param none: device | cpu: pinned host | nvme: NVMe (up to max_in_cpu elements
 //                   cached in pinned host memory)
-//   fp32 gradient   offload_optimizer none: device | cpu, nvme: pinned host
+//   fp32 gradient   offload_optimizer none: device | cpu, nvme: pinned host (summed on the device across a
+//                   step's micro-batches where the plan has room: MemoryPlan.device_accumulators)
 //   fp32 master, optimizer states   offload_optimizer none: device | cpu: pinned host | nvme: NVMe
 // The working dtype is bf16 (bf16.enabled), fp16 (fp16.enabled) or fp32 (neither).
 //
@@ -28,10 +29,14 @@
 // and gradients — and orders them by events, never by synchronising the device in the steady state. A
 // gather is one cast on the gather stream from the working params (device or pinned memory; an NVMe home
 // is read into pinned memory first) into the chunk's gathered block, in the ops' activation dtype; acquire
-// waits for its `ready` event. release records the compute stream's last use, and the gathered block is
-// freed after it. A gradient buffer is zeroed on the compute stream; release_grads either adds it into a
-// device-home shard on the compute stream or has the gradient stream wait for the compute stream and copy
-// it off the device (into pinned staging, then a host add, when the shard already holds gradients). The
+// makes the compute stream wait for its `ready` event (the host waits only for a gather from NVMe, whose
+// read it must see land). release records the compute stream's last use, and the gathered block is freed
+// after it. A gradient buffer is zeroed on the compute stream; release_grads either adds it into a
+// device-home shard on the compute stream or has the gradient stream wait for the compute stream and take
+// it: into the chunk's device accumulator when the plan gave it one (crossing to host memory once a step),
+// else off the device (into pinned staging, then a host add, when the shard already holds gradients). The
+// model's backward returns without waiting for its ops (ChunkProvider::orders_grads_by_stream); the host
+// waits where it reads: the forward's loss, and step(). The
 // device memory cap counts everything on the device: state, gathered chunks, gradient buffers and the
 // model's activations (MemoryPlan; docs/train.md, "Device memory"). State at home on the device is still
 // initialised and stepped through its address, so with it the engine needs a host-addressable device.
@@ -85,6 +90,14 @@ struct EngineOptions {
   // the compute interface's ops, the device optimizer among them — exactly as on cuda. For tests of that
   // path without a GPU; a device whose memory the CPU cannot address always takes it.
   bool device_state_by_ops = false;
+  // The compute interface's matrix-product workspace (kernels::OpsOptions::workspace_bytes): no value,
+  // the implementation's own (cuda: cuBLASLt's 32 MiB; the CPU: none). Tests give the host backend's CPU
+  // ops one, so that the plan is held to every device byte an implementation takes without a GPU.
+  std::optional<std::size_t> ops_workspace_bytes = std::nullopt;
+  // Tests only: the host backend refuses a device call from a thread not bound to the device (core/device.h,
+  // Note [thread device]; DeviceOptions::check_thread_device), so that a thread of the engine's that
+  // would touch another rank's GPU on cuda is found without one. Use a strata.device other than 0.
+  bool check_thread_device = false;
   // The ranks to train over (not owned; the engine dup()s it for its streams). Null: the launcher's
   // (comm::make_communicator: MPI or NCCL under mpirun, else a single rank). Its world size must be the
   // config's world_size.
@@ -124,10 +137,17 @@ struct StepResult {
 // The engine's own transfers (the tier manager counts its moves separately, tiers().snapshot().moves).
 // COUNT / SUM since construction.
 struct TransferStats {
-  std::uint64_t gathers = 0;        // COUNT of chunks made resident on the device
-  std::uint64_t gather_bytes = 0;   // SUM of working-param bytes read for them (the host-to-device traffic)
+  std::uint64_t gathers = 0;       // COUNT of chunks made resident on the device
+  std::uint64_t gather_bytes = 0;  // SUM of working-param bytes read for them (the host-to-device traffic)
+  // COUNT of acquires whose gather the training thread waited for on the host: only gathers from an NVMe
+  // home (the host must see the read land); the others the compute stream waits for (Note [Gather]).
+  std::uint64_t gather_host_waits = 0;
   std::uint64_t grad_handoffs = 0;  // COUNT of gradient buffers handed to their fp32 shard
-  std::uint64_t grad_bytes = 0;     // SUM of their bytes (device-to-host when the shard is in host memory)
+  std::uint64_t grad_bytes = 0;     // SUM of their (shard) bytes
+  // COUNT and SUM of fp32 gradient shards copied off the device into host memory: one a hand-off, or one
+  // a step for a chunk the plan lets accumulate on the device (Note [Gradients off the device]).
+  std::uint64_t grad_offloads = 0;
+  std::uint64_t grad_offload_bytes = 0;
 };
 
 // The optimizer overlapped with backward (Note [Optimizer overlap] in zero3/engine_overlap.cpp). COUNT /
@@ -173,6 +193,9 @@ class Engine final : public model::ChunkProvider {
   void release_grads(int id) override;
   // The working params (what the model computes with), widened to fp32 from their home tier.
   void read_params(int id, float* out) override;
+  // Gradient hand-offs wait for the model's ops on the device's streams (Note [Device work in stream
+  // order]): the model's backward does not wait for its stream.
+  bool orders_grads_by_stream() const override { return true; }
 
   // ---- training ----
   // One micro-batch: forward and backward (loss scaled by the loss scale / accumulation steps).

@@ -22,16 +22,30 @@
 //   3. on the gather stream: a host function waits for that read (NVMe only), then the compute
 //      interface casts the source into the gathered block in the ops' activation dtype, and the stream
 //      records the chunk's `ready` event.
-// acquire() waits on `ready` (through the prefetcher, which counts the wait). A failed read is stored in
-// the slot and raised by the acquire that waits for it.
+// acquire() makes the compute stream wait on `ready` (through the prefetcher, which counts the chunk as
+// late): the host does not wait, so the model's ops for the chunk are enqueued while its gather runs. A
+// gather from an NVMe home is the exception: the host waits for it, since it must know the read landed
+// (a failed read is stored in the slot and raised by that acquire) before it unpins the pinned copy.
 //
 // Note [Gradients off the device]: the model adds each chunk's gradients into a buffer zeroed on the
 // compute stream (acquire_grads). release_grads hands that buffer to the chunk's fp32 gradient shard:
 // copied when the shard is still empty this step, added element by element otherwise — the same
 // arithmetic whether the shard is on the device (on the compute stream, after the model's ops) or in
 // pinned host memory (the gradient stream waits for the compute stream, copies the buffer off the device,
-// through pinned staging and a host add when accumulating; a failure surfaces at sync_grads). The buffer
-// is freed after the stream that read it last.
+// through pinned staging and a host add — on the CPU optimizer's threads — when accumulating; a failure
+// surfaces at sync_grads). The buffer is freed after the stream that read it last.
+//
+// With several micro-batches a step that would cross the host link once per micro-batch and chunk. Where
+// the plan has room (MemoryPlan.device_accumulators, zero3/placement.cpp) a chunk gets a device
+// accumulator of its shard's size instead: its first hand-off of the step copies the buffer into it and
+// later ones add, on the gradient stream — the same copy-then-add sequence in the same order, so the same
+// bits — and the accumulator crosses into the (still empty) pinned shard once, at the chunk's final
+// hand-off of the step: in the step's last backward, its n-th hand-off where the last complete backward
+// made n (handoffs_expected; the optimizer overlap starts its update there too). A chunk whose final
+// hand-off cannot be told (the first step) crosses when that backward ends, and one still accumulating
+// when step() comes early crosses then. A hand-off after the crossing (a backward shaped differently)
+// takes the host path above, adding to what crossed: the sum is still the same sequence of fp32 adds.
+// The accumulator is a device block from the first hand-off to the crossing.
 //
 // Note [Ranks]: with N ranks (stage 3) rank r holds slice r of every chunk. A gather casts the local
 // shard into its place in the gathered block and all-gathers the rest in place on the gather stream; a
@@ -201,6 +215,7 @@ bool Engine::Impl::start_fetch(int c, bool demand) {
   gather_ops->cast(kernels::Tensor{mine, act, n}, kernels::Tensor{const_cast<void*>(src), wd, n});
   if (world > 1 && !replicated) gather_comm->all_gather(mine, s.gptr, n, act, gather_stream.get());
   gather_stream->record(*s.ready);
+  s.reader = s.ready.get();
   s.g = ChunkSlot::Gather::in_flight;
   ++transfers.gathers;
   transfers.gather_bytes += n * wd_bytes();
@@ -248,16 +263,26 @@ void Engine::Impl::wait_fetch(int c) {
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.g == ChunkSlot::Gather::in_flight, "zero3: wait for chunk ", s.name,
                " with no gather in flight");
-  s.ready->synchronize();
+  // Note [Gather]: the compute stream waits for the gather; the host waits only where it reads, for a
+  // gather from an NVMe home (its read's outcome, and the pinned copy it unpins).
+  if (s.pins_param) {
+    s.ready->synchronize();
+    ++transfers.gather_host_waits;
+  } else {
+    compute_stream->wait(*s.ready);
+  }
   finish_fetch(s);
 }
 
 void Engine::Impl::drop_gathered(ChunkSlot& s) {
-  if (s.g == ChunkSlot::Gather::in_flight) s.ready->synchronize(), finish_fetch(s);
-  // Never marked valid on the device (nothing moves it), so this frees the block without a copy — once
-  // the compute stream has run the ops that read it (enqueued before its release).
-  if (s.gptr) tm->evict(s.gathered, Tier::device, Tier::pinned, s.computed.get());
+  // A gather from NVMe still in flight holds a read buffer and a pin: the host settles it first.
+  if (s.g == ChunkSlot::Gather::in_flight && s.pins_param) s.ready->synchronize(), finish_fetch(s);
+  // Never marked valid on the device (nothing moves it), so this frees the block without a copy — once its
+  // last reader is done: the compute stream's ops enqueued before its release (which waited for the
+  // gather), or the gather itself when no acquire came.
+  if (s.gptr) tm->evict(s.gathered, Tier::device, Tier::pinned, s.reader);
   s.gptr = nullptr;
+  s.reader = nullptr;
   s.g = ChunkSlot::Gather::absent;
 }
 
@@ -303,7 +328,7 @@ void Engine::Impl::release(int c) {
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.g == ChunkSlot::Gather::held, "zero3: chunk ", s.name, " released but not held");
   s.g = ChunkSlot::Gather::ready;
-  computed(s);  // the last op reading the gathered copy: drop_gathered frees the block after it
+  s.reader = &computed(s);  // the last op reading the gathered copy: drop_gathered frees the block after it
   const bool keep = in_pass && (s.persistent || pf->keep_after_release(c)) &&
                     live_numel() <= cfg.zero_optimization.stage3_max_live_parameters;
   if (!keep) {
@@ -348,11 +373,14 @@ void Engine::Impl::release_grads(int c) {
   s.grads_fresh = false;
   ++transfers.grad_handoffs;
   transfers.grad_bytes += n * sizeof(float);
+  ++handoffs_seen[std::size_t(c)];
+  const bool final = final_handoff(s);
+  const kernels::Tensor from{const_cast<float*>(src), DType::fp32, n};
   if (s.h.grad == Tier::device) {
     // Copied into the empty shard or added to it: with one rank on the compute stream after the model's
     // ops; with N on the gradient stream after the reduce-scatter. The block is freed after that stream.
     kernels::Ops& o = world > 1 ? *grad_ops : *ops;
-    const kernels::Tensor to{s.grad, DType::fp32, n}, from{const_cast<float*>(src), DType::fp32, n};
+    const kernels::Tensor to{s.grad, DType::fp32, n};
     if (fresh)
       o.cast(to, from);
     else
@@ -367,28 +395,65 @@ void Engine::Impl::release_grads(int c) {
     }
     tm->evict(s.gradbuf, Tier::device, Tier::pinned, after);  // frees the block (never valid: no copy)
   } else {
-    // The gradient stream waits for the model's ops, then copies the buffer off the device: straight
-    // into the pinned shard when it is empty this step, else into pinned staging and adds it on the host
-    // (the same arithmetic as the device-home path: a copy, or one fp32 add per element).
     if (world == 1) grad_stream->wait(computed(s));
-    float* dst = s.grad;
-    if (fresh) {
-      grad_stream->copy_async(dst, src, n * sizeof(float), CopyKind::device_to_host);
+    if (s.accumulate && (s.acc || (fresh && !final))) {
+      // Summed on the device (the same copy-then-add as below), and across to the shard once, at the
+      // chunk's final hand-off of the step (or when the step's last backward ends).
+      const kernels::Tensor acc_t{s.acc, DType::fp32, n};
+      if (s.acc) {
+        grad_ops->add(acc_t, from);
+      } else {
+        s.acc = static_cast<float*>(device_alloc(s.accbuf, true));
+        grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, n}, from);
+      }
+      if (final) flush_accumulator(s);
     } else {
-      float* staged = static_cast<float*>(grad_staging.data());
-      grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
-      grad_stream->host_fn([dst, staged, n] { add_into(dst, staged, n); });
+      // The gradient stream copies the buffer off the device: straight into the pinned shard when it is
+      // empty this step, else into pinned staging and adds it on the host on the CPU optimizer's threads
+      // (the same arithmetic as the device-home path: a copy, or one fp32 add per element).
+      float* dst = s.grad;
+      if (fresh) {
+        grad_stream->copy_async(dst, src, n * sizeof(float), CopyKind::device_to_host);
+      } else {
+        float* staged = static_cast<float*>(grad_staging.data());
+        grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
+        grad_stream->host_fn([this, dst, staged, n] { add_on_host(dst, staged, n); });
+      }
+      ++transfers.grad_offloads;
+      transfers.grad_offload_bytes += n * sizeof(float);
     }
     if (!s.handed_off) s.handed_off = dev->create_event();
     grad_stream->record(*s.handed_off);
-    tm->evict(s.gradbuf, Tier::device, Tier::pinned, s.handed_off.get());  // reused once the copy is done
+    tm->evict(s.gradbuf, Tier::device, Tier::pinned, s.handed_off.get());  // reused once read
   }
   s.gbuf = nullptr;
   // The stream the hand-off ends on: the gradient stream, or the compute stream for one rank's device home.
   overlap_handed_off(s, s.h.grad == Tier::device && world == 1 ? *compute_stream : *grad_stream);
 }
 
+void Engine::Impl::flush_accumulator(ChunkSlot& s) {
+  const std::size_t n = s.shard.numel;
+  grad_stream->copy_async(s.grad, s.acc, n * sizeof(float), CopyKind::device_to_host);
+  if (!s.handed_off) s.handed_off = dev->create_event();
+  grad_stream->record(*s.handed_off);
+  tm->evict(s.accbuf, Tier::device, Tier::pinned, s.handed_off.get());  // frees the block after the copy
+  s.acc = nullptr;
+  ++transfers.grad_offloads;
+  transfers.grad_offload_bytes += n * sizeof(float);
+}
+
+void Engine::Impl::flush_accumulators() {
+  for (ChunkSlot& s : slots)
+    if (s.acc) flush_accumulator(s);
+}
+
+void Engine::Impl::add_on_host(float* dst, const float* src, std::size_t n) {
+  opt->for_each_range(n,
+                      [dst, src](std::size_t i0, std::size_t i1) { add_into(dst + i0, src + i0, i1 - i0); });
+}
+
 void Engine::Impl::sync_grads() {
+  flush_accumulators();  // a step before the configured micro-batches were all made
   const WaitTimer t0(*compute_stream);
   compute_stream->synchronize();  // gradients at home on the device are added there
   grad_stream->synchronize();     // raises a failed copy or add of the gradient stream

@@ -81,6 +81,7 @@ struct ChunkSlot {
   tiering::TensorId gathered = 0;
   void* gptr = nullptr;               // (numel) in the ops' activation dtype (act)
   std::unique_ptr<Event> ready;       // recorded on the gather stream after the widening pass
+  const Event* reader = nullptr;      // the last work reading the gathered block: `ready` or `computed`
   std::unique_ptr<Event> computed;    // the compute stream's work so far on this chunk (computed())
   std::unique_ptr<Event> handed_off;  // the gradient stream's copy of the gradient buffer
   std::exception_ptr error;           // set by that pass before `ready` completes
@@ -91,7 +92,13 @@ struct ChunkSlot {
   // The gradient buffer handed to the model (device, fp32, numel), between acquire_grads and release.
   tiering::TensorId gradbuf = 0;
   float* gbuf = nullptr;    // non-null while handed out
-  bool grads_fresh = true;  // the fp32 gradient shard holds nothing yet this step
+  bool grads_fresh = true;  // no gradient has reached this chunk yet this step
+  // The plan gave the chunk a device accumulator (Note [Gradients off the device]): its micro-batches'
+  // gradients are summed on the device and cross to the shard once per step. `acc` (shard.numel fp32,
+  // device) is live from the step's first hand-off to its flush; while it is, the shard holds nothing.
+  bool accumulate = false;
+  tiering::TensorId accbuf = 0;
+  float* acc = nullptr;
 
   cpu_optim::ShardStep opt;
 };
@@ -108,8 +115,7 @@ struct OptimizerOverlap {
   std::vector<char> eligible;           // per chunk
   std::vector<std::size_t> backup_at;   // per chunk (eligible chunks only)
   std::unique_ptr<std::byte[]> backup;  // plan.overlap_host bytes
-  // The pass: gradient hand-offs of each chunk in the last complete backward (0: unknown) and in this one.
-  std::vector<int> expected, seen;
+  // The pass (hand-offs are counted by the engine: Impl::handoffs_expected, handoffs_seen).
   bool armed = false;  // this backward ends the step's accumulation: final hand-offs start updates
   // The last applied step clipped: the next one probably will too, so it is not updated early.
   bool last_clipped = false;
@@ -161,6 +167,9 @@ struct Engine::Impl final : prefetch::FetchTarget {
   // The rank's cpus, split between the CPU optimizer and the host backend's compute (Note [Cores]).
   void plan_cores();
   std::vector<int> compute_cpus, optimizer_cpus;
+  // One collective on each stream's communicator, so that NCCL has made its connections (and taken their
+  // device memory) before measure_capacity (Note [Device memory outside the pool] in engine.cpp).
+  void warm_up_communicators();
   void plan_memory();
   // offload_optimizer.ratio "auto": how many sub-groups keep the optimizer on the device (plan_memory;
   // `in` planned with none there). Note [Offload ratio].
@@ -212,7 +221,24 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void release(int c);
   float* acquire_grads(int c);
   void release_grads(int c);
+  // Copies a live device accumulator into its (empty) pinned shard on the gradient stream and frees it
+  // after the copy; flush_accumulators does so for every live one (the end of the step's last backward,
+  // and step()).
+  void flush_accumulator(ChunkSlot& s);
+  void flush_accumulators();
+  // dst += src (fp32, one add per element) on the CPU optimizer's threads: the gradient stream's add of a
+  // staged gradient into a pinned shard.
+  void add_on_host(float* dst, const float* src, std::size_t n);
   void sync_grads();
+  // Gradient hand-offs per chunk in the last complete backward (0: unknown) and in this one: a chunk's
+  // hand-off is final in the step's last backward when it is its expected-th (Note [Gradients off the
+  // device]; the optimizer overlap starts updates there too).
+  std::vector<int> handoffs_expected, handoffs_seen;
+  bool last_micro = true;  // the backward in progress ends the step's accumulation
+  bool final_handoff(const ChunkSlot& s) const {
+    const int e = handoffs_expected[std::size_t(s.id)];
+    return last_micro && e > 0 && handoffs_seen[std::size_t(s.id)] == e;
+  }
   // Records the compute stream's work enqueued so far into s.computed and returns it. Waits and frees made
   // after it take that point (an event's later records do not move them).
   Event& computed(ChunkSlot& s);
@@ -355,14 +381,17 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void* my_params(const ChunkSlot& s) const {
     return static_cast<char*>(s.param_home) + param_offset(s) * dtype_bytes(wd);
   }
-  std::unique_ptr<kernels::Ops> grad_ops;  // world > 1: on grad_stream, the device-home gradient adds
   std::unique_ptr<nvme::AioEngine> aio;
   std::unique_ptr<nvme::SwapStore> swap;
   std::unique_ptr<tiering::TierManager> tm;
   std::unique_ptr<tiering::TraceWriter> trace;
+  // The streams, then the compute interface on each (declared after them: destroyed first, as an Ops
+  // waits for its stream's work when it goes). Only `ops` has the model role (the matrix products'
+  // workspace, the attention library's handle); the copy streams' are runtime-role (kernels/ops.h).
   std::unique_ptr<Stream> gather_stream, grad_stream, compute_stream;
   std::unique_ptr<kernels::Ops> ops;         // on compute_stream: the model's ops, gradient adds
   std::unique_ptr<kernels::Ops> gather_ops;  // on gather_stream: the gathers' casts
+  std::unique_ptr<kernels::Ops> grad_ops;    // on grad_stream: reduced and accumulated gradients
   DType act = DType::fp32;                   // the ops' activation dtype: gathered chunks hold it
   // State at home on the device is reached by stream work only (EngineOptions.device_state_by_ops, or a
   // device the CPU cannot address): the CPU never dereferences a device pointer.
@@ -373,7 +402,11 @@ struct Engine::Impl final : prefetch::FetchTarget {
   tiering::TensorId stats_id = 0;
   char* stats = nullptr;
   PinnedBuffer param_staging;
-  std::unique_ptr<Event> updated;  // the compute stream after the step's device updates
+  std::unique_ptr<Event> updated;       // the compute stream after the step's device updates
+  std::unique_ptr<Event> backward_end;  // the compute stream after the last backward's ops
+  // The model's backward returns with its ops still running (Note [Device work in stream order]); the
+  // next forward or step() waits for them first, counting the wait as backward's time (StepTimes).
+  void settle_backward();
   // Pinned staging for a gradient buffer on its way to a pinned shard that already holds gradients
   // (accumulation): copied off the device here, then added on the host. (padded_numel of the largest chunk)
   PinnedBuffer grad_staging;

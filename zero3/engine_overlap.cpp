@@ -158,8 +158,6 @@ void Engine::Impl::plan_overlap() {
   }));
   plan.overlap_host = total;
   o->backup = std::make_unique<std::byte[]>(total);
-  o->expected.assign(C, 0);
-  o->seen.assign(C, 0);
   o->state.assign(C, State::idle);
   o->copied.assign(C, 0);
   o->grad_stats.assign(C, {});
@@ -180,7 +178,6 @@ void Engine::Impl::overlap_begin_backward() {
   // A second backward ending the accumulation before step() (more micro-batches than configured): what
   // the first one updated is undone, and this one updates again with every gradient.
   overlap_undo(false);
-  std::fill(o.seen.begin(), o.seen.end(), 0);
   for (auto& st : o.grad_stats) st.ready = false;
   o.armed = micro_steps + 1 >= cfg.gradient_accumulation_steps;
   if (o.armed && o.last_clipped) {
@@ -197,22 +194,19 @@ void Engine::Impl::overlap_end_backward(bool ok) {
   if (!overlap) return;
   OptimizerOverlap& o = *overlap;
   o.armed = false;
-  if (ok)
-    o.expected = o.seen;
-  else
-    overlap_undo(false);
+  if (!ok) overlap_undo(false);
 }
 
 void Engine::Impl::overlap_handed_off(ChunkSlot& s, Stream& on) {
   if (!overlap) return;
   OptimizerOverlap& o = *overlap;
   const std::size_t c = std::size_t(s.id);
-  const int seen = ++o.seen[c];
+  const int seen = handoffs_seen[c], expected = handoffs_expected[c];  // this one counted
   // Chunks the optimizer does not update here still get their gradient statistics taken early, where the
   // CPU reduces their gradients.
   const bool stats_only = !o.eligible[c] && !(by_ops && s.h.grad == Tier::device);
-  if (!o.armed || !(o.eligible[c] || stats_only) || o.expected[c] == 0) return;
-  if (seen > o.expected[c]) {
+  if (!o.armed || !(o.eligible[c] || stats_only) || expected == 0) return;
+  if (seen > expected) {
     // More hand-offs than the last backward made: this pass has another shape, and the chunk's update
     // was made too early. Undo them all; this step updates after backward.
     STRATA_LOG_DEBUG("zero3: chunk ", s.name, " got gradients after its update; the step waits");
@@ -220,7 +214,7 @@ void Engine::Impl::overlap_handed_off(ChunkSlot& s, Stream& on) {
     o.armed = false;
     return;
   }
-  if (seen < o.expected[c]) return;
+  if (seen < expected) return;
   on.record(*o.final_grads[c]);
   {
     std::lock_guard<std::mutex> lk(o.mu);
@@ -234,6 +228,13 @@ void Engine::Impl::overlap_handed_off(ChunkSlot& s, Stream& on) {
 
 void Engine::Impl::overlap_worker() {
   OptimizerOverlap& o = *overlap;
+  // Its updates write device homes and wait for events (Note [thread device] in core/device.h).
+  try {
+    dev->bind_thread();
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(o.mu);
+    if (!o.error) o.error = std::current_exception();
+  }
   // With cores of its own (Note [Cores] in engine.cpp) the worker's copies run there too, not on the
   // model's cpus.
   if (cfg.strata.cpu_optim.cores > 0 && cfg.strata.cpu_optim.pin_threads) {

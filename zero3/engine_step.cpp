@@ -279,7 +279,7 @@ void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
       std::copy(b.begin(), b.end(), mine.begin() + std::ptrdiff_t(i * per_shard));
     }
     std::vector<double> all(mine.size() * std::size_t(world));
-    comm->all_gather(mine.data(), all.data(), mine.size() * sizeof(double), DType::u8, nullptr);
+    comm->host_all_gather(mine.data(), all.data(), mine.size() * sizeof(double));  // host memory
     for (std::size_t i = 0; i < slots.size(); ++i) {
       if (slots[i].grads_fresh || on_device(slots[i])) continue;
       const std::size_t blocks =
@@ -316,9 +316,17 @@ void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
   for (ChunkSlot& s : slots) s.grads_fresh = false;
 }
 
+void Engine::Impl::settle_backward() {
+  if (!backward_end || backward_end->query()) return;
+  const auto t0 = Clock::now();
+  backward_end->synchronize();
+  times.backward += seconds_since(t0);
+}
+
 StepResult Engine::Impl::step() {
   STRATA_CHECK(!in_pass, "zero3: step() inside a forward/backward pass");
-  const auto t0 = Clock::now();
+  settle_backward();
+  const auto t1 = Clock::now();
   try {
     sync_grads();
   } catch (...) {
@@ -331,7 +339,9 @@ StepResult Engine::Impl::step() {
     overlap_wait();      // the updates made during backward (Note [Optimizer overlap] in engine_overlap.cpp)
     times.wait += tw.idle_seconds();
   }
-  if (by_ops) gather_stream->synchronize();  // no gather still reads a device home the update writes
+  // No gather still reads the working params the update writes (the compute stream, not the host, waited
+  // for the gathers it used; one prefetched but not used may still be running).
+  gather_stream->synchronize();
   tm->set_step(global_step + 1, tiering::Phase::optimizer);
 
   // Global norm and overflow, chunk by chunk in a fixed order.
@@ -461,7 +471,7 @@ StepResult Engine::Impl::step() {
   for (ChunkSlot& s : slots) s.grads_fresh = true;
   ++global_step;
 
-  times.optimizer += seconds_since(t0);
+  times.optimizer += seconds_since(t1);
   r.step = global_step;
   r.applied = applied;
   // Every rank's micro-batches: the mean of world x micro_steps losses, and their tokens.
@@ -483,10 +493,13 @@ StepResult Engine::Impl::step() {
 void Engine::begin_pass() {
   Impl& im = *impl_;
   STRATA_CHECK(!im.in_pass, "zero3: begin_pass inside a pass");
+  im.dev->bind_thread();   // Note [thread device] in core/device.h: whichever thread trains
   im.overlap_undo(false);  // a forward before step() sees the params of the last step
   im.tm->set_step(im.global_step + 1, tiering::Phase::forward);
   im.in_pass = true;
-  im.pf->begin_pass();
+  // Another micro-batch of this step follows: its pass uses the same parameters, so chunks may stay
+  // gathered from one to the next where the cache has room (Note [Reuse across passes] in prefetch.h).
+  im.pf->begin_pass(im.micro_steps + 1 < im.cfg.gradient_accumulation_steps);
 }
 
 void Engine::end_pass() {
@@ -501,6 +514,7 @@ float Engine::forward(model::LlamaModel& model, const std::int32_t* inputs, cons
   Impl& im = *impl_;
   STRATA_CHECK(!im.forward_open, "zero3: forward while the last forward's backward is pending");
   begin_pass();
+  im.settle_backward();
   try {
     const auto t0 = Clock::now();
     im.forward_loss = model.forward(*this, inputs, targets, B, T);
@@ -517,19 +531,28 @@ float Engine::forward(model::LlamaModel& model, const std::int32_t* inputs, cons
 void Engine::backward(model::LlamaModel& model) {
   Impl& im = *impl_;
   STRATA_CHECK(im.forward_open, "zero3: backward without a forward");
+  im.dev->bind_thread();
   im.forward_open = false;
   im.tm->set_step(im.global_step + 1, tiering::Phase::backward);
+  std::fill(im.handoffs_seen.begin(), im.handoffs_seen.end(), 0);
+  im.last_micro = im.micro_steps + 1 >= im.cfg.gradient_accumulation_steps;
   try {
     const auto t0 = Clock::now();
     im.overlap_begin_backward();
     // The mean over the step's micro-batches on every rank: the reduce-scatter sums the ranks'.
     model.backward(*this, float(im.scaler.scale() / (double(im.cfg.gradient_accumulation_steps) * im.world)));
+    // The step's last backward: what is still accumulating on the device crosses now (a chunk whose last
+    // hand-off was not known to be its last: the first step's).
+    if (im.last_micro) im.flush_accumulators();
+    if (!im.backward_end) im.backward_end = im.dev->create_event();
+    im.compute_stream->record(*im.backward_end);
     im.times.backward += seconds_since(t0);
   } catch (...) {
     im.overlap_end_backward(false);
     end_pass();
     throw;
   }
+  im.handoffs_expected = im.handoffs_seen;
   im.overlap_end_backward(true);
   end_pass();
   im.loss_sum += im.forward_loss;
@@ -572,6 +595,7 @@ StepResult Engine::train_batch(model::LlamaModel& model, model::DataLoader& data
 
 void Engine::read_params(int id, float* out) {
   Impl& im = *impl_;
+  im.dev->bind_thread();
   const ChunkSlot& s = im.slots.at(std::size_t(id));
   im.overlap_settle(-1);
   im.overlap_undo(false);  // the params of the last step
@@ -579,13 +603,14 @@ void Engine::read_params(int id, float* out) {
   im.gather_stream->synchronize();  // replicated params: the step's all-gather has landed
   const std::size_t n = im.param_numel(s), at = im.replicated ? 0 : s.shard.offset;
   im.with_host_copy(s.t.param, [&](const void* p) { model::convert_to_f32(im.wd, p, n, out + at); });
-  // The other ranks' shards, in place (collective: every rank reads the same chunk).
+  // The other ranks' shards, in place, in host memory (collective: every rank reads the same chunk).
   if (im.world > 1 && !im.replicated)
-    im.comm->all_gather(out + s.shard.offset, out, s.shard.numel, DType::fp32, nullptr);
+    im.comm->host_all_gather(out + s.shard.offset, out, s.shard.numel * sizeof(float));
 }
 
 std::vector<float> Engine::master_params(int id) {
   Impl& im = *impl_;
+  im.dev->bind_thread();
   const ChunkSlot& s = im.slots.at(std::size_t(id));
   im.overlap_settle(-1);
   im.overlap_undo(false);

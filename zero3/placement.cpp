@@ -63,6 +63,7 @@ PlanInput plan_input(const Config& cfg, const std::vector<ChunkSize>& chunks, in
       cfg.optimizer.type == OptimizerType::Adam || cfg.optimizer.type == OptimizerType::AdamW ? 2 : 1;
   in.working = cfg.bf16.enabled ? DType::bf16 : cfg.fp16.enabled ? DType::fp16 : DType::fp32;
   in.activation = activation;
+  in.accumulation_steps = int(std::max<std::int64_t>(1, cfg.gradient_accumulation_steps));
   for (const ChunkSize& cs : chunks) {
     PlannedChunk c;
     c.numel = cs.padded_numel;
@@ -162,10 +163,32 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   if (in.head >= 0 && in.embedding >= 0)
     m.device_working_set = std::max(m.device_working_set, held(in.head) + held(in.embedding));
   m.device_activations = in.activations;
+  m.device_ops = in.ops;
   // Per-chunk gradient squared norms and non-finite flags, 16 bytes a chunk, when the compute interface
   // reduces device-home gradients.
   if (in.device_state_by_ops && grads_on_device) m.device_state += block(in.chunks.size() * 16);
-  m.device_cache = in.device_capacity > m.device_need() ? in.device_capacity - m.device_need() : 0;
+  std::uint64_t room = in.device_capacity > m.device_need() ? in.device_capacity - m.device_need() : 0;
+  // Device accumulators (MemoryPlan.device_accumulators): chunk by chunk while the room above two of the
+  // largest gathered chunks holds them.
+  p.accumulate.assign(in.chunks.size(), 0);
+  p.accumulator_block.assign(in.chunks.size(), 0);
+  std::uint64_t two_chunks = 0, largest_gather = 0;
+  for (std::uint64_t b : p.gather_block) largest_gather = std::max(largest_gather, b);
+  two_chunks = 2 * largest_gather;
+  if (in.accumulation_steps > 1 && room > two_chunks) {
+    std::uint64_t spare = room - two_chunks;
+    for (std::size_t c = 0; c < in.chunks.size(); ++c) {
+      if (in.homes_of(in.chunks[c]).grad == Tier::device) continue;  // already there
+      const std::uint64_t b = block(in.chunks[c].shard.numel * sizeof(float));
+      p.accumulator_block[c] = b;
+      if (b > spare) continue;
+      p.accumulate[c] = 1;
+      spare -= b;
+      ++m.device_accumulators;
+      m.device_accumulator_bytes += b;
+    }
+  }
+  m.device_cache = room - m.device_accumulator_bytes;
 
   std::uint64_t staging = 0;
   if (homes.param == Tier::nvme) {

@@ -78,9 +78,26 @@ struct MemoryPlan {
   int device_optimizer_groups = 0;
   double offload_ratio = 1.0;
   std::uint64_t overlap_host = 0;
+  // The compute interface's own device memory (kernels/ops.h, Note [Ops device memory]): the matrix
+  // products' library workspace (cuda: cuBLASLt's, 32 MiB) and the ops' scratch, sized for the model's
+  // shapes. The device holds it beside the pool, as it does the activations.
+  std::uint64_t device_ops = 0;
+  // Gradients summed on the device across a step's micro-batches (Note [Gradients off the device] in
+  // zero3/engine_chunks.cpp): with gradient_accumulation_steps > 1 and the fp32 gradient shards in host
+  // memory, the chunks (in order) whose shard-sized fp32 accumulator fits the room above device_need(),
+  // keeping room for two of the largest gathered chunks in the cache. Their gradients cross to the host
+  // once per step instead of once per micro-batch. Taken from what would be the cache.
+  int device_accumulators = 0;
+  std::uint64_t device_accumulator_bytes = 0;
+  // Device memory kept outside the capacity for what allocates beside the runtime (cuda: the CUDA
+  // libraries' own allocations; the device's caps().reserved, Note [cuda device capacity]); 0 on the host
+  // backend. Shown, not part of device_need().
+  std::uint64_t device_headroom = 0;
   std::uint64_t total_state() const { return device_state + pinned_state + nvme_state; }
   // The smallest device capacity the step fits in.
-  std::uint64_t device_need() const { return device_state + device_working_set + device_activations; }
+  std::uint64_t device_need() const {
+    return device_state + device_working_set + device_activations + device_ops;
+  }
 };
 
 // Chunks are padded to a multiple of this many elements at `world` ranks: 64 for one rank; for N, shards
@@ -114,7 +131,9 @@ struct PlanInput {
   DType activation = DType::fp32;    // the dtype chunks are gathered in (the compute interface's)
   bool device_state_by_ops = false;  // device-home state stepped by the compute interface (stats tensor)
   std::uint64_t activations = 0;     // the model's device bytes for one micro-batch
+  std::uint64_t ops = 0;             // the compute interface's device bytes (MemoryPlan.device_ops)
   std::uint64_t device_capacity = 0;
+  int accumulation_steps = 1;  // gradient_accumulation_steps: > 1 lets gradients accumulate on the device
 };
 
 // Keeps the optimizer of the first `groups` sub-groups on the device (PlannedChunk.device_optimizer); 0
@@ -137,6 +156,10 @@ struct Plan {
   MemoryPlan memory;
   // Per chunk: device bytes (allocator blocks) of its gathered copy and of its fp32 gradient buffer.
   std::vector<std::uint64_t> gather_block, grad_block;
+  // Per chunk: whether its gradients accumulate on the device across micro-batches (MemoryPlan
+  // .device_accumulators), and the device bytes (allocator block) of that accumulator.
+  std::vector<char> accumulate;
+  std::vector<std::uint64_t> accumulator_block;
   std::uint64_t largest_shard = 0;
   std::uint64_t persistent_bytes = 0;  // gathered blocks of the persistent chunks
   int persistent_chunks = 0;

@@ -61,7 +61,8 @@ def test_backend_and_cap_arguments_override_the_config(config):
     config["strata"]["backend"] = "auto"
     engine = sup.new_engine(config, backend="host", device_memory_cap="32MiB")
     plan = engine.memory_plan
-    parts = ("device_state", "device_working_set", "device_activations", "device_cache")
+    parts = ("device_state", "device_working_set", "device_activations", "device_ops", "device_accumulator_bytes",
+             "device_cache")
     assert sum(plan[k] if isinstance(plan, dict) else getattr(plan, k) for k in parts) == 32 << 20
 
 

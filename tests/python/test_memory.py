@@ -6,7 +6,8 @@ import pytest
 import strata_support as sup
 
 CAP = 64 << 20  # strata.device_memory_cap of configs/demo_cpu.json
-PLAN_PARTS = ("device_state", "device_working_set", "device_activations", "device_cache")
+PLAN_PARTS = ("device_state", "device_working_set", "device_activations", "device_ops",
+              "device_accumulator_bytes", "device_cache")
 
 
 def plan_value(plan, key):
@@ -49,8 +50,8 @@ def test_there_is_no_nvme_without_nvme_offload(trained):
 
 
 def test_plan_parts_fill_the_device_cap(engine):
-    """memory_plan's state + working set + activations + chunk cache is the 64 MiB cap (the cache is what
-    the others leave)."""
+    """memory_plan's state + working set + activations + compute workspace + gradient accumulators + chunk
+    cache is the 64 MiB cap (the cache is what the others leave)."""
     plan = engine.memory_plan
     assert sum(plan_value(plan, k) for k in PLAN_PARTS) == CAP
 

@@ -1,57 +1,58 @@
 #!/usr/bin/env bash
-# Builds Strata here (cuda backend on) and gathers what a GPU machine needs to run the tests and
-# benchmarks into one folder: the executables, the non-system shared libraries they load (hwloc, oneTBB,
-# Highway, liburing, OpenBLAS, OpenMPI, ...), the test fixtures, and run.sh. The GPU machine needs only
-# the CUDA driver and a CUDA 13 runtime, cuBLAS, NCCL, NVRTC and cuDNN 9 (from /usr/local/cuda or the
-# nvidia-* Python wheels); those are too large to carry and are found there. See docs/gpu-bundle.md.
+# Builds Strata with the cuda backend and packs what a GPU machine needs to run the tests, the training
+# runs and the benchmarks into ONE archive of at most 48 MiB: the executables (stripped), the non-system
+# shared libraries they load (hwloc, oneTBB, Highway, liburing, libaio, OpenBLAS, oneDNN, OpenMPI, ...),
+# the data the tests read, and run.sh (scripts/bundle-run.sh). The GPU machine needs the NVIDIA driver and
+# CUDA 13's runtime, cuBLAS, NVRTC, NCCL and cuDNN 9, from /usr/local/cuda or the nvidia-* Python wheels:
+# those are too large to carry, and run.sh finds them. See docs/gpu-bundle.md.
 #
-# Usage: scripts/gpu-bundle.sh [OUT_DIR]     (default: bundle/)
+# Usage: scripts/gpu-bundle.sh [ARCHIVE]          (default: bundle/strata-gpu.tar.xz)
+#
+# BUILD_DIR: the build folder (default build-gpu/, configured here with -DSTRATA_CUDA=ON on first use). A
+# folder that is already configured, such as build/ (scripts/build.sh: the cuda backend when nvcc is
+# found), is built as it is configured, and must have the cuda backend.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/bundle}
+archive=${1:-$root/bundle/strata-gpu.tar.xz}
 build=${BUILD_DIR:-$root/build-gpu}
+jobs=${JOBS:-$(nproc)}
+limit_mib=48
 
 # The cuDNN frontend headers for the cuDNN attention path (a no-op once fetched; offline, the bundle is
 # built without that path and cmake says so).
 bash "$root/scripts/install-deps.sh" --cudnn-frontend
-BUILD_DIR=$build bash "$root/scripts/build.sh" -DSTRATA_CUDA=ON
-rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib"
+if [ -f "$build/CMakeCache.txt" ]; then
+  cmake --build "$build" --parallel "$jobs"
+else
+  # The Python package is not part of the bundle.
+  BUILD_DIR=$build bash "$root/scripts/build.sh" -DSTRATA_CUDA=ON -DSTRATA_PYTHON=OFF
+fi
+if ! readelf -d "$build/tools/strata" | grep -q 'libcudart'; then
+  echo "gpu-bundle: $build was built without the cuda backend (no nvcc when it was configured?);" \
+    "configure it with -DSTRATA_CUDA=ON or use another BUILD_DIR" >&2
+  exit 1
+fi
 
-# Executables: every test and bench binary, and the strata tool.
-mapfile -t exes < <(find "$build/tests" "$build/bench" "$build/tools" -type f -perm -u+x \
-                    ! -name '*.so*' ! -path '*/CMakeFiles/*' 2>/dev/null | sort)
-for e in "${exes[@]}"; do
-  if file -b "$e" | grep -q ELF; then cp "$e" "$out/bin/"; fi
-done
+stage=$build/bundle-stage
+rm -rf "$stage"
+mkdir -p "$stage/bin" "$stage/lib" "$stage/lib-fallback" "$stage/src"
 
-# Shared libraries: everything ldd resolves, except the C runtime (present on any Linux) and the CUDA
-# libraries (driver, runtime, cuBLAS, NCCL, NVRTC, cuDNN: found on the GPU machine; cuBLASLt alone is
-# ~500 MiB, cuDNN's engines as much). cuDNN's small dispatcher library (libcudnn.so.9) goes to
-# lib-fallback/, last on run.sh's search path: the machine's own cuDNN wins, and where it has none the
-# binaries still start, cuDNN fails to load its engines and attention falls back to kernels/cuda's kernel
-# (the cuDNN attention tests then fail, saying so).
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libcuda\.so|libcudart|libcublas|libcublasLt|libnccl|libnvidia|libnvrtc|libcudnn)'
-mkdir -p "$out/lib-fallback"
-for e in "$out"/bin/*; do
-  ldd "$e" | awk '/=> \// {print $1, $3}' | while read -r name path; do
-    if [[ $name =~ ^libcudnn\.so ]]; then
-      [ -e "$out/lib-fallback/$name" ] || cp -L "$path" "$out/lib-fallback/$name"
-    elif ! [[ $name =~ $skip ]] && [ ! -e "$out/lib/$name" ]; then
-      cp -L "$path" "$out/lib/$name"
-    fi
-  done
-done
+# --- executables ---------------------------------------------------------------------------------------------
+# Every test binary, every benchmark, strata and memprof. Left out: the helpers that only run as ranks
+# under mpirun (the bundle has no MPI launcher; docs/gpu-bundle.md) and the docs generator.
+leave_out=' comm_abort_helper ranks_failure strata_config_doc '
+while IFS= read -r e; do
+  name=$(basename "$e")
+  [[ $leave_out == *" $name "* ]] && continue
+  [ "$(head -c 4 "$e" | tail -c 3)" = ELF ] || continue  # executables, not scripts
+  cp "$e" "$stage/bin/$name"
+done < <(find "$build/tests" "$build/bench" "$build/tools" -type f -perm -u+x ! -name '*.so*' \
+           ! -path '*/CMakeFiles/*' 2>/dev/null | sort)
 
-# Test data the binaries read at run time.
-for d in tests/config/fixtures docs configs; do
-  if [ -d "$root/$d" ]; then mkdir -p "$out/src/$d" && cp -r "$root/$d/." "$out/src/$d/"; fi
-done
-
-# A tiny probe run.sh starts with: the CUDA driver and runtime versions and the devices, as CUDA sees them
-# (cudart linked statically, so it runs whatever runtime the machine has).
-cuda_home=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
-cat > "$build/cuda_probe.cpp" <<'PROBE'
+# A tiny probe run.sh starts with: the CUDA driver and runtime versions and the devices, as CUDA sees
+# them (cudart linked statically, so it runs whatever runtime the machine has).
+cuda_home=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")")}
+cat >"$build/cuda_probe.cpp" <<'PROBE'
 // Prints the CUDA driver and runtime versions and the visible devices; exit 1 when no device is usable.
 #include <cuda_runtime.h>
 #include <cstdio>
@@ -75,91 +76,139 @@ int main() {
   return n > 0 ? 0 : 1;
 }
 PROBE
-g++ -std=c++17 -O2 -I"$cuda_home/include" "$build/cuda_probe.cpp" -o "$out/bin/cuda_probe" \
+g++ -std=c++17 -O2 -I"$cuda_home/include" "$build/cuda_probe.cpp" -o "$stage/bin/cuda_probe" \
   -L"$cuda_home/lib64" -lcudart_static -ldl -lpthread -lrt
 
-cat > "$out/run.sh" <<'RUN'
-#!/usr/bin/env bash
-# Runs every bundled test binary (or the command given) on this machine with the bundled libraries, then
-# prints a pass/fail table. Exits non-zero when a test binary fails or when no CUDA test actually ran
-# (every cuda test skipped: no GPU, or a driver too old for the CUDA 13 runtime). See docs/gpu-bundle.md.
-# CUDA 13 runtime, cuBLAS, NCCL, NVRTC and cuDNN 9 come from /usr/local/cuda or the nvidia-* Python wheels.
-set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-cudalibs=/usr/local/cuda/lib64
-py=$(command -v python3 || true)
-if [ -n "$py" ]; then
-  wheels=$("$py" - <<'PY' 2>/dev/null
-import glob, os, site
-paths = []
-for s in site.getsitepackages():
-    paths += glob.glob(os.path.join(s, "nvidia", "*", "lib"))
-    paths += glob.glob(os.path.join(s, "nvidia", "cu13", "lib"))
-print(":".join(sorted(set(paths))))
-PY
-)
-  cudalibs="$cudalibs:$wheels"
-fi
-# lib-fallback/ last: cuDNN's dispatcher, used only where the machine has no cuDNN 9 of its own.
-export LD_LIBRARY_PATH="$here/lib:$cudalibs:${LD_LIBRARY_PATH:-}:$here/lib-fallback"
-export STRATA_SOURCE_DIR="$here/src"
-export STRATA_TEST_TMPDIR=${STRATA_TEST_TMPDIR:-/tmp/strata-test}
-mkdir -p "$STRATA_TEST_TMPDIR"
-if [ $# -gt 0 ]; then exec "$@"; fi
+# --- shared libraries ----------------------------------------------------------------------------------------
+# Everything ldd resolves, except the C library (every Linux has one), the C++ runtime (libstdc++,
+# libgcc_s: Debian 12's need glibc 2.35-2.36, newer than the binaries themselves; any machine that runs
+# PyTorch has its own, and run.sh checks its version) and the CUDA libraries (the GPU machine's:
+# cuBLASLt alone is ~500 MiB, cuDNN's engines as much). cuDNN's small dispatcher, libcudnn.so.9, goes to
+# lib-fallback/, last on run.sh's search path: the machine's own cuDNN wins; where it has none the
+# binaries still start and the cuDNN attention tests fail saying why.
+system='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libutil\.so|libresolv|libstdc\+\+|libgcc_s)'
+cuda='^(libcuda\.so|libcudart|libcublas|libcublasLt|libnccl|libnvidia|libnvrtc|libcudnn)'
+for e in "$stage"/bin/*; do
+  ldd "$e" | awk '/=> \// {print $1, $3}' | while read -r name path; do
+    if [[ $name =~ ^libcudnn\.so ]]; then
+      [ -e "$stage/lib-fallback/$name" ] || cp -L "$path" "$stage/lib-fallback/$name"
+    elif ! [[ $name =~ $system || $name =~ $cuda ]] && [ ! -e "$stage/lib/$name" ]; then
+      cp -L "$path" "$stage/lib/$name"
+    fi
+  done
+done
+chmod -R u+w "$stage"
 
-echo "=== NVIDIA driver"
-if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
-else
-  echo "nvidia-smi not found"
-fi
-"$here/bin/cuda_probe" || echo "cuda_probe: no usable CUDA device (a CUDA 13 build needs driver >= 580)"
-echo "=== strata report"
-"$here/bin/strata" report --nvme-path "$STRATA_TEST_TMPDIR"
-
-logs="$STRATA_TEST_TMPDIR/gpu-bundle-logs"
-mkdir -p "$logs"
-rows=()
-fails=0
-cuda_ran=0
-# n of "[  WORD ] n tests" in a gtest log, 0 when absent.
-count() { sed -n "s/^\[ *$1 *\] \([0-9][0-9]*\) tests\{0,1\}[,.].*/\1/p" "$2" | head -1 | grep . || echo 0; }
-for t in "$here"/bin/test_*; do
-  name=$(basename "$t")
-  log="$logs/$name.log"
-  echo "=== $name (log: $log)"
-  "$t" >"$log" 2>&1
-  rc=$?
-  grep -E '^\[  FAILED  \] .*\(' "$log" || true
-  passed=$(count PASSED "$log")
-  failed=$(count FAILED "$log")
-  skipped=$(count SKIPPED "$log")
-  # CUDA tests that ran (passed or failed): their names say Cuda or cuda (suite, test or parameter).
-  cuda=$(grep -cE '^\[ +(OK|FAILED) +\] [^ ]*[Cc]uda[^ ]* \(' "$log")
-  cuda_ran=$((cuda_ran + cuda))
-  result=pass
-  if [ $rc -ne 0 ]; then result="FAIL (exit $rc)"; fails=$((fails + 1)); fi
-  rows+=("$(printf '%-28s %7s %7s %8s %10s  %s' "$name" "$passed" "$failed" "$skipped" "$cuda" "$result")")
+# --- the glibc floor -----------------------------------------------------------------------------------------
+# The newest GLIBC_ (and GLIBCXX_) symbol version an ELF file needs.
+needs() { objdump -T "$2" 2>/dev/null | grep -o "$1_[0-9][0-9.]*" | sed "s/^$1_//" | sort -uV | tail -1; }
+newest() { printf '%s\n' "$@" | grep . | sort -V | tail -1; }
+floor=0 floor_file=
+for f in "$stage"/bin/*; do
+  v=$(needs GLIBC "$f")
+  if [ "$(newest "$floor" "$v")" != "$floor" ]; then floor=$v floor_file=$(basename "$f"); fi
 done
 
-echo
-echo "=== summary"
-printf '%-28s %7s %7s %8s %10s  %s\n' binary passed failed skipped "cuda ran" result
-for r in "${rows[@]}"; do echo "$r"; done
-status=0
-if [ $fails -gt 0 ]; then
-  echo "FAIL: $fails test binaries failed (logs in $logs)"
-  status=1
+# Note [libevent from Debian 11]: Open MPI's libopen-pal loads libevent_core and libevent_pthreads. Debian
+# 12 builds that libevent (2.1.12) on glibc 2.36's arc4random, so carrying it would make every binary that
+# links Open MPI (strata, the engine's tests, the benchmarks) need glibc 2.36 where the binaries
+# themselves need less (2.34): on a glibc 2.35 machine none of them would start. Debian 11 built the same
+# release with libevent's own arc4random (glibc 2.25); its exports cover everything libopen-pal imports
+# (checked below), so the bundle carries that build. Fetched with apt from a private sources list, once
+# per build folder. DEBIAN_MIRROR: where from (default deb.debian.org).
+libevent_debian11() {
+  local cache=$build/bundle-cache/libevent-debian11 lib
+  local apt=(-o "Dir::Etc::SourceList=$cache/sources.list" -o Dir::Etc::SourceParts=/dev/null
+             -o "Dir::State::Lists=$cache/lists" -o Dir::State::status=/dev/null -o "Dir::Cache=$cache/cache"
+             -o APT::Get::List-Cleanup=0 -o APT::Sandbox::User=root -o Debug::NoLocking=1)
+  if [ ! -f "$cache/ok" ]; then
+    rm -rf "$cache"
+    mkdir -p "$cache/lists/partial" "$cache/cache/archives/partial" "$cache/root"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${DEBIAN_MIRROR:-http://deb.debian.org/debian} bullseye main" \
+      >"$cache/sources.list"
+    echo "gpu-bundle: fetching Debian 11's libevent (Note [libevent from Debian 11] in $0)"
+    if ! { apt-get -q "${apt[@]}" update &&
+           (cd "$cache" && apt-get -q "${apt[@]}" download libevent-core-2.1-7 libevent-pthreads-2.1-7); } \
+         >"$cache/apt.log" 2>&1; then
+      cat "$cache/apt.log" >&2
+      echo "gpu-bundle: could not fetch Debian 11's libevent (offline?)" >&2
+      return 1
+    fi
+    for lib in "$cache"/*.deb; do dpkg-deb -x "$lib" "$cache/root"; done
+    touch "$cache/ok"
+  fi
+  local imported provided
+  imported=$(objdump -T "$stage/lib/libopen-pal.so.40" | awk '/\*UND\*/ {print $NF}' | grep -E '^(event|evutil|evthread)' | sort -u)
+  provided=$(objdump -T "$cache"/root/usr/lib/x86_64-linux-gnu/libevent_{core,pthreads}-2.1.so.7 |
+             awk '$4 ~ /text|data|bss/ {print $NF}' | sort -u)
+  if [ -n "$(comm -23 <(echo "$imported") <(echo "$provided"))" ]; then
+    echo "gpu-bundle: Debian 11's libevent lacks what libopen-pal imports: $(comm -23 <(echo "$imported") <(echo "$provided") | tr '\n' ' ')" >&2
+    return 1
+  fi
+  for lib in libevent_core-2.1.so.7 libevent_pthreads-2.1.so.7; do
+    cp -L "$cache/root/usr/lib/x86_64-linux-gnu/$lib" "$stage/lib/$lib"
+  done
+}
+if [ -e "$stage/lib/libevent_core-2.1.so.7" ] &&
+   [ "$(newest "$floor" "$(needs GLIBC "$stage/lib/libevent_core-2.1.so.7")")" != "$floor" ]; then
+  libevent_debian11
 fi
-if [ $cuda_ran -eq 0 ]; then
-  echo "FAIL: no CUDA test ran: every cuda test was skipped. Reason given by the tests:"
-  grep -h -m1 -E 'no CUDA GPU visible|cudaGetDeviceCount' "$logs"/*.log | sort -u | head -3
-  echo "(a CUDA 13 build needs an NVIDIA driver >= 580; see the driver version above)"
-  status=1
+strip --strip-unneeded "$stage"/bin/* "$stage"/lib/*
+too_new=()
+glibcxx=0
+for f in "$stage"/bin/* "$stage"/lib/*; do
+  glibcxx=$(newest "$glibcxx" "$(needs GLIBCXX "$f")")
+done
+for f in "$stage"/lib/* "$stage"/lib-fallback/*; do
+  v=$(needs GLIBC "$f")
+  [ "$(newest "$floor" "$v")" = "$floor" ] || too_new+=("$(basename "$f") needs glibc $v")
+done
+echo "gpu-bundle: the binaries need glibc $floor ($floor_file) and libstdc++ with GLIBCXX_$glibcxx"
+if [ ${#too_new[@]} -gt 0 ]; then
+  echo "gpu-bundle: shipped libraries need a newer glibc than the binaries themselves ($floor):" \
+    "${too_new[*]}" >&2
+  exit 1
 fi
-[ $status -eq 0 ] && echo "PASS: every test binary passed; $cuda_ran CUDA tests ran"
-exit $status
-RUN
-chmod +x "$out/run.sh"
-du -sh "$out"
-echo "bundle ready: $out (carry it to the GPU machine and run $out/run.sh)"
+
+# --- data, run.sh, manifest ----------------------------------------------------------------------------------
+# What the tests read (tests/common/source_dir.h finds src/ beside bin/) and the text the training runs
+# train on.
+for d in configs docs tests/config/fixtures tests/reference/data; do
+  mkdir -p "$stage/src/$d"
+  cp -r "$root/$d/." "$stage/src/$d/"
+done
+cp "$root/README.md" "$stage/src/"
+cp "$root/scripts/bundle-run.sh" "$stage/run.sh"
+chmod +x "$stage/run.sh"
+
+# manifest-needed.txt: each binary's CUDA libraries (run.sh: a binary built with cuDNN or NCCL must not
+# skip those tests).
+for e in "$stage"/bin/*; do
+  echo "$(basename "$e"): $(readelf -d "$e" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p' | tr '\n' ' ')"
+done >"$stage/manifest-needed.txt"
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -z "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit+changes"
+cat >"$stage/manifest.env" <<EOF
+bundle_commit=$commit
+bundle_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+bundle_cuda=$("$cuda_home/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+glibc_floor=$floor
+glibcxx_need=$glibcxx
+EOF
+
+# --- the archive ---------------------------------------------------------------------------------------------
+# xz: every machine with tar has it. Files sorted by name, so the test binaries, which share most of their
+# code, sit next to each other within the dictionary window.
+mkdir -p "$(dirname "$archive")"
+tar -C "$stage" --sort=name --owner=0 --group=0 --numeric-owner -cf - . |
+  xz -T1 --lzma2=preset=9,dict=192MiB >"$archive.tmp"
+mv "$archive.tmp" "$archive"
+bytes=$(stat -c %s "$archive")
+unpacked=$(du -sm "$stage" | cut -f1)
+printf 'gpu-bundle: %s: %.1f MiB (limit %d MiB; %d MiB unpacked, %d files)\n' "$archive" \
+  "$(awk -v b="$bytes" 'BEGIN {print b / 1048576}')" "$limit_mib" "$unpacked" "$(find "$stage" -type f | wc -l)"
+if [ "$bytes" -gt $((limit_mib * 1024 * 1024)) ]; then
+  echo "gpu-bundle: the archive is over $limit_mib MiB" >&2
+  exit 1
+fi
+echo "gpu-bundle: on the GPU machine: mkdir strata && tar -xJf $(basename "$archive") -C strata && strata/run.sh OUTDIR"

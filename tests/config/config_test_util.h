@@ -10,11 +10,12 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "tests/common/scratch_dir.h"
+#include "tests/common/source_dir.h"
 
 namespace strata::testing {
 
 inline std::string source_path(const std::string& rel) {
-  return std::string(STRATA_SOURCE_DIR) + "/" + rel;
+  return strata::test::source_path(rel);
 }
 inline std::string fixture_path(const std::string& name) {
   return source_path("tests/config/fixtures/" + name);

@@ -1,7 +1,6 @@
 // Model config: presets, parameter counts, JSON parsing and its errors.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -9,6 +8,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "model_test_util.h"
+#include "tests/common/source_dir.h"
 
 namespace strata::model {
 namespace {
@@ -60,22 +60,16 @@ TEST(ModelConfig, JsonRoundTripsEveryPreset) {
   }
 }
 
-// The bundle for GPU machines sets STRATA_SOURCE_DIR to its copy of the sources' data files.
-std::string source_root() {
-  const char* env = std::getenv("STRATA_SOURCE_DIR");
-  return env && *env ? env : STRATA_SOURCE_DIR;
-}
-
 TEST(ModelConfig, PresetFilesMatchTheBuiltInPresets) {
   for (const std::string& name : ModelConfig::preset_names()) {
-    std::string path = source_root() + "/configs/models/" + name + ".json";
+    std::string path = strata::test::source_path("configs/models/" + name + ".json");
     EXPECT_EQ(ModelConfig::from_file(path), ModelConfig::preset(name)) << path;
   }
 }
 
 // docs/model.md's preset table ends each row with the parameter count, digits grouped by commas.
 TEST(ModelConfig, DocsTableStatesEveryPresetsParameterCount) {
-  std::ifstream in(source_root() + "/docs/model.md");
+  std::ifstream in(strata::test::source_path("docs/model.md"));
   ASSERT_TRUE(in.good());
   std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   for (const std::string& name : ModelConfig::preset_names()) {

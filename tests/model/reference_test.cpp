@@ -26,12 +26,13 @@
 #include "model/llama.h"
 #include "model/safetensors.h"
 #include "model_test_util.h"
+#include "tests/common/source_dir.h"
 
 namespace strata::model {
 namespace {
 
 std::string data_dir(const std::string& name) {
-  return std::string(STRATA_SOURCE_DIR) + "/tests/reference/data/" + name;
+  return strata::test::source_path("tests/reference/data/" + name);
 }
 
 std::vector<float> read_all(const SafetensorsReader& r, const std::string& name) {

@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "tests/common/source_dir.h"
 #include "tests/zero3/engine_util.h"
 
 namespace strata::zero3::test {
@@ -12,7 +13,7 @@ namespace {
 
 // The stock demo config (what users run) with strata.checkpoint_activations set to `mode`.
 Config demo_config(const nlohmann::json& mode) {
-  std::ifstream in(std::string(STRATA_SOURCE_DIR) + "/configs/demo_cpu.json");
+  std::ifstream in(strata::test::source_path("configs/demo_cpu.json"));
   nlohmann::json doc = nlohmann::json::parse(in);
   doc["strata"]["checkpoint_activations"] = mode;
   return Config::parse(nlohmann::json::parse(doc.dump()));

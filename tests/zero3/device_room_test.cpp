@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine_util.h"
+#include "tests/common/source_dir.h"
 
 namespace strata::zero3 {
 namespace {
@@ -39,7 +40,7 @@ nlohmann::json read_json(const std::string& path) {
 Config user_config(Knobs knobs, OffloadDevice off, const std::string& nvme_dir) {
   nlohmann::json j;
   if (knobs == Knobs::stock) {
-    j = read_json(std::string(STRATA_SOURCE_DIR) + "/configs/zero3_" + test::name(off) + ".json");
+    j = read_json(strata::test::source_dir() + "/configs/zero3_" + test::name(off) + ".json");
   } else {
     // DeepSpeed's defaults for everything but the offload targets and the optimizer.
     j = {{"bf16", {{"enabled", true}}},
@@ -226,7 +227,7 @@ TEST(DeviceRoom, OneByteBelowThePlanIsRefusedBeforeTraining) {
 TEST(DeviceRoom, TenMillionPresetTrainsAtEveryCapFrom15To48MiB) {
   ScratchDir d("room-10m");
   const model::ModelConfig mcfg = model::ModelConfig::preset("10m");
-  nlohmann::json j = read_json(std::string(STRATA_SOURCE_DIR) + "/configs/zero3_cpu.json");
+  nlohmann::json j = read_json(strata::test::source_dir() + "/configs/zero3_cpu.json");
   j["train_micro_batch_size_per_gpu"] = 1;
   j["gradient_accumulation_steps"] = 1;
   j["strata"] = {{"backend", "host"}, {"seed", 5}, {"cpu_optim", {{"pin_threads", false}}}};
@@ -253,7 +254,7 @@ TEST_P(DeviceState, EveryCapFromThePlanUpTrains) {
   const auto [param, optim] = GetParam();
   ScratchDir d(std::string("state-") + test::name(param) + test::name(optim));
   const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
-  nlohmann::json j = read_json(std::string(STRATA_SOURCE_DIR) + "/configs/zero3_cpu.json");
+  nlohmann::json j = read_json(strata::test::source_dir() + "/configs/zero3_cpu.json");
   j["train_micro_batch_size_per_gpu"] = 1;
   j["gradient_accumulation_steps"] = 1;
   j["zero_optimization"].merge_patch({{"offload_param", {{"device", test::name(param)}}},

@@ -73,26 +73,9 @@ class Compute : public strata::testing::DeviceTest {
     std::vector<char> raw(x.bytes());
     stream->copy_async(raw.data(), x.data, raw.size(), CopyKind::device_to_host);
     stream->synchronize();
-    std::vector<float> v(x.numel);
-    for (std::size_t i = 0; i < x.numel; ++i) {
-      std::uint16_t h;
-      switch (x.dtype) {
-        case DType::fp32:
-          std::memcpy(&v[i], raw.data() + 4 * i, 4);
-          break;
-        case DType::bf16:
-          std::memcpy(&h, raw.data() + 2 * i, 2);
-          v[i] = bf16_to_f32(h);
-          break;
-        case DType::fp16:
-          std::memcpy(&h, raw.data() + 2 * i, 2);
-          v[i] = f16_to_f32(h);
-          break;
-        default:
-          ADD_FAILURE() << "get() of " << dtype_name(x.dtype);
-      }
-    }
-    return v;
+    if (x.dtype != DType::fp32 && x.dtype != DType::bf16 && x.dtype != DType::fp16)
+      ADD_FAILURE() << "get() of " << dtype_name(x.dtype);
+    return test::widen(raw.data(), x.dtype, x.numel);
   }
   // Host: the same bits as kernels/cpu. cuda: relative L2 error under `bound`.
   void expect_matches(const std::vector<float>& got, const std::vector<float>& want, const char* what,

@@ -91,17 +91,7 @@ struct Side {
     std::vector<char> raw(x.bytes());
     stream->copy_async(raw.data(), x.data, raw.size(), CopyKind::device_to_host);
     stream->synchronize();
-    std::vector<float> v(x.numel);
-    for (std::size_t i = 0; i < x.numel; ++i) {
-      if (x.dtype == DType::fp32) {
-        std::memcpy(&v[i], raw.data() + 4 * i, 4);
-      } else {
-        std::uint16_t h;
-        std::memcpy(&h, raw.data() + 2 * i, 2);
-        v[i] = bf16_to_f32(h);
-      }
-    }
-    return v;
+    return widen(raw.data(), x.dtype, x.numel);
   }
 };
 

@@ -4,10 +4,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
 #include <vector>
+
+#include "core/dtype.h"
 
 namespace strata::kernels::test {
 
@@ -18,6 +21,22 @@ inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float
   std::normal_distribution<float> dist(0.0f, scale);
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// `n` values of `dtype` (fp32, bf16 or fp16) as stored in `raw`, widened to float exactly.
+inline std::vector<float> widen(const void* raw, DType dtype, std::size_t n) {
+  std::vector<float> v(n);
+  const char* p = static_cast<const char*>(raw);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (dtype == DType::fp32) {
+      std::memcpy(&v[i], p + 4 * i, 4);
+      continue;
+    }
+    std::uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    v[i] = dtype == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+  }
   return v;
 }
 

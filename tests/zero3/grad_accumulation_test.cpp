@@ -37,23 +37,34 @@ struct Counts {
   MemoryPlan plan;
 };
 
+// An engine over the accumulation model at device cap `cap`, its data and its model.
+struct Training {
+  Training(const Config& cfg, const std::string& tokens, std::uint64_t cap)
+      : mcfg(accumulation_model()),
+        engine(cfg, mcfg, {.backend = "", .device_memory_cap = cap, .seq_len = kSeqLen}),
+        file(model::TokenFile::open(tokens)),
+        data(file, {.batch_size = 1, .seq_len = kSeqLen, .seed = 3, .vocab_size = mcfg.vocab_size}),
+        m(mcfg, engine.model_options()) {
+    kernels::cpu::set_blas_threads(1);
+  }
+  model::ModelConfig mcfg;
+  Engine engine;
+  model::TokenFile file;
+  model::DataLoader data;
+  model::LlamaModel m;
+};
+
 Counts run(const Config& cfg, const std::string& tokens, std::uint64_t cap) {
-  const model::ModelConfig mcfg = accumulation_model();
-  kernels::cpu::set_blas_threads(1);
-  Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = cap, .seq_len = kSeqLen});
-  model::TokenFile file = model::TokenFile::open(tokens);
-  model::DataLoader data(file,
-                         {.batch_size = 1, .seq_len = kSeqLen, .seed = 3, .vocab_size = mcfg.vocab_size});
-  model::LlamaModel m(mcfg, engine.model_options());
+  Training t(cfg, tokens, cap);
   Counts c;
   for (int i = 0; i < kSteps; ++i) {
-    const StepResult r = engine.train_batch(m, data);
+    const StepResult r = t.engine.train_batch(t.m, t.data);
     EXPECT_TRUE(r.applied);
     c.losses.push_back(r.loss);
-    if (i == 0) c.after_first = engine.transfer_stats();
+    if (i == 0) c.after_first = t.engine.transfer_stats();
   }
-  c.after_last = engine.transfer_stats();
-  c.plan = engine.plan();
+  c.after_last = t.engine.transfer_stats();
+  c.plan = t.engine.plan();
   return c;
 }
 
@@ -108,18 +119,12 @@ TEST(GradAccumulation, AnEarlyStepFlushesTheAccumulators) {
   ScratchDir d("accumulate-early");
   const Config cfg = accumulation_config(d.path(), OffloadDevice::cpu);
   const std::string tokens = make_tokens(d);
-  const model::ModelConfig mcfg = accumulation_model();
   auto losses = [&](std::uint64_t cap) {
-    kernels::cpu::set_blas_threads(1);
-    Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = cap, .seq_len = kSeqLen});
-    model::TokenFile file = model::TokenFile::open(tokens);
-    model::DataLoader data(file,
-                           {.batch_size = 1, .seq_len = kSeqLen, .seed = 3, .vocab_size = mcfg.vocab_size});
-    model::LlamaModel m(mcfg, engine.model_options());
+    Training t(cfg, tokens, cap);
     std::vector<double> l;
     for (int step = 0; step < 2; ++step) {
-      for (int i = 0; i < 3; ++i) engine.forward_backward(m, data.next());  // 3 of 8
-      const StepResult r = engine.step();
+      for (int i = 0; i < 3; ++i) t.engine.forward_backward(t.m, t.data.next());  // 3 of 8
+      const StepResult r = t.engine.step();
       l.push_back(r.loss);
       l.push_back(r.grad_norm);
     }

@@ -198,10 +198,11 @@ EOF
 
 # --- the archive ---------------------------------------------------------------------------------------------
 # xz: every machine with tar has it. Files sorted by name, so the test binaries, which share most of their
-# code, sit next to each other within the dictionary window.
+# code, sit next to each other within the dictionary window. Blocks of 48 MiB compress on every core:
+# 76 s for the 146 MiB here on 2 cores and 23.3 MiB, where one 192 MiB block took 3 minutes for 22.1 MiB.
 mkdir -p "$(dirname "$archive")"
 tar -C "$stage" --sort=name --owner=0 --group=0 --numeric-owner -cf - . |
-  xz -T1 --lzma2=preset=9,dict=192MiB >"$archive.tmp"
+  xz -T0 --block-size=48MiB --lzma2=preset=9,dict=48MiB >"$archive.tmp"
 mv "$archive.tmp" "$archive"
 bytes=$(stat -c %s "$archive")
 unpacked=$(du -sm "$stage" | cut -f1)

@@ -20,6 +20,9 @@ if(STRATA_SANITIZE OR STRATA_FUZZ)
 endif()
 
 set(strata_sanitize_flags)
+# STRATA_WITHOUT_UBSAN: the option that takes UBSan off one target or file of a tree that has it (test code,
+# Note [Test code flags]; cpu_optim's Highway kernels); empty in every other tree.
+set(STRATA_WITHOUT_UBSAN "")
 if(STRATA_SANITIZE)
   string(REPLACE "," ";" strata_sanitizers "${STRATA_SANITIZE}")
   foreach(s ${strata_sanitizers})
@@ -38,6 +41,7 @@ if(STRATA_SANITIZE)
   # overflow, vptr and the rest.
   if("undefined" IN_LIST strata_sanitizers)
     list(APPEND strata_sanitize_flags -fno-sanitize=null)
+    set(STRATA_WITHOUT_UBSAN -fno-sanitize=undefined)
   endif()
 endif()
 if(STRATA_FUZZ)

@@ -126,11 +126,17 @@ TEST_P(Moves, RandomSequencesKeepACopyReadBackExactlyAndStayWithinBudgets) {
     if (rng() % 8 == 0) {
       for (Move& m : in_flight) m.wait();
       in_flight.clear();
+      // An eviction the manager issued itself, to make room, may still carry a tensor's only copy: it
+      // has no valid copy until that move lands, and then it must have one.
       for (TensorId t : ids) {
         TensorInfo info = tm->info(t);
-        ASSERT_NE(info.valid, 0) << info.desc.name << " has no valid copy after op " << op;
+        ASSERT_TRUE(info.valid != 0 || info.state == State::in_flight)
+            << info.desc.name << " has no valid copy and no move in flight after op " << op;
         ASSERT_EQ(info.valid & ~info.allocated, 0) << "a valid copy without a block";
       }
+      tm->synchronize();
+      for (TensorId t : ids)
+        ASSERT_NE(tm->info(t).valid, 0) << tm->info(t).desc.name << " has no valid copy after op " << op;
     }
     expect_within_budgets("during the random sequence");
   }

@@ -532,6 +532,14 @@ class CudaDevice final : public Device {
     bind_thread();
     measure();
   }
+  void limit_capacity(std::size_t bytes) override {
+    bind_thread();
+    std::lock_guard<std::mutex> lk(m_);
+    memory_cap_ = memory_cap_ ? std::min(memory_cap_, bytes) : bytes;
+    caps_.capacity = std::min(caps_.capacity, bytes);  // not measured again: the ranks agreed this figure
+    std::uint64_t keep = caps_.capacity;
+    STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
 
   void* allocate(std::size_t bytes, const char* what) override {
     if (bytes == 0) bytes = 1;

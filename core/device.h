@@ -132,6 +132,11 @@ class Device {
   // backend's capacity is its cap and does not change.
   virtual void measure_capacity() {}
 
+  // Lowers caps().capacity to at most `bytes` (never raises it), and keeps that bound through a later
+  // measure_capacity(): the engine agrees one capacity over its ranks, the least, so that every rank
+  // makes the same plan (Note [Ranks agree] in zero3/engine.cpp).
+  virtual void limit_capacity(std::size_t bytes) = 0;
+
   // Device memory, counted against caps().capacity; OutOfMemory names capacity, in use and requested
   // bytes and the setting to change. `what` names the allocation in that message.
   virtual void* allocate(std::size_t bytes, const char* what = nullptr) = 0;

@@ -247,6 +247,10 @@ class HostDevice final : public Device {
 
   const DeviceCaps& caps() const override { return caps_; }
   void bind_thread() const override { t_current_ordinal = caps_.ordinal; }
+  void limit_capacity(std::size_t bytes) override {
+    std::lock_guard<std::mutex> lk(m_);
+    caps_.capacity = std::min(caps_.capacity, bytes);
+  }
 
   void* allocate(std::size_t bytes, const char* what) override {
     (*check_)("Device::allocate");

@@ -157,6 +157,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   // small collective on each before the capacity is read (a few bytes, all ranks in the same order).
   if (world > 1) warm_up_communicators();
   dev->measure_capacity();
+  agree_capacity();
   // Note [Cores]: with strata.cpu_optim.cores the optimizer has that many threads on its own cpus.
   opt = std::make_unique<cpu_optim::Optimizer>(cpu_optim::Options{
       .simd = cfg.strata.cpu_optim.simd,
@@ -164,6 +165,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
       .pin = cfg.strata.cpu_optim.pin_threads,
       .cpus = optimizer_cpus});
   plan_memory();
+  share_host();
   check_fits();
   open_tiers();
 
@@ -218,7 +220,7 @@ void Engine::Impl::plan_memory() {
   for (const PlannedChunk& c : in.chunks)
     shapes.reduce_numel = std::max<std::size_t>(shapes.reduce_numel, c.shard.numel);
   ops->reserve_scratch(ops->scratch_bytes(shapes));
-  in.ops = ops->device_bytes() + gather_ops->device_bytes() + grad_ops->device_bytes();
+  in.ops = agreed_max(ops->device_bytes() + gather_ops->device_bytes() + grad_ops->device_bytes());
   in.device_capacity = dev->caps().capacity;
   const auto activations = [&](bool ckpt) {
     return model::LlamaModel::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len,
@@ -326,6 +328,59 @@ void Engine::Impl::plan_cores() {
                                                compute_cpus.size() == 1 ? "" : "s"));
 }
 
+// Note [Ranks agree]
+// The plan decides which collectives a rank calls: whether a chunk stays in the cache or is all-gathered
+// again, which sub-groups the device optimizer steps (and so which ranks add device gradient statistics),
+// whether activations are checkpointed. Two ranks with different plans call different collectives, and a
+// collective of equal block sizes does not hang: it silently mixes two blocks. So no plan input is a rank's
+// own measurement: the device capacity (on cuda each rank's free memory at open) is the least over ranks,
+// the compute interface's device bytes the largest, a measured choice (offload_optimizer.ratio "auto") is
+// rank 0's, broadcast. The inputs that differ by design — each rank's shard — come from the layout, which
+// every rank computes alike.
+void Engine::Impl::agree_capacity() {
+  const std::uint64_t mine = dev->caps().capacity;
+  const std::uint64_t least = agreed_min(mine), most = agreed_max(mine);  // every rank calls both
+  if (least == most) return;
+  if (least < mine) dev->limit_capacity(least);
+  if (comm->rank() == 0)
+    STRATA_LOG_INFO("zero3: the ranks' device capacities differ (", format_size(least), " to ",
+                    format_size(most), "); every rank plans with ", format_size(least),
+                    ", so that all make the same plan");
+}
+
+std::uint64_t Engine::Impl::agreed_max(std::uint64_t mine) {
+  if (world == 1) return mine;
+  std::vector<std::uint64_t> all(std::size_t(world), 0);
+  comm->host_all_gather(&mine, all.data(), sizeof mine);
+  return *std::max_element(all.begin(), all.end());
+}
+
+std::uint64_t Engine::Impl::agreed_min(std::uint64_t mine) {
+  if (world == 1) return mine;
+  std::vector<std::uint64_t> all(std::size_t(world), 0);
+  comm->host_all_gather(&mine, all.data(), sizeof mine);
+  return *std::min_element(all.begin(), all.end());
+}
+
+void Engine::Impl::share_host() {
+  ranks_here = 1;
+  host_need_here = host_need();
+  if (world == 1) return;
+  struct Entry {
+    char host[64];
+    std::uint64_t need;
+  };
+  Entry mine{};
+  if (::gethostname(mine.host, sizeof mine.host - 1) != 0) std::strcpy(mine.host, "?");
+  mine.need = host_need_here;
+  std::vector<Entry> all(static_cast<std::size_t>(world));
+  comm->host_all_gather(&mine, all.data(), sizeof mine);
+  ranks_here = 0;
+  host_need_here = 0;
+  for (const Entry& e : all)
+    if (std::strncmp(e.host, mine.host, sizeof mine.host) == 0) ++ranks_here, host_need_here += e.need;
+}
+
 void Engine::Impl::warm_up_communicators() {
   DeviceBuffer b(*dev, 2 * std::size_t(world) * sizeof(float), "communicator warm-up");
   float* p = static_cast<float*>(b.data());
@@ -407,17 +462,20 @@ void Engine::Impl::check_fits() const {
   }
   // On the host backend the device is host memory too.
   const std::uint64_t ram = physical_memory();
-  const std::uint64_t host = host_need();
+  const std::uint64_t host = host_need_here;
   if (ram && host > ram / 10 * 9)
-    throw OutOfMemory(
-        cat("the model does not fit host memory: ", format_size(plan.pinned_state),
-            " of state in pinned host memory (offload_param.device = ", offload_name(z.offload_param.device),
-            ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ") plus ",
-            format_size(plan.pinned_staging), " of NVMe staging buffers",
-            caps.backend == BackendKind::host ? " and the host device" : "", " need ", format_size(host),
-            "; this machine has ", format_size(ram),
-            ". Set zero_optimization.offload_optimizer.device (and offload_param.device) to \"nvme\", "
-            "or lower sub_group_size / offload_param.max_in_cpu"));
+    throw OutOfMemory(cat(
+        "the model does not fit host memory: ", format_size(plan.pinned_state),
+        " of state in pinned host memory (offload_param.device = ", offload_name(z.offload_param.device),
+        ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ") plus ",
+        format_size(plan.pinned_staging), " of NVMe staging buffers",
+        caps.backend == BackendKind::host ? " and the host device" : "", " need ", format_size(host_need()),
+        ranks_here > 1
+            ? cat(" per rank, ", format_size(host), " for the ", ranks_here, " ranks on this machine")
+            : std::string(),
+        "; this machine has ", format_size(ram),
+        ". Set zero_optimization.offload_optimizer.device (and offload_param.device) to \"nvme\", "
+        "or lower sub_group_size / offload_param.max_in_cpu"));
 }
 
 void Engine::Impl::open_tiers() {

@@ -112,6 +112,10 @@ struct EngineOptions {
   // memory the CPU addresses) once the model's ops have written it and before it is handed to the shard —
   // to put an overflow into the backward that ends a step. Null: not called.
   std::function<void(int chunk, float* grads, std::size_t numel)> gradient_hook = nullptr;
+  // Tests only: offload_optimizer.ratio "auto" passes this rank's measured rates (elements a second of
+  // the CPU optimizer and of the device optimizer) through it before choosing, so that a test can give
+  // ranks different measurements. Null: not called.
+  std::function<void(double& cpu_rate, double& device_rate)> measured_rates = nullptr;
 };
 
 // Seconds of one optimizer step (its accumulation micro-steps included). `wait` is the part of the

@@ -178,8 +178,18 @@ struct Engine::Impl final : prefetch::FetchTarget {
   // measured on `n` elements.
   double cpu_optimizer_rate(std::size_t n);
   double device_optimizer_rate(std::size_t n);
+  // Note [Ranks agree] (engine.cpp): the device capacity every rank plans with, the least over ranks.
+  void agree_capacity();
+  // The largest of every rank's `mine`, and the least: plan inputs a rank measures on its own.
+  std::uint64_t agreed_max(std::uint64_t mine);
+  std::uint64_t agreed_min(std::uint64_t mine);
   // Host memory the plan takes: pinned state and staging, and on the host backend the device too.
   std::uint64_t host_need() const;
+  // The ranks sharing this rank's machine (its host name) and the host memory their plans take together:
+  // the host-memory checks weigh what the machine holds against all of them (share_host, after plan_memory).
+  void share_host();
+  int ranks_here = 1;
+  std::uint64_t host_need_here = 0;
   void check_fits() const;
   void open_tiers();
   void init_chunks();

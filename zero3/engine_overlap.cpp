@@ -116,14 +116,17 @@ void Engine::Impl::plan_overlap() {
   }
   auto o = std::make_unique<OptimizerOverlap>();
   const std::size_t C = slots.size();
-  // Bytes of host memory the copies may take: half of what the plan leaves of check_fits' 90% of RAM (the
-  // other half stays free: with all of it, 13 of the 720m-byte model's 16 chunks overlapped on this
-  // 23 GiB machine and backward slowed under the memory pressure as much as the step gained).
+  // Bytes of host memory the copies may take: half of what the plans of the ranks on this machine leave
+  // of check_fits' 90% of RAM, shared evenly between those ranks (the other half stays free: with all of
+  // it, 13 of the 720m-byte model's 16 chunks overlapped on this 23 GiB machine and backward slowed under
+  // the memory pressure as much as the step gained). The least over ranks (Note [Ranks agree] in
+  // engine.cpp): every rank overlaps the same chunks.
   const std::uint64_t per = 4 * std::uint64_t(1 + n_states) + wd_bytes();
   const std::uint64_t ram = physical_memory();
-  const std::uint64_t host = host_need();
-  const std::uint64_t room = ram == 0 ? std::numeric_limits<std::uint64_t>::max()
-                                      : (ram / 10 * 9 > host ? (ram / 10 * 9 - host) / 2 : 0);
+  const std::uint64_t host = host_need_here;
+  const std::uint64_t room = agreed_min(
+      ram == 0 ? std::numeric_limits<std::uint64_t>::max()
+               : (ram / 10 * 9 > host ? (ram / 10 * 9 - host) / 2 / std::uint64_t(ranks_here) : 0));
   o->eligible.assign(C, 0);
   o->backup_at.assign(C, 0);
   std::uint64_t total = 0;

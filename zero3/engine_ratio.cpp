@@ -134,7 +134,7 @@ int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloade
   const std::size_t n = std::size_t(1) << 22;
   const std::size_t dev_n =
       std::max<std::size_t>(std::min<std::size_t>(n, dev->caps().capacity / 64) / 64 * 64, 64);
-  const double cpu_rate = cpu_optimizer_rate(n);
+  double cpu_rate = cpu_optimizer_rate(n);
   double dev_rate = 0;
   if (fits > 0) {
     try {
@@ -147,6 +147,7 @@ int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloade
       fits = 0;
     }
   }
+  if (opts.measured_rates) opts.measured_rates(cpu_rate, dev_rate);
   std::uint64_t total = 0;
   for (std::uint64_t x : numel) total += x;
   auto cost = [&](int k) {
@@ -158,11 +159,13 @@ int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloade
   int best = 0;
   for (int k = 1; k <= fits; ++k)
     if (cost(k) < cost(best) * (1 - 1e-3)) best = k;
+  // Each rank timed its own optimizers; rank 0's choice is every rank's (Note [Ranks agree] in engine.cpp).
+  if (world > 1) comm->host_broadcast(&best, sizeof best, 0);
   if (comm->rank() == 0)
     STRATA_LOG_INFO("zero3: offload_optimizer.ratio auto: ", 1.0 - double(best) / double(std::max(G, 1)),
                     " (", best, " of ", G, " optimizer sub-group", G == 1 ? "" : "s",
-                    " on the device); measured on ", n, " elements: CPU optimizer ", cpu_rate / 1e6,
-                    " M elements/s",
+                    " on the device); measured", world > 1 ? " on rank 0" : "", " on ", n,
+                    " elements: CPU optimizer ", cpu_rate / 1e6, " M elements/s",
                     dev_rate > 0 ? cat(", device optimizer ", dev_rate / 1e6, " M elements/s")
                                  : std::string(" (the device optimizer not measured: no room)"),
                     "; the device has room for ", fits, " (", format_size(room_left),

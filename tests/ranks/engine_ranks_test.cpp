@@ -25,12 +25,29 @@ struct RunResult {
   std::uint64_t registered = 0;  // shard tensors' bytes in the tier manager
   int overlap_groups = 0;        // sub-groups updated during backward (plan)
   std::uint64_t overlap_updates = 0;
+  MemoryPlan plan;
+  std::uint64_t capacity = 0;  // the device capacity the engine planned with
 };
 
-RunResult train(const Config& cfg, comm::Communicator& c, const std::string& tokens, int steps) {
+// What a rank measures on its own, for RanksAgree: its device cap, the compute interface's device
+// optimizer (device_state_by_ops, which offload_optimizer.ratio "auto" times), and its measured rates.
+struct RankInputs {
+  std::uint64_t cap = 0;
+  bool by_ops = false;
+  std::function<void(double&, double&)> rates = nullptr;
+};
+
+RunResult train(const Config& cfg, comm::Communicator& c, const std::string& tokens, int steps,
+                const RankInputs& in = {}) {
   kernels::cpu::set_blas_threads(1);
   const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
-  Engine e(cfg, mcfg, {.backend = "host", .device_memory_cap = 0, .seq_len = 32, .communicator = &c});
+  Engine e(cfg, mcfg,
+           {.backend = "host",
+            .device_memory_cap = in.cap,
+            .seq_len = 32,
+            .device_state_by_ops = in.by_ops,
+            .communicator = &c,
+            .measured_rates = in.rates});
   model::TokenFile file = model::TokenFile::open(tokens);
   model::DataLoader data(file, {.batch_size = e.micro_batch(),
                                 .seq_len = 32,
@@ -49,6 +66,8 @@ RunResult train(const Config& cfg, comm::Communicator& c, const std::string& tok
   r.nvme_state = e.plan().nvme_state;
   r.device_state = e.plan().device_state;
   r.overlap_groups = e.plan().overlap_groups;
+  r.plan = e.plan();
+  r.capacity = e.device().caps().capacity;
   r.overlap_updates = e.overlap_stats().updates;
   // The tier manager's registry: the bytes of this rank's shard tensors (params, gradients, master,
   // moments; not the gathered copies or gradient buffers, which are whole chunks for a moment).
@@ -163,6 +182,50 @@ INSTANTIATE_TEST_SUITE_P(Stage3, TwoRanks,
                            return std::string("param_") + test::name(std::get<0>(info.param)) + "_optim_" +
                                   test::name(std::get<1>(info.param));
                          });
+
+// Note [Ranks agree] in zero3/engine.cpp: ranks with different device caps and different measured
+// optimizer rates plan alike — the least cap, rank 0's choice of offload_optimizer.ratio "auto" — and
+// train the losses of ranks given those same inputs, bit for bit. Rank 1's own inputs would plan
+// otherwise: more device memory, and the device optimizer measured far faster.
+TEST(RanksAgree, DifferentCapsAndMeasuredRatesMakeOnePlan) {
+  comm::Communicator& ranks = testing::ranks();
+  if (ranks.world_size() != 2) GTEST_SKIP() << "run under mpirun -np 2 (ctest does)";
+  ScratchDir d("ranks-agree-r" + std::to_string(ranks.rank()));
+  const std::string tokens = make_tokens(d);
+  Config cfg = make_config(OffloadDevice::none, OffloadDevice::cpu, d.path(),
+                           {{"train_micro_batch_size_per_gpu", 1},
+                            {"zero_optimization", {{"offload_optimizer", {{"ratio", "auto"}}}}}},
+                           2);
+  // The least cap: what ratio 1 needs and a little more, so that "auto" has room for no sub-group.
+  Config all_offloaded = cfg;
+  all_offloaded.zero_optimization.offload_optimizer.ratio = 1.0;
+  all_offloaded.zero_optimization.offload_optimizer.ratio_auto = false;
+  const std::uint64_t small = train(all_offloaded, ranks, tokens, 1, {.by_ops = true}).plan.device_need();
+  const std::uint64_t large = 8 * small;
+  const auto cpu_faster = [](double& cpu, double& device) { cpu = 1e12, device = 1e6; };
+  const auto device_faster = [](double& cpu, double& device) { cpu = 1e6, device = 1e12; };
+  // Rank 1's inputs on both ranks: the plan it would make alone keeps sub-groups on the device.
+  const RunResult rank1s =
+      train(cfg, ranks, tokens, 1, {.cap = large, .by_ops = true, .rates = device_faster});
+  ASSERT_GT(rank1s.plan.device_optimizer_groups, 0);
+  // Rank 0's inputs on both ranks, and then each rank its own.
+  const RunResult same = train(cfg, ranks, tokens, 4, {.cap = small, .by_ops = true, .rates = cpu_faster});
+  const RunResult own =
+      ranks.rank() == 0
+          ? train(cfg, ranks, tokens, 4, {.cap = small, .by_ops = true, .rates = cpu_faster})
+          : train(cfg, ranks, tokens, 4, {.cap = large, .by_ops = true, .rates = device_faster});
+  EXPECT_EQ(own.capacity, small) << "every rank plans with the least capacity";
+  EXPECT_EQ(own.plan.device_optimizer_groups, same.plan.device_optimizer_groups) << "rank 0's choice";
+  EXPECT_EQ(own.plan.device_cache, same.plan.device_cache);
+  EXPECT_EQ(own.plan.device_need(), same.plan.device_need());
+  EXPECT_EQ(own.plan.checkpoint_activations, same.plan.checkpoint_activations);
+  EXPECT_EQ(own.losses, same.losses);
+  EXPECT_EQ(own.norms, same.norms);
+  // And the ranks' plans are one: rank 1's cache budget as rank 0's.
+  const double cache = double(own.plan.device_cache);
+  EXPECT_EQ(ranks.all_reduce_max(cache), cache);
+  EXPECT_EQ(-ranks.all_reduce_max(-cache), cache);
+}
 
 // A config resolved for one world size refuses another, naming both, before training.
 TEST(RanksConfig, AWorldSizeMismatchIsRefusedNamingBoth) {

@@ -22,6 +22,7 @@ TokenLoader::TokenLoader(const std::string& path, model::DataOptions opts)
   if (opts.source.empty()) opts.source = path;
   loader_ = std::make_unique<model::DataLoader>(*file_, opts);
   seq_len_ = opts.seq_len;
+  batch_size_ = opts.batch_size;
 }
 
 Tokens TokenLoader::next() {
@@ -35,6 +36,12 @@ Tokens TokenLoader::next() {
     window[std::size_t(r) * W + T] = b.targets[std::size_t(r) * T + T - 1];
   }
   return Tokens(std::move(window), b.rows, int(W));
+}
+
+std::int64_t TokenLoader::batches_left_in_epoch() const {
+  const std::int64_t per_epoch = loader_->batches_per_epoch();
+  const std::int64_t returned = (loader_->position().sample + batch_size_ - 1) / batch_size_;
+  return returned >= per_epoch ? per_epoch : per_epoch - returned;  // at its end: next() starts the next
 }
 
 void TokenLoader::set_epoch(std::int64_t epoch) {
@@ -70,6 +77,17 @@ void bind_data(py::module_& m) {
       .def("__repr__",
            [](const Tokens& t) { return cat("strata.Tokens(shape=(", t.rows(), ", ", t.cols(), "))"); });
 
+  py::class_<EpochBatches>(m, "_EpochBatches", "one epoch of a TokenLoader's batches (iter(loader))")
+      .def("__iter__", [](EpochBatches& e) -> EpochBatches& { return e; })
+      .def("__next__",
+           [](EpochBatches& e) {
+             if (e.left <= 0) throw py::stop_iteration();
+             --e.left;
+             py::gil_scoped_release unlocked;
+             return e.loader->next();
+           })
+      .def("__len__", [](const EpochBatches& e) { return e.left; });
+
   py::class_<TokenLoader>(m, "TokenLoader",
                           "strata train's loader over a token file: (B, seq_len + 1) windows, shuffled by "
                           "(seed, epoch), this rank's share (engine.token_loader makes one)")
@@ -87,7 +105,14 @@ void bind_data(py::module_& m) {
            py::arg("path"), py::arg("batch_size"), py::arg("seq_len"), py::arg("rank") = 0,
            py::arg("world") = 1, py::arg("seed") = 1234, py::arg("shuffle") = true,
            py::arg("drop_last_batch") = true, py::arg("vocab_size") = 0)
-      .def("__iter__", [](TokenLoader& l) -> TokenLoader& { return l; })
+      // `for batch in loader` is one epoch (the rest of the current one, else the next whole one), as a
+      // torch DataLoader; next(loader) goes on through the epochs without end.
+      .def(
+          "__iter__",
+          [](TokenLoader& l) {
+            return EpochBatches{&l, l.batches_left_in_epoch()};
+          },
+          py::keep_alive<0, 1>())
       .def("__next__", &TokenLoader::next, py::call_guard<py::gil_scoped_release>())
       .def("__len__", [](const TokenLoader& l) { return l.loader().batches_per_epoch(); })
       .def("set_epoch", &TokenLoader::set_epoch, py::arg("epoch"))

@@ -21,6 +21,9 @@ class TokenLoader {
   TokenLoader(const std::string& path, model::DataOptions opts);
 
   Tokens next();  // (rows, seq_len + 1) int32; the next epoch starts after the last batch
+  // Batches next() returns before the current epoch ends; a whole epoch's when it has ended (next() then
+  // starts the next one).
+  std::int64_t batches_left_in_epoch() const;
   void set_epoch(std::int64_t epoch);
   std::int64_t epoch() const;
   int seq_len() const { return seq_len_; }
@@ -31,6 +34,13 @@ class TokenLoader {
   std::unique_ptr<model::TokenFile> file_;  // read by loader_: declared first, destroyed last
   std::unique_ptr<model::DataLoader> loader_;
   int seq_len_ = 0;
+  int batch_size_ = 1;
+};
+
+// iter(loader): the batches of one epoch, then StopIteration (the loader keeps its position).
+struct EpochBatches {
+  TokenLoader* loader = nullptr;
+  std::int64_t left = 0;
 };
 
 }  // namespace strata::python

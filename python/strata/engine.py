@@ -11,6 +11,7 @@ scheduler views, checkpoints with client state, and rank-0 printing.
 """
 
 import json
+import math
 import os
 import threading
 import warnings
@@ -18,6 +19,27 @@ from dataclasses import dataclass, field
 
 from . import _strata
 from ._strata import StrataError
+
+
+# JSON has no infinities or NaN, and the checkpoint's reader takes JSON only: a non-finite float in a
+# client_state (best_loss = inf) is written as {"__strata_float__": "inf"} and read back as the float.
+_FLOAT_TAG = "__strata_float__"
+
+
+def _tag_non_finite(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return {_FLOAT_TAG: repr(x)}  # 'inf', '-inf', 'nan': what float() reads back
+    if isinstance(x, dict):
+        return {k: _tag_non_finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_tag_non_finite(v) for v in x]
+    return x
+
+
+def _untag_non_finite(d):
+    if len(d) == 1 and isinstance(d.get(_FLOAT_TAG), str):
+        return float(d[_FLOAT_TAG])
+    return d
 
 
 class Loss(float):
@@ -277,12 +299,12 @@ class Engine:
         at it. client_state: a JSON-serialisable dict, returned by load_checkpoint. data_loader: a
         TokenLoader whose position is saved. Every rank calls it. Returns the checkpoint's path."""
         state = {} if client_state is None else client_state
-        try:
-            text = json.dumps(state, allow_nan=True)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"save_checkpoint: client_state must be JSON-serialisable: {e}") from None
         if not isinstance(state, dict):
             raise ValueError(f"save_checkpoint: client_state must be a dict, got {type(state).__name__}")
+        try:
+            text = json.dumps(_tag_non_finite(state), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"save_checkpoint: client_state must be JSON-serialisable: {e}") from None
         with self._lock:
             return self._core.save_checkpoint(os.fspath(save_dir), "" if tag is None else str(tag), text,
                                               data_loader)
@@ -300,7 +322,7 @@ class Engine:
             return None, None
         self._last_step = None
         self.micro_steps = self._core.global_step * self._core.accumulation_steps
-        return r[0], json.loads(r[1])
+        return r[0], json.loads(r[1], object_hook=_untag_non_finite)
 
     def export(self, path):
         """Writes the model as transformers loads it (bf16): a Hugging Face directory, or one file when

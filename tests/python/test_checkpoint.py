@@ -2,6 +2,7 @@
 bit for bit, client_state round trips, and calls in the middle of an accumulation refused."""
 
 import json
+import math
 
 import pytest
 
@@ -102,6 +103,17 @@ def test_client_state_round_trips(config, token_file, tmp_path):
     _, loaded = sup.new_engine(config).load_checkpoint(str(tmp_path / "ckpt"))
     assert loaded == state
     assert json.dumps(loaded, sort_keys=True) == json.dumps(state, sort_keys=True)
+
+
+def test_non_finite_floats_in_client_state_round_trip(config, token_file, tmp_path):
+    """best_loss = inf (a loop's usual start), -inf and NaN, at any depth, come back as those floats."""
+    state = {"best_loss": float("inf"), "low": float("-inf"), "hist": [1.5, float("nan")],
+             "nested": {"worst": float("inf")}}
+    python_checkpoint(config, token_file, tmp_path / "ckpt", client_state=state)
+    _, loaded = sup.new_engine(config).load_checkpoint(str(tmp_path / "ckpt"))
+    assert loaded["best_loss"] == math.inf and loaded["low"] == -math.inf
+    assert loaded["hist"][0] == 1.5 and math.isnan(loaded["hist"][1])
+    assert loaded["nested"] == {"worst": math.inf}
 
 
 def test_default_client_state_is_an_empty_dict(config, token_file, tmp_path):

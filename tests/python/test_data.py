@@ -65,6 +65,21 @@ def test_len_is_whole_batches_per_epoch(engine, token_file, corpus):
     assert len(engine.token_loader(str(token_file))) == num_samples(corpus) // 4
 
 
+def test_iterating_a_loader_ends_at_the_epoch(engine, token_file, corpus):
+    """`for batch in loader` gives one epoch's batches and stops (the rest of the epoch when it was begun
+    with next()); the next loop is the next epoch, the sampler's epoch-1 order."""
+    loader = engine.token_loader(str(token_file))
+    assert sum(1 for _ in loader) == len(loader) > 0
+    assert loader.epoch == 0
+    sampler = strata.DistributedSampler(num_samples(corpus), num_replicas=1, rank=0, seed=SEED)
+    sampler.set_epoch(1)
+    batches = [np.asarray(b).tolist() for b in loader]
+    assert len(batches) == len(loader) and loader.epoch == 1
+    assert batches[0] == [sup.window(corpus, s) for s in list(sampler)[:4]]
+    next(loader)  # epoch 2's first batch
+    assert sum(1 for _ in loader) == len(loader) - 1
+
+
 def test_two_loaders_give_the_same_batches(engine, token_file):
     """The order depends on strata.seed and the epoch only: two loaders agree."""
     a, b = engine.token_loader(str(token_file)), engine.token_loader(str(token_file))

@@ -300,6 +300,9 @@ model::ChunkView Engine::Impl::acquire(int c) {
   STRATA_CHECK(c >= 0 && c < int(slots.size()), "zero3: chunk ", c, " does not exist");
   ChunkSlot& s = slots[std::size_t(c)];
   STRATA_CHECK(s.g != ChunkSlot::Gather::held, "zero3: chunk ", s.name, " acquired while already held");
+  // A forward outside a training pass (an evaluation, even between the last backward and step()) sees
+  // the last step's weights: the early updates are undone first (Note [Optimizer overlap]).
+  if (!in_pass) overlap_undo(false);
   const WaitTimer t0(*compute_stream);
   // While the prefetcher makes c resident and then starts the fetches after it, c must not be chosen to
   // make room for them.

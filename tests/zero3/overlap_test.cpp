@@ -203,6 +203,43 @@ TEST_P(Overlap, AForwardBeforeTheStepSeesTheLastStepsWeights) {
   EXPECT_GT(stats.cancelled, 0u);
 }
 
+// An evaluation between the last backward and step() (the model's forward outside a training pass, as
+// the Python engine's eval_loss runs it) sees the last step's weights, not the early updates — and the
+// step after it is the step without overlap, bit for bit.
+TEST_P(Overlap, AnEvalBetweenBackwardAndStepSeesTheLastStepsWeights) {
+  ScratchDir d("overlap-eval");
+  const std::string tokens = make_tokens(d);
+  auto drive = [&](bool overlap) {
+    kernels::cpu::set_blas_threads(1);
+    Engine e(with_overlap(config(d, {{"gradient_clipping", 1e9}}), overlap), kModel,
+             {.backend = "host", .device_memory_cap = 0, .seq_len = kSeq, .device_state_by_ops = by_ops()});
+    model::TokenFile file = model::TokenFile::open(tokens);
+    model::DataLoader data(file,
+                           {.batch_size = e.micro_batch(), .seq_len = kSeq, .seed = 3, .vocab_size = 256});
+    model::LlamaModel m(kModel, e.model_options());
+    e.train_batch(m, data);
+    const model::Batch held_out = data.next();
+    auto eval = [&] {
+      return double(m.forward(e, held_out.inputs.data(), held_out.targets.data(), held_out.rows, kSeq));
+    };
+    std::vector<double> evals{eval()}, seen;
+    for (int i = 0; i < e.accumulation_steps(); ++i) seen.push_back(e.forward_backward(m, data.next()));
+    evals.push_back(eval());  // between backward and step
+    const StepResult s = e.step();
+    seen.push_back(s.loss);
+    seen.push_back(s.grad_norm);
+    evals.push_back(eval());
+    return std::make_tuple(seen, evals, e.overlap_stats());
+  };
+  const auto [seen_on, evals_on, stats] = drive(true);
+  const auto [seen_off, evals_off, unused] = drive(false);
+  EXPECT_EQ(seen_on, seen_off);
+  EXPECT_EQ(evals_on, evals_off);
+  EXPECT_EQ(evals_on[1], evals_on[0]) << "the eval before the step sees the last step's weights";
+  EXPECT_NE(evals_on[2], evals_on[1]) << "and the step changed them";
+  EXPECT_GT(stats.cancelled, 0u) << "the early updates were made, then undone for the eval";
+}
+
 INSTANTIATE_TEST_SUITE_P(Placements, Overlap,
                          ::testing::Values(Case{OffloadDevice::none, OffloadDevice::cpu, false},
                                            Case{OffloadDevice::cpu, OffloadDevice::cpu, false},

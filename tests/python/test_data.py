@@ -2,12 +2,12 @@
 of seq_len + 1 tokens in the order of Strata's permutation (the DistributedSampler's), micro-batch rows per
 batch — and its byte tokenizer."""
 
+import numpy as np
 import pytest
 
 import strata
 import strata_support as sup
 
-np = pytest.importorskip("numpy", reason="numpy reads the loader's batches")
 
 SEED = 1234  # strata.seed of configs/demo_cpu.json
 

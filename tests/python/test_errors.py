@@ -6,12 +6,12 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import strata
 import strata_support as sup
 
-np = pytest.importorskip("numpy", reason="numpy makes the test batches")
 
 
 def test_exception_classes_derive_from_the_builtins():

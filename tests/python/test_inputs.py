@@ -5,12 +5,12 @@ input_ids, negative labels are ignored; eval_loss leaves training alone."""
 import array
 import math
 
+import numpy as np
 import pytest
 
 import strata
 import strata_support as sup
 
-np = pytest.importorskip("numpy", reason="numpy makes the test batches")
 
 
 class DLPackOnly:

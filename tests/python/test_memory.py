@@ -49,11 +49,14 @@ def test_there_is_no_nvme_without_nvme_offload(trained):
     assert trained.memory_snapshot()["tiers"]["nvme"]["total"]["current"] == 0
 
 
-def test_plan_parts_fill_the_device_cap(engine):
-    """memory_plan's state + working set + activations + compute workspace + gradient accumulators + chunk
-    cache is the 64 MiB cap (the cache is what the others leave)."""
-    plan = engine.memory_plan
-    assert sum(plan_value(plan, k) for k in PLAN_PARTS) == CAP
+def test_the_device_tier_holds_what_the_plan_leaves_it(trained):
+    """The tier manager's device pool gets the cap less the plan's activations and compute workspace (what
+    state, working set, accumulators and the chunk cache share), and training stays within it."""
+    plan = trained.memory_plan
+    device = trained.memory_snapshot()["tiers"]["device"]
+    assert device["capacity"] == CAP - plan_value(plan, "device_activations") - plan_value(plan, "device_ops")
+    assert 0 < device["total"]["peak"] <= device["capacity"]
+    assert plan_value(plan, "device_cache") > 0
 
 
 def test_plan_reserves_activations_and_a_working_set(engine):

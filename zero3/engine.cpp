@@ -757,6 +757,9 @@ const OverlapStats& Engine::overlap_stats() const {
   static const OverlapStats none;
   return impl_->overlap ? impl_->overlap->stats : none;
 }
+const UpdateStats& Engine::update_stats() const {
+  return impl_->updates;
+}
 tiering::TierManager& Engine::tiers() {
   return *impl_->tm;
 }

@@ -154,6 +154,16 @@ struct TransferStats {
   std::uint64_t grad_offload_bytes = 0;
 };
 
+// Who stepped the chunks after backward: COUNT of chunk updates since construction, by the optimizer that
+// made them (those made during backward, or left to the overlap's worker, are OverlapStats').
+struct UpdateStats {
+  std::uint64_t cpu_optimizer = 0;     // the CPU optimizer (pinned or NVMe-swapped state)
+  std::uint64_t device_optimizer = 0;  // the compute interface's AdamW, on the device
+  // The host backend's device optimizer on the model's cpus: the sub-groups offload_optimizer.ratio keeps
+  // on the device, and the share the model's idle cpus take (Note [The optimizer's tail]).
+  std::uint64_t model_cpus = 0;
+};
+
 // The optimizer overlapped with backward (Note [Optimizer overlap] in zero3/engine_overlap.cpp). COUNT /
 // SUM since construction.
 struct OverlapStats {
@@ -262,6 +272,7 @@ class Engine final : public model::ChunkProvider {
   const prefetch::PrefetchStats& prefetch_stats() const;
   const TransferStats& transfer_stats() const;
   const OverlapStats& overlap_stats() const;
+  const UpdateStats& update_stats() const;
   tiering::TierManager& tiers();
   Device& device();
   // The fp32 master parameters of chunk `id` (padded_numel), copied out wherever they live.

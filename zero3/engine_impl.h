@@ -441,6 +441,7 @@ struct Engine::Impl final : prefetch::FetchTarget {
   std::uint64_t param_cache_numel = 0;
 
   TransferStats transfers;
+  UpdateStats updates;
 
   std::int64_t global_step = 0, applied_steps = 0, skipped = 0;
   bool in_pass = false;

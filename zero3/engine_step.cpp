@@ -148,6 +148,7 @@ void Engine::Impl::update_group(const std::vector<int>& group, double lr, float 
     if (by_ops && s.device_optimizer()) {  // the device optimizer
       void* out = homes.param == Tier::device ? my_params(s) : param_out(s);
       update_chunk_on_device(s, out, lr, factor, step_no);
+      ++updates.device_optimizer;
       if (homes.param != Tier::device) param_written(s, writes);
       continue;
     }
@@ -158,6 +159,7 @@ void Engine::Impl::update_group(const std::vector<int>& group, double lr, float 
     }
     void* out = param_out(s);
     update_chunk(s, master, m, v, out, lr, factor, step_no);
+    ++updates.cpu_optimizer;
     param_written(s, writes);
   }
 }
@@ -218,6 +220,7 @@ void Engine::Impl::update_on_model_cpus(ChunkSlot& s, double lr, float factor, s
     update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, out, lr, factor, step_no, with);
   });
   device_updates.push_back(s.id);
+  ++updates.model_cpus;
 }
 
 void Engine::Impl::finish_device_updates(std::vector<tiering::Move>& writes) {

@@ -109,6 +109,9 @@ TEST_P(TwoRanks, LossesAndNormsAreOneRanksWithTheSameSamplesBitForBit) {
 // ranks: each rank updates its shards as their reduce-scatters land, and the losses and norms are those
 // of the step after backward, bit for bit — clipping (gradient_clipping 1.0) fires on the early steps.
 TEST_P(TwoRanks, OptimizerOverlapOnAndOffAreTheSameBitForBit) {
+  if (std::get<1>(GetParam()) == OffloadDevice::nvme || std::get<0>(GetParam()) == OffloadDevice::nvme)
+    GTEST_SKIP() << "the overlap does not apply with NVMe-resident state (Note [Optimizer overlap]): on and "
+                    "off would be one configuration";
   ScratchDir d("ranks-overlap-r" + std::to_string(testing::ranks().rank()));
   const std::string tokens = make_tokens(d);
   Config on = config(d, 2, 2), off = config(d, 2, 2);
@@ -118,13 +121,9 @@ TEST_P(TwoRanks, OptimizerOverlapOnAndOffAreTheSameBitForBit) {
   const RunResult b = train(off, testing::ranks(), tokens, 6);
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_EQ(a.norms, b.norms);
-  // Where it applies (the CPU optimizer in addressable memory), chunks were updated during backward.
-  if (a.overlap_groups > 0) {
-    EXPECT_GT(a.overlap_updates, 0u);
-  }
-  if (std::get<1>(GetParam()) == OffloadDevice::cpu) {
-    EXPECT_GT(a.overlap_groups, 0);
-  }
+  // It applies here (the CPU optimizer in addressable memory): chunks were updated during backward.
+  EXPECT_GT(a.overlap_groups, 0);
+  EXPECT_GT(a.overlap_updates, 0u);
 }
 
 // zero_optimization.offload_optimizer.ratio at two ranks (Note [Offload ratio] in zero3/engine_ratio.cpp):

@@ -27,6 +27,7 @@ struct Result {
   std::vector<std::vector<float>> masters;  // every chunk's, after the last step
   MemoryPlan plan;
   OverlapStats stats;
+  UpdateStats updates;
 };
 
 Result run(const Config& cfg, const std::string& tokens, bool by_ops, int steps = kSteps,
@@ -52,6 +53,7 @@ Result run(const Config& cfg, const std::string& tokens, bool by_ops, int steps 
   for (int c = 0; c < e.layout().num_chunks(); ++c) r.masters.push_back(e.master_params(c));
   r.plan = e.plan();
   r.stats = e.overlap_stats();
+  r.updates = e.update_stats();
   return r;
 }
 
@@ -316,6 +318,9 @@ TEST(Cores, TheModelsCpusShareTheUpdateAfterBackwardWithTheSameBits) {
     const Result shared =
         run(with_overlap(make_config(param, OffloadDevice::cpu, d.path()), false), tokens, false);
     expect_same(split, shared);
+    EXPECT_GT(split.updates.model_cpus, 0u) << "the model's cpus took a share";
+    EXPECT_GT(split.updates.cpu_optimizer, 0u) << "beside the CPU optimizer";
+    EXPECT_EQ(shared.updates.model_cpus, 0u);
   }
 }
 

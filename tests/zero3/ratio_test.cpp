@@ -24,13 +24,19 @@ struct Result {
   std::vector<double> losses, norms;
   std::vector<std::vector<float>> masters;
   MemoryPlan plan;
+  OverlapStats overlap;
+  UpdateStats updates;
 };
 
 Result run(const Config& cfg, const std::string& tokens, bool by_ops, int steps = kSteps,
-           std::uint64_t cap = 0) {
+           std::uint64_t cap = 0, std::function<void(double&, double&)> rates = nullptr) {
   kernels::cpu::set_blas_threads(1);
   Engine e(cfg, kModel,
-           {.backend = "host", .device_memory_cap = cap, .seq_len = kSeq, .device_state_by_ops = by_ops});
+           {.backend = "host",
+            .device_memory_cap = cap,
+            .seq_len = kSeq,
+            .device_state_by_ops = by_ops,
+            .measured_rates = std::move(rates)});
   model::TokenFile file = model::TokenFile::open(tokens);
   model::DataLoader data(file,
                          {.batch_size = e.micro_batch(), .seq_len = kSeq, .seed = 3, .vocab_size = 256});
@@ -43,6 +49,8 @@ Result run(const Config& cfg, const std::string& tokens, bool by_ops, int steps 
   }
   for (int c = 0; c < e.layout().num_chunks(); ++c) r.masters.push_back(e.master_params(c));
   r.plan = e.plan();
+  r.overlap = e.overlap_stats();
+  r.updates = e.update_stats();
   return r;
 }
 
@@ -88,6 +96,16 @@ TEST_P(Ratio, OverlappedWithBackwardTheSameLosses) {
   const Result off = run(config(d, 1.0, false), tokens, by_ops());
   const Result on = run(config(d, 0.5, true), tokens, by_ops());
   expect_same(on, off, "ratio 0.5 overlapped against ratio 1 after backward");
+  // Both ran: the offloaded sub-groups' updates during backward (not with NVMe-swapped states, Note
+  // [Optimizer overlap]: after backward), the device's by its optimizer.
+  if (std::get<1>(GetParam()) == OffloadDevice::nvme) {
+    EXPECT_EQ(on.overlap.updates, 0u);
+    EXPECT_GT(on.updates.cpu_optimizer, 0u);
+  } else {
+    EXPECT_GT(on.overlap.updates, 0u);
+  }
+  EXPECT_GT(on.updates.device_optimizer + on.updates.model_cpus, 0u);
+  EXPECT_EQ(off.updates.device_optimizer + off.updates.model_cpus, 0u);
 }
 
 // DeepSpeed's rule: the first (1 - ratio) x G sub-groups keep the optimizer on the device, and the plan
@@ -173,6 +191,29 @@ TEST_P(Ratio, AutoChoosesASplitThatTrainsTheSameLosses) {
   if (!by_ops()) {
     EXPECT_EQ(a.plan.device_optimizer_groups, 0);
   }
+}
+
+// "auto" follows the measurement: a device optimizer measured far faster than the CPU's takes every
+// sub-group the device has room for, one measured far slower none — and either trains ratio 1's losses.
+TEST_P(Ratio, AutoChoosesWhatTheMeasuredRatesFavour) {
+  if (!by_ops()) GTEST_SKIP() << "the host backend's direct path never splits (AutoChoosesASplit...)";
+  ScratchDir d("ratio-auto-rates");
+  const std::string tokens = make_tokens(d);
+  const Result one = run(config(d, 1.0), tokens, by_ops(), 2);
+  const Result fast = run(config(d, "auto"), tokens, by_ops(), 2, 0, [](double& cpu, double& device) {
+    cpu = 1e6;
+    device = 1e12;
+  });
+  const Result slow = run(config(d, "auto"), tokens, by_ops(), 2, 0, [](double& cpu, double& device) {
+    cpu = 1e12;
+    device = 1e6;
+  });
+  EXPECT_EQ(fast.plan.device_optimizer_groups, fast.plan.optimizer_groups);
+  EXPECT_GT(fast.updates.device_optimizer, 0u);
+  EXPECT_EQ(slow.plan.device_optimizer_groups, 0);
+  EXPECT_EQ(slow.updates.device_optimizer, 0u);
+  expect_same(fast, one, "auto (the device measured faster) against ratio 1");
+  expect_same(slow, one, "auto (the CPU measured faster) against ratio 1");
 }
 
 // With no device memory beyond what ratio 1 needs, "auto" keeps every sub-group offloaded.

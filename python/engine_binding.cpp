@@ -15,6 +15,8 @@
 // from one training thread); the Python Engine holds a lock for that.
 #include <pybind11/stl.h>
 
+#include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -128,30 +130,36 @@ class Core {
       eo.init_params = [&w = *weights](const model::ChunkLayout& c, float* out) { w.read_chunk(c, out); };
     zero3::configure_threads(cfg_, ri.local_size);
     local_rank_ = ri.local_rank;
-    {
+    rank_ = ri.rank;
+    world_ = ri.world_size;
+    collective("strata.initialize", [&] {
       py::gil_scoped_release nogil;
       engine_ = std::make_unique<zero3::Engine>(cfg_, mcfg_, eo);
       model_ = std::make_unique<model::LlamaModel>(mcfg_, engine_->model_options());
-    }
+    });
   }
 
   // ---- the loop ----
   // The forward of one micro-batch (Note [Batches from Python]); returns its loss. Drops a pending forward.
   float forward(py::handle input_ids, py::handle labels) {
     zero3::Engine& e = engine();
-    ModelBatch b = to_model_batch(input_ids, labels, "engine(input_ids, labels)");
-    py::gil_scoped_release nogil;
-    if (e.forward_pending()) e.abandon_forward();
-    return e.forward(*model_, b.inputs.data(), b.targets.data(), b.B, b.T);
+    ModelBatch b = agreed_batch(input_ids, labels, "engine(input_ids, labels)");
+    return collective("engine(input_ids, labels)", [&] {
+      py::gil_scoped_release nogil;
+      if (e.forward_pending()) e.abandon_forward();
+      return e.forward(*model_, b.inputs.data(), b.targets.data(), b.B, b.T);
+    });
   }
 
   void backward() {
     zero3::Engine& e = engine();
-    if (!e.forward_pending())
-      throw Error(
-          "engine.backward(loss): no forward to take the gradients of; call loss = engine(input_ids) first");
-    py::gil_scoped_release nogil;
-    e.backward(*model_);
+    collective("engine.backward(loss)", [&] {
+      if (!e.forward_pending())
+        throw Error(
+            "engine.backward(loss): no forward to take the gradients of; call loss = engine(input_ids) first");
+      py::gil_scoped_release nogil;
+      e.backward(*model_);
+    });
   }
 
   bool forward_pending() { return engine().forward_pending(); }
@@ -160,11 +168,11 @@ class Core {
   py::dict step() {
     zero3::Engine& e = engine();
     zero3::StepResult r;
-    {
+    collective("engine.step()", [&] {
       py::gil_scoped_release nogil;
       if (e.forward_pending()) e.abandon_forward();
       r = e.step();
-    }
+    });
     py::dict d;
     d["step"] = r.step;
     d["loss"] = r.loss;
@@ -187,10 +195,12 @@ class Core {
   // model::evaluate runs it). Drops a pending forward.
   float eval_loss(py::handle input_ids, py::handle labels) {
     zero3::Engine& e = engine();
-    ModelBatch b = to_model_batch(input_ids, labels, "engine.eval_loss(input_ids, labels)");
-    py::gil_scoped_release nogil;
-    if (e.forward_pending()) e.abandon_forward();
-    return model_->forward(e, b.inputs.data(), b.targets.data(), b.B, b.T);
+    ModelBatch b = agreed_batch(input_ids, labels, "engine.eval_loss(input_ids, labels)");
+    return collective("engine.eval_loss(input_ids, labels)", [&] {
+      py::gil_scoped_release nogil;
+      if (e.forward_pending()) e.abandon_forward();
+      return model_->forward(e, b.inputs.data(), b.targets.data(), b.B, b.T);
+    });
   }
 
   // ---- checkpoints and export ----
@@ -199,8 +209,10 @@ class Core {
     zero3::Engine& e = engine();
     between_steps("save_checkpoint");
     const nlohmann::json cs = parse_json(client_state, "save_checkpoint: client_state");
-    py::gil_scoped_release nogil;
-    return e.save_checkpoint(dir, cs, data ? &data->loader() : nullptr, tag);
+    return collective("engine.save_checkpoint", [&] {
+      py::gil_scoped_release nogil;
+      return e.save_checkpoint(dir, cs, data ? &data->loader() : nullptr, tag);
+    });
   }
 
   // (path, client_state as JSON text), or None when `dir` has no `latest` and no tag is given.
@@ -210,10 +222,12 @@ class Core {
     zero3::Engine& e = engine();
     between_steps("load_checkpoint");
     if (tag.empty() && !fs::exists(fs::path(dir) / "latest")) return std::nullopt;
-    py::gil_scoped_release nogil;
-    const std::string used = tag.empty() ? zero3::latest_tag(dir) : tag;
-    const nlohmann::json cs = e.load_checkpoint(dir, used, data ? &data->loader() : nullptr);
-    return std::make_pair((fs::path(dir) / used).string(), cs.dump());
+    return collective("engine.load_checkpoint", [&] {
+      py::gil_scoped_release nogil;
+      const std::string used = tag.empty() ? zero3::latest_tag(dir) : tag;
+      const nlohmann::json cs = e.load_checkpoint(dir, used, data ? &data->loader() : nullptr);
+      return std::make_optional(std::make_pair((fs::path(dir) / used).string(), cs.dump()));
+    });
   }
 
   void export_model(const std::string& path) {
@@ -223,8 +237,10 @@ class Core {
     if (!path.ends_with(".safetensors") && fs::exists(path) && !fs::is_directory(path))
       throw ConfigError(cat("engine.export: ", path,
                             " is a file; give a directory for the model (or NAME.safetensors for one file)"));
-    py::gil_scoped_release nogil;
-    zero3::export_model(e, path, source_dir_);
+    collective("engine.export", [&] {
+      py::gil_scoped_release nogil;
+      zero3::export_model(e, path, source_dir_);
+    });
   }
 
   // ---- data ----
@@ -315,6 +331,49 @@ class Core {
     if (e.forward_pending()) e.abandon_forward();
   }
 
+  // Note [Errors at several ranks]: the calls every rank makes together (initialize, the forward,
+  // backward, step, eval_loss, the checkpoints, export) must not fail on one rank alone, or the others
+  // wait in its collectives for ever. The batch checks depend on each rank's data, so the ranks agree on
+  // them before the forward (agreed_batch): when any rank's batch is refused, every rank raises (that
+  // rank with its reason). Any other error inside such a call at several ranks ends the job, as
+  // `strata train` does: the message with the rank on stderr, then comm::abort_all (every process exits
+  // with status 1 within seconds). At one rank every error is raised.
+  template <class F>
+  auto collective(const char* call, F&& f) -> decltype(f()) {
+    if (world_ == 1) return f();
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "strata: error on rank %d of %d in %s: %s\n", rank_, world_, call, e.what());
+      std::fflush(stderr);
+      comm::abort_all(1);
+    }
+  }
+
+  ModelBatch agreed_batch(py::handle input_ids, py::handle labels, const char* call) {
+    std::exception_ptr refused;
+    ModelBatch b;
+    try {
+      b = to_model_batch(input_ids, labels, call);
+    } catch (...) {
+      refused = std::current_exception();
+    }
+    if (world_ > 1) {
+      comm::Communicator& c = engine().communicator();
+      bool all = false;
+      {
+        py::gil_scoped_release nogil;
+        all = c.all_reduce_and(refused == nullptr);
+      }
+      if (!all && !refused)
+        throw ConfigError(cat(call,
+                              ": the batch of another rank was refused (its error says why); every rank "
+                              "raises, so that none waits for the others"));
+    }
+    if (refused) std::rethrow_exception(refused);
+    return b;
+  }
+
   ModelBatch to_model_batch(py::handle input_ids, py::handle labels, const char* call) {
     const TokenArray ids = read_tokens(input_ids, "input_ids");
     std::optional<TokenArray> lab;
@@ -366,7 +425,7 @@ class Core {
   Config cfg_;
   model::ModelConfig mcfg_;
   std::string source_dir_;  // a Hugging Face directory the model came from (its tokenizer files are exported)
-  int seq_len_ = 0, local_rank_ = 0;
+  int seq_len_ = 0, local_rank_ = 0, rank_ = 0, world_ = 1;
   std::unique_ptr<zero3::Engine> engine_;
   std::unique_ptr<model::LlamaModel> model_;  // runs on engine_'s device: destroyed first
 };
@@ -424,6 +483,8 @@ void bind_engine(py::module_& m) {
       [](const std::string& text, const std::string& what) { return parse_byte_size(text, what); },
       py::arg("text"), py::arg("what"),
       "A byte size as the config reads one: 1073741824, \"1GiB\", \"64MiB\"");
+  m.def("abort_job", &comm::abort_all, py::arg("exit_code"),
+        "Ends every rank of the job with exit_code (Note [Errors at several ranks])");
   m.def("set_log_rank", &log::set_job_rank, py::arg("rank"),
         "Log lines carry this rank; ranks other than 0 log warnings and errors only");
 }

@@ -13,6 +13,7 @@ scheduler views, checkpoints with client state, and rank-0 printing.
 import json
 import math
 import os
+import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -363,6 +364,24 @@ class Engine:
                 f"{self._core.device_name}, rank {self.rank}/{self.world_size})")
 
 
+def _end_the_job_on_an_uncaught_exception():
+    """Note [Errors at several ranks] (python/engine_binding.cpp): at several ranks an exception that ends
+    one rank's script would leave the others in a collective for ever; after Python has printed it, the
+    job ends (every rank exits with status 1), as `strata train` ends on an error."""
+    previous = sys.excepthook
+    if getattr(previous, "_strata_ends_the_job", False):
+        return
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        _strata.abort_job(1)
+
+    hook._strata_ends_the_job = True
+    sys.excepthook = hook
+
+
 def initialize(config=None, model=None, *, seq_len=None, backend=None, device_memory_cap=None,
                checkpoint_activations=None, **auto_values):
     """DeepSpeed's initialize: returns (engine, optimizer, None, lr_scheduler).
@@ -407,6 +426,8 @@ def initialize(config=None, model=None, *, seq_len=None, backend=None, device_me
                         "" if backend is None else str(backend), _byte_size(device_memory_cap),
                         None if checkpoint_activations is None else bool(checkpoint_activations))
     engine = Engine(core)
+    if core.world_size > 1:
+        _end_the_job_on_an_uncaught_exception()
     scheduler = engine.config.get("scheduler", {}).get("type")
     lr_scheduler = None if scheduler in (None, "none") else LRSchedulerView(engine)
     return engine, OptimizerView(engine), None, lr_scheduler

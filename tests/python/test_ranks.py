@@ -173,3 +173,69 @@ def test_sampler_set_epoch_changes_the_order_on_every_rank(two_ranks):
     _, records = two_ranks
     for rec in records:
         assert rec["sampler_epochs"][0] != rec["sampler_epochs"][1]
+
+
+BAD_BATCH_SCRIPT = """
+    import json, sys, time
+    import numpy as np
+    import strata
+
+    config_path, tokens, out_dir, mode = sys.argv[1:5]
+    engine, _, _, _ = strata.initialize(config_path, "tiny", seq_len={seq_len})
+    batch = np.asarray(next(engine.token_loader(tokens)))
+    if engine.rank == 1:
+        if mode == "batch":
+            batch = batch[:, :1]  # one token a row: refused by the batch checks
+        elif mode == "call":
+            engine._core.backward()  # no forward: refused inside a call the others make together
+        else:
+            raise KeyError("rank 1 stops on purpose")  # the script's own error, uncaught
+    t0 = time.monotonic()
+    try:
+        loss = engine(batch)
+        engine.backward(loss)
+        engine.step()
+        outcome = "trained"
+    except ValueError as e:
+        outcome = "ValueError: " + str(e)
+    with open(f"{{out_dir}}/rank{{engine.rank}}.json", "w") as f:
+        json.dump({{"outcome": outcome, "seconds": time.monotonic() - t0}}, f)
+"""
+
+
+def run_bad_batch(token_file, tmp_path, mode):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun is not on PATH (Open MPI runs the 2-rank tests)")
+    (tmp_path / "ds_config.json").write_text(json.dumps(micro_one(1)))
+    script = tmp_path / "bad.py"
+    script.write_text(textwrap.dedent(BAD_BATCH_SCRIPT.format(seq_len=sup.SEQ_LEN)))
+    env = sup.child_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [mpirun, "--oversubscribe", "-np", "2", sys.executable, str(script), str(tmp_path / "ds_config.json"),
+           str(token_file), str(tmp_path), mode]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_batch_refused_on_one_rank_raises_on_every_rank(token_file, tmp_path):
+    """Note [Errors at several ranks]: rank 1's batch is refused; rank 1 raises its reason and rank 0
+    raises too, instead of waiting in the forward's collectives for ever; the job ends normally."""
+    p = run_bad_batch(token_file, tmp_path, "batch")
+    assert p.returncode == 0, f"exited {p.returncode}:\n{p.stdout}\n{p.stderr}"
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r1["outcome"].startswith("ValueError: engine(input_ids, labels): input_ids rows hold 1 token")
+    assert r0["outcome"].startswith("ValueError: engine(input_ids, labels): the batch of another rank")
+    assert r0["seconds"] < 30
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("call", "strata: error on rank 1 of 2 in engine.backward(loss)"),
+    ("python", "KeyError: 'rank 1 stops on purpose'"),
+])
+def test_an_error_on_one_rank_ends_the_job(token_file, tmp_path, mode, message):
+    """An error on one rank inside a call the ranks make together, or an exception the script leaves
+    uncaught, ends the whole job within seconds (the 60 s limit of run_bad_batch), its message printed,
+    rather than leaving rank 0 in a collective."""
+    p = run_bad_batch(token_file, tmp_path, mode)
+    assert p.returncode != 0
+    assert message in p.stderr + p.stdout
+    assert not (tmp_path / "rank0.json").exists() or "trained" not in (tmp_path / "rank0.json").read_text()

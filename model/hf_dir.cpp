@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "model/layout.h"
 #include "model/safetensors.h"
 
@@ -29,7 +30,10 @@ bool is_shard_file_name(std::string_view name) {
 
 json read_json(const fs::path& p, const char* what) {
   std::ifstream in(p);
-  if (!in) detail::throw_sys(__FILE__, __LINE__, "open", errno, cat(what, " ", p.string()));
+  if (!in) {
+    const int err = errno;
+    throw IoError(cat("cannot open ", what, " ", p.string(), ": ", detail::errno_text(err)));
+  }
   try {
     return json::parse(in);
   } catch (const json::exception& e) {
@@ -42,7 +46,11 @@ void write_file(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) detail::throw_sys(__FILE__, __LINE__, "create", errno, tmp.string());
+    if (!out) {
+      const int err = errno;
+      throw IoError(cat("cannot create ", tmp.string(), " (written, then renamed to ", path.string(),
+                        "): ", detail::errno_text(err)));
+    }
     out << text;
     out.flush();
     if (!out) throw IoError(cat("writing ", tmp.string(), " failed (disk full?)"));
@@ -65,6 +73,19 @@ const char* torch_dtype(DType t) {
 }
 
 }  // namespace
+
+void check_output_dir(const std::string& dir, std::string_view what) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw ConfigError(cat(what, " ", dir, " is a file; give the directory to write the model to"));
+  fs::create_directories(dir, ec);
+  if (ec)
+    throw ConfigError(cat(what, " ", dir, ": cannot create the directory (", ec.message(),
+                          "); choose a writable location"));
+  if (const int err = probe_writable(dir); err != 0)
+    throw ConfigError(
+        cat(what, " ", dir, ": not writable (", detail::errno_text(err), "); choose a writable location"));
+}
 
 HfModel open_hf_model(const std::string& path) {
   HfModel m;
@@ -125,10 +146,10 @@ void save_pretrained(const std::string& dir, ChunkProvider& chunks, DType dtype,
                      const SavePretrainedOptions& opts) {
   STRATA_CHECK(dtype == DType::bf16 || dtype == DType::fp16 || dtype == DType::fp32,
                "save_pretrained: dtype ", dtype_name(dtype));
+  // The caller has checked `dir` up front, naming what its user typed (check_output_dir); this names
+  // none, for callers that did not.
+  check_output_dir(dir, "model directory");
   const fs::path out(dir);
-  std::error_code ec;
-  fs::create_directories(out, ec);
-  if (ec) throw IoError(cat("--export ", dir, ": cannot create the directory (", ec.message(), ")"));
   const ModelLayout& layout = chunks.layout();
   const ModelConfig& cfg = layout.config();
   json src_cfg = json::object();

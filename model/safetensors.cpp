@@ -40,6 +40,60 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// What a user can do about a failed create / write / rename in a directory they chose.
+std::string write_hint(int err) {
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT:
+      return "; free space on that file system or write elsewhere";
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return "; choose a directory this user can write";
+    case ENOENT:
+    case ENOTDIR:
+      return "; the directory to write to must exist (and every parent must be a directory)";
+    default:
+      return "";
+  }
+}
+
+// An IoError for a system call on a user's file: `what` names the operation and the path, then the errno
+// text and `hint`. Not STRATA_SYS_CHECK: its file:line and statement are for programming errors.
+[[noreturn]] void throw_io(const std::string& what, int err, std::string_view hint = {}) {
+  throw IoError(detail::cat(what, ": ", detail::errno_text(err), hint));
+}
+
+// Every shard an index lists is there, before any is opened: a partial download (a shard missing) is the
+// common case, and its error names every missing file, the index and what to do rather than the first
+// file open() could not find.
+void check_shards_exist(const std::string& index, const std::vector<std::string>& files,
+                        const std::map<std::string, std::vector<std::string>>& tensors_of) {
+  const std::string dir = dir_of(index);
+  std::vector<std::string> missing;
+  for (const std::string& f : files) {
+    struct stat st;
+    if (::stat((dir + "/" + f).c_str(), &st) != 0 && errno == ENOENT) missing.push_back(f);
+  }
+  if (missing.empty()) return;
+  constexpr size_t kNamed = 4;  // files named in full; the rest are counted
+  std::string list;
+  for (size_t i = 0; i < std::min(missing.size(), kNamed); ++i) {
+    const std::vector<std::string>& t = tensors_of.at(missing[i]);
+    list += detail::cat(i ? ", " : "", dir, "/", missing[i], " (tensor '", t.front(), "'",
+                        t.size() > 1 ? detail::cat(" and ", t.size() - 1, " more") : std::string(), ")");
+  }
+  if (missing.size() > kNamed) list += detail::cat(" and ", missing.size() - kNamed, " more");
+  const std::string how_many =
+      files.size() == 1 ? std::string("the one shard file it lists is")
+                        : detail::cat(missing.size(), " of the ", files.size(), " shard files it lists ",
+                                      missing.size() == 1 ? "is" : "are");
+  throw ConfigError(detail::cat("safetensors index ", index, ": ", how_many, " missing: ", list,
+                                "; the model directory is incomplete (an interrupted download?): download "
+                                "the model again, or check that ",
+                                dir, " is the directory the index came with"));
+}
+
 }  // namespace
 
 size_t SafetensorsEntry::numel() const {
@@ -50,12 +104,21 @@ size_t SafetensorsEntry::numel() const {
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  STRATA_SYS_CHECK(fd >= 0, "open safetensors file ", path);
+  if (fd < 0) {
+    const int err = errno;
+    throw_io("cannot open safetensors file " + path, err);
+  }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
-    detail::throw_sys(__FILE__, __LINE__, "fstat", err, "safetensors file " + path);
+    throw_io("cannot stat safetensors file " + path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw ConfigError(detail::cat("safetensors file ", path, " is ",
+                                  S_ISDIR(st.st_mode) ? "a directory" : "not a regular file",
+                                  "; give a .safetensors file (or the model directory that holds it)"));
   }
   map_bytes_ = size_t(st.st_size);
   if (map_bytes_ < 8) {
@@ -68,7 +131,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   ::close(fd);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
-    detail::throw_sys(__FILE__, __LINE__, "mmap", err, "safetensors file " + path);
+    throw_io("cannot map safetensors file " + path, err);
   }
   try {
     const auto* bytes = static_cast<const unsigned char*>(map_);
@@ -201,9 +264,19 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Decl> 
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  STRATA_SYS_CHECK(fd_ >= 0, "create ", tmp_);
-  put(len, 8);
-  put(text.data(), text.size());
+  if (fd_ < 0) {
+    const int err = errno;
+    throw_io(detail::cat("cannot create ", tmp_, " (written, then renamed to ", path_, ")"), err,
+             write_hint(err));
+  }
+  try {
+    put(len, 8);
+    put(text.data(), text.size());
+  } catch (...) {  // the destructor does not run for a constructor that throws
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+    throw;
+  }
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
@@ -218,7 +291,10 @@ void SafetensorsWriter::put(const void* data, size_t bytes) {
   while (bytes > 0) {
     ssize_t w = ::write(fd_, p, bytes);
     if (w < 0 && errno == EINTR) continue;
-    STRATA_SYS_CHECK(w > 0, "write ", bytes, " bytes to ", tmp_);
+    if (w <= 0) {
+      const int err = w < 0 ? errno : EIO;
+      throw_io(detail::cat("cannot write ", bytes, " bytes to ", tmp_), err, write_hint(err));
+    }
     p += w;
     bytes -= size_t(w);
   }
@@ -243,11 +319,26 @@ void SafetensorsWriter::write_f32(std::string_view name, const float* src) {
 void SafetensorsWriter::finish() {
   STRATA_CHECK(next_ == decls_.size(), "safetensors file ", path_, ": finish() after ", next_, " of ",
                decls_.size(), " declared tensors were written");
-  STRATA_SYS_CHECK(::fsync(fd_) == 0, "fsync ", tmp_);
-  int fd = fd_;
+  // A failure below leaves no file behind: the destructor removes tmp_ while fd_ is open, this the rest.
+  if (::fsync(fd_) != 0) {
+    const int err = errno;
+    throw_io("cannot flush " + tmp_ + " to disk", err, write_hint(err));
+  }
+  const int fd = fd_;
   fd_ = -1;
-  STRATA_SYS_CHECK(::close(fd) == 0, "close ", tmp_);
-  STRATA_SYS_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, "rename ", tmp_, " to ", path_);
+  int err = 0;
+  std::string failed;  // what could not be done
+  if (::close(fd) != 0) {
+    err = errno;
+    failed = "cannot close " + tmp_;
+  } else if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    err = errno;
+    failed = detail::cat("cannot rename ", tmp_, " to ", path_);
+  }
+  if (err != 0) {
+    ::unlink(tmp_.c_str());
+    throw_io(failed, err, write_hint(err));
+  }
 }
 
 void save_weights(const std::string& path, ChunkProvider& chunks, DType dtype,
@@ -273,7 +364,10 @@ WeightsSource::WeightsSource(const std::string& path, const ModelLayout& layout)
   // Which file holds each tensor: one file, or the shards a Hugging Face index names.
   if (ends_with(path, ".index.json")) {
     std::ifstream in(path);
-    if (!in) detail::throw_sys(__FILE__, __LINE__, "open", errno, "safetensors index " + path);
+    if (!in) {
+      const int err = errno;
+      throw_io("cannot open safetensors index " + path, err);
+    }
     json idx;
     try {
       idx = json::parse(in);
@@ -282,17 +376,21 @@ WeightsSource::WeightsSource(const std::string& path, const ModelLayout& layout)
     }
     if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
       throw ConfigError(detail::cat("safetensors index ", path, " has no \"weight_map\" object"));
-    std::map<std::string, const SafetensorsReader*> by_file;
+    // The shard files in the order the index first names them, each with the tensors it should hold.
+    std::vector<std::string> files;
+    std::map<std::string, std::vector<std::string>> tensors_of;
     for (const auto& [tensor, file] : idx["weight_map"].items()) {
       if (!file.is_string())
         throw ConfigError(
             detail::cat("safetensors index ", path, ": weight_map[\"", tensor, "\"] is not a file name"));
-      std::string f = file.get<std::string>();
-      if (!by_file.count(f)) {
-        readers_.push_back(std::make_unique<SafetensorsReader>(dir_of(path) + "/" + f));
-        by_file[f] = readers_.back().get();
-      }
-      where_[tensor] = by_file[f];
+      std::vector<std::string>& t = tensors_of[file.get<std::string>()];
+      if (t.empty()) files.push_back(file.get<std::string>());
+      t.push_back(tensor);
+    }
+    check_shards_exist(path, files, tensors_of);
+    for (const std::string& f : files) {
+      readers_.push_back(std::make_unique<SafetensorsReader>(dir_of(path) + "/" + f));
+      for (const std::string& tensor : tensors_of[f]) where_[tensor] = readers_.back().get();
     }
   } else {
     readers_.push_back(std::make_unique<SafetensorsReader>(path));

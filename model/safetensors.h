@@ -77,7 +77,9 @@ class SafetensorsReader {
 
 // Streams a file: the header is written from the declared entries up front, then write() is called
 // once per entry in declaration order. Written to path + ".tmp", renamed by finish(); a writer destroyed
-// without finish() removes the temporary file.
+// without finish(), or whose create / write / rename fails, removes the temporary file. A failed system
+// call on the file (a directory that is read-only or missing, a full disk) throws IoError naming the path,
+// the errno text and what to do.
 class SafetensorsWriter {
  public:
   struct Decl {
@@ -113,7 +115,9 @@ void save_weights(const std::string& path, ChunkProvider& chunks, DType dtype,
 // model.safetensors.index.json names (memory-mapped: reading a chunk touches only its tensors' bytes).
 // Opening checks that every tensor the model needs is there with its shape; read_chunk converts one
 // chunk's tensors (F32, BF16 or F16) into a zero-padded fp32 buffer of padded_numel floats, in any order.
-// Errors are ConfigErrors naming the tensor, the file and both shapes.
+// Errors are ConfigErrors naming the tensor, the file and both shapes; shard files the index lists but
+// the directory lacks (an interrupted download) are one ConfigError naming them all and the index, before
+// any is opened.
 class WeightsSource {
  public:
   WeightsSource(const std::string& path, const ModelLayout& layout);

@@ -41,14 +41,15 @@ int run_export(const ExportOpts& o) {
   const std::uint64_t max_shard = parse_byte_size(o.max_shard, "--max-shard-size");
   std::error_code ec;
   if (!fs::exists(o.source, ec))
-    throw ConfigError(cat(o.source,
+    throw ConfigError(cat("CHECKPOINT ", o.source,
                           ": no such file or directory; give a checkpoint directory of `strata train "
                           "--save` (or a model directory / .safetensors file)"));
-  if (fs::exists(o.out, ec) && !fs::is_directory(o.out, ec))
-    throw ConfigError(cat(o.out, " is a file; give the directory to write the model to"));
   if (!o.tokenizer_from.empty() && !fs::is_directory(o.tokenizer_from, ec))
     throw ConfigError(cat("--tokenizer-from ", o.tokenizer_from, ": not a directory"));
-  const ModelSource src = open_model_source(o.source, "export");
+  const ModelSource src = open_model_source(o.source, "CHECKPOINT");
+  // Where the export goes, created and probed before the weights are loaded; the errors name OUT_DIR, the
+  // argument as the usage line shows it.
+  model::check_output_dir(o.out, "OUT_DIR");
   std::string tokenizer = o.tokenizer_from;
   if (tokenizer.empty() && src.ckpt && !src.ckpt->init_from.empty()) {
     if (fs::is_directory(src.ckpt->init_from, ec))

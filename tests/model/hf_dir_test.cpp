@@ -3,6 +3,7 @@
 // the llama3 inverse frequencies, and save_pretrained / open_hf_model / WeightsSource round trips,
 // sharded and not.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "kernels/cpu/ops.h"
 #include "model/hf_dir.h"
 #include "model/layout.h"
@@ -295,6 +297,101 @@ TEST(HfDir, ADirectoryWithoutWeightsOrConfigIsRefusedSayingWhatWasLookedFor) {
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("no model.safetensors"), std::string::npos) << e.what();
+  }
+}
+
+// A message for a user: no check text ("file.cpp:204: `fd_ >= 0` failed") in it.
+void expect_no_check_text(const std::string& m) {
+  EXPECT_EQ(m.find("` failed"), std::string::npos) << m;
+  EXPECT_EQ(m.find(".cpp:"), std::string::npos) << m;
+}
+
+// Where an export goes is checked before anything is loaded, and the refusal names what the user typed
+// (`strata export`'s OUT_DIR here; `--export` is strata train's). The parent being a regular file makes
+// the directory impossible to create even for root, so these cases hold under any user.
+TEST(HfDir, AnOutputDirThatCannotBeMadeIsRefusedNamingWhatTheUserTyped) {
+  test::ScratchDir dir("hf");
+  std::ofstream(dir.file("file")) << "a regular file";
+  const std::string under_file = dir.file("file/out");
+  try {
+    check_output_dir(under_file, "OUT_DIR");
+    FAIL() << "made a directory under a regular file";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("OUT_DIR " + under_file + ": cannot create the directory", 0), 0u) << m;
+    EXPECT_NE(m.find("choose a writable location"), std::string::npos) << m;
+    EXPECT_EQ(m.find("--export"), std::string::npos) << m;
+    expect_no_check_text(m);
+  }
+  try {
+    check_output_dir(dir.file("file"), "OUT_DIR");
+    FAIL() << "took a regular file for a directory";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("OUT_DIR " + dir.file("file") + " is a file", 0), 0u) << e.what();
+  }
+  EXPECT_NO_THROW(check_output_dir(dir.file("new/nested"), "OUT_DIR"));
+  EXPECT_TRUE(fs::is_directory(dir.file("new/nested")));
+  // save_pretrained, called without the check, names no option either.
+  InMemoryChunks ch{ModelLayout(ModelConfig::from_json(hf_config()))};
+  ch.init(1);
+  try {
+    save_pretrained(under_file, ch, DType::bf16);
+    FAIL() << "exported under a regular file";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("model directory " + under_file + ": cannot create the directory", 0), 0u) << m;
+    EXPECT_EQ(m.find("--export"), std::string::npos) << m;
+    expect_no_check_text(m);
+  }
+}
+
+TEST(HfDir, AReadOnlyOutputDirIsRefusedNamingWhatTheUserTyped) {
+  test::ScratchDir dir("hf");
+  const std::string ro = dir.file("read-only");
+  fs::create_directories(ro);
+  ASSERT_EQ(::chmod(ro.c_str(), 0555), 0);
+  if (probe_writable(ro) == 0) {
+    ::chmod(ro.c_str(), 0755);
+    GTEST_SKIP() << "a read-only directory is writable here (root, or CAP_DAC_OVERRIDE); "
+                    "AnOutputDirThatCannotBeMadeIsRefusedNamingWhatTheUserTyped covers the refusal";
+  }
+  for (const std::string& out : {ro, ro + "/sub"}) {
+    try {
+      check_output_dir(out, "OUT_DIR");
+      FAIL() << out << " was taken as writable";
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind("OUT_DIR " + out + ": ", 0), 0u) << m;
+      EXPECT_NE(m.find("ermission denied"), std::string::npos) << m;
+      expect_no_check_text(m);
+    }
+  }
+  ::chmod(ro.c_str(), 0755);
+}
+
+// A sharded model directory with a shard gone (an interrupted download): opening it names the shard,
+// the index and what to do.
+TEST(HfDir, AMissingShardIsNamedWhenTheDirectoryOpens) {
+  test::ScratchDir dir("hf");
+  const std::string out = dir.file("model");
+  InMemoryChunks ch{ModelLayout(ModelConfig::from_json(hf_config()))};
+  ch.init(2);
+  save_pretrained(out, ch, DType::bf16, {.max_shard_bytes = 20000, .source_dir = ""});
+  const HfModel m = open_hf_model(out);
+  ASSERT_TRUE(m.weights.ends_with("model.safetensors.index.json")) << m.weights;
+  std::string gone;  // the second shard
+  for (const fs::directory_entry& e : fs::directory_iterator(out))
+    if (e.path().filename().string().starts_with("model-00002-of-")) gone = e.path().string();
+  ASSERT_TRUE(fs::remove(gone)) << "no second shard in " << out;
+  try {
+    WeightsSource w(m.weights, ModelLayout(m.config));
+    FAIL() << "a missing shard was not noticed";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(gone), std::string::npos) << msg;
+    EXPECT_NE(msg.find(m.weights), std::string::npos) << msg;
+    EXPECT_NE(msg.find("download the model again"), std::string::npos) << msg;
+    expect_no_check_text(msg);
   }
 }
 

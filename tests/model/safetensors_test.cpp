@@ -1,6 +1,7 @@
 // Safetensors: the format on disk, bit-exact round trips in F32/BF16/F16, and the errors a mismatched
 // checkpoint gets.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "kernels/cpu/ops.h"
 #include "model/safetensors.h"
 #include "model_test_util.h"
@@ -215,13 +217,11 @@ TEST(Safetensors, TiedModelSkipsAnUntiedHead) {
   }
 }
 
-// Hugging Face's sharded layout: model.safetensors.index.json naming the shard of every tensor.
-TEST(Safetensors, LoadsAShardedCheckpointThroughItsIndex) {
-  ModelConfig cfg = ModelConfig::preset("tiny");
-  InMemoryChunks src{ModelLayout(cfg)};
-  src.init(8);
+// Hugging Face's sharded layout in `dir`: the even chunks' tensors in model-00001-of-00002.safetensors,
+// the odd ones' in model-00002-of-00002.safetensors, and model.safetensors.index.json naming the shard of
+// every tensor.
+void write_two_shards(const test::ScratchDir& dir, const InMemoryChunks& src) {
   const ModelLayout& layout = src.layout();
-  test::ScratchDir dir("model");
   json weight_map = json::object();
   for (int shard = 0; shard < 2; ++shard) {
     std::vector<SafetensorsWriter::Decl> decls;
@@ -242,9 +242,140 @@ TEST(Safetensors, LoadsAShardedCheckpointThroughItsIndex) {
   }
   std::ofstream(dir.file("model.safetensors.index.json"))
       << json{{"metadata", json::object()}, {"weight_map", weight_map}}.dump();
+}
+
+// A message for a user: no check text ("file.cpp:53: `fd >= 0` failed") in it.
+void expect_no_check_text(const std::string& m) {
+  EXPECT_EQ(m.find("` failed"), std::string::npos) << m;
+  EXPECT_EQ(m.find(".cpp:"), std::string::npos) << m;
+}
+
+TEST(Safetensors, LoadsAShardedCheckpointThroughItsIndex) {
+  ModelConfig cfg = ModelConfig::preset("tiny");
+  InMemoryChunks src{ModelLayout(cfg)};
+  src.init(8);
+  const ModelLayout& layout = src.layout();
+  test::ScratchDir dir("model");
+  write_two_shards(dir, src);
   InMemoryChunks dst{ModelLayout(cfg)};
   load_weights(dir.file("model.safetensors.index.json"), dst);
   EXPECT_EQ(std::memcmp(dst.all_params(), src.all_params(), layout.total_padded_numel() * 4), 0);
+}
+
+// A shard the index lists but the directory lacks (an interrupted download) is named, with the index that
+// lists it and what to do, before any shard is opened.
+TEST(Safetensors, AMissingShardIsNamedWithTheIndexAndWhatToDo) {
+  ModelConfig cfg = ModelConfig::preset("tiny");
+  InMemoryChunks src{ModelLayout(cfg)};
+  src.init(8);
+  test::ScratchDir dir("model");
+  write_two_shards(dir, src);
+  std::filesystem::remove(dir.file("model-00002-of-00002.safetensors"));
+  InMemoryChunks dst{ModelLayout(cfg)};
+  try {
+    load_weights(dir.file("model.safetensors.index.json"), dst);
+    FAIL() << "a missing shard was not noticed";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(dir.file("model-00002-of-00002.safetensors")), std::string::npos) << m;
+    EXPECT_NE(m.find("safetensors index " + dir.file("model.safetensors.index.json")), std::string::npos)
+        << m;
+    EXPECT_NE(m.find("1 of the 2 shard files it lists is missing"), std::string::npos) << m;
+    EXPECT_NE(m.find("download the model again"), std::string::npos) << m;
+    EXPECT_EQ(m.find("model-00001-of-00002"), std::string::npos) << "the shard that is there: " << m;
+    expect_no_check_text(m);
+  }
+  // Both gone: both named.
+  std::filesystem::remove(dir.file("model-00001-of-00002.safetensors"));
+  try {
+    load_weights(dir.file("model.safetensors.index.json"), dst);
+    FAIL() << "missing shards were not noticed";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("2 of the 2 shard files it lists are missing"), std::string::npos) << m;
+    EXPECT_NE(m.find("model-00001-of-00002.safetensors"), std::string::npos) << m;
+    EXPECT_NE(m.find("model-00002-of-00002.safetensors"), std::string::npos) << m;
+  }
+}
+
+TEST(Safetensors, AFileThatCannotBeOpenedIsAnIoErrorNamingIt) {
+  test::ScratchDir dir("model");
+  const std::string path = dir.file("absent.safetensors");
+  try {
+    SafetensorsReader r(path);
+    FAIL() << "opened a file that does not exist";
+  } catch (const IoError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("cannot open safetensors file " + path), std::string::npos) << m;
+    EXPECT_NE(m.find("No such file or directory"), std::string::npos) << m;
+    expect_no_check_text(m);
+  }
+  // An index that is not there: the same shape of message.
+  InMemoryChunks dst{ModelLayout(ModelConfig::preset("tiny"))};
+  try {
+    load_weights(dir.file("model.safetensors.index.json"), dst);
+    FAIL() << "opened an index that does not exist";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot open safetensors index " +
+                                         dir.file("model.safetensors.index.json")),
+              std::string::npos)
+        << e.what();
+    expect_no_check_text(e.what());
+  }
+  // A directory where the file should be (open() accepts it; mmap would fail with ENODEV).
+  std::filesystem::create_directories(dir.file("dir.safetensors"));
+  try {
+    SafetensorsReader r(dir.file("dir.safetensors"));
+    FAIL() << "read a directory";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir.file("dir.safetensors") + " is a directory"), std::string::npos)
+        << e.what();
+  }
+}
+
+// The writer's create: a path whose parent is a regular file cannot be created even by root (ENOTDIR), so
+// this case holds under any user; the read-only directory below is skipped where permissions do not bite.
+TEST(Safetensors, WriterThatCannotCreateItsFileIsAnIoErrorNamingThePath) {
+  test::ScratchDir dir("model");
+  std::ofstream(dir.file("not-a-dir")) << "a regular file";
+  const std::string path = dir.file("not-a-dir/model.safetensors");
+  try {
+    SafetensorsWriter w(path, {{"a", DType::fp32, {4}}});
+    FAIL() << "created a file under a regular file";
+  } catch (const IoError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("cannot create " + path + ".tmp"), std::string::npos) << m;
+    EXPECT_NE(m.find("Not a directory"), std::string::npos) << m;
+    expect_no_check_text(m);
+  }
+  // save_weights (what `strata train --export NAME.safetensors` calls) goes through the same writer.
+  InMemoryChunks ch{ModelLayout(ModelConfig::preset("tiny"))};
+  ch.init(1);
+  EXPECT_THROW(save_weights(dir.file("no-such-dir/model.safetensors"), ch, DType::bf16), IoError);
+}
+
+TEST(Safetensors, WriterIntoAReadOnlyDirectoryIsAnIoErrorNamingThePath) {
+  test::ScratchDir dir("model");
+  const std::string ro = dir.file("read-only");
+  std::filesystem::create_directories(ro);
+  ASSERT_EQ(::chmod(ro.c_str(), 0555), 0);
+  if (probe_writable(ro) == 0) {
+    ::chmod(ro.c_str(), 0755);
+    GTEST_SKIP() << "a read-only directory is writable here (root, or CAP_DAC_OVERRIDE); "
+                    "WriterThatCannotCreateItsFileIsAnIoErrorNamingThePath covers the refusal";
+  }
+  const std::string path = ro + "/model.safetensors";
+  try {
+    SafetensorsWriter w(path, {{"a", DType::fp32, {4}}});
+    FAIL() << "created a file in a read-only directory";
+  } catch (const IoError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("cannot create " + path + ".tmp"), std::string::npos) << m;
+    EXPECT_NE(m.find("Permission denied"), std::string::npos) << m;
+    EXPECT_NE(m.find("choose a directory this user can write"), std::string::npos) << m;
+    expect_no_check_text(m);
+  }
+  ::chmod(ro.c_str(), 0755);
 }
 
 TEST(Safetensors, CorruptFilesAreRejected) {

@@ -391,6 +391,8 @@ struct ConfigParser {
 
   void infer_batch();
   void check_cross_keys();
+  void check_offload_ratio();
+  void warn_no_effect();
   void check_nvme_path(const char* device_key, const char* path_key, const std::string& path);
 };
 
@@ -495,9 +497,7 @@ void ConfigParser::check_cross_keys() {
   if (z.offload_optimizer.device == OffloadDevice::cpu && z.stage == 0)
     error(detail::cat(shown_key("zero_optimization.offload_optimizer.device"),
                       ": \"cpu\" needs zero_optimization.stage 1, 2 or 3 (stage is 0)"));
-  if (z.offload_optimizer.device != OffloadDevice::none && z.offload_optimizer.ratio < 1.0 && z.stage != 3)
-    error(detail::cat("zero_optimization.offload_optimizer.ratio: ", format_number(z.offload_optimizer.ratio),
-                      " (partial offload) needs zero_optimization.stage 3 (stage is ", z.stage, ")"));
+  check_offload_ratio();
   if (z.offload_param.device == OffloadDevice::nvme)
     check_nvme_path("zero_optimization.offload_param.device", "zero_optimization.offload_param.nvme_path",
                     z.offload_param.nvme_path);
@@ -544,6 +544,41 @@ void ConfigParser::check_cross_keys() {
         "memory (the device plan counts them)");
 }
 
+// A ratio below 1, or "auto" (the engine's choice of one), splits the optimizer between the device and
+// its offload target, which only stage 3 does (zero3/placement.cpp), and only with a target: "auto" at
+// stage 1 or 2 and any such ratio with device "none" would otherwise be ignored in silence.
+void ConfigParser::check_offload_ratio() {
+  const auto& z = cfg.zero_optimization;
+  const auto& oo = z.offload_optimizer;
+  if (!oo.ratio_auto && oo.ratio >= 1.0) return;
+  const std::string key = shown_key("zero_optimization.offload_optimizer.ratio");
+  const std::string value = oo.ratio_auto ? std::string("\"auto\"") : format_number(oo.ratio);
+  if (oo.device == OffloadDevice::none) {
+    error(detail::cat(key, ": ", value, " (partial offload) needs ",
+                      shown_key("zero_optimization.offload_optimizer.device"), " \"cpu\" or \"nvme\"",
+                      z.stage != 3 ? " and zero_optimization.stage 3" : "", " (device is \"none\"",
+                      z.stage != 3 ? detail::cat(", stage is ", z.stage) : std::string(),
+                      ": there is no offloaded optimizer to split); offload the optimizer",
+                      z.stage != 3 ? " at stage 3" : "", ", or remove ratio"));
+  } else if (z.stage != 3) {
+    error(detail::cat(
+        key, ": ", value, " (partial offload) needs zero_optimization.stage 3 (stage is ", z.stage,
+        "; below stage 3 the whole optimizer is offloaded or none of it); set stage 3, or remove ratio"));
+  }
+}
+
+// Note [Keys without effect] in config_schema.cpp: one warning per key the file sets, unless its value
+// asks for what Strata does anyway. "auto" and null ask for nothing.
+void ConfigParser::warn_no_effect() {
+  for (std::size_t i = 0; i < options().size(); ++i) {
+    const Option& o = options()[i];
+    if (!o.no_effect || !given[i]) continue;
+    const nlohmann::json v = read(o, cfg);
+    if (o.strata_does && v == o.strata_does(cfg)) continue;
+    warn(detail::cat(shown_key(o.path), ": ", show(v), " has no effect; ", o.no_effect));
+  }
+}
+
 Config Config::parse(const nlohmann::json& doc, const Overrides& overrides, int world_size,
                      std::string_view origin) {
   ConfigParser p(overrides, origin);
@@ -568,6 +603,7 @@ Config Config::parse(const nlohmann::json& doc, const Overrides& overrides, int 
   p.infer_batch();
   p.check_cross_keys();
   p.throw_if_errors();
+  p.warn_no_effect();
   return std::move(p.cfg);
 }
 

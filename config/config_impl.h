@@ -85,6 +85,11 @@ struct Option {
   // given in the file where it does not apply is an error; applies_note names where it does.
   bool (*applies)(const Config&) = nullptr;
   const char* applies_note = nullptr;
+  // A DeepSpeed key Strata accepts and does not act on: why (what Strata does instead). docs/config.md
+  // and the resolved table say so. A value from the file gives one warning with the reason, unless it
+  // asks for what Strata does anyway: strata_does(config), null when no value does (a bucket size).
+  const char* no_effect = nullptr;
+  nlohmann::json (*strata_does)(const Config&) = nullptr;
 
   bool auto_allowed() const { return override_name != nullptr || auto_fallback != nullptr; }
 };

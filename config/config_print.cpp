@@ -61,9 +61,15 @@ std::string Config::resolved_table() const {
   Config copy = *this;  // read() takes a mutable Config; the copy keeps this method const
   std::vector<std::array<std::string, 3>> rows;
   rows.push_back({"key", "value", "source"});
+  // Keys Strata accepts without acting on them are marked; the ones the file set are listed below the
+  // table with the reason (Note [Keys without effect] in config_schema.cpp).
+  std::string no_effect;
   for (std::size_t i = 0; i < options().size(); ++i) {
     if (i >= sources_.size() || sources_[i].empty()) continue;
-    rows.push_back({options()[i].path, value_text(options()[i], copy), sources_[i]});
+    const Option& o = options()[i];
+    rows.push_back({o.path, value_text(o, copy), o.no_effect ? sources_[i] + " (no effect)" : sources_[i]});
+    if (o.no_effect && sources_[i] != "default")
+      no_effect += detail::cat("  ", o.path, ": ", o.no_effect, "\n");
   }
   std::size_t w0 = 0, w1 = 0;
   for (const auto& r : rows) {
@@ -75,6 +81,8 @@ std::string Config::resolved_table() const {
     out += pad(rows[i][0], w0) + "  " + pad(rows[i][1], w1) + "  " + rows[i][2] + "\n";
     if (i == 0) out += std::string(w0, '-') + "  " + std::string(w1, '-') + "  " + std::string(6, '-') + "\n";
   }
+  if (!no_effect.empty())
+    out += "\naccepted without effect (DeepSpeed keys Strata does not act on; docs/config.md):\n" + no_effect;
   return out;
 }
 
@@ -143,11 +151,17 @@ std::string config_reference_markdown() {
       "be an\n"
       "  existing, writable directory when the config is loaded.\n";
   md +=
-      "- **Resolved config.** `Config::resolved_table()` prints every key in force with its value and "
-      "source\n"
-      "  (`file`, `default`, `alias ...`, `override ...`, `auto→...`, `inferred`); `Config::to_json()` is "
-      "the\n"
-      "  same as a document (checkpoints and memprof traces carry it).\n\n";
+      "- **Accepted; no effect.** Some DeepSpeed keys choose among ways of working that Strata has one\n"
+      "  of (each collective moves a whole chunk, on a stream of its own): they are read and checked,\n"
+      "  and their meaning says \"Accepted; no effect\" and why. A `zero_optimization` one set in the file\n"
+      "  gives one warning with that reason, unless its value asks for what Strata does anyway\n"
+      "  (`overlap_comm: true`); `\"auto\"` or a default gives none.\n";
+  md +=
+      "- **Resolved config.** `Config::resolved_table()` (`strata config`) prints every key in force with\n"
+      "  its value and source (`file`, `default`, `alias ...`, `override ...`, `auto→...`, `inferred`;\n"
+      "  `(no effect)` after a key accepted without effect, and below the table the reasons for the ones\n"
+      "  the file set); `Config::to_json()` is the same as a document (checkpoints and memprof traces\n"
+      "  carry it).\n\n";
 
   md += "## Keys\n";
   std::string group = "\x01";
@@ -159,6 +173,7 @@ std::string config_reference_markdown() {
       md += "| key | type | default | allowed | \"auto\" | meaning |\n|---|---|---|---|---|---|\n";
     }
     std::string meaning = o.meaning;
+    if (o.no_effect) meaning = detail::cat("Accepted; no effect: ", o.no_effect, ". ", meaning);
     if (o.applies_note) meaning += detail::cat(" Only for ", o.applies_note, ".");
     md +=
         detail::cat("| `", o.path, "` | ", kind_name(o.kind), " | ", default_text(o), " | ", allowed_text(o),

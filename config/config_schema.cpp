@@ -104,6 +104,14 @@ AutoValue hidden_times_10(const AutoContext& c) {
   return {*c.hidden_size * 10, "auto→10·hidden_size"};
 }
 
+// Keys without effect (Note [Keys without effect]): the value that asks for what Strata does anyway.
+nlohmann::json always_true(const Config&) {
+  return true;
+}
+nlohmann::json reduce_scatters(const Config& c) {
+  return c.zero_optimization.stage != 1;  // stage 1: all-reduced (zero3/engine_chunks.cpp, release_grads)
+}
+
 const std::vector<std::string> kDevices(std::begin(kOffloadDeviceNames), std::end(kOffloadDeviceNames));
 const char* const kHidden = "hidden_size² (override hidden_size), else the default";
 
@@ -475,7 +483,8 @@ std::vector<Option> build_options() {
        .def = 1.0,
        .meaning = "Fraction of the optimizer sub-groups offloaded (the last ones); the first 1 - ratio keep "
                   "master, states and gradients on the device, stepped there beside the CPU optimizer. "
-                  "Stage 3.",
+                  "Stage 3 with device cpu or nvme: below 1 or \"auto\" with device none or below stage 3 "
+                  "is an error.",
        .field = STRATA_FIELD(zero_optimization.offload_optimizer.ratio),
        .min = 0,
        .max = 1,
@@ -509,52 +518,86 @@ std::vector<Option> build_options() {
   o.push_back({.path = "zero_optimization.stage3_gather_16bit_weights_on_model_save",
                .kind = Kind::boolean,
                .def = false,
-               .meaning = "Gather the full 16-bit weights when the model is saved.",
-               .field = STRATA_FIELD(zero_optimization.stage3_gather_16bit_weights_on_model_save)});
+               .meaning = "DeepSpeed: gather the full 16-bit weights when the model is saved.",
+               .field = STRATA_FIELD(zero_optimization.stage3_gather_16bit_weights_on_model_save),
+               .no_effect =
+                   "an export (strata train --export, strata export, engine.export) always gathers every "
+                   "rank's shard into the whole model's 16-bit weights (bf16; strata export --dtype also "
+                   "writes fp16 or fp32), and a checkpoint (--save) always holds each rank's own shard",
+               .strata_does = always_true});
   o.push_back({.path = "zero_optimization.sub_group_size",
                .kind = Kind::count,
                .def = 1000000000u,
                .meaning = "Elements per optimizer sub-group (the unit of the NVMe swap pipeline).",
                .field = STRATA_FIELD(zero_optimization.sub_group_size)});
+  // Note [Keys without effect]: DeepSpeed's bucket and communication switches tune how its PyTorch hooks
+  // batch tensors into collectives. Strata's unit is the chunk (the embedding, one transformer block, the
+  // head): one collective per chunk, issued on a stream of its own (zero3/engine_chunks.cpp, Note [Ranks]),
+  // so these keys are read, shown and documented as having no effect.
   o.push_back({.path = "zero_optimization.reduce_bucket_size",
                .kind = Kind::count,
                .def = 500000000u,
-               .meaning = "Gradient elements reduced at a time.",
+               .meaning = "DeepSpeed: gradient elements reduced at a time.",
                .field = STRATA_FIELD(zero_optimization.reduce_bucket_size),
                .auto_fallback = hidden_squared,
-               .auto_note = kHidden});
+               .auto_note = kHidden,
+               .no_effect = "Strata reduces each chunk's gradients (the embedding, one transformer block, "
+                            "the head) in one collective, so there is no bucket to size"});
   o.push_back({.path = "zero_optimization.allgather_bucket_size",
                .kind = Kind::count,
                .def = 500000000u,
-               .meaning = "Parameter elements all-gathered at a time.",
-               .field = STRATA_FIELD(zero_optimization.allgather_bucket_size)});
+               .meaning = "DeepSpeed: parameter elements all-gathered at a time.",
+               .field = STRATA_FIELD(zero_optimization.allgather_bucket_size),
+               .no_effect = "Strata all-gathers each chunk's parameters (the embedding, one transformer "
+                            "block, the head) in one collective, so there is no bucket to size; "
+                            "stage3_prefetch_bucket_size bounds how far ahead the gathers run"});
   o.push_back({.path = "zero_optimization.allgather_partitions",
                .kind = Kind::boolean,
                .def = true,
-               .meaning = "All-gather updated partitions (false: a series of broadcasts).",
-               .field = STRATA_FIELD(zero_optimization.allgather_partitions)});
+               .meaning = "DeepSpeed: all-gather updated partitions (false: a series of broadcasts).",
+               .field = STRATA_FIELD(zero_optimization.allgather_partitions),
+               .no_effect = "at stages 1 and 2 the ranks' updated slices of each chunk are all-gathered "
+                            "after every step (at stage 3 a chunk is all-gathered where it is used), never "
+                            "broadcast",
+               .strata_does = always_true});
   o.push_back({.path = "zero_optimization.overlap_comm",
                .kind = Kind::boolean,
                .def = false,
-               .meaning = "Overlap gradient reduction with backward computation.",
+               .meaning = "DeepSpeed: overlap gradient reduction with backward computation.",
                .field = STRATA_FIELD(zero_optimization.overlap_comm),
                .dynamic_default = overlap_default,
-               .default_note = "true at stage 3, else false"});
+               .default_note = "true at stage 3, else false",
+               .no_effect = "at every stage each chunk's gradients are reduced across ranks (and copied off "
+                            "the device when offloaded) on a gradient stream of their own while backward "
+                            "goes on with the chunks before it, and parameters are all-gathered on a gather "
+                            "stream of their own",
+               .strata_does = always_true});
   o.push_back({.path = "zero_optimization.contiguous_gradients",
                .kind = Kind::boolean,
                .def = true,
-               .meaning = "Copy gradients into one contiguous buffer as they are produced.",
-               .field = STRATA_FIELD(zero_optimization.contiguous_gradients)});
+               .meaning = "DeepSpeed: copy gradients into one contiguous buffer as they are produced.",
+               .field = STRATA_FIELD(zero_optimization.contiguous_gradients),
+               .no_effect = "each chunk's gradients are made in one contiguous buffer and handed off whole",
+               .strata_does = always_true});
   o.push_back({.path = "zero_optimization.reduce_scatter",
                .kind = Kind::boolean,
                .def = true,
-               .meaning = "Reduce-scatter gradients to their owners instead of all-reducing them.",
-               .field = STRATA_FIELD(zero_optimization.reduce_scatter)});
+               .meaning = "DeepSpeed: reduce-scatter gradients to their owners instead of all-reducing them.",
+               .field = STRATA_FIELD(zero_optimization.reduce_scatter),
+               .no_effect = "Strata reduce-scatters each chunk's gradients to the ranks that own its slices, "
+                            "except at stage 1, where it all-reduces them and each rank keeps its own slice; "
+                            "either way each rank steps its slice with the gradients summed over all ranks",
+               .strata_does = reduce_scatters});
   o.push_back({.path = "zero_optimization.round_robin_gradients",
                .kind = Kind::boolean,
                .def = false,
-               .meaning = "Spread gradient copies to host memory across ranks (stages 1 and 2 with offload).",
-               .field = STRATA_FIELD(zero_optimization.round_robin_gradients)});
+               .meaning = "DeepSpeed: spread gradient copies to host memory across ranks (stages 1 and 2 "
+                          "with offload).",
+               .field = STRATA_FIELD(zero_optimization.round_robin_gradients),
+               .no_effect =
+                   "with the optimizer offloaded each rank already copies only its own slice of each "
+                   "chunk's summed gradients to host memory, all ranks at once",
+               .strata_does = always_true});
 
   // ---- aio ----
   o.push_back({.path = "aio.block_size",

@@ -108,9 +108,6 @@ AutoValue hidden_times_10(const AutoContext& c) {
 nlohmann::json always_true(const Config&) {
   return true;
 }
-nlohmann::json reduce_scatters(const Config& c) {
-  return c.zero_optimization.stage != 1;  // stage 1: all-reduced (zero3/engine_chunks.cpp, release_grads)
-}
 
 const std::vector<std::string> kDevices(std::begin(kOffloadDeviceNames), std::end(kOffloadDeviceNames));
 const char* const kHidden = "hidden_size² (override hidden_size), else the default";
@@ -584,10 +581,11 @@ std::vector<Option> build_options() {
                .def = true,
                .meaning = "DeepSpeed: reduce-scatter gradients to their owners instead of all-reducing them.",
                .field = STRATA_FIELD(zero_optimization.reduce_scatter),
-               .no_effect = "Strata reduce-scatters each chunk's gradients to the ranks that own its slices, "
-                            "except at stage 1, where it all-reduces them and each rank keeps its own slice; "
-                            "either way each rank steps its slice with the gradients summed over all ranks",
-               .strata_does = reduce_scatters});
+               .no_effect =
+                   "Strata reduce-scatters each chunk's gradients to the ranks that own its slices at "
+                   "every stage (at stage 1 once a step, after each rank has summed its micro-batches), "
+                   "so each rank steps its slice with the gradients summed over all ranks",
+               .strata_does = always_true});
   o.push_back({.path = "zero_optimization.round_robin_gradients",
                .kind = Kind::boolean,
                .def = false,

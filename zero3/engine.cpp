@@ -99,6 +99,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   }
   world = comm->world_size();
   replicated = world > 1 && cfg.zero_optimization.stage < 3;
+  local_accumulation = world > 1 && cfg.zero_optimization.stage == 1;
   // (offload_param and NVMe offload need stage 3: the config refuses them below it, as DeepSpeed does.)
   if (world != cfg.world_size)
     throw ConfigError(cat("the config was resolved for world_size ", cfg.world_size, " but ", world,
@@ -388,7 +389,6 @@ void Engine::Impl::warm_up_communicators() {
   compute_stream->synchronize();
   gather_comm->all_gather(p + comm->rank(), p, 1, DType::fp32, gather_stream.get());
   grad_comm->reduce_scatter(p, p + comm->rank(), 1, DType::fp32, comm::ReduceOp::sum, grad_stream.get());
-  grad_comm->all_reduce(p, p, 1, DType::fp32, comm::ReduceOp::sum, grad_stream.get());  // stage 1's
   gather_stream->synchronize();
   grad_stream->synchronize();
 }
@@ -633,7 +633,7 @@ void Engine::Impl::init_chunks() {
       s.accbuf = tm->register_tensor({.name = s.name + ".grad_acc",
                                       .kind = tiering::Kind::grad,
                                       .dtype = DType::fp32,
-                                      .bytes = s.shard.numel * sizeof(float),
+                                      .bytes = (local_accumulation ? s.numel : s.shard.numel) * sizeof(float),
                                       .home = Tier::device,
                                       .chunk = s.id,
                                       .shard = -1});  // transient, as the gradient buffer

@@ -152,6 +152,10 @@ struct TransferStats {
   // a step for a chunk the plan lets accumulate on the device (Note [Gradients off the device]).
   std::uint64_t grad_offloads = 0;
   std::uint64_t grad_offload_bytes = 0;
+  // COUNT and SUM of the gradient reductions across ranks (reduce-scatters) and the bytes each sent in:
+  // one a hand-off, or one a step for a stage-1 chunk summed locally (Note [Stage 1 accumulates locally]).
+  std::uint64_t grad_reductions = 0;
+  std::uint64_t grad_reduction_bytes = 0;
 };
 
 // Who stepped the chunks after backward: COUNT of chunk updates since construction, by the optimizer that

@@ -47,6 +47,18 @@
 // takes the host path above, adding to what crossed: the sum is still the same sequence of fp32 adds.
 // The accumulator is a device block from the first hand-off to the crossing.
 //
+// Note [Stage 1 accumulates locally]: at stage 1 (several ranks, gradients not partitioned, as DeepSpeed's
+// stage 1) a chunk with a device accumulator keeps its whole unreduced gradient there across the step's
+// micro-batches — the first hand-off copies the buffer in, later ones add — and is reduce-scattered once,
+// at its final hand-off (or when the step's last backward ends, or step() comes early), its slice then
+// handed to the shard as a hand-off of one micro-batch is. One reduction a step instead of one a
+// micro-batch, and a reduce-scatter (each rank keeps only its slice) rather than an all-reduce: with
+// accumulation k, 1/(2k) of the gradient traffic. The plan gives whole-chunk accumulators (4 bytes an
+// element of the chunk) chunk by chunk while the device has room (MemoryPlan.device_accumulators); a chunk
+// without one is reduce-scattered at every hand-off, as stage 2's. The sums differ from stage 2's in order
+// (each rank's micro-batches first, then the ranks), so stage 1 and 2 agree to rounding, not bit for bit,
+// when accumulating.
+//
 // Note [Ranks]: with N ranks (stage 3) rank r holds slice r of every chunk. A gather casts the local
 // shard into its place in the gathered block and all-gathers the rest in place on the gather stream; a
 // gradient hand-off reduce-scatters the buffer (sum; the model scaled its gradients by 1 / (N x
@@ -360,24 +372,57 @@ void Engine::Impl::release_grads(int c) {
     compute_stream->synchronize();
     opts.gradient_hook(c, s.gbuf, s.numel);
   }
+  ++handoffs_seen[std::size_t(c)];
+  const bool final = final_handoff(s);
+  if (world > 1) grad_stream->wait(computed(s));
+  if (local_accumulation && s.accumulate) {
+    // Note [Stage 1 accumulates locally]: summed here, reduced once, at the final hand-off.
+    const kernels::Tensor g{s.gbuf, DType::fp32, s.numel};
+    if (s.acc) {
+      grad_ops->add(kernels::Tensor{s.acc, DType::fp32, s.numel}, g);
+    } else {
+      s.acc = static_cast<float*>(device_alloc(s.accbuf, true));
+      grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, s.numel}, g);
+    }
+    if (!s.handed_off) s.handed_off = dev->create_event();
+    grad_stream->record(*s.handed_off);
+    tm->evict(s.gradbuf, Tier::device, Tier::pinned, s.handed_off.get());  // frees the block once read
+    s.gbuf = nullptr;
+    if (final) flush_local_accumulator(s);
+    overlap_handed_off(s, *grad_stream);
+    return;
+  }
   // This rank's slice of the buffer: with N ranks, the sum over ranks left there by the reduce-scatter
   // (in place, on the gradient stream once the model's ops are done); with one, the whole buffer.
-  const float* src = s.gbuf + s.shard.offset;
   if (world > 1) {
-    grad_stream->wait(computed(s));
-    if (cfg.zero_optimization.stage == 1)  // DeepSpeed's stage 1: gradients all-reduced, the slice kept
-      grad_comm->all_reduce(s.gbuf, s.gbuf, s.numel, DType::fp32, comm::ReduceOp::sum, grad_stream.get());
-    else
-      grad_comm->reduce_scatter(s.gbuf, s.gbuf + s.shard.offset, s.shard.numel, DType::fp32,
-                                comm::ReduceOp::sum, grad_stream.get());
+    grad_comm->reduce_scatter(s.gbuf, s.gbuf + s.shard.offset, s.shard.numel, DType::fp32,
+                              comm::ReduceOp::sum, grad_stream.get());
+    ++transfers.grad_reductions;
+    transfers.grad_reduction_bytes += s.numel * sizeof(float);
   }
+  float* buffer = s.gbuf;
+  s.gbuf = nullptr;
+  hand_to_shard(s, buffer + s.shard.offset, s.gradbuf, final);
+  // The stream the hand-off ends on: the gradient stream, or the compute stream for one rank's device home.
+  overlap_handed_off(s, s.h.grad == Tier::device && world == 1 ? *compute_stream : *grad_stream);
+}
+
+void Engine::Impl::flush_local_accumulator(ChunkSlot& s) {
+  grad_comm->reduce_scatter(s.acc, s.acc + s.shard.offset, s.shard.numel, DType::fp32, comm::ReduceOp::sum,
+                            grad_stream.get());
+  ++transfers.grad_reductions;
+  transfers.grad_reduction_bytes += s.numel * sizeof(float);
+  float* acc = s.acc;
+  s.acc = nullptr;
+  hand_to_shard(s, acc + s.shard.offset, s.accbuf, true);
+}
+
+void Engine::Impl::hand_to_shard(ChunkSlot& s, const float* src, tiering::TensorId buffer, bool final) {
   const std::size_t n = s.shard.numel;
   const bool fresh = s.grads_fresh;
   s.grads_fresh = false;
   ++transfers.grad_handoffs;
   transfers.grad_bytes += n * sizeof(float);
-  ++handoffs_seen[std::size_t(c)];
-  const bool final = final_handoff(s);
   const kernels::Tensor from{const_cast<float*>(src), DType::fp32, n};
   if (s.h.grad == Tier::device) {
     // Copied into the empty shard or added to it: with one rank on the compute stream after the model's
@@ -396,10 +441,10 @@ void Engine::Impl::release_grads(int c) {
     } else {
       after = &computed(s);
     }
-    tm->evict(s.gradbuf, Tier::device, Tier::pinned, after);  // frees the block (never valid: no copy)
+    tm->evict(buffer, Tier::device, Tier::pinned, after);  // frees the block (never valid: no copy)
   } else {
     if (world == 1) grad_stream->wait(computed(s));
-    if (s.accumulate && (s.acc || (fresh && !final))) {
+    if (!local_accumulation && s.accumulate && (s.acc || (fresh && !final))) {
       // Summed on the device (the same copy-then-add as below), and across to the shard once, at the
       // chunk's final hand-off of the step (or when the step's last backward ends).
       const kernels::Tensor acc_t{s.acc, DType::fp32, n};
@@ -427,11 +472,8 @@ void Engine::Impl::release_grads(int c) {
     }
     if (!s.handed_off) s.handed_off = dev->create_event();
     grad_stream->record(*s.handed_off);
-    tm->evict(s.gradbuf, Tier::device, Tier::pinned, s.handed_off.get());  // reused once read
+    tm->evict(buffer, Tier::device, Tier::pinned, s.handed_off.get());  // reused once read
   }
-  s.gbuf = nullptr;
-  // The stream the hand-off ends on: the gradient stream, or the compute stream for one rank's device home.
-  overlap_handed_off(s, s.h.grad == Tier::device && world == 1 ? *compute_stream : *grad_stream);
 }
 
 void Engine::Impl::flush_accumulator(ChunkSlot& s) {
@@ -447,7 +489,7 @@ void Engine::Impl::flush_accumulator(ChunkSlot& s) {
 
 void Engine::Impl::flush_accumulators() {
   for (ChunkSlot& s : slots)
-    if (s.acc) flush_accumulator(s);
+    if (s.acc) local_accumulation ? flush_local_accumulator(s) : flush_accumulator(s);
 }
 
 void Engine::Impl::add_on_host(float* dst, const float* src, std::size_t n) {

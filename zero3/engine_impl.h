@@ -236,6 +236,12 @@ struct Engine::Impl final : prefetch::FetchTarget {
   // and step()).
   void flush_accumulator(ChunkSlot& s);
   void flush_accumulators();
+  // Hands this rank's slice `src` (in device block `buffer`, freed once read) to the chunk's fp32 gradient
+  // shard: copied into it when it is empty this step, else added (Note [Gradients off the device]).
+  void hand_to_shard(ChunkSlot& s, const float* src, tiering::TensorId buffer, bool final);
+  // Stage 1's local accumulator: reduce-scattered, its slice handed to the shard, freed (Note [Stage 1
+  // accumulates locally]).
+  void flush_local_accumulator(ChunkSlot& s);
   // dst += src (fp32, one add per element) on the CPU optimizer's threads: the gradient stream's add of a
   // staged gradient into a pinned shard.
   void add_on_host(float* dst, const float* src, std::size_t n);
@@ -385,6 +391,9 @@ struct Engine::Impl final : prefetch::FetchTarget {
   // device); only the gradients (stage 2), the master and the optimizer states are partitioned. Then the
   // param tensor is the chunk, and this rank's slice of it starts at shard.offset.
   bool replicated = false;
+  // Stage 1 at several ranks: a chunk's accumulator (s.accumulate) holds its whole unreduced gradient
+  // (Note [Stage 1 accumulates locally] in engine_chunks.cpp).
+  bool local_accumulation = false;
   std::size_t param_numel(const ChunkSlot& s) const { return replicated ? s.numel : s.shard.numel; }
   std::size_t param_offset(const ChunkSlot& s) const { return replicated ? s.shard.offset : 0; }
   // This rank's slice of the working params at their home (device or pinned memory).

@@ -64,6 +64,7 @@ PlanInput plan_input(const Config& cfg, const std::vector<ChunkSize>& chunks, in
   in.working = cfg.bf16.enabled ? DType::bf16 : cfg.fp16.enabled ? DType::fp16 : DType::fp32;
   in.activation = activation;
   in.accumulation_steps = int(std::max<std::int64_t>(1, cfg.gradient_accumulation_steps));
+  in.local_accumulation = world > 1 && z.stage == 1;
   for (const ChunkSize& cs : chunks) {
     PlannedChunk c;
     c.numel = cs.padded_numel;
@@ -178,8 +179,11 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   if (in.accumulation_steps > 1 && room > two_chunks) {
     std::uint64_t spare = room - two_chunks;
     for (std::size_t c = 0; c < in.chunks.size(); ++c) {
-      if (in.homes_of(in.chunks[c]).grad == Tier::device) continue;  // already there
-      const std::uint64_t b = block(in.chunks[c].shard.numel * sizeof(float));
+      // A shard accumulator where the shard is already on the device would add nothing; stage 1's local
+      // ones hold the whole chunk, before the reduction.
+      if (!in.local_accumulation && in.homes_of(in.chunks[c]).grad == Tier::device) continue;
+      const std::uint64_t b =
+          block((in.local_accumulation ? in.chunks[c].numel : in.chunks[c].shard.numel) * sizeof(float));
       p.accumulator_block[c] = b;
       if (b > spare) continue;
       p.accumulate[c] = 1;

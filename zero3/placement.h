@@ -134,6 +134,9 @@ struct PlanInput {
   std::uint64_t ops = 0;             // the compute interface's device bytes (MemoryPlan.device_ops)
   std::uint64_t device_capacity = 0;
   int accumulation_steps = 1;  // gradient_accumulation_steps: > 1 lets gradients accumulate on the device
+  // Stage 1 at several ranks: the accumulators hold whole chunks, summed locally over the micro-batches
+  // and reduced once a step (Note [Stage 1 accumulates locally] in zero3/engine_chunks.cpp).
+  bool local_accumulation = false;
 };
 
 // Keeps the optimizer of the first `groups` sub-groups on the device (PlannedChunk.device_optimizer); 0

@@ -271,6 +271,47 @@ TEST_P(TwoRanksBelowStageThree, LossesAndNormsAreOneRanksWithTheSameSamplesBitFo
             ref.device_state + ref.pinned_state + ref.nvme_state);
 }
 
+// Note [Stage 1 accumulates locally]: at stage 1 with accumulation 2 each rank sums its micro-batches on
+// the device and reduces each chunk once a step — half of stage 2's reductions, one per micro-batch — and
+// trains stage 2's losses to rounding (the sums are taken in another order).
+TEST(StageOne, AccumulatesLocallyAndReducesOnceAStep) {
+  comm::Communicator& ranks = testing::ranks();
+  if (ranks.world_size() != 2) GTEST_SKIP() << "run under mpirun -np 2 (ctest does)";
+  ScratchDir d("ranks-stage1-local-r" + std::to_string(ranks.rank()));
+  const std::string tokens = make_tokens(d);
+  const int steps = 4;
+  auto run = [&](int stage) {
+    const Config cfg = make_config(OffloadDevice::none, OffloadDevice::cpu, d.path(),
+                                   {{"train_micro_batch_size_per_gpu", 1},
+                                    {"gradient_accumulation_steps", 2},
+                                    {"zero_optimization", {{"stage", stage}}}},
+                                   2);
+    kernels::cpu::set_blas_threads(1);
+    Engine e(cfg, model::ModelConfig::preset("tiny"),
+             {.backend = "host", .device_memory_cap = 0, .seq_len = 32, .communicator = &ranks});
+    model::TokenFile file = model::TokenFile::open(tokens);
+    model::DataLoader data(file, {.batch_size = e.micro_batch(),
+                                  .seq_len = 32,
+                                  .rank = ranks.rank(),
+                                  .world = 2,
+                                  .seed = 3,
+                                  .vocab_size = 256});
+    model::LlamaModel m(model::ModelConfig::preset("tiny"), e.model_options());
+    std::vector<double> losses;
+    for (int i = 0; i < steps; ++i) losses.push_back(e.train_batch(m, data).loss);
+    return std::make_tuple(losses, e.transfer_stats(), e.plan(), e.layout().num_chunks());
+  };
+  const auto [one, one_moved, one_plan, chunks] = run(1);
+  const auto [two, two_moved, two_plan, unused] = run(2);
+  EXPECT_EQ(one_plan.device_accumulators, chunks) << "every chunk summed locally";
+  EXPECT_EQ(one_moved.grad_reductions, std::uint64_t(chunks) * steps);
+  EXPECT_EQ(two_moved.grad_reductions, 2 * std::uint64_t(chunks) * steps);
+  EXPECT_EQ(2 * one_moved.grad_reduction_bytes, two_moved.grad_reduction_bytes);
+  ASSERT_EQ(one.size(), two.size());
+  for (std::size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(one[i], two[i], 1e-5 * two[i]) << "step " << i + 1;
+  EXPECT_LT(one.back(), one.front());
+}
+
 INSTANTIATE_TEST_SUITE_P(StagesOneTwo, TwoRanksBelowStageThree,
                          ::testing::Combine(::testing::Values(1, 2),
                                             // NVMe offload needs stage 3 (the config says so)

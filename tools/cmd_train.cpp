@@ -37,6 +37,7 @@
 #include "model/safetensors.h"
 #include "tools/cli.h"
 #include "tools/csv_monitor.h"
+#include "tools/launch_plan.h"
 #include "zero3/engine.h"
 
 namespace strata::cli {
@@ -104,19 +105,23 @@ void check_writable_dir(const std::string& dir, const char* what) {
 // back) let the step in progress finish; the run then saves its checkpoint when --save was given, prints
 // its summary, releases the device, pinned memory and swap files, and exits 128 + the signal (130 / 143).
 // A second signal exits at once. With several ranks they agree after every step on whether any rank was
-// signalled, so all stop after the same step (the save is collective).
-std::atomic<int> g_stop_signal{0};
+// signalled, so all stop after the same step (the save is collective). SIGUSR1 and SIGUSR2 stop the run
+// too, as SIGTERM and SIGINT: they are what `strata launch` sends for those, since mpirun forwards them to
+// every rank without ending the job (Note [Launcher signals] in tools/cmd_launch.cpp); `kill -USR1` to a
+// plain mpirun's pid stops its ranks the same way.
+std::atomic<int> g_stop_signal{0};  // SIGINT or SIGTERM once signalled (a SIGUSR2 / SIGUSR1 as those)
 static_assert(std::atomic<int>::is_always_lock_free);
 
 extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal.exchange(sig) != 0) ::_exit(128 + sig);
+  const int as = stop_signal_from(sig);
+  if (g_stop_signal.exchange(as) != 0) ::_exit(128 + as);
 }
 
 const char* signal_name(int sig) {
   return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
 }
 
-// Installs on_stop_signal for SIGINT and SIGTERM for the lifetime of the object.
+// Installs on_stop_signal for SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 for the lifetime of the object.
 class StopSignals {
  public:
   StopSignals() {
@@ -124,17 +129,18 @@ class StopSignals {
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    for (int i = 0; i < 2; ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+    for (int i = 0; i < kCount; ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
   }
   ~StopSignals() {
-    for (int i = 0; i < 2; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+    for (int i = 0; i < kCount; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
-  static constexpr int kSignals[2] = {SIGINT, SIGTERM};
-  struct sigaction old_[2] = {};
+  static constexpr int kCount = 4;
+  static constexpr int kSignals[kCount] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+  struct sigaction old_[kCount] = {};
 };
 
 struct TempTokens {
@@ -414,10 +420,14 @@ int run_train(const TrainOpts& o) {
   std::fflush(out);
 
   Progress progress(o.steps, first, tty, cfg.steps_per_print, out);
-  std::optional<CsvMonitor> csv;
-  if (lead && !csv_dir.empty()) csv.emplace(csv_dir);
   const std::int64_t samples_per_step =
       std::int64_t(engine.micro_batch()) * engine.accumulation_steps() * world;
+  // csv_monitor: a new run replaces an earlier run's files; a resumed one keeps their rows up to the
+  // checkpoint's step column (its step x this run's samples per step) and continues them.
+  std::optional<CsvMonitor> csv;
+  if (lead && !csv_dir.empty())
+    csv.emplace(csv_dir,
+                o.load.empty() ? std::nullopt : std::optional<std::int64_t>(first * samples_per_step));
   std::vector<double> losses;
   zero3::StepTimes sum;
   std::int64_t tokens_seen = 0, skipped = 0;

@@ -3,6 +3,7 @@
 #include "tools/launch_plan.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -162,13 +163,21 @@ void check_command(const LaunchOptions& o, const LaunchEnv& env) {
                             kUsage));
   if (o.command.empty()) throw ConfigError(cat("no command to run after the launcher's options: ", kUsage));
   const std::string& sub = o.command[0];
+  if (sub == "launch") throw ConfigError(cat("strata launch cannot be the command its ranks run: ", kUsage));
+  if (std::find(std::begin(kRankSubcommands), std::end(kRankSubcommands), sub) != std::end(kRankSubcommands))
+    return;
   const auto& subs = env.subcommands;
-  if (sub == "launch" || (!subs.empty() && std::find(subs.begin(), subs.end(), sub) == subs.end())) {
-    std::string names;
-    for (const std::string& s : subs) names += cat(names.empty() ? "" : ", ", s);
-    throw ConfigError(cat("\"", sub, "\" is not a strata subcommand a launch can run (", names,
-                          "); every rank runs `strata <subcommand> ...`: ", kUsage));
-  }
+  if (std::find(subs.begin(), subs.end(), sub) != subs.end())
+    throw ConfigError(cat("`strata ", sub,
+                          "` runs in one process, so the launcher does not start it on every rank (each rank "
+                          "would run all of it, writing the same files and printing the same lines); run it "
+                          "without the launcher: strata ",
+                          shell_join(o.command)));
+  std::string names;
+  for (const std::string& s : subs) names += cat(names.empty() ? "" : ", ", s);
+  throw ConfigError(cat("\"", sub, "\" is not a strata subcommand",
+                        names.empty() ? "" : cat(" (", names, ")"),
+                        "; the launcher starts `strata train ...` on every rank: ", kUsage));
 }
 
 }  // namespace
@@ -255,10 +264,6 @@ LaunchPlan plan_launch(const LaunchOptions& o, const LaunchEnv& env) {
     if (!v.empty() && v != "auto" && v != "host" && v != "cuda")
       throw ConfigError(cat("--backend ", v, ": expected auto, host or cuda"));
   if (!o.backend.empty()) {
-    if (command[0] != "train")
-      throw ConfigError(cat("--backend ", o.backend,
-                            " is passed on to `strata train`, but the command is `strata ", command[0],
-                            "`; leave --backend out"));
     if (!in_command.empty() && in_command != o.backend)
       throw ConfigError(cat("--backend ", o.backend, " for the launcher but --backend ", in_command,
                             " in the command; give it once"));
@@ -355,6 +360,14 @@ LaunchPlan plan_launch(const LaunchOptions& o, const LaunchEnv& env) {
     i = j;
   }
   return plan;
+}
+
+int launch_exit_status(int wait_status, int stop) {
+  const int code = WIFSIGNALED(wait_status) ? 128 + WTERMSIG(wait_status)
+                   : WIFEXITED(wait_status) ? WEXITSTATUS(wait_status)
+                                            : 1;
+  if (stop != 0 && (code == 128 + SIGUSR1 || code == 128 + SIGUSR2)) return 128 + stop;
+  return code;
 }
 
 std::string find_program(const std::string& name, const std::string& path_list) {

@@ -5,7 +5,9 @@
 //   LaunchOptions o;  o.num_gpus = 2;  o.command = {"train", "--config", "c.json", ...};
 //   LaunchEnv env = ...;                      // environment, root?, cores, GPUs, paths (cmd_launch.cpp)
 //   LaunchPlan p = plan_launch(o, env);       // throws ConfigError on a bad option
-//   execv(p.argv[0], ...)  or  puts(shell_join(p.argv))  for --dry-run
+//   fork + execv(p.argv[0], ...)  or  puts(shell_join(p.argv))  for --dry-run
+//   ... kill(mpirun, forwarded_stop_signal(SIGTERM)) on a stop signal (Note [Launcher signals]) ...
+//   return launch_exit_status(wait_status, stop);
 //
 // Note [Launch resources] (DeepSpeed's launcher/runner.py semantics):
 // - The pool: the hostfile's hosts with slots 0..N-1 each (`hostname slots=N` lines), or without a
@@ -19,6 +21,7 @@
 //   context (`: -np ...`), since the variable is set per context.
 #pragma once
 
+#include <csignal>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -48,8 +51,13 @@ struct LaunchEnv {
   std::string mpirun = "mpirun";         // path of Open MPI's mpirun
   std::string exe;                       // absolute path of this strata binary, run on every rank
   std::string hostname;                  // this machine's name (its hosts run "locally")
-  std::vector<std::string> subcommands;  // strata's subcommands a launch may run (all but launch)
+  std::vector<std::string> subcommands;  // strata's subcommands (all but launch), named in errors
 };
+
+// The subcommands that run as the ranks of one job. Every other subcommand works in one process, and
+// under mpirun every rank would run all of it (each writing the same files, each printing the same lines),
+// so the launcher refuses them, saying to run them without it.
+inline constexpr std::string_view kRankSubcommands[] = {"train"};
 
 // One host of the pool and the device ordinals ("slots") its ranks take, in order.
 struct HostSlots {
@@ -78,6 +86,28 @@ std::vector<HostSlots> exclude_hosts(const std::vector<HostSlots>& pool, const s
 
 // The whole plan; throws ConfigError (naming the bad value and what is allowed) before anything runs.
 LaunchPlan plan_launch(const LaunchOptions& opts, const LaunchEnv& env);
+
+// Note [Launcher signals] (tools/cmd_launch.cpp has the whole of it): the launcher passes a stop signal on
+// to the ranks as one that Open MPI's mpirun forwards to every rank without ending the job (its default
+// list: SIGUSR1, SIGUSR2, SIGTSTP, SIGCONT, SIGALRM, SIGABRT), and a rank's `strata train` takes that
+// signal as the stop signal it stands for (Note [Stop signals] in tools/cmd_train.cpp).
+
+// What the launcher sends mpirun for a stop signal it got: SIGUSR1 for SIGTERM, SIGUSR2 for SIGINT; 0 for
+// any other signal.
+constexpr int forwarded_stop_signal(int sig) {
+  return sig == SIGTERM ? SIGUSR1 : sig == SIGINT ? SIGUSR2 : 0;
+}
+// The stop signal a rank's SIGUSR1 / SIGUSR2 stands for (SIGTERM / SIGINT); any other signal is itself.
+constexpr int stop_signal_from(int sig) {
+  return sig == SIGUSR1 ? SIGTERM : sig == SIGUSR2 ? SIGINT : sig;
+}
+
+// The launcher's exit status from mpirun's wait status: mpirun's own exit code (the first failing rank's,
+// so 128 + S when the ranks stopped on stop signal S), or 128 + the signal that ended mpirun. `stop` is the
+// stop signal the launcher passed on (0: none); a rank (or mpirun) that got the forwarded signal before it
+// could take it, still starting, dies of it, and 128 + SIGUSR1 / SIGUSR2 is then reported as 128 + `stop`,
+// the status of a job stopped by the user's signal.
+int launch_exit_status(int wait_status, int stop);
 
 // `name`'s full path from a PATH-style list of directories ("" when no executable of that name is there).
 std::string find_program(const std::string& name, const std::string& path_list);

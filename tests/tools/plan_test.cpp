@@ -1,7 +1,9 @@
 // plan_launch: the mpirun command line built from the launcher's options and this machine's facts, and
 // every error it reports before anything starts.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
@@ -236,19 +238,54 @@ INSTANTIATE_TEST_SUITE_P(
                   [](LaunchOptions& o, LaunchEnv&) {
                     o.command = {"python", "train.py"};
                   },
-                  "\"python\" is not a strata subcommand a launch can run (config, report, train)"},
+                  "\"python\" is not a strata subcommand (config, report, train); the launcher starts "
+                  "`strata train ...` on every rank"},
         ErrorCase{"LaunchItself", [](LaunchOptions& o, LaunchEnv&) { o.command = {"launch"}; },
-                  "\"launch\" is not a strata subcommand"},
+                  "strata launch cannot be the command its ranks run"},
+        // Single-process subcommands: every rank would run all of it (the same files, the same output).
+        ErrorCase{"SingleProcessCommand",
+                  [](LaunchOptions& o, LaunchEnv&) {
+                    o.command = {"report", "--json", "r.json"};
+                  },
+                  "`strata report` runs in one process, so the launcher does not start it on every rank"},
+        ErrorCase{"SingleProcessCommandSaysWhatToRun",
+                  [](LaunchOptions& o, LaunchEnv& e) {
+                    e.subcommands.push_back("export");
+                    o.command = {"export", "ckpt", "my model"};
+                  },
+                  "run it without the launcher: strata export ckpt 'my model'"},
         ErrorCase{"BadBackend", [](LaunchOptions& o, LaunchEnv&) { o.backend = "rocm"; },
                   "--backend rocm: expected auto, host or cuda"},
-        ErrorCase{"BackendForAnotherCommand",
-                  [](LaunchOptions& o, LaunchEnv&) { o.command = {"report"}, o.backend = "host"; },
-                  "--backend host is passed on to `strata train`, but the command is `strata report`"},
         ErrorCase{"CudaWithoutGpus", [](LaunchOptions& o, LaunchEnv&) { o.backend = "cuda"; },
                   "--backend cuda, but no CUDA GPU is visible on this machine"},
         ErrorCase{"MoreGpusThanVisible", [](LaunchOptions& o, LaunchEnv& e) { o.num_gpus = 3, e.gpus = 2; },
                   "--num_gpus 3 but 2 GPU(s) are visible on this machine"}),
     [](const testing::TestParamInfo<ErrorCase>& i) { return std::string(i.param.name); });
+
+// Note [Launcher signals]: a stop signal goes to the ranks as one mpirun forwards, and comes back as itself.
+TEST(LaunchSignals, StopSignalsRoundTrip) {
+  for (int sig : {SIGINT, SIGTERM}) {
+    const int forwarded = forwarded_stop_signal(sig);
+    EXPECT_TRUE(forwarded == SIGUSR1 || forwarded == SIGUSR2) << sig;
+    EXPECT_EQ(stop_signal_from(forwarded), sig);
+  }
+  EXPECT_NE(forwarded_stop_signal(SIGINT), forwarded_stop_signal(SIGTERM));
+  EXPECT_EQ(forwarded_stop_signal(SIGHUP), 0);
+  EXPECT_EQ(stop_signal_from(SIGTERM), SIGTERM);
+}
+
+TEST(LaunchSignals, ExitStatusIsTheJobs) {
+  EXPECT_EQ(launch_exit_status(W_EXITCODE(0, 0), 0), 0);
+  EXPECT_EQ(launch_exit_status(W_EXITCODE(1, 0), 0), 1);            // a rank's error
+  EXPECT_EQ(launch_exit_status(W_EXITCODE(143, 0), SIGTERM), 143);  // the ranks stopped and saved
+  EXPECT_EQ(launch_exit_status(W_EXITCODE(130, 0), SIGINT), 130);
+  EXPECT_EQ(launch_exit_status(W_EXITCODE(1, 0), SIGTERM), 1);              // a failed save stays a failure
+  EXPECT_EQ(launch_exit_status(W_EXITCODE(0, SIGKILL), 0), 128 + SIGKILL);  // mpirun killed
+  // A rank (or mpirun) still starting dies of the forwarded signal: the user's signal is reported.
+  EXPECT_EQ(launch_exit_status(W_EXITCODE(128 + SIGUSR1, 0), SIGTERM), 128 + SIGTERM);
+  EXPECT_EQ(launch_exit_status(W_EXITCODE(0, SIGUSR2), SIGINT), 128 + SIGINT);
+  EXPECT_EQ(launch_exit_status(W_EXITCODE(128 + SIGUSR1, 0), 0), 128 + SIGUSR1);  // not ours: as it is
+}
 
 TEST(FindProgram, SearchesThePathInOrder) {
   test::ScratchDir dir("tools");

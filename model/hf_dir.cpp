@@ -77,7 +77,7 @@ const char* torch_dtype(DType t) {
 void check_output_dir(const std::string& dir, std::string_view what) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
-    throw ConfigError(cat(what, " ", dir, " is a file; give the directory to write the model to"));
+    throw ConfigError(cat(what, " ", dir, " is a file; give a directory to write into"));
   fs::create_directories(dir, ec);
   if (ec)
     throw ConfigError(cat(what, " ", dir, ": cannot create the directory (", ec.message(),

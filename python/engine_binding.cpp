@@ -156,7 +156,8 @@ class Core {
     collective("engine.backward(loss)", [&] {
       if (!e.forward_pending())
         throw Error(
-            "engine.backward(loss): no forward to take the gradients of; call loss = engine(input_ids) first");
+            "engine.backward(loss): no forward to take the gradients of; call loss = engine(input_ids) "
+            "first");
       py::gil_scoped_release nogil;
       e.backward(*model_);
     });

@@ -88,18 +88,6 @@ model::ModelConfig load_model(const std::string& spec) {
 }
 
 // A temporary token file for --text, removed when the run ends.
-// `dir` exists (created if missing) and this process can create files in it; ConfigError naming `what`
-// and the reason otherwise.
-void check_writable_dir(const std::string& dir, const char* what) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec)
-    throw ConfigError(cat(what, " ", dir, ": cannot create the directory (", ec.message(),
-                          "); choose a writable location"));
-  if (const int err = probe_writable(dir); err != 0)
-    throw ConfigError(
-        cat(what, " ", dir, ": not writable (", detail::errno_text(err), "); choose a writable location"));
-}
 
 // Note [Stop signals]: SIGINT and SIGTERM (what a preemptible machine sends before it takes the machine
 // back) let the step in progress finish; the run then saves its checkpoint when --save was given, prints
@@ -269,25 +257,25 @@ int run_train(const TrainOpts& o) {
   if (ri.world_size > 1) log::set_job_rank(ri.rank);
   Config cfg = Config::load(o.config, parse_sets(o.sets), ri.world_size);
   // Where the run will write, checked now rather than after the training.
-  if (!o.save.empty()) check_writable_dir(o.save, "--save");
+  if (!o.save.empty()) model::check_output_dir(o.save, "--save");
   // --export NAME.safetensors: one file; any other path: a Hugging Face model directory.
   const bool export_file = o.export_path.ends_with(".safetensors");
   if (!o.export_path.empty()) {
     if (export_file) {
       const std::filesystem::path parent = std::filesystem::absolute(o.export_path).parent_path();
-      check_writable_dir(parent.string(), "--export's directory");
+      model::check_output_dir(parent.string(), "--export's directory");
     } else {
       if (std::filesystem::exists(o.export_path) && !std::filesystem::is_directory(o.export_path))
         throw ConfigError(
             cat("--export ", o.export_path,
                 " is a file; give a directory for the model (or NAME.safetensors for one file)"));
-      check_writable_dir(o.export_path, "--export");
+      model::check_output_dir(o.export_path, "--export");
     }
   }
   // csv_monitor's folder (rank 0 writes it), created and probed now.
   const std::string csv_dir =
       cfg.csv_monitor.enabled && ri.rank == 0 ? CsvMonitor::directory(cfg.csv_monitor) : std::string();
-  if (!csv_dir.empty()) check_writable_dir(csv_dir, "csv_monitor.output_path/job_name:");
+  if (!csv_dir.empty()) model::check_output_dir(csv_dir, "csv_monitor.output_path/job_name:");
   if (o.save_interval > 0 && o.save.empty())
     throw ConfigError("--save-interval needs --save DIR (where the checkpoints go)");
   if ((o.eval_interval > 0 || o.eval_batches > 0) && o.eval_data.empty())

@@ -84,6 +84,20 @@ class Overlap : public ::testing::TestWithParam<Case> {
     return make_config(std::get<0>(GetParam()), std::get<1>(GetParam()), d.path(), extra);
   }
   bool by_ops() const { return std::get<2>(GetParam()); }
+  // An engine with unclipped steps and the optimizer overlapped or not, its data and model, after one
+  // step; `then(engine, data, model)` goes on from there and its result is returned.
+  template <class F>
+  auto after_one_step(const ScratchDir& d, const std::string& tokens, bool overlap, F then) const {
+    kernels::cpu::set_blas_threads(1);
+    Engine e(with_overlap(config(d, {{"gradient_clipping", 1e9}}), overlap), kModel,
+             {.backend = "host", .device_memory_cap = 0, .seq_len = kSeq, .device_state_by_ops = by_ops()});
+    model::TokenFile file = model::TokenFile::open(tokens);
+    model::DataLoader data(file,
+                           {.batch_size = e.micro_batch(), .seq_len = kSeq, .seed = 3, .vocab_size = 256});
+    model::LlamaModel m(kModel, e.model_options());
+    e.train_batch(m, data);
+    return then(e, data, m);
+  }
 };
 
 TEST_P(Overlap, IsPlannedWithItsHostMemory) {
@@ -178,24 +192,18 @@ TEST_P(Overlap, AForwardBeforeTheStepSeesTheLastStepsWeights) {
   ScratchDir d("overlap-cancel");
   const std::string tokens = make_tokens(d);
   auto drive = [&](bool overlap) {
-    kernels::cpu::set_blas_threads(1);
-    Engine e(with_overlap(config(d, {{"gradient_clipping", 1e9}}), overlap), kModel,
-             {.backend = "host", .device_memory_cap = 0, .seq_len = kSeq, .device_state_by_ops = by_ops()});
-    model::TokenFile file = model::TokenFile::open(tokens);
-    model::DataLoader data(file,
-                           {.batch_size = e.micro_batch(), .seq_len = kSeq, .seed = 3, .vocab_size = 256});
-    model::LlamaModel m(kModel, e.model_options());
-    e.train_batch(m, data);
-    // The accumulation's micro-batches, then one more before the step (a caller that counts its own).
-    std::vector<double> seen;
-    for (int i = 0; i < e.accumulation_steps(); ++i) seen.push_back(e.forward_backward(m, data.next()));
-    std::vector<float> master = e.master_params(1);  // read between backward and step
-    seen.push_back(e.forward_backward(m, data.next()));
-    const StepResult s = e.step();
-    seen.push_back(s.loss);
-    seen.push_back(s.grad_norm);
-    std::vector<float> after = e.master_params(1);
-    return std::make_tuple(seen, master, after, e.overlap_stats());
+    return after_one_step(d, tokens, overlap, [](Engine& e, model::DataLoader& data, model::LlamaModel& m) {
+      // The accumulation's micro-batches, then one more before the step (a caller that counts its own).
+      std::vector<double> seen;
+      for (int i = 0; i < e.accumulation_steps(); ++i) seen.push_back(e.forward_backward(m, data.next()));
+      std::vector<float> master = e.master_params(1);  // read between backward and step
+      seen.push_back(e.forward_backward(m, data.next()));
+      const StepResult s = e.step();
+      seen.push_back(s.loss);
+      seen.push_back(s.grad_norm);
+      std::vector<float> after = e.master_params(1);
+      return std::make_tuple(seen, master, after, e.overlap_stats());
+    });
   };
   const auto [seen_on, master_on, after_on, stats] = drive(true);
   const auto [seen_off, master_off, after_off, unused] = drive(false);
@@ -212,26 +220,20 @@ TEST_P(Overlap, AnEvalBetweenBackwardAndStepSeesTheLastStepsWeights) {
   ScratchDir d("overlap-eval");
   const std::string tokens = make_tokens(d);
   auto drive = [&](bool overlap) {
-    kernels::cpu::set_blas_threads(1);
-    Engine e(with_overlap(config(d, {{"gradient_clipping", 1e9}}), overlap), kModel,
-             {.backend = "host", .device_memory_cap = 0, .seq_len = kSeq, .device_state_by_ops = by_ops()});
-    model::TokenFile file = model::TokenFile::open(tokens);
-    model::DataLoader data(file,
-                           {.batch_size = e.micro_batch(), .seq_len = kSeq, .seed = 3, .vocab_size = 256});
-    model::LlamaModel m(kModel, e.model_options());
-    e.train_batch(m, data);
-    const model::Batch held_out = data.next();
-    auto eval = [&] {
-      return double(m.forward(e, held_out.inputs.data(), held_out.targets.data(), held_out.rows, kSeq));
-    };
-    std::vector<double> evals{eval()}, seen;
-    for (int i = 0; i < e.accumulation_steps(); ++i) seen.push_back(e.forward_backward(m, data.next()));
-    evals.push_back(eval());  // between backward and step
-    const StepResult s = e.step();
-    seen.push_back(s.loss);
-    seen.push_back(s.grad_norm);
-    evals.push_back(eval());
-    return std::make_tuple(seen, evals, e.overlap_stats());
+    return after_one_step(d, tokens, overlap, [](Engine& e, model::DataLoader& data, model::LlamaModel& m) {
+      const model::Batch held_out = data.next();
+      auto eval = [&] {
+        return double(m.forward(e, held_out.inputs.data(), held_out.targets.data(), held_out.rows, kSeq));
+      };
+      std::vector<double> evals{eval()}, seen;
+      for (int i = 0; i < e.accumulation_steps(); ++i) seen.push_back(e.forward_backward(m, data.next()));
+      evals.push_back(eval());  // between backward and step
+      const StepResult s = e.step();
+      seen.push_back(s.loss);
+      seen.push_back(s.grad_norm);
+      evals.push_back(eval());
+      return std::make_tuple(seen, evals, e.overlap_stats());
+    });
   };
   const auto [seen_on, evals_on, stats] = drive(true);
   const auto [seen_off, evals_off, unused] = drive(false);

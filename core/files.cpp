@@ -5,6 +5,9 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
+
+#include "core/error.h"
 
 namespace strata {
 
@@ -21,6 +24,20 @@ int probe_writable(const std::string& dir) {
   ::close(fd);
   ::unlink(probe.c_str());
   return 0;
+}
+
+void check_output_dir(const std::string& dir, std::string_view what) {
+  std::error_code ec;
+  namespace fs = std::filesystem;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw ConfigError(detail::cat(what, " ", dir, " is a file; give a directory to write into"));
+  fs::create_directories(dir, ec);
+  if (ec)
+    throw ConfigError(detail::cat(what, " ", dir, ": cannot create the directory (", ec.message(),
+                                  "); choose a writable location"));
+  if (const int err = probe_writable(dir); err != 0)
+    throw ConfigError(detail::cat(what, " ", dir, ": not writable (", detail::errno_text(err),
+                                  "); choose a writable location"));
 }
 
 }  // namespace strata

@@ -74,19 +74,6 @@ const char* torch_dtype(DType t) {
 
 }  // namespace
 
-void check_output_dir(const std::string& dir, std::string_view what) {
-  std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
-    throw ConfigError(cat(what, " ", dir, " is a file; give a directory to write into"));
-  fs::create_directories(dir, ec);
-  if (ec)
-    throw ConfigError(cat(what, " ", dir, ": cannot create the directory (", ec.message(),
-                          "); choose a writable location"));
-  if (const int err = probe_writable(dir); err != 0)
-    throw ConfigError(
-        cat(what, " ", dir, ": not writable (", detail::errno_text(err), "); choose a writable location"));
-}
-
 HfModel open_hf_model(const std::string& path) {
   HfModel m;
   std::error_code ec;

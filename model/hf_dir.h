@@ -48,12 +48,6 @@ struct SavePretrainedOptions {
   std::string source_dir;
 };
 
-// Creates `dir` (and its parents) if needed and checks that files can be created in it (core/files.h
-// probe_writable), so that a command refuses a destination it cannot write before it loads or trains
-// anything. ConfigError naming `what` — what the user typed for it ("--export", "OUT_DIR") —, the path and
-// the reason when `dir` is a file, cannot be created or is not writable.
-void check_output_dir(const std::string& dir, std::string_view what);
-
 // Writes `chunks`' parameters (ChunkProvider::read_params, chunk by chunk: one chunk in host memory at a
 // time) as a model directory transformers' from_pretrained loads. Creates `dir` if needed.
 void save_pretrained(const std::string& dir, ChunkProvider& chunks, DType dtype,

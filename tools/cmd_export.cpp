@@ -16,6 +16,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "model/hf_dir.h"
 #include "tools/cli.h"
@@ -49,7 +50,7 @@ int run_export(const ExportOpts& o) {
   const ModelSource src = open_model_source(o.source, "CHECKPOINT");
   // Where the export goes, created and probed before the weights are loaded; the errors name OUT_DIR, the
   // argument as the usage line shows it.
-  model::check_output_dir(o.out, "OUT_DIR");
+  check_output_dir(o.out, "OUT_DIR");
   std::string tokenizer = o.tokenizer_from;
   if (tokenizer.empty() && src.ckpt && !src.ckpt->init_from.empty()) {
     if (fs::is_directory(src.ckpt->init_from, ec))

@@ -257,25 +257,25 @@ int run_train(const TrainOpts& o) {
   if (ri.world_size > 1) log::set_job_rank(ri.rank);
   Config cfg = Config::load(o.config, parse_sets(o.sets), ri.world_size);
   // Where the run will write, checked now rather than after the training.
-  if (!o.save.empty()) model::check_output_dir(o.save, "--save");
+  if (!o.save.empty()) check_output_dir(o.save, "--save");
   // --export NAME.safetensors: one file; any other path: a Hugging Face model directory.
   const bool export_file = o.export_path.ends_with(".safetensors");
   if (!o.export_path.empty()) {
     if (export_file) {
       const std::filesystem::path parent = std::filesystem::absolute(o.export_path).parent_path();
-      model::check_output_dir(parent.string(), "--export's directory");
+      check_output_dir(parent.string(), "--export's directory");
     } else {
       if (std::filesystem::exists(o.export_path) && !std::filesystem::is_directory(o.export_path))
         throw ConfigError(
             cat("--export ", o.export_path,
                 " is a file; give a directory for the model (or NAME.safetensors for one file)"));
-      model::check_output_dir(o.export_path, "--export");
+      check_output_dir(o.export_path, "--export");
     }
   }
   // csv_monitor's folder (rank 0 writes it), created and probed now.
   const std::string csv_dir =
       cfg.csv_monitor.enabled && ri.rank == 0 ? CsvMonitor::directory(cfg.csv_monitor) : std::string();
-  if (!csv_dir.empty()) model::check_output_dir(csv_dir, "csv_monitor.output_path/job_name:");
+  if (!csv_dir.empty()) check_output_dir(csv_dir, "csv_monitor.output_path/job_name:");
   if (o.save_interval > 0 && o.save.empty())
     throw ConfigError("--save-interval needs --save DIR (where the checkpoints go)");
   if ((o.eval_interval > 0 || o.eval_batches > 0) && o.eval_data.empty())

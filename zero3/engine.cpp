@@ -221,7 +221,9 @@ void Engine::Impl::plan_memory() {
   for (const PlannedChunk& c : in.chunks)
     shapes.reduce_numel = std::max<std::size_t>(shapes.reduce_numel, c.shard.numel);
   ops->reserve_scratch(ops->scratch_bytes(shapes));
-  in.ops = agreed_max(ops->device_bytes() + gather_ops->device_bytes() + grad_ops->device_bytes());
+  const std::vector<std::uint64_t> ops_bytes =
+      every_ranks(ops->device_bytes() + gather_ops->device_bytes() + grad_ops->device_bytes());
+  in.ops = *std::max_element(ops_bytes.begin(), ops_bytes.end());
   in.device_capacity = dev->caps().capacity;
   const auto activations = [&](bool ckpt) {
     return model::LlamaModel::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len,
@@ -340,7 +342,9 @@ void Engine::Impl::plan_cores() {
 // every rank computes alike.
 void Engine::Impl::agree_capacity() {
   const std::uint64_t mine = dev->caps().capacity;
-  const std::uint64_t least = agreed_min(mine), most = agreed_max(mine);  // every rank calls both
+  const std::vector<std::uint64_t> all = every_ranks(mine);
+  const auto [least_at, most_at] = std::minmax_element(all.begin(), all.end());
+  const std::uint64_t least = *least_at, most = *most_at;
   if (least == most) return;
   if (least < mine) dev->limit_capacity(least);
   if (comm->rank() == 0)
@@ -349,18 +353,10 @@ void Engine::Impl::agree_capacity() {
                     ", so that all make the same plan");
 }
 
-std::uint64_t Engine::Impl::agreed_max(std::uint64_t mine) {
-  if (world == 1) return mine;
-  std::vector<std::uint64_t> all(std::size_t(world), 0);
-  comm->host_all_gather(&mine, all.data(), sizeof mine);
-  return *std::max_element(all.begin(), all.end());
-}
-
-std::uint64_t Engine::Impl::agreed_min(std::uint64_t mine) {
-  if (world == 1) return mine;
-  std::vector<std::uint64_t> all(std::size_t(world), 0);
-  comm->host_all_gather(&mine, all.data(), sizeof mine);
-  return *std::min_element(all.begin(), all.end());
+std::vector<std::uint64_t> Engine::Impl::every_ranks(std::uint64_t mine) {
+  std::vector<std::uint64_t> all(std::size_t(world), mine);
+  if (world > 1) comm->host_all_gather(&mine, all.data(), sizeof mine);
+  return all;
 }
 
 void Engine::Impl::share_host() {

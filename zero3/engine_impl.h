@@ -180,9 +180,8 @@ struct Engine::Impl final : prefetch::FetchTarget {
   double device_optimizer_rate(std::size_t n);
   // Note [Ranks agree] (engine.cpp): the device capacity every rank plans with, the least over ranks.
   void agree_capacity();
-  // The largest of every rank's `mine`, and the least: plan inputs a rank measures on its own.
-  std::uint64_t agreed_max(std::uint64_t mine);
-  std::uint64_t agreed_min(std::uint64_t mine);
+  // Every rank's `mine`, in rank order (a collective): plan inputs a rank measures on its own.
+  std::vector<std::uint64_t> every_ranks(std::uint64_t mine);
   // Host memory the plan takes: pinned state and staging, and on the host backend the device too.
   std::uint64_t host_need() const;
   // The ranks sharing this rank's machine (its host name) and the host memory their plans take together:

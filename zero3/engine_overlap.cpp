@@ -124,9 +124,10 @@ void Engine::Impl::plan_overlap() {
   const std::uint64_t per = 4 * std::uint64_t(1 + n_states) + wd_bytes();
   const std::uint64_t ram = physical_memory();
   const std::uint64_t host = host_need_here;
-  const std::uint64_t room = agreed_min(
+  const std::vector<std::uint64_t> rooms = every_ranks(
       ram == 0 ? std::numeric_limits<std::uint64_t>::max()
                : (ram / 10 * 9 > host ? (ram / 10 * 9 - host) / 2 / std::uint64_t(ranks_here) : 0));
+  const std::uint64_t room = *std::min_element(rooms.begin(), rooms.end());
   o->eligible.assign(C, 0);
   o->backup_at.assign(C, 0);
   std::uint64_t total = 0;

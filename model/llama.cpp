@@ -233,6 +233,16 @@ kernels::OpShapes LlamaModel::op_shapes(const ModelConfig& cfg, int B, int T) {
           .reduce_numel = 0};
 }
 
+// The planning functions of the seam (model/trainable.h): every ModelConfig describes this decoder.
+std::size_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
+                             const kernels::Ops& ops) {
+  return LlamaModel::activation_bytes(cfg, B, T, checkpoint_activations, ops);
+}
+
+kernels::OpShapes op_shapes(const ModelConfig& cfg, int B, int T) {
+  return LlamaModel::op_shapes(cfg, B, T);
+}
+
 std::vector<float> LlamaModel::logits() const {
   const size_t n = size_t(B_) * size_t(T_) * size_t(cfg_.vocab_size);
   std::vector<float> out(n);

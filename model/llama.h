@@ -40,19 +40,15 @@
 #include "model/chunk.h"
 #include "model/config.h"
 #include "model/profile.h"
+#include "model/trainable.h"
 
 namespace strata::model {
 
-struct ModelOptions {
-  bool checkpoint_activations = false;  // keep each block's input only, recompute in backward
-  Device* device = nullptr;             // where activations live (both null: a host device of its own)
-  kernels::Ops* ops = nullptr;          // the ops, on a stream of `device`
-};
-
-class LlamaModel {
+// The decoder every ModelConfig describes today: a TrainableModel (model/trainable.h), the engine's seam.
+class LlamaModel final : public TrainableModel {
  public:
   explicit LlamaModel(const ModelConfig& cfg, ModelOptions opts = {});
-  ~LlamaModel();
+  ~LlamaModel() override;
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
 
@@ -67,10 +63,11 @@ class LlamaModel {
   // ignored — returns the mean cross-entropy and keeps what backward needs; with targets == nullptr
   // computes the logits only and returns 0. Throws ConfigError for a bad B or T, strata::Error for a
   // token outside the vocabulary or a provider whose layout does not match this config.
-  float forward(ChunkProvider& chunks, const int32_t* inputs, const int32_t* targets, int B, int T);
+  float forward(ChunkProvider& chunks, const int32_t* inputs, const int32_t* targets, int B, int T) override;
   // Adds the gradients of grad_scale × loss (the last forward's) into the chunks' gradient buffers,
   // handing each back as it finishes. Overwrites logits(). Requires a forward with targets.
-  void backward(ChunkProvider& chunks, float grad_scale = 1.0f);
+  void backward(ChunkProvider& chunks, float grad_scale) override;
+  void backward(ChunkProvider& chunks) { backward(chunks, 1.0f); }
 
   // (B, T, V) after forward, on the host (copied from the device).
   std::vector<float> logits() const;

@@ -304,6 +304,10 @@ class Core {
     d["offload_ratio"] = p.offload_ratio;
     d["overlap_groups"] = p.overlap_groups;
     d["overlap_host"] = p.overlap_host;
+    // Per chunk, how it is updated (Note [Update routes] in zero3/placement.cpp), in words.
+    py::list routes;
+    for (const zero3::UpdateRoute& r : engine().update_routes()) routes.append(zero3::describe(r));
+    d["update_routes"] = routes;
     return d;
   }
 

@@ -99,7 +99,6 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   }
   world = comm->world_size();
   replicated = world > 1 && cfg.zero_optimization.stage < 3;
-  local_accumulation = world > 1 && cfg.zero_optimization.stage == 1;
   // (offload_param and NVMe offload need stage 3: the config refuses them below it, as DeepSpeed does.)
   if (world != cfg.world_size)
     throw ConfigError(cat("the config was resolved for world_size ", cfg.world_size, " but ", world,
@@ -213,11 +212,11 @@ void Engine::Impl::plan_memory() {
   PlanInput in = plan_input(cfg, layout, mcfg.tie_embeddings, world, comm->rank(), act);
   planned_seq_len = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
   in.device_state_by_ops = by_ops;
+  in.tail_on_model_cpus = dev->caps().backend == BackendKind::host && !by_ops && !compute_cpus.empty();
   // The compute interface's scratch for the model's shapes and the engine's own reductions (the longest
   // shard), taken now so that the ops never grow it during a step; then what every Ops holds (Note
   // [Ops device memory] in kernels/ops.h).
-  kernels::OpShapes shapes =
-      model::LlamaModel::op_shapes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len);
+  kernels::OpShapes shapes = model::op_shapes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len);
   for (const PlannedChunk& c : in.chunks)
     shapes.reduce_numel = std::max<std::size_t>(shapes.reduce_numel, c.shard.numel);
   ops->reserve_scratch(ops->scratch_bytes(shapes));
@@ -226,8 +225,8 @@ void Engine::Impl::plan_memory() {
   in.ops = *std::max_element(ops_bytes.begin(), ops_bytes.end());
   in.device_capacity = dev->caps().capacity;
   const auto activations = [&](bool ckpt) {
-    return model::LlamaModel::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len,
-                                               ckpt, *ops);
+    return model::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len, ckpt,
+                                   *ops);
   };
   const std::uint64_t with_ckpt = activations(true), without = activations(false);
   // Note [Checkpointing by choice]: an explicit choice (EngineOptions, or strata.checkpoint_activations
@@ -266,11 +265,12 @@ void Engine::Impl::plan_memory() {
     s.gather_block = p.gather_block[i];
     s.grad_block = p.grad_block[i];
     s.h = in.homes_of(in.chunks[i]);
-    s.accumulate = p.accumulate[i] != 0;
+    s.route = p.routes[i];
   }
   handoffs_expected.assign(slots.size(), 0);
   handoffs_seen.assign(slots.size(), 0);
-  groups = std::move(in.groups);
+  groups = in.groups;
+  planned = std::move(in);
   if (plan.device_optimizer_groups > 0 && comm->rank() == 0)
     STRATA_LOG_INFO(
         "zero3: offload_optimizer.ratio ", plan.offload_ratio, ": ", plan.device_optimizer_groups, " of ",
@@ -478,11 +478,11 @@ void Engine::Impl::open_tiers() {
   const auto& z = cfg.zero_optimization;
   const bool grads_pinned =
       std::any_of(slots.begin(), slots.end(), [](const ChunkSlot& s) { return s.h.grad == Tier::pinned; });
-  const bool stepped_on_host =
-      std::any_of(slots.begin(), slots.end(), [](const ChunkSlot& s) { return !s.device_optimizer(); });
+  const bool staged = std::any_of(slots.begin(), slots.end(), [](const ChunkSlot& s) {
+    return s.route.params == UpdateRoute::Params::staged;
+  });
   if (grads_pinned) grad_staging = PinnedBuffer(*dev, largest_shard * sizeof(float));
-  if (by_ops && homes.param == Tier::device && stepped_on_host)
-    param_staging = PinnedBuffer(*dev, largest_shard * wd_bytes());
+  if (staged) param_staging = PinnedBuffer(*dev, largest_shard * wd_bytes());
   if (plan.nvme_state > 0) {
     const std::string& path = z.offload_optimizer.device == OffloadDevice::nvme
                                   ? z.offload_optimizer.nvme_path
@@ -625,14 +625,16 @@ void Engine::Impl::init_chunks() {
                                      .shard = -1});
     tm->pin(s.gathered);
     tm->pin(s.gradbuf);
-    if (s.accumulate) {  // its device accumulator (Note [Gradients off the device]), a block while live
-      s.accbuf = tm->register_tensor({.name = s.name + ".grad_acc",
-                                      .kind = tiering::Kind::grad,
-                                      .dtype = DType::fp32,
-                                      .bytes = (local_accumulation ? s.numel : s.shard.numel) * sizeof(float),
-                                      .home = Tier::device,
-                                      .chunk = s.id,
-                                      .shard = -1});  // transient, as the gradient buffer
+    if (s.accumulates()) {  // its device accumulator (Note [Gradients off the device]), a block while live
+      s.accbuf = tm->register_tensor(
+          {.name = s.name + ".grad_acc",
+           .kind = tiering::Kind::grad,
+           .dtype = DType::fp32,
+           .bytes = (s.route.grads == UpdateRoute::Grads::local_accumulator ? s.numel : s.shard.numel) *
+                    sizeof(float),
+           .home = Tier::device,
+           .chunk = s.id,
+           .shard = -1});  // transient, as the gradient buffer
       tm->pin(s.accbuf);
     }
   }
@@ -742,6 +744,11 @@ std::uint64_t Engine::checkpoint_bytes() const {
 
 const MemoryPlan& Engine::plan() const {
   return impl_->plan;
+}
+std::vector<UpdateRoute> Engine::update_routes() const {
+  std::vector<UpdateRoute> r;
+  for (const ChunkSlot& s : impl_->slots) r.push_back(s.route);
+  return r;
 }
 const prefetch::PrefetchStats& Engine::prefetch_stats() const {
   return impl_->pf->stats();

@@ -67,7 +67,7 @@
 #include "model/chunk.h"
 #include "model/config.h"
 #include "model/data_loader.h"
-#include "model/llama.h"
+#include "model/trainable.h"
 #include "prefetch/prefetch.h"
 #include "tiering/manager.h"
 #include "zero3/placement.h"
@@ -81,7 +81,7 @@ struct EngineOptions {
   std::uint64_t device_memory_cap = 0;
   // The tokens per sequence the model will run at (0: the model's max_seq_len) and whether it checkpoints
   // activations: the device plan reserves the activations of a micro-batch of that shape (what
-  // model::LlamaModel::activation_bytes says for the engine's ops). No value: strata.checkpoint_activations
+  // model::activation_bytes says for the engine's ops). No value: strata.checkpoint_activations
   // decides ("auto": on only when the activations without checkpointing would not fit the device).
   int seq_len = 0;
   std::optional<bool> checkpoint_activations = std::nullopt;
@@ -218,16 +218,16 @@ class Engine final : public model::ChunkProvider {
   // ---- training ----
   // One micro-batch: forward and backward (loss scaled by the loss scale / accumulation steps).
   // Returns the loss.
-  float forward_backward(model::LlamaModel& model, const model::Batch& batch);
+  float forward_backward(model::TrainableModel& model, const model::Batch& batch);
   // The same micro-batch in two halves, for a caller that holds the loss in between (the Python
   // binding's `loss = engine(ids)` / `engine.backward(loss)`): forward opens the pass and returns the
   // loss of inputs/targets (B, T) int32; backward adds its gradients and closes the pass. Together they
   // do exactly what forward_backward does. A forward whose backward will not run is ended by
   // abandon_forward(): its loss does not count, the prefetch trace is kept, and no gradient is touched.
   // forward while one is pending, and backward without one, are programming errors (strata::Error).
-  float forward(model::LlamaModel& model, const std::int32_t* inputs, const std::int32_t* targets, int B,
+  float forward(model::TrainableModel& model, const std::int32_t* inputs, const std::int32_t* targets, int B,
                 int T);
-  void backward(model::LlamaModel& model);
+  void backward(model::TrainableModel& model);
   void abandon_forward();
   bool forward_pending() const;
   // Micro-batches whose backward has run since the last step() (forward_backward or backward).
@@ -235,13 +235,13 @@ class Engine final : public model::ChunkProvider {
   // The optimizer step over the gradients accumulated since the last one.
   StepResult step();
   // gradient_accumulation_steps micro-batches from `data`, then step().
-  StepResult train_batch(model::LlamaModel& model, model::DataLoader& data);
+  StepResult train_batch(model::TrainableModel& model, model::DataLoader& data);
   // The compute interface the model must run on (its device memory counts against the cap), and the
   // ModelOptions that say so: model::LlamaModel model(mcfg, engine.model_options()).
   kernels::Ops& ops();
   model::ModelOptions model_options();
-  // For a model other than LlamaModel: its acquires between begin_pass and end_pass form one pass (the
-  // unit the prefetcher records and replays). forward_backward brackets its pass this way.
+  // For a model driven by its caller rather than through TrainableModel: its acquires between begin_pass and
+  // end_pass form one pass (the unit the prefetcher records and replays). forward brackets its pass this way.
   void begin_pass();
   void end_pass();
 
@@ -270,6 +270,9 @@ class Engine final : public model::ChunkProvider {
   comm::Communicator& communicator();
   const Config& config() const;
   const MemoryPlan& plan() const;
+  // Per chunk, how it is updated (Note [Update routes] in placement.cpp): describe(update_routes()) is
+  // what strata train prints with the plan.
+  std::vector<UpdateRoute> update_routes() const;
   // Bytes this rank writes for one checkpoint (its working params, master and optimizer states, each
   // 4096-aligned, plus the header and table): what save_checkpoint checks the file system has free.
   std::uint64_t checkpoint_bytes() const;

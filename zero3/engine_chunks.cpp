@@ -374,8 +374,8 @@ void Engine::Impl::release_grads(int c) {
   }
   ++handoffs_seen[std::size_t(c)];
   const bool final = final_handoff(s);
-  if (world > 1) grad_stream->wait(computed(s));
-  if (local_accumulation && s.accumulate) {
+  if (s.route.reduce != UpdateRoute::Reduce::none) grad_stream->wait(computed(s));
+  if (s.route.grads == UpdateRoute::Grads::local_accumulator) {
     // Note [Stage 1 accumulates locally]: summed here, reduced once, at the final hand-off.
     const kernels::Tensor g{s.gbuf, DType::fp32, s.numel};
     if (s.acc) {
@@ -394,7 +394,7 @@ void Engine::Impl::release_grads(int c) {
   }
   // This rank's slice of the buffer: with N ranks, the sum over ranks left there by the reduce-scatter
   // (in place, on the gradient stream once the model's ops are done); with one, the whole buffer.
-  if (world > 1) {
+  if (s.route.reduce == UpdateRoute::Reduce::every_handoff) {
     grad_comm->reduce_scatter(s.gbuf, s.gbuf + s.shard.offset, s.shard.numel, DType::fp32,
                               comm::ReduceOp::sum, grad_stream.get());
     ++transfers.grad_reductions;
@@ -444,7 +444,7 @@ void Engine::Impl::hand_to_shard(ChunkSlot& s, const float* src, tiering::Tensor
     tm->evict(buffer, Tier::device, Tier::pinned, after);  // frees the block (never valid: no copy)
   } else {
     if (world == 1) grad_stream->wait(computed(s));
-    if (!local_accumulation && s.accumulate && (s.acc || (fresh && !final))) {
+    if (s.route.grads == UpdateRoute::Grads::device_accumulator && (s.acc || (fresh && !final))) {
       // Summed on the device (the same copy-then-add as below), and across to the shard once, at the
       // chunk's final hand-off of the step (or when the step's last backward ends).
       const kernels::Tensor acc_t{s.acc, DType::fp32, n};
@@ -489,7 +489,9 @@ void Engine::Impl::flush_accumulator(ChunkSlot& s) {
 
 void Engine::Impl::flush_accumulators() {
   for (ChunkSlot& s : slots)
-    if (s.acc) local_accumulation ? flush_local_accumulator(s) : flush_accumulator(s);
+    if (s.acc)
+      s.route.grads == UpdateRoute::Grads::local_accumulator ? flush_local_accumulator(s)
+                                                             : flush_accumulator(s);
 }
 
 void Engine::Impl::add_on_host(float* dst, const float* src, std::size_t n) {

@@ -56,9 +56,10 @@ struct ChunkSlot {
   comm::ShardRange shard;   // this rank's slice of the chunk
   tiering::ShardTensors t;  // param (working dtype), grad, master, exp_avg, exp_avg_sq (fp32)
   // Their homes: the config's (Impl::homes), or with master, states and gradients on the device when
-  // offload_optimizer.ratio keeps the chunk's sub-group there (device_optimizer()).
+  // offload_optimizer.ratio keeps the chunk's sub-group there.
   tiering::ShardHomes h;
-  bool device_optimizer() const { return h.master == tiering::Tier::device; }
+  // How it is updated, as the plan decided (Note [Update routes] in placement.cpp).
+  UpdateRoute route;
   // Below stage3_param_persistence_threshold: kept gathered after release whatever its reuse distance
   // (in the cache, which gives way to what the model holds: Note [Device room]).
   bool persistent = false;
@@ -93,10 +94,14 @@ struct ChunkSlot {
   tiering::TensorId gradbuf = 0;
   float* gbuf = nullptr;    // non-null while handed out
   bool grads_fresh = true;  // no gradient has reached this chunk yet this step
-  // The plan gave the chunk a device accumulator (Note [Gradients off the device]): its micro-batches'
-  // gradients are summed on the device and cross to the shard once per step. `acc` (shard.numel fp32,
-  // device) is live from the step's first hand-off to its flush; while it is, the shard holds nothing.
-  bool accumulate = false;
+  // The route sums its gradients on the device (Note [Gradients off the device]; stage 1's local
+  // accumulator: Note [Stage 1 accumulates locally]) and crosses to the shard once per step. `acc` (device,
+  // fp32: shard.numel, the local one numel) is live from the step's first hand-off to its flush; while it
+  // is, the shard holds nothing.
+  bool accumulates() const {
+    return route.grads == UpdateRoute::Grads::device_accumulator ||
+           route.grads == UpdateRoute::Grads::local_accumulator;
+  }
   tiering::TensorId accbuf = 0;
   float* acc = nullptr;
 
@@ -109,11 +114,10 @@ std::uint64_t physical_memory();
 // The optimizer overlapped with backward: Note [Optimizer overlap] in engine_overlap.cpp.
 struct OptimizerOverlap {
   enum class State : std::uint8_t { idle, queued, done, failed };
-  // The plan (plan_overlap): which sub-groups are updated during backward, and where their chunks' rollback
-  // copies are in `backup` (byte offsets; the copies of a chunk are its master, optimizer states and
-  // working params, in that order).
-  std::vector<char> eligible;           // per chunk
-  std::vector<std::size_t> backup_at;   // per chunk (eligible chunks only)
+  // Where the rollback copies of the chunks updated during backward (UpdateRoute.overlap) are in `backup`
+  // (byte offsets; the copies of a chunk are its master, optimizer states and working params, in that
+  // order).
+  std::vector<std::size_t> backup_at;   // per chunk (overlapped chunks only)
   std::unique_ptr<std::byte[]> backup;  // plan.overlap_host bytes
   // The pass (hand-offs are counted by the engine: Impl::handoffs_expected, handoffs_seen).
   bool armed = false;  // this backward ends the step's accumulation: final hand-offs start updates
@@ -271,13 +275,6 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void update_chunk_on_device(ChunkSlot& s, void* out, double lr, float factor, std::int64_t step_no);
   // The config's Adam/AdamW hyper-parameters at rate `lr`, for the device optimizer (Ops::adamw).
   kernels::Ops::AdamW device_adamw(double lr) const;
-  // Whether chunk s is stepped by the device optimizer, on the compute stream: its master lives on the
-  // device and either the device is reached by stream work only (the compute interface's AdamW), or
-  // offload_optimizer.ratio put it there (Note [Offload ratio] in engine_ratio.cpp; on the host backend's
-  // directly addressed device, device_optimizer()).
-  bool steps_on_device(const ChunkSlot& s) const {
-    return s.device_optimizer() && (by_ops || homes.master != Tier::device);
-  }
   // The host backend's device optimizer: the SIMD CPU optimizer with its own threads on the cpus the
   // model's ops compute on (compute_cpus; every cpu when the cores are shared), run from the compute
   // stream. Made on first use.
@@ -324,15 +321,13 @@ struct Engine::Impl final : prefetch::FetchTarget {
   void overlap_worker();
   void overlap_update(int c);
   void overlap_grad_stats(int c);  // on the worker: chunk c's GradStats
-  // step(): whether chunk c's update may be left to the worker, and leaves them (in order).
-  bool overlap_may_defer(const ChunkSlot& s) const;
+  // step(): leaves the updates of chunks whose route defers them to the worker (in order).
   void overlap_defer(const std::vector<int>& chunks, double lr, float factor, std::int64_t step_no);
   // Waits for chunk c's deferred update (c < 0: every one); rethrows one that failed.
   void overlap_settle(int c);
   // What a chunk's copies hold, in their order in `backup`: master, the optimizer's states, and the
-  // working params unless they are staged (a device home reached by stream work only), whose new values
-  // then follow the copies (overlap_staging).
-  bool overlap_staged() const { return homes.param == Tier::device && by_ops; }
+  // working params unless they are staged (UpdateRoute::Params::staged: a device home reached by stream
+  // work only), whose new values then follow the copies (overlap_staging).
   std::vector<std::pair<void*, std::size_t>> overlap_regions(ChunkSlot& s) const;
   std::byte* overlap_staging(const ChunkSlot& s) const;
   void overlap_stop();  // ~Impl: joins the worker
@@ -390,9 +385,6 @@ struct Engine::Impl final : prefetch::FetchTarget {
   // device); only the gradients (stage 2), the master and the optimizer states are partitioned. Then the
   // param tensor is the chunk, and this rank's slice of it starts at shard.offset.
   bool replicated = false;
-  // Stage 1 at several ranks: a chunk's accumulator (s.accumulate) holds its whole unreduced gradient
-  // (Note [Stage 1 accumulates locally] in engine_chunks.cpp).
-  bool local_accumulation = false;
   std::size_t param_numel(const ChunkSlot& s) const { return replicated ? s.numel : s.shard.numel; }
   std::size_t param_offset(const ChunkSlot& s) const { return replicated ? s.shard.offset : 0; }
   // This rank's slice of the working params at their home (device or pinned memory).
@@ -439,6 +431,8 @@ struct Engine::Impl final : prefetch::FetchTarget {
   MemoryPlan plan;
 
   std::vector<ChunkSlot> slots;
+  // What the plan was made from (plan_overlap plans on it too).
+  PlanInput planned;
   std::vector<std::vector<int>> groups;  // optimizer sub-groups: consecutive chunks, <= sub_group_size
   std::size_t group_window = 1;          // NVMe sub-groups whose states may be in pinned memory at once
 

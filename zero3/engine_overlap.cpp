@@ -82,7 +82,7 @@ std::vector<std::pair<void*, std::size_t>> Engine::Impl::overlap_regions(ChunkSl
   std::vector<std::pair<void*, std::size_t>> r{{s.master, n * sizeof(float)}};
   if (cfg.optimizer.type != OptimizerType::Adagrad) r.emplace_back(s.exp_avg, n * sizeof(float));
   if (cfg.optimizer.type != OptimizerType::Lion) r.emplace_back(s.exp_avg_sq, n * sizeof(float));
-  if (!overlap_staged()) r.emplace_back(my_params(s), n * wd_bytes());
+  if (s.route.params != UpdateRoute::Params::staged) r.emplace_back(my_params(s), n * wd_bytes());
   return r;
 }
 
@@ -102,18 +102,6 @@ void Engine::Impl::plan_overlap() {
       (mode == OV::automatic && (homes.master != Tier::pinned || (dev->caps().backend == BackendKind::host &&
                                                                   cfg.strata.cpu_optim.cores == 0))))
     return;
-  std::string why;
-  if (homes.master == Tier::nvme)
-    why = "offload_optimizer.device is nvme (its states are swapped by sub-group after backward)";
-  else if (homes.master == Tier::device && by_ops)
-    why = "the optimizer runs on the device (offload_optimizer.device none)";
-  else if (homes.param == Tier::nvme)
-    why = "offload_param.device is nvme (new working params go through the NVMe tier after backward)";
-  if (!why.empty()) {
-    if (comm->rank() == 0)
-      STRATA_LOG_WARN("zero3: strata.overlap_optimizer is true but the optimizer runs after backward: ", why);
-    return;
-  }
   auto o = std::make_unique<OptimizerOverlap>();
   const std::size_t C = slots.size();
   // Bytes of host memory the copies may take: half of what the plans of the ranks on this machine leave
@@ -128,39 +116,27 @@ void Engine::Impl::plan_overlap() {
       ram == 0 ? std::numeric_limits<std::uint64_t>::max()
                : (ram / 10 * 9 > host ? (ram / 10 * 9 - host) / 2 / std::uint64_t(ranks_here) : 0));
   const std::uint64_t room = *std::min_element(rooms.begin(), rooms.end());
-  o->eligible.assign(C, 0);
-  o->backup_at.assign(C, 0);
+  const auto copy_bytes = [&](int c) {
+    return (slots[std::size_t(c)].shard.numel * per + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
+  };
+  // The plan decides which chunks (Note [Update routes] in placement.cpp).
+  std::vector<UpdateRoute> routes(C);
+  for (std::size_t i = 0; i < C; ++i) routes[i] = slots[i].route;
+  const OverlapDecision d = zero3::plan_overlap(routes, plan, planned, room, copy_bytes);
+  if (d.chunks == 0) {
+    if (comm->rank() == 0 && (!d.ratio_keeps_all || mode == OV::on))
+      STRATA_LOG_WARN("zero3: strata.overlap_optimizer is true but ", d.why_not);
+    return;
+  }
   std::uint64_t total = 0;
-  int chunks = 0;
-  for (std::size_t i = C; i-- > 0;) {  // backward finishes the last chunks first
-    // offload_optimizer.ratio keeps the first chunks' optimizer on the device: the device optimizer's.
-    if (steps_on_device(slots[i])) break;
-    const std::uint64_t b = (slots[i].shard.numel * per + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
-    if (total + b > room) break;
-    o->eligible[i] = 1;
+  o->backup_at.assign(C, 0);
+  for (std::size_t i = C; i-- > 0;) {
+    slots[i].route = routes[i];
+    if (!routes[i].overlap) continue;
     o->backup_at[i] = total;
-    total += b;
-    ++chunks;
+    total += copy_bytes(int(i));
   }
-  if (chunks == 0 && steps_on_device(slots.back())) {
-    if (comm->rank() == 0 && mode == OV::on)
-      STRATA_LOG_WARN(
-          "zero3: strata.overlap_optimizer is true but offload_optimizer.ratio keeps every "
-          "sub-group on the device: the device optimizer runs after backward");
-    return;
-  }
-  if (chunks == 0) {
-    if (comm->rank() == 0)
-      STRATA_LOG_WARN("zero3: strata.overlap_optimizer: no room in host memory for the rollback copies (",
-                      format_size(per * slots.back().shard.numel),
-                      " for the last chunk); the optimizer "
-                      "runs after backward");
-    return;
-  }
-  plan.overlap_groups = int(std::count_if(groups.begin(), groups.end(), [&](const std::vector<int>& g) {
-    return std::any_of(g.begin(), g.end(), [&](int c) { return o->eligible[std::size_t(c)] != 0; });
-  }));
-  plan.overlap_host = total;
+  const int chunks = d.chunks;
   o->backup = std::make_unique<std::byte[]>(total);
   o->state.assign(C, State::idle);
   o->copied.assign(C, 0);
@@ -208,8 +184,8 @@ void Engine::Impl::overlap_handed_off(ChunkSlot& s, Stream& on) {
   const int seen = handoffs_seen[c], expected = handoffs_expected[c];  // this one counted
   // Chunks the optimizer does not update here still get their gradient statistics taken early, where the
   // CPU reduces their gradients.
-  const bool stats_only = !o.eligible[c] && !(by_ops && s.h.grad == Tier::device);
-  if (!o.armed || !(o.eligible[c] || stats_only) || expected == 0) return;
+  const bool stats_only = !s.route.overlap && s.route.stepper != UpdateRoute::Stepper::device_ops;
+  if (!o.armed || !(s.route.overlap || stats_only) || expected == 0) return;
   if (seen > expected) {
     // More hand-offs than the last backward made: this pass has another shape, and the chunk's update
     // was made too early. Undo them all; this step updates after backward.
@@ -263,7 +239,7 @@ void Engine::Impl::overlap_worker() {
         ChunkSlot& s = slots[std::size_t(c)];
         update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, my_params(s), o.deferred_lr, o.deferred_factor,
                      o.deferred_step);
-      } else if (o.eligible[std::size_t(c)]) {
+      } else if (slots[std::size_t(c)].route.overlap) {
         overlap_update(c);
       } else {
         overlap_grad_stats(c);
@@ -285,7 +261,7 @@ void Engine::Impl::overlap_worker() {
       o.state[std::size_t(c)] = State::failed;
       if (!o.error) o.error = err;
     } else {
-      o.state[std::size_t(c)] = o.eligible[std::size_t(c)] ? State::done : State::idle;
+      o.state[std::size_t(c)] = slots[std::size_t(c)].route.overlap ? State::done : State::idle;
     }
     o.cv.notify_all();
   }
@@ -322,8 +298,9 @@ void Engine::Impl::overlap_update(int c) {
   o.copied[std::size_t(c)] = 1;  // from here on, undoing puts the copies back
   // Working params in place (pinned home, or a device the CPU addresses); a device home reached by stream
   // work only receives them at step(), from the staging after the copies.
-  update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, overlap_staged() ? overlap_staging(s) : my_params(s),
-               o.lr, o.factor, o.step_no);
+  const bool staged = s.route.params == UpdateRoute::Params::staged;
+  update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, staged ? overlap_staging(s) : my_params(s), o.lr,
+               o.factor, o.step_no);
 }
 
 void Engine::Impl::overlap_wait() {
@@ -348,7 +325,8 @@ bool Engine::Impl::overlap_done(std::size_t c) const {
 void Engine::Impl::overlap_keep(std::size_t c) {
   OptimizerOverlap& o = *overlap;
   ChunkSlot& s = slots[c];
-  if (overlap_staged()) to_device(my_params(s), overlap_staging(s), s.shard.numel * wd_bytes());
+  if (s.route.params == UpdateRoute::Params::staged)
+    to_device(my_params(s), overlap_staging(s), s.shard.numel * wd_bytes());
   o.state[c] = State::idle;
   o.copied[c] = 0;
   ++o.stats.updates;
@@ -389,13 +367,6 @@ void Engine::Impl::overlap_undo(bool rollback) {
   } else {
     ++o.stats.cancelled;
   }
-}
-
-bool Engine::Impl::overlap_may_defer(const ChunkSlot& s) const {
-  // The CPU optimizer in addressable memory writing the working params in place (no NVMe, no staging),
-  // stage 3 (no all-gather of the params after the step).
-  return overlap && !replicated && homes.master != Tier::nvme && homes.param != Tier::nvme &&
-         !overlap_staged() && !steps_on_device(s) && s.master != nullptr;
 }
 
 void Engine::Impl::overlap_defer(const std::vector<int>& chunks, double lr, float factor,

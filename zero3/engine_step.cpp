@@ -76,18 +76,24 @@ void Engine::Impl::update_chunk(ChunkSlot& s, float* master, float* m, float* v,
 }
 
 void* Engine::Impl::param_out(ChunkSlot& s) {
-  if (homes.param == Tier::pinned) return s.param_home;  // in place
-  if (homes.param == Tier::device) return by_ops ? param_staging.data() : my_params(s);
+  switch (s.route.params) {
+    case UpdateRoute::Params::home:  // in place
+      return homes.param == Tier::pinned ? s.param_home : my_params(s);
+    case UpdateRoute::Params::staged:
+      return param_staging.data();
+    case UpdateRoute::Params::nvme:
+      break;
+  }
   tm->pin(s.t.param);
   return tm->allocate(s.t.param, Tier::pinned);
 }
 
 void Engine::Impl::param_written(ChunkSlot& s, std::vector<tiering::Move>& writes) {
-  if (homes.param == Tier::device && by_ops) {  // param_staging -> the device home; the staging is reused
+  if (s.route.params == UpdateRoute::Params::staged) {  // param_staging -> the device home; reused after
     to_device(my_params(s), param_staging.data(), s.shard.numel * wd_bytes());
     return;
   }
-  if (homes.param != Tier::nvme) return;
+  if (s.route.params != UpdateRoute::Params::nvme) return;
   tm->mark_written(s.t.param, Tier::pinned);
   tm->unpin(s.t.param);
   auto it = std::find(param_cache.begin(), param_cache.end(), s.id);
@@ -138,29 +144,29 @@ void Engine::Impl::update_group(const std::vector<int>& group, double lr, float 
   for (int c : group) {
     ChunkSlot& s = slots[std::size_t(c)];
     float *master = s.master, *m = s.exp_avg, *v = s.exp_avg_sq;
-    if (s.h.master == Tier::nvme) {  // the pipeline has read them into pinned memory
-      master = static_cast<float*>(tm->data(s.t.master, Tier::pinned));
-      if (cfg.optimizer.type != OptimizerType::Adagrad)
-        m = static_cast<float*>(tm->data(s.t.exp_avg, Tier::pinned));
-      if (cfg.optimizer.type != OptimizerType::Lion)
-        v = static_cast<float*>(tm->data(s.t.exp_avg_sq, Tier::pinned));
+    switch (s.route.stepper) {
+      case UpdateRoute::Stepper::device_ops:  // the compute interface's optimizer, on the compute stream
+        update_chunk_on_device(s, param_out(s), lr, factor, step_no);
+        ++updates.device_optimizer;
+        param_written(s, writes);
+        break;
+      case UpdateRoute::Stepper::model_cpus:  // the device optimizer over directly addressed memory
+        update_on_model_cpus(s, lr, factor, step_no);
+        if (s.route.params == UpdateRoute::Params::nvme) finish_device_updates(writes);  // one pinned copy
+        break;
+      case UpdateRoute::Stepper::nvme_pipeline:  // the pipeline has read them into pinned memory
+        master = static_cast<float*>(tm->data(s.t.master, Tier::pinned));
+        if (cfg.optimizer.type != OptimizerType::Adagrad)
+          m = static_cast<float*>(tm->data(s.t.exp_avg, Tier::pinned));
+        if (cfg.optimizer.type != OptimizerType::Lion)
+          v = static_cast<float*>(tm->data(s.t.exp_avg_sq, Tier::pinned));
+        [[fallthrough]];
+      case UpdateRoute::Stepper::cpu_optimizer:
+        update_chunk(s, master, m, v, param_out(s), lr, factor, step_no);
+        ++updates.cpu_optimizer;
+        param_written(s, writes);
+        break;
     }
-    if (by_ops && s.device_optimizer()) {  // the device optimizer
-      void* out = homes.param == Tier::device ? my_params(s) : param_out(s);
-      update_chunk_on_device(s, out, lr, factor, step_no);
-      ++updates.device_optimizer;
-      if (homes.param != Tier::device) param_written(s, writes);
-      continue;
-    }
-    if (steps_on_device(s)) {  // the device optimizer over directly addressed memory, beside the CPU's
-      update_on_model_cpus(s, lr, factor, step_no);
-      if (homes.param == Tier::nvme) finish_device_updates(writes);  // one pinned copy at a time
-      continue;
-    }
-    void* out = param_out(s);
-    update_chunk(s, master, m, v, out, lr, factor, step_no);
-    ++updates.cpu_optimizer;
-    param_written(s, writes);
   }
 }
 
@@ -181,18 +187,19 @@ cpu_optim::Optimizer& Engine::Impl::host_device_optimizer() {
 // SIMD code, so the same bits) from the compute stream, beside the CPU optimizer on its own cores; the
 // first chunks go to them, after any the offload ratio keeps on the device (their work counts towards
 // that share). Not with NVMe-resident working params (each update holds a pinned copy until it is
-// written) and not on a device of its own (cuda: the CPU optimizer has every cpu of the rank).
+// written) and not on a device of its own (cuda: the CPU optimizer has every cpu of the rank). The plan
+// marks the chunks that may go (UpdateRoute.tail); the share is taken here, of those left after backward.
 void Engine::Impl::update_rest(const std::vector<int>& chunks, double lr, float factor, std::int64_t step_no,
                                std::vector<tiering::Move>& writes) {
-  const bool helper = dev->caps().backend == BackendKind::host && !by_ops && !compute_cpus.empty() &&
-                      homes.param != Tier::nvme;
+  const bool helper =
+      std::any_of(chunks.begin(), chunks.end(), [&](int c) { return slots[std::size_t(c)].route.tail; });
   if (!helper) return update_group(chunks, lr, factor, step_no, writes);
   std::uint64_t total = 0, device = 0;
   std::vector<int> on_device, cpu;
   for (int c : chunks) {
     const std::uint64_t n = slots[std::size_t(c)].shard.numel;
     total += n;
-    if (!steps_on_device(slots[std::size_t(c)])) continue;
+    if (!slots[std::size_t(c)].route.device_optimizer()) continue;
     device += n;
     on_device.push_back(c);
   }
@@ -200,9 +207,9 @@ void Engine::Impl::update_rest(const std::vector<int>& chunks, double lr, float 
   const double target = share * double(total);
   for (int c : chunks) {
     ChunkSlot& s = slots[std::size_t(c)];
-    if (steps_on_device(s)) continue;  // update_group below
+    if (s.route.device_optimizer()) continue;  // update_group below
     const double n = double(s.shard.numel);
-    if (double(device) + n / 2 > target) {
+    if (!s.route.tail || double(device) + n / 2 > target) {
       cpu.push_back(c);
       continue;
     }
@@ -234,9 +241,9 @@ void Engine::Impl::finish_device_updates(std::vector<tiering::Move>& writes) {
 
 void Engine::Impl::grad_stats(double& sum_sq, bool& finite) {
   using kernels::Tensor;
-  // Gradients at home on the device and reached by stream work only are reduced there; the others (pinned
-  // memory, or a device the CPU addresses) by the CPU optimizer's reductions.
-  auto on_device = [&](const ChunkSlot& s) { return by_ops && s.h.grad == Tier::device; };
+  // The device optimizer's gradients on a device reached by stream work only are reduced there; the others
+  // (pinned memory, or a device the CPU addresses) by the CPU optimizer's reductions.
+  auto on_device = [&](const ChunkSlot& s) { return s.route.stepper == UpdateRoute::Stepper::device_ops; };
   // Taken by the overlap's worker from the final gradients (Note [Optimizer overlap]).
   auto early = [&](std::size_t i) { return overlap && overlap->grad_stats[i].ready; };
   bool any_device = false, any_host = false;
@@ -372,7 +379,10 @@ StepResult Engine::Impl::step() {
     if (overlap && !(gs.factor == overlap->factor && r.lr == overlap->lr && step_no == overlap->step_no))
       overlap_undo(true);
     if (overlap) overlap->last_clipped = gs.clipped;
-    if (homes.master != Tier::nvme) {
+    const bool nvme_pipeline = std::any_of(slots.begin(), slots.end(), [](const ChunkSlot& s) {
+      return s.route.stepper == UpdateRoute::Stepper::nvme_pipeline;
+    });
+    if (!nvme_pipeline) {
       std::vector<tiering::Move> writes;
       bool kept = false;
       std::vector<int> rest;
@@ -388,7 +398,7 @@ StepResult Engine::Impl::step() {
       // The rest: with the overlap's worker, those it can update in place are left to it (they run while
       // the next forward starts; Note [Optimizer overlap]), after the others are made here.
       std::vector<int> later, now;
-      for (int c : rest) (overlap_may_defer(slots[std::size_t(c)]) ? later : now).push_back(c);
+      for (int c : rest) (overlap && slots[std::size_t(c)].route.defer ? later : now).push_back(c);
       update_rest(now, r.lr, gs.factor, step_no, writes);
       finish_device_updates(writes);
       overlap_defer(later, r.lr, gs.factor, step_no);
@@ -403,7 +413,7 @@ StepResult Engine::Impl::step() {
       std::vector<const std::vector<int>*> swapped;
       std::vector<tiering::Move> device_writes;
       for (const auto& g : groups) {
-        if (slots[std::size_t(g.front())].device_optimizer())
+        if (slots[std::size_t(g.front())].route.stepper != UpdateRoute::Stepper::nvme_pipeline)
           update_group(g, r.lr, gs.factor, step_no, device_writes);
         else
           swapped.push_back(&g);
@@ -512,7 +522,7 @@ void Engine::end_pass() {
   im.pf->end_pass();
 }
 
-float Engine::forward(model::LlamaModel& model, const std::int32_t* inputs, const std::int32_t* targets,
+float Engine::forward(model::TrainableModel& model, const std::int32_t* inputs, const std::int32_t* targets,
                       int B, int T) {
   Impl& im = *impl_;
   STRATA_CHECK(!im.forward_open, "zero3: forward while the last forward's backward is pending");
@@ -531,7 +541,7 @@ float Engine::forward(model::LlamaModel& model, const std::int32_t* inputs, cons
   return im.forward_loss;
 }
 
-void Engine::backward(model::LlamaModel& model) {
+void Engine::backward(model::TrainableModel& model) {
   Impl& im = *impl_;
   STRATA_CHECK(im.forward_open, "zero3: backward without a forward");
   im.dev->bind_thread();
@@ -584,13 +594,13 @@ int Engine::pending_micro_steps() const {
   return impl_->micro_steps;
 }
 
-float Engine::forward_backward(model::LlamaModel& model, const model::Batch& batch) {
+float Engine::forward_backward(model::TrainableModel& model, const model::Batch& batch) {
   const float loss = forward(model, batch.inputs.data(), batch.targets.data(), batch.rows, batch.seq_len);
   backward(model);
   return loss;
 }
 
-StepResult Engine::train_batch(model::LlamaModel& model, model::DataLoader& data) {
+StepResult Engine::train_batch(model::TrainableModel& model, model::DataLoader& data) {
   for (std::int64_t i = 0; i < impl_->cfg.gradient_accumulation_steps; ++i)
     forward_backward(model, data.next());
   return step();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/error.h"
 #include "tiering/caching_allocator.h"
 
 namespace strata::zero3 {
@@ -65,6 +66,8 @@ PlanInput plan_input(const Config& cfg, const std::vector<ChunkSize>& chunks, in
   in.activation = activation;
   in.accumulation_steps = int(std::max<std::int64_t>(1, cfg.gradient_accumulation_steps));
   in.local_accumulation = world > 1 && z.stage == 1;
+  in.world = world;
+  in.replicated = replicated;
   for (const ChunkSize& cs : chunks) {
     PlannedChunk c;
     c.numel = cs.padded_numel;
@@ -101,6 +104,162 @@ PlanInput plan_input(const Config& cfg, const model::ModelLayout& layout, bool t
   if (tied_embeddings && layout.head_chunk() != layout.embedding_chunk())
     in.head = layout.head_chunk(), in.embedding = layout.embedding_chunk();
   return in;
+}
+
+// Note [Update routes]: how each chunk is updated is one decision, made here from the homes, the ranks,
+// the device and the memory plan, and carried in a value (UpdateRoute) that the engine's gradient path
+// (zero3/engine_chunks.cpp), updater (engine_step.cpp) and overlap (engine_overlap.cpp) read. The routes:
+//
+//   gradients   device_shard        offload_optimizer none, or a sub-group the ratio keeps on the device
+//               pinned_shard        offload_optimizer cpu / nvme (the shard is pinned; NVMe states swap)
+//               device_accumulator  pinned shard, gradient_accumulation_steps > 1 and room on the device
+//               local_accumulator   stage 1 at N ranks with room: the whole chunk, reduced once a step
+//   reduced     none (one rank) | every_handoff (reduce-scatter) | once_a_step (the local accumulator's)
+//   stepped by  cpu_optimizer       master in addressable memory (pinned; the host backend's device)
+//               nvme_pipeline       master on NVMe: by sub-group through the swap pipeline
+//               device_ops          master on a device reached by stream work only (cuda): the ops' AdamW
+//               model_cpus          master kept on the host backend's device by offload_optimizer.ratio
+//   params      home | staged (to a device reached by streams) | nvme (a pinned copy written out)
+//   overlap     updated during backward; defer: else after step() on the overlap's worker (plan_overlap)
+//   tail        the model's idle cpus may take it after backward (host backend, optimizer cores of its own)
+//
+// strata train prints them with the plan (docs/train.md, "How each chunk is updated").
+namespace {
+
+UpdateRoute route_of(const PlanInput& in, std::size_t c, bool accumulate) {
+  using R = UpdateRoute;
+  const tiering::ShardHomes h = in.homes_of(in.chunks[c]);
+  R r;
+  if (in.local_accumulation && accumulate)
+    r.grads = R::Grads::local_accumulator;
+  else if (h.grad == Tier::device)
+    r.grads = R::Grads::device_shard;
+  else
+    r.grads = accumulate ? R::Grads::device_accumulator : R::Grads::pinned_shard;
+  r.reduce = in.world == 1                            ? R::Reduce::none
+             : r.grads == R::Grads::local_accumulator ? R::Reduce::once_a_step
+                                                      : R::Reduce::every_handoff;
+  if (h.master == Tier::nvme)
+    r.stepper = R::Stepper::nvme_pipeline;
+  else if (h.master == Tier::device && in.device_state_by_ops)
+    r.stepper = R::Stepper::device_ops;
+  else if (in.chunks[c].device_optimizer)
+    r.stepper = R::Stepper::model_cpus;
+  else
+    r.stepper = R::Stepper::cpu_optimizer;
+  // The device optimizer writes a device home in place; the CPU's new params reach it through staging.
+  if (h.param == Tier::nvme)
+    r.params = R::Params::nvme;
+  else if (h.param == Tier::device && in.device_state_by_ops && r.stepper != R::Stepper::device_ops)
+    r.params = R::Params::staged;
+  r.tail = in.tail_on_model_cpus && h.param != Tier::nvme && r.stepper == R::Stepper::cpu_optimizer;
+  return r;
+}
+
+}  // namespace
+
+std::string describe(const UpdateRoute& r) {
+  using R = UpdateRoute;
+  std::string s;
+  switch (r.grads) {
+    case R::Grads::device_shard:
+      s = "gradients in the device shard";
+      break;
+    case R::Grads::pinned_shard:
+      s = "gradients to the pinned shard";
+      break;
+    case R::Grads::device_accumulator:
+      s = "gradients summed on the device, to the pinned shard once a step";
+      break;
+    case R::Grads::local_accumulator:
+      s = "whole-chunk gradients summed on the device";
+      break;
+  }
+  if (r.reduce == R::Reduce::every_handoff) s += ", reduce-scattered at every hand-off";
+  if (r.reduce == R::Reduce::once_a_step) s += ", reduce-scattered once a step";
+  switch (r.stepper) {
+    case R::Stepper::cpu_optimizer:
+      s += "; CPU optimizer";
+      break;
+    case R::Stepper::nvme_pipeline:
+      s += "; CPU optimizer through the NVMe swap pipeline";
+      break;
+    case R::Stepper::device_ops:
+      s += "; device optimizer (compute stream)";
+      break;
+    case R::Stepper::model_cpus:
+      s += "; device optimizer (the model's cpus)";
+      break;
+  }
+  if (r.params == R::Params::staged) s += ", params staged to the device";
+  if (r.params == R::Params::nvme) s += ", params written to NVMe";
+  if (r.overlap) s += ", overlapped with backward";
+  if (r.defer) s += r.overlap ? " (else deferred)" : ", deferred to the next forward";
+  if (r.tail) s += ", shared with the model's cpus";
+  return s;
+}
+
+std::string describe(const std::vector<UpdateRoute>& routes) {
+  std::string s;
+  for (std::size_t a = 0; a < routes.size();) {
+    std::size_t b = a + 1;
+    while (b < routes.size() && routes[b] == routes[a]) ++b;
+    if (!s.empty()) s += "\n";
+    s += b == a + 1 ? "chunk " + std::to_string(a)
+                    : "chunks " + std::to_string(a) + "-" + std::to_string(b - 1);
+    s += ": " + describe(routes[a]);
+    a = b;
+  }
+  return s;
+}
+
+OverlapDecision plan_overlap(std::vector<UpdateRoute>& routes, MemoryPlan& m, const PlanInput& in,
+                             std::uint64_t room, const std::function<std::uint64_t(int chunk)>& copy_bytes) {
+  OverlapDecision d;
+  if (in.homes.master == Tier::nvme)
+    d.why_not =
+        "the optimizer runs after backward: offload_optimizer.device is nvme (its states are swapped by "
+        "sub-group after backward)";
+  else if (in.homes.master == Tier::device && in.device_state_by_ops)
+    d.why_not =
+        "the optimizer runs after backward: the optimizer runs on the device (offload_optimizer.device none)";
+  else if (in.homes.param == Tier::nvme)
+    d.why_not =
+        "the optimizer runs after backward: offload_param.device is nvme (new working params go through the "
+        "NVMe tier after backward)";
+  else if (routes.empty())
+    d.why_not = "the model has no chunks";
+  if (!d.why_not.empty()) return d;
+  const int C = int(routes.size());
+  std::uint64_t total = 0;
+  for (int i = C; i-- > 0;) {  // backward finishes the last chunks first
+    // offload_optimizer.ratio keeps the first chunks' optimizer on the device: the device optimizer's.
+    if (routes[std::size_t(i)].device_optimizer()) break;
+    const std::uint64_t b = copy_bytes(i);
+    if (total + b > room) break;
+    total += b;
+    ++d.chunks;
+  }
+  if (d.chunks == 0) {
+    d.ratio_keeps_all = routes.back().device_optimizer();
+    d.why_not = d.ratio_keeps_all
+                    ? "offload_optimizer.ratio keeps every sub-group on the device: the device "
+                      "optimizer runs after backward"
+                    : "no room in host memory for the rollback copies (" + format_size(copy_bytes(C - 1)) +
+                          " for the last chunk): the optimizer runs after backward";
+    return d;
+  }
+  for (int i = C - d.chunks; i < C; ++i) routes[std::size_t(i)].overlap = true;
+  // The others are left to the worker after step() where the update is made in place: the CPU optimizer,
+  // the params written at their home, and no all-gather of the params after the step.
+  for (UpdateRoute& r : routes)
+    r.defer = !in.replicated && r.stepper == UpdateRoute::Stepper::cpu_optimizer &&
+              r.params == UpdateRoute::Params::home;
+  m.overlap_groups = int(std::count_if(in.groups.begin(), in.groups.end(), [&](const std::vector<int>& g) {
+    return std::any_of(g.begin(), g.end(), [&](int c) { return routes[std::size_t(c)].overlap; });
+  }));
+  m.overlap_host = total;
+  return d;
 }
 
 Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
@@ -217,6 +376,9 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   if (in.device_state_by_ops && homes.param == Tier::device && stepped_on_host)
     m.pinned_staging += p.largest_shard * wd;
   if (m.nvme_state > 0) m.nvme_budget = m.nvme_state + m.nvme_state / 16 + (64ull << 20);
+  p.routes.reserve(in.chunks.size());
+  for (std::size_t c = 0; c < in.chunks.size(); ++c)
+    p.routes.push_back(route_of(in, c, p.accumulate[c] != 0));
   return p;
 }
 

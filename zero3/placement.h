@@ -3,12 +3,14 @@
 // budgets it opens the tiers with) and by `memprof estimate`.
 //
 //   zero3::PlanInput in = zero3::plan_input(cfg, layout, world, rank, activation_dtype);
-//   in.activations = model::LlamaModel::activation_bytes(...);  // what the model allocates beside
+//   in.activations = model::activation_bytes(...)  ;  // what the model allocates beside
 //   in.device_capacity = cap;
 //   zero3::Plan p = zero3::plan_memory(in, cfg);  // p.memory: bytes per tier (docs/train.md)
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "comm/comm.h"
@@ -116,6 +118,49 @@ struct PlannedChunk {
   bool device_optimizer = false;  // its sub-group keeps the optimizer on the device (offload ratio < 1)
 };
 
+// How a chunk is updated (Note [Update routes] in placement.cpp): decided by the plan, once, and read by
+// the engine's gradient path and updater; no other code works it out again.
+struct UpdateRoute {
+  // Where the step's gradients of the chunk are summed over its micro-batches until the update.
+  enum class Grads : std::uint8_t {
+    device_shard,        // each hand-off added into the fp32 gradient shard at home on the device
+    pinned_shard,        // each hand-off copied off the device and added on the host into the pinned shard
+    device_accumulator,  // a shard-sized device accumulator, copied to the pinned shard once a step
+    local_accumulator,   // stage 1 at N ranks: the whole chunk on the device, reduced once a step
+  };
+  // Who sums the ranks' gradients: nobody (one rank), a reduce-scatter at every hand-off, or one at the
+  // step's final hand-off (the local accumulator's).
+  enum class Reduce : std::uint8_t { none, every_handoff, once_a_step };
+  // Who steps it.
+  enum class Stepper : std::uint8_t {
+    cpu_optimizer,  // the SIMD CPU optimizer on its cpus, over state in addressable memory
+    nvme_pipeline,  // the CPU optimizer over its sub-group's state read from NVMe and written back
+    device_ops,     // the compute interface's optimizer on the compute stream (device reached by streams)
+    model_cpus,     // the host backend's device optimizer: the same SIMD code on the model's cpus
+  };
+  // Where the new working params go: written at their home, through pinned staging to a device home
+  // reached by stream work only, or through a pinned copy to NVMe.
+  enum class Params : std::uint8_t { home, staged, nvme };
+  Grads grads = Grads::pinned_shard;
+  Reduce reduce = Reduce::none;
+  Stepper stepper = Stepper::cpu_optimizer;
+  Params params = Params::home;
+  // The optimizer overlapped with backward (Note [Optimizer overlap] in zero3/engine_overlap.cpp; set by
+  // plan_overlap): updated during backward when the step is predicted unclipped (`overlap`); when not,
+  // left to the overlap's worker after step() (`defer`).
+  bool overlap = false, defer = false;
+  // May be updated on the model's cpus, idle once backward ends (Note [The optimizer's tail] in
+  // zero3/engine_step.cpp), beside the CPU optimizer.
+  bool tail = false;
+  bool device_optimizer() const { return stepper == Stepper::device_ops || stepper == Stepper::model_cpus; }
+  bool operator==(const UpdateRoute&) const = default;
+};
+// "device accumulator, reduce-scatter each hand-off, CPU optimizer, params to NVMe, overlapped": a route in
+// words, as strata train's plan prints it.
+std::string describe(const UpdateRoute& r);
+// The routes of chunks [0, n) in runs of equal ones: "chunks 0-3: ...; chunks 4-15: ...".
+std::string describe(const std::vector<UpdateRoute>& routes);
+
 struct PlanInput {
   std::vector<PlannedChunk> chunks;
   // Optimizer sub-groups: consecutive chunks whose shards add up to at most sub_group_size elements; a
@@ -137,6 +182,12 @@ struct PlanInput {
   // Stage 1 at several ranks: the accumulators hold whole chunks, summed locally over the micro-batches
   // and reduced once a step (Note [Stage 1 accumulates locally] in zero3/engine_chunks.cpp).
   bool local_accumulation = false;
+  int world = 1;
+  // Stages 1 and 2 at several ranks: every rank keeps the whole chunk's working params.
+  bool replicated = false;
+  // The host backend with cores of the optimizer's own (strata.cpu_optim.cores): the model's cpus take a
+  // share of the CPU optimizer's chunks after backward (UpdateRoute.tail). The engine sets it.
+  bool tail_on_model_cpus = false;
 };
 
 // Keeps the optimizer of the first `groups` sub-groups on the device (PlannedChunk.device_optimizer); 0
@@ -167,8 +218,24 @@ struct Plan {
   std::uint64_t persistent_bytes = 0;  // gathered blocks of the persistent chunks
   int persistent_chunks = 0;
   std::size_t group_window = 1;  // optimizer sub-groups whose states may be in pinned memory at once (NVMe)
+  std::vector<UpdateRoute> routes;  // per chunk
 };
 
 Plan plan_memory(const PlanInput& in, const ZeroConfig& z);
+
+// The optimizer overlapped with backward (Note [Optimizer overlap] in zero3/engine_overlap.cpp), on the
+// routes and memory plan of `in`: the chunks updated during backward are taken from the last down while
+// their rollback copies (`copy_bytes(c)` each) fit `room` bytes of host memory, stopping at the first the
+// device optimizer steps. Sets their routes' `overlap`, every CPU optimizer route's `defer` where the update
+// is made in place, and MemoryPlan.overlap_groups / overlap_host. When no chunk can overlap, the routes
+// are unchanged and `why_not` says why (for the log); `ratio_keeps_all`: because offload_optimizer.ratio
+// keeps every sub-group's optimizer on the device.
+struct OverlapDecision {
+  int chunks = 0;
+  std::string why_not;
+  bool ratio_keeps_all = false;
+};
+OverlapDecision plan_overlap(std::vector<UpdateRoute>& routes, MemoryPlan& m, const PlanInput& in,
+                             std::uint64_t room, const std::function<std::uint64_t(int chunk)>& copy_bytes);
 
 }  // namespace strata::zero3

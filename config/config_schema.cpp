@@ -529,7 +529,7 @@ std::vector<Option> build_options() {
                .field = STRATA_FIELD(zero_optimization.sub_group_size)});
   // Note [Keys without effect]: DeepSpeed's bucket and communication switches tune how its PyTorch hooks
   // batch tensors into collectives. Strata's unit is the chunk (the embedding, one transformer block, the
-  // head): one collective per chunk, issued on a stream of its own (zero3/engine_chunks.cpp, Note [Ranks]),
+  // head): one collective per chunk, issued on a stream of its own (zero3/engine_cache.cpp, Note [Ranks]),
   // so these keys are read, shown and documented as having no effect.
   o.push_back({.path = "zero_optimization.reduce_bucket_size",
                .kind = Kind::count,

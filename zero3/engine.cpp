@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <thread>
 
 #include "comm/devices.h"
@@ -77,11 +78,7 @@ nvme::AioOptions aio_options(const Config& cfg) {
 
 }  // namespace
 
-std::size_t Engine::Impl::wd_bytes() const {
-  return std::size_t(dtype_bytes(wd));
-}
-
-Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOptions& o)
+EngineState::EngineState(const Config& c, const model::ModelConfig& m, const EngineOptions& o)
     : cfg(c),
       mcfg(m),
       // One rank: chunks padded to 64 elements. N ranks: each shard a whole number of the gradient norm's
@@ -89,7 +86,10 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
       layout((m.validate("model"), m), {.tensor_align = 16, .chunk_multiple = chunk_multiple(c.world_size)}),
       opts(o),
       scaler(c.fp16),
-      sched(c.scheduler, c.optimizer.lr) {
+      sched(c.scheduler, c.optimizer.lr) {}
+
+Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOptions& o)
+    : EngineState(c, m, o) {
   dev = open_device(device_options(cfg, opts));
   if (opts.communicator) {
     comm = opts.communicator;
@@ -169,11 +169,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   check_fits();
   open_tiers();
 
-  prefetch::PrefetchOptions po;
-  po.bucket_numel = z.stage3_prefetch_bucket_size;
-  po.max_live_numel = z.stage3_max_live_parameters;
-  po.max_reuse_distance = z.stage3_max_reuse_distance;
-  pf = std::make_unique<prefetch::Prefetcher>(*this, po);
+  cache.open();
   if (!copy_cpus.empty())
     for (Stream* st : {gather_stream.get(), grad_stream.get()})
       st->host_fn([copy_cpus] {  // the stream's one thread, from its first piece of work on
@@ -185,11 +181,26 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
         }
       });
   init_chunks();
-  plan_overlap();
+  grads.open();
+  updater.open();
+  overlap.plan([this] { return overlap_room(); });
+}
+
+// Half of what the plans of the ranks on this machine leave of check_fits' 90% of RAM, shared evenly between
+// those ranks (the other half stays free: with all of it, 13 of the 720m-byte model's 16 chunks overlapped
+// on this 23 GiB machine and backward slowed under the memory pressure as much as the step gained). The
+// least over ranks (Note [Ranks agree]): every rank overlaps the same chunks.
+std::uint64_t Engine::Impl::overlap_room() {
+  const std::uint64_t ram = physical_memory();
+  const std::uint64_t host = host_need_here;
+  const std::vector<std::uint64_t> rooms = every_ranks(
+      ram == 0 ? std::numeric_limits<std::uint64_t>::max()
+               : (ram / 10 * 9 > host ? (ram / 10 * 9 - host) / 2 / std::uint64_t(ranks_here) : 0));
+  return *std::min_element(rooms.begin(), rooms.end());
 }
 
 Engine::Impl::~Impl() {
-  overlap_stop();
+  overlap.stop();
   try {
     if (compute_stream) compute_stream->synchronize();
     if (grad_stream) grad_stream->synchronize();
@@ -267,8 +278,6 @@ void Engine::Impl::plan_memory() {
     s.h = in.homes_of(in.chunks[i]);
     s.route = p.routes[i];
   }
-  handoffs_expected.assign(slots.size(), 0);
-  handoffs_seen.assign(slots.size(), 0);
   groups = in.groups;
   planned = std::move(in);
   if (plan.device_optimizer_groups > 0 && comm->rank() == 0)
@@ -476,13 +485,6 @@ void Engine::Impl::check_fits() const {
 
 void Engine::Impl::open_tiers() {
   const auto& z = cfg.zero_optimization;
-  const bool grads_pinned =
-      std::any_of(slots.begin(), slots.end(), [](const ChunkSlot& s) { return s.h.grad == Tier::pinned; });
-  const bool staged = std::any_of(slots.begin(), slots.end(), [](const ChunkSlot& s) {
-    return s.route.params == UpdateRoute::Params::staged;
-  });
-  if (grads_pinned) grad_staging = PinnedBuffer(*dev, largest_shard * sizeof(float));
-  if (staged) param_staging = PinnedBuffer(*dev, largest_shard * wd_bytes());
   if (plan.nvme_state > 0) {
     const std::string& path = z.offload_optimizer.device == OffloadDevice::nvme
                                   ? z.offload_optimizer.nvme_path
@@ -542,12 +544,12 @@ tiering::Move Engine::Impl::put(tiering::TensorId id, Tier home, const void* src
   return {};
 }
 
-void Engine::Impl::to_device(void* dst, const void* src, std::size_t bytes) {
+void EngineState::to_device(void* dst, const void* src, std::size_t bytes) {
   compute_stream->copy_async(dst, src, bytes, CopyKind::host_to_device);
   compute_stream->synchronize();
 }
 
-void Engine::Impl::from_device(void* dst, const void* src, std::size_t bytes) {
+void EngineState::from_device(void* dst, const void* src, std::size_t bytes) {
   compute_stream->copy_async(dst, src, bytes, CopyKind::device_to_host);
   compute_stream->synchronize();
 }
@@ -638,18 +640,6 @@ void Engine::Impl::init_chunks() {
       tm->pin(s.accbuf);
     }
   }
-  if (by_ops &&
-      std::any_of(slots.begin(), slots.end(), [](const ChunkSlot& s) { return s.h.grad == Tier::device; })) {
-    stats_id = tm->register_tensor({.name = "zero3.grad_stats",
-                                    .kind = tiering::Kind::grad,
-                                    .dtype = DType::u8,
-                                    .bytes = slots.size() * 16,
-                                    .home = Tier::device,
-                                    .chunk = -1,
-                                    .shard = -1});
-    stats = static_cast<char*>(tm->allocate(stats_id, Tier::device));
-    tm->pin(stats_id);
-  }
   STRATA_LOG_INFO("zero3: ", mcfg.name, " (", mcfg.num_parameters(), " parameters, ", slots.size(),
                   " chunks, ", groups.size(), " optimizer sub-group", groups.size() > 1 ? "s" : "", ") on ",
                   dev->caps().name, " (", ops->caps().name, "): state ", format_size(plan.device_state),
@@ -663,7 +653,13 @@ void Engine::Impl::init_chunks() {
                     dev->caps().capacity - plan.device_cache + persistent_bytes, " bytes keeps them");
 }
 
-std::vector<tiering::TensorId> Engine::Impl::optimizer_tensors(const ChunkSlot& s) const {
+Event& EngineState::computed(ChunkSlot& s) {
+  if (!s.computed) s.computed = dev->create_event();
+  compute_stream->record(*s.computed);
+  return *s.computed;
+}
+
+std::vector<tiering::TensorId> EngineState::optimizer_tensors(const ChunkSlot& s) const {
   switch (cfg.optimizer.type) {
     case OptimizerType::Adagrad:
       return {s.t.master, s.t.exp_avg_sq};
@@ -685,16 +681,16 @@ const model::ModelLayout& Engine::layout() const {
   return impl_->layout;
 }
 model::ChunkView Engine::acquire(int id) {
-  return impl_->acquire(id);
+  return impl_->cache.acquire(id);
 }
 void Engine::release(int id) {
-  impl_->release(id);
+  impl_->cache.release(id);
 }
 float* Engine::acquire_grads(int id) {
-  return impl_->acquire_grads(id);
+  return impl_->grads.acquire_grads(id);
 }
 void Engine::release_grads(int id) {
-  impl_->release_grads(id);
+  impl_->grads.release_grads(id);
 }
 StepResult Engine::step() {
   impl_->dev->bind_thread();  // Note [thread device] in core/device.h: whichever thread calls
@@ -703,15 +699,15 @@ StepResult Engine::step() {
 std::string Engine::save_checkpoint(const std::string& dir, const nlohmann::json& client_state,
                                     const model::DataLoader* data, const std::string& tag) {
   impl_->dev->bind_thread();
-  impl_->overlap_settle(-1);   // the last step's updates left to the worker
-  impl_->overlap_undo(false);  // the state as of the last step (a later step redoes the updates)
+  impl_->overlap.settle(-1);   // the last step's updates left to the worker
+  impl_->overlap.undo(false);  // the state as of the last step (a later step redoes the updates)
   return impl_->save(dir, client_state, data, tag);
 }
 nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string& tag,
                                        model::DataLoader* data) {
   impl_->dev->bind_thread();
-  impl_->overlap_settle(-1);
-  impl_->overlap_undo(false);
+  impl_->overlap.settle(-1);
+  impl_->overlap.undo(false);
   return impl_->load(dir, tag, data);
 }
 std::int64_t Engine::global_step() const {
@@ -751,14 +747,13 @@ std::vector<UpdateRoute> Engine::update_routes() const {
   return r;
 }
 const prefetch::PrefetchStats& Engine::prefetch_stats() const {
-  return impl_->pf->stats();
+  return impl_->cache.prefetcher().stats();
 }
 const TransferStats& Engine::transfer_stats() const {
   return impl_->transfers;
 }
 const OverlapStats& Engine::overlap_stats() const {
-  static const OverlapStats none;
-  return impl_->overlap ? impl_->overlap->stats : none;
+  return impl_->overlap.stats();
 }
 const UpdateStats& Engine::update_stats() const {
   return impl_->updates;

@@ -60,7 +60,7 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
   STRATA_CHECK(!in_pass && micro_steps == 0,
                "zero3: save_checkpoint is called between optimizer steps (after step(), before the next "
                "forward_backward)");
-  sync_grads();
+  grads.sync();
   gather_stream->synchronize();  // replicated params: the step's all-gather has landed
   CheckpointWriter w(dir, tag.empty() ? step_tag(global_step) : tag, comm->rank(), world, comm);
   // Enough room for this rank's file, checked before writing (a full disk part-way loses nothing either:
@@ -151,8 +151,8 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
     throw IoError(cat(r.path(), "/meta.json: world_size ", saved_world,
                       " is not a rank count; the checkpoint is damaged"));
 
-  sync_grads();
-  drop_all_gathered();
+  grads.sync();
+  cache.drop_all_gathered();
   tm->synchronize();
   const std::int64_t applied = meta.at("applied_steps").get<std::int64_t>();
   // The saved layout: its chunks padded for `saved_world` ranks, rank q's shard of chunk c the elements
@@ -208,8 +208,7 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
     s.opt = {.step = applied, .finite = true};
     s.grads_fresh = true;
   }
-  param_cache.clear();
-  param_cache_numel = 0;
+  cache.forget_param_copies();
   scaler.load_state(meta.at("loss_scaler"));
   sched.load_state(meta.at("scheduler"));
   global_step = meta.at("step").get<std::int64_t>();

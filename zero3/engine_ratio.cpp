@@ -59,7 +59,7 @@ double Engine::Impl::cpu_optimizer_rate(std::size_t n) {
   double best = 0;
   for (int step = 1; step <= 1 + kTimedSteps; ++step) {
     const auto t0 = Clock::now();
-    update_chunk(s, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step);
+    updater.update_chunk(s, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step);
     const double t = seconds_since(t0);
     if (step > 1) best = best == 0 ? t : std::min(best, t);
   }
@@ -71,19 +71,19 @@ double Engine::Impl::device_optimizer_rate(std::size_t n) {
   DeviceBuffer buf(*dev, n * (4 * sizeof(float) + sizeof(float)), "zero3.ratio_sample");
   compute_stream->memset_async(buf.data(), 0, buf.size());
   float* base = static_cast<float*>(buf.data());
-  const kernels::Ops::AdamW hp = device_adamw(1e-4);
+  const kernels::Ops::AdamW hp = updater.device_adamw(1e-4);
   // The host backend's direct path: the SIMD optimizer on the compute cpus, from the compute stream.
   ChunkSlot s;
   s.shard.numel = n;
   s.grad = base + n;
-  cpu_optim::Optimizer* host = by_ops ? nullptr : &host_device_optimizer();
+  cpu_optim::Optimizer* host = by_ops ? nullptr : &updater.host_device_optimizer();
   double best = 0;
   for (int step = 1; step <= 1 + kTimedSteps; ++step) {
     compute_stream->synchronize();
     const auto t0 = Clock::now();
     if (host)
       compute_stream->host_fn([&, step] {
-        update_chunk(s, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step, host);
+        updater.update_chunk(s, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step, host);
       });
     else
       ops->adamw(Tensor{base, DType::fp32, n}, Tensor{base + n, DType::fp32, n},

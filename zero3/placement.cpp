@@ -108,7 +108,7 @@ PlanInput plan_input(const Config& cfg, const model::ModelLayout& layout, bool t
 
 // Note [Update routes]: how each chunk is updated is one decision, made here from the homes, the ranks,
 // the device and the memory plan, and carried in a value (UpdateRoute) that the engine's gradient path
-// (zero3/engine_chunks.cpp), updater (engine_step.cpp) and overlap (engine_overlap.cpp) read. The routes:
+// (zero3/engine_grads.cpp), updater (engine_update.cpp) and overlap (engine_overlap.cpp) read. The routes:
 //
 //   gradients   device_shard        offload_optimizer none, or a sub-group the ratio keeps on the device
 //               pinned_shard        offload_optimizer cpu / nvme (the shard is pinned; NVMe states swap)
@@ -160,37 +160,18 @@ UpdateRoute route_of(const PlanInput& in, std::size_t c, bool accumulate) {
 
 std::string describe(const UpdateRoute& r) {
   using R = UpdateRoute;
-  std::string s;
-  switch (r.grads) {
-    case R::Grads::device_shard:
-      s = "gradients in the device shard";
-      break;
-    case R::Grads::pinned_shard:
-      s = "gradients to the pinned shard";
-      break;
-    case R::Grads::device_accumulator:
-      s = "gradients summed on the device, to the pinned shard once a step";
-      break;
-    case R::Grads::local_accumulator:
-      s = "whole-chunk gradients summed on the device";
-      break;
-  }
-  if (r.reduce == R::Reduce::every_handoff) s += ", reduce-scattered at every hand-off";
-  if (r.reduce == R::Reduce::once_a_step) s += ", reduce-scattered once a step";
-  switch (r.stepper) {
-    case R::Stepper::cpu_optimizer:
-      s += "; CPU optimizer";
-      break;
-    case R::Stepper::nvme_pipeline:
-      s += "; CPU optimizer through the NVMe swap pipeline";
-      break;
-    case R::Stepper::device_ops:
-      s += "; device optimizer (compute stream)";
-      break;
-    case R::Stepper::model_cpus:
-      s += "; device optimizer (the model's cpus)";
-      break;
-  }
+  // In the order of the enumerators.
+  static constexpr const char* grads[] = {"gradients in the device shard", "gradients to the pinned shard",
+                                          "gradients summed on the device, to the pinned shard once a step",
+                                          "whole-chunk gradients summed on the device"};
+  static constexpr const char* reduce[] = {"", ", reduce-scattered at every hand-off",
+                                           ", reduce-scattered once a step"};
+  static constexpr const char* stepper[] = {
+      "; CPU optimizer", "; CPU optimizer through the NVMe swap pipeline",
+      "; device optimizer (compute stream)", "; device optimizer (the model's cpus)"};
+  std::string s = grads[int(r.grads)];
+  s += reduce[int(r.reduce)];
+  s += stepper[int(r.stepper)];
   if (r.params == R::Params::staged) s += ", params staged to the device";
   if (r.params == R::Params::nvme) s += ", params written to NVMe";
   if (r.overlap) s += ", overlapped with backward";
@@ -313,7 +294,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   // The working set: what the model holds at once — one chunk with its gradient buffer, or (tied
   // embeddings) the head's and the embedding's together while the head runs. Persistent chunks are kept
   // after release whatever their reuse distance, but in the cache: they give way to the working set like
-  // any kept chunk (zero3/engine_chunks.cpp, Note [Device room]).
+  // any kept chunk (zero3/engine_cache.cpp, Note [Device room]).
   auto held = [&](int c) { return p.gather_block[std::size_t(c)] + p.grad_block[std::size_t(c)]; };
   for (int c = 0; c < int(in.chunks.size()); ++c) {
     if (in.chunks[std::size_t(c)].persistent)

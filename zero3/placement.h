@@ -85,7 +85,7 @@ struct MemoryPlan {
   // shapes. The device holds it beside the pool, as it does the activations.
   std::uint64_t device_ops = 0;
   // Gradients summed on the device across a step's micro-batches (Note [Gradients off the device] in
-  // zero3/engine_chunks.cpp): with gradient_accumulation_steps > 1 and the fp32 gradient shards in host
+  // zero3/engine_grads.cpp): with gradient_accumulation_steps > 1 and the fp32 gradient shards in host
   // memory, the chunks (in order) whose shard-sized fp32 accumulator fits the room above device_need(),
   // keeping room for two of the largest gathered chunks in the cache. Their gradients cross to the host
   // once per step instead of once per micro-batch. Taken from what would be the cache.
@@ -103,7 +103,7 @@ struct MemoryPlan {
 };
 
 // Chunks are padded to a multiple of this many elements at `world` ranks: 64 for one rank; for N, shards
-// of whole gradient-norm blocks (Note [Ranks] in engine_chunks.cpp).
+// of whole gradient-norm blocks (Note [Ranks] in engine_cache.cpp).
 inline std::size_t chunk_multiple(int world) {
   return world == 1 ? 64 : std::size_t(world) * cpu_optim::kGradStatsBlock;
 }
@@ -180,7 +180,7 @@ struct PlanInput {
   std::uint64_t device_capacity = 0;
   int accumulation_steps = 1;  // gradient_accumulation_steps: > 1 lets gradients accumulate on the device
   // Stage 1 at several ranks: the accumulators hold whole chunks, summed locally over the micro-batches
-  // and reduced once a step (Note [Stage 1 accumulates locally] in zero3/engine_chunks.cpp).
+  // and reduced once a step (Note [Stage 1 accumulates locally] in zero3/engine_grads.cpp).
   bool local_accumulation = false;
   int world = 1;
   // Stages 1 and 2 at several ranks: every rank keeps the whole chunk's working params.

@@ -2,7 +2,7 @@
 // one-rank reference in-process over a single-rank communicator. DESIGN.md §7: N ranks give the losses of
 // one rank that sees the same samples per step — here bit for bit: 2 ranks x micro-batch 1 against
 // 1 rank x micro-batch 1 x accumulation 2 (two fp32 addends sum the same in either order, and the
-// gradient norm adds the same per-block partials in the same order; zero3/engine_chunks.cpp, Note
+// gradient norm adds the same per-block partials in the same order; zero3/engine_cache.cpp, Note
 // [Ranks]).
 #include <gtest/gtest.h>
 

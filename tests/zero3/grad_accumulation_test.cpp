@@ -1,5 +1,5 @@
 // Gradient accumulation with room on the device (Note [Gradients off the device] in
-// zero3/engine_chunks.cpp, Note [Reuse across passes] in prefetch/prefetch.h): each chunk is gathered once
+// zero3/engine_grads.cpp, Note [Reuse across passes] in prefetch/prefetch.h): each chunk is gathered once
 // per step and its gradients cross to the host once per step, instead of once per micro-batch, with the
 // losses of a run that has no room for either, bit for bit.
 #include <gtest/gtest.h>

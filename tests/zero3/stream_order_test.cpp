@@ -1,5 +1,5 @@
 // Device work in stream order (Note [Device work in stream order] in zero3/engine.h, Note [Gather] in
-// zero3/engine_chunks.cpp): an acquire makes the compute stream wait for the chunk's gather instead of
+// zero3/engine_cache.cpp): an acquire makes the compute stream wait for the chunk's gather instead of
 // waiting on the host, except for a gather from an NVMe home, whose read the host must see land. The
 // losses are the same either way (the placement tests hold that); this holds where the host waits.
 #include <gtest/gtest.h>

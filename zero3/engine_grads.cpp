@@ -1,0 +1,327 @@
+// The gradient path (engine_grads.h): the model's gradient buffers, their hand-off to the fp32 shards,
+// accumulation and reductions, and the norm step() clips by.
+//
+// Note [Gradients off the device]: the model adds each chunk's gradients into a buffer zeroed on the
+// compute stream (acquire_grads). release_grads hands that buffer to the chunk's fp32 gradient shard:
+// copied when the shard is still empty this step, added element by element otherwise — the same
+// arithmetic whether the shard is on the device (on the compute stream, after the model's ops) or in
+// pinned host memory (the gradient stream waits for the compute stream, copies the buffer off the device,
+// through pinned staging and a host add — on the CPU optimizer's threads — when accumulating; a failure
+// surfaces at sync()). The buffer is freed after the stream that read it last.
+//
+// With several micro-batches a step that would cross the host link once per micro-batch and chunk. Where
+// the plan has room (MemoryPlan.device_accumulators, zero3/placement.cpp) a chunk gets a device
+// accumulator of its shard's size instead: its first hand-off of the step copies the buffer into it and
+// later ones add, on the gradient stream — the same copy-then-add sequence in the same order, so the same
+// bits — and the accumulator crosses into the (still empty) pinned shard once, at the chunk's final
+// hand-off of the step: in the step's last backward, its n-th hand-off where the last complete backward
+// made n (expected_; the optimizer overlap starts its update there too). A chunk whose final
+// hand-off cannot be told (the first step) crosses when that backward ends, and one still accumulating
+// when step() comes early crosses then. A hand-off after the crossing (a backward shaped differently)
+// takes the host path above, adding to what crossed: the sum is still the same sequence of fp32 adds.
+// The accumulator is a device block from the first hand-off to the crossing.
+//
+// Note [Stage 1 accumulates locally]: at stage 1 (several ranks, gradients not partitioned, as DeepSpeed's
+// stage 1) a chunk with a device accumulator keeps its whole unreduced gradient there across the step's
+// micro-batches — the first hand-off copies the buffer in, later ones add — and is reduce-scattered once,
+// at its final hand-off (or when the step's last backward ends, or step() comes early), its slice then
+// handed to the shard as a hand-off of one micro-batch is. One reduction a step instead of one a
+// micro-batch, and a reduce-scatter (each rank keeps only its slice) rather than an all-reduce: with
+// accumulation k, 1/(2k) of the gradient traffic. The plan gives whole-chunk accumulators (4 bytes an
+// element of the chunk) chunk by chunk while the device has room (MemoryPlan.device_accumulators); a chunk
+// without one is reduce-scattered at every hand-off, as stage 2's. The sums differ from stage 2's in order
+// (each rank's micro-batches first, then the ranks), so stage 1 and 2 agree to rounding, not bit for bit,
+// when accumulating.
+//
+#include "zero3/engine_grads.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "zero3/engine_cache.h"
+#include "zero3/engine_overlap.h"
+
+namespace strata::zero3 {
+namespace {
+
+// dst += src, one fp32 add per element (Ops::add's arithmetic, on the host).
+void add_into(float* dst, const float* src, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+}  // namespace
+
+void GradientPath::open() {
+  const std::size_t C = e_.slots.size();
+  expected_.assign(C, 0);
+  seen_.assign(C, 0);
+  if (std::any_of(e_.slots.begin(), e_.slots.end(),
+                  [](const ChunkSlot& s) { return s.h.grad == Tier::pinned; }))
+    staging_ = PinnedBuffer(*e_.dev, e_.largest_shard * sizeof(float));
+  if (e_.by_ops && std::any_of(e_.slots.begin(), e_.slots.end(),
+                               [](const ChunkSlot& s) { return s.h.grad == Tier::device; })) {
+    stats_id_ = e_.tm->register_tensor({.name = "zero3.grad_stats",
+                                        .kind = tiering::Kind::grad,
+                                        .dtype = DType::u8,
+                                        .bytes = C * 16,
+                                        .home = Tier::device,
+                                        .chunk = -1,
+                                        .shard = -1});
+    stats_ = static_cast<char*>(e_.tm->allocate(stats_id_, Tier::device));
+    e_.tm->pin(stats_id_);
+  }
+}
+
+void GradientPath::begin_backward(bool last_micro) {
+  std::fill(seen_.begin(), seen_.end(), 0);
+  last_micro_ = last_micro;
+}
+
+void GradientPath::end_backward() {
+  expected_ = seen_;
+}
+
+float* GradientPath::acquire_grads(int c) {
+  ChunkSlot& s = e_.slots[std::size_t(c)];
+  STRATA_CHECK(s.gbuf == nullptr, "zero3: gradients of chunk ", s.name, " acquired while held");
+  s.gbuf = static_cast<float*>(cache_.device_alloc(s.gradbuf, true));
+  e_.ops->zero(
+      kernels::Tensor{s.gbuf, DType::fp32, s.numel});  // on the compute stream, before the model's ops
+  return s.gbuf;
+}
+
+void GradientPath::release_grads(int c) {
+  ChunkSlot& s = e_.slots[std::size_t(c)];
+  STRATA_CHECK(s.gbuf != nullptr, "zero3: gradients of chunk ", s.name, " released but not held");
+  overlap_.settle(c);  // the last step's update of this chunk, left to the worker, reads its gradients
+  if (e_.opts.gradient_hook) {
+    STRATA_CHECK(e_.dev->caps().host_addressable,
+                 "zero3: EngineOptions.gradient_hook needs addressable memory");
+    e_.compute_stream->synchronize();
+    e_.opts.gradient_hook(c, s.gbuf, s.numel);
+  }
+  ++seen_[std::size_t(c)];
+  const bool final = final_handoff(s);
+  if (s.route.reduce != UpdateRoute::Reduce::none) e_.grad_stream->wait(e_.computed(s));
+  if (s.route.grads == UpdateRoute::Grads::local_accumulator) {
+    // Note [Stage 1 accumulates locally]: summed here, reduced once, at the final hand-off.
+    const kernels::Tensor g{s.gbuf, DType::fp32, s.numel};
+    if (s.acc) {
+      e_.grad_ops->add(kernels::Tensor{s.acc, DType::fp32, s.numel}, g);
+    } else {
+      s.acc = static_cast<float*>(cache_.device_alloc(s.accbuf, true));
+      e_.grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, s.numel}, g);
+    }
+    if (!s.handed_off) s.handed_off = e_.dev->create_event();
+    e_.grad_stream->record(*s.handed_off);
+    e_.tm->evict(s.gradbuf, Tier::device, Tier::pinned, s.handed_off.get());  // frees the block once read
+    s.gbuf = nullptr;
+    if (final) flush_local_accumulator(s);
+    overlap_.handed_off(s, *e_.grad_stream, seen_[std::size_t(c)], expected_[std::size_t(c)]);
+    return;
+  }
+  // This rank's slice of the buffer: with N ranks, the sum over ranks left there by the reduce-scatter
+  // (in place, on the gradient stream once the model's ops are done); with one, the whole buffer.
+  if (s.route.reduce == UpdateRoute::Reduce::every_handoff) {
+    e_.grad_comm->reduce_scatter(s.gbuf, s.gbuf + s.shard.offset, s.shard.numel, DType::fp32,
+                                 comm::ReduceOp::sum, e_.grad_stream.get());
+    ++e_.transfers.grad_reductions;
+    e_.transfers.grad_reduction_bytes += s.numel * sizeof(float);
+  }
+  float* buffer = s.gbuf;
+  s.gbuf = nullptr;
+  hand_to_shard(s, buffer + s.shard.offset, s.gradbuf, final);
+  // The stream the hand-off ends on: the gradient stream, or the compute stream for one rank's device home.
+  overlap_.handed_off(s, s.h.grad == Tier::device && e_.world == 1 ? *e_.compute_stream : *e_.grad_stream,
+                      seen_[std::size_t(c)], expected_[std::size_t(c)]);
+}
+
+void GradientPath::flush_local_accumulator(ChunkSlot& s) {
+  e_.grad_comm->reduce_scatter(s.acc, s.acc + s.shard.offset, s.shard.numel, DType::fp32, comm::ReduceOp::sum,
+                               e_.grad_stream.get());
+  ++e_.transfers.grad_reductions;
+  e_.transfers.grad_reduction_bytes += s.numel * sizeof(float);
+  float* acc = s.acc;
+  s.acc = nullptr;
+  hand_to_shard(s, acc + s.shard.offset, s.accbuf, true);
+}
+
+void GradientPath::hand_to_shard(ChunkSlot& s, const float* src, tiering::TensorId buffer, bool final) {
+  const std::size_t n = s.shard.numel;
+  const bool fresh = s.grads_fresh;
+  s.grads_fresh = false;
+  ++e_.transfers.grad_handoffs;
+  e_.transfers.grad_bytes += n * sizeof(float);
+  const kernels::Tensor from{const_cast<float*>(src), DType::fp32, n};
+  if (s.h.grad == Tier::device) {
+    // Copied into the empty shard or added to it: with one rank on the compute stream after the model's
+    // ops; with N on the gradient stream after the reduce-scatter. The block is freed after that stream.
+    kernels::Ops& o = e_.world > 1 ? *e_.grad_ops : *e_.ops;
+    const kernels::Tensor to{s.grad, DType::fp32, n};
+    if (fresh)
+      o.cast(to, from);
+    else
+      o.add(to, from);
+    const Event* after = nullptr;
+    if (e_.world > 1) {
+      if (!s.handed_off) s.handed_off = e_.dev->create_event();
+      e_.grad_stream->record(*s.handed_off);
+      after = s.handed_off.get();
+    } else {
+      after = &e_.computed(s);
+    }
+    e_.tm->evict(buffer, Tier::device, Tier::pinned, after);  // frees the block (never valid: no copy)
+  } else {
+    if (e_.world == 1) e_.grad_stream->wait(e_.computed(s));
+    if (s.route.grads == UpdateRoute::Grads::device_accumulator && (s.acc || (fresh && !final))) {
+      // Summed on the device (the same copy-then-add as below), and across to the shard once, at the
+      // chunk's final hand-off of the step (or when the step's last backward ends).
+      const kernels::Tensor acc_t{s.acc, DType::fp32, n};
+      if (s.acc) {
+        e_.grad_ops->add(acc_t, from);
+      } else {
+        s.acc = static_cast<float*>(cache_.device_alloc(s.accbuf, true));
+        e_.grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, n}, from);
+      }
+      if (final) flush_accumulator(s);
+    } else {
+      // The gradient stream copies the buffer off the device: straight into the pinned shard when it is
+      // empty this step, else into pinned staging and adds it on the host on the CPU optimizer's threads
+      // (the same arithmetic as the device-home path: a copy, or one fp32 add per element).
+      float* dst = s.grad;
+      if (fresh) {
+        e_.grad_stream->copy_async(dst, src, n * sizeof(float), CopyKind::device_to_host);
+      } else {
+        float* staged = static_cast<float*>(staging_.data());
+        e_.grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
+        e_.grad_stream->host_fn([this, dst, staged, n] { add_on_host(dst, staged, n); });
+      }
+      ++e_.transfers.grad_offloads;
+      e_.transfers.grad_offload_bytes += n * sizeof(float);
+    }
+    if (!s.handed_off) s.handed_off = e_.dev->create_event();
+    e_.grad_stream->record(*s.handed_off);
+    e_.tm->evict(buffer, Tier::device, Tier::pinned, s.handed_off.get());  // reused once read
+  }
+}
+
+void GradientPath::flush_accumulator(ChunkSlot& s) {
+  const std::size_t n = s.shard.numel;
+  e_.grad_stream->copy_async(s.grad, s.acc, n * sizeof(float), CopyKind::device_to_host);
+  if (!s.handed_off) s.handed_off = e_.dev->create_event();
+  e_.grad_stream->record(*s.handed_off);
+  e_.tm->evict(s.accbuf, Tier::device, Tier::pinned, s.handed_off.get());  // frees the block after the copy
+  s.acc = nullptr;
+  ++e_.transfers.grad_offloads;
+  e_.transfers.grad_offload_bytes += n * sizeof(float);
+}
+
+void GradientPath::flush_accumulators() {
+  for (ChunkSlot& s : e_.slots)
+    if (s.acc)
+      s.route.grads == UpdateRoute::Grads::local_accumulator ? flush_local_accumulator(s)
+                                                             : flush_accumulator(s);
+}
+
+void GradientPath::add_on_host(float* dst, const float* src, std::size_t n) {
+  e_.opt->for_each_range(
+      n, [dst, src](std::size_t i0, std::size_t i1) { add_into(dst + i0, src + i0, i1 - i0); });
+}
+
+void GradientPath::sync() {
+  flush_accumulators();  // a step before the configured micro-batches were all made
+  const WaitTimer t0(*e_.compute_stream);
+  e_.compute_stream->synchronize();  // gradients at home on the device are added there
+  e_.grad_stream->synchronize();     // raises a failed copy or add of the gradient stream
+  e_.times.wait += t0.idle_seconds();
+}
+
+void GradientPath::stats(double& sum_sq, bool& finite) {
+  using kernels::Tensor;
+  // The device optimizer's gradients on a device reached by stream work only are reduced there; the others
+  // (pinned memory, or a device the CPU addresses) by the CPU optimizer's reductions.
+  auto on_device = [&](const ChunkSlot& s) { return s.route.stepper == UpdateRoute::Stepper::device_ops; };
+  // Taken by the overlap's worker from the final gradients (Note [Optimizer overlap]).
+  auto early = [&](std::size_t i) { return overlap_.early_stats(i); };
+  bool any_device = false, any_host = false;
+  for (std::size_t i = 0; i < e_.slots.size(); ++i) {
+    ChunkSlot& s = e_.slots[i];
+    const Tensor g{s.grad, DType::fp32, s.shard.numel};
+    (on_device(s) ? any_device : any_host) = true;
+    if (s.grads_fresh) {  // no gradients reached this chunk this step
+      if (on_device(s))
+        e_.ops->zero(g);
+      else
+        std::memset(s.grad, 0, s.shard.numel * sizeof(float));
+      continue;
+    }
+    if (on_device(s)) {  // on the compute stream, after the gradient adds; read back below, all at once
+      e_.ops->squared_norm(Tensor{stats_ + 16 * i, DType::u8, 8}, g);
+      e_.ops->nonfinite_check(Tensor{stats_ + 16 * i + 8, DType::i32, 1}, g);
+      continue;
+    }
+    if (e_.world > 1) continue;  // below: the partials of every rank's shard
+    if (const OptimizerOverlap::GradStats* st = early(i)) {
+      sum_sq += st->sum_sq;
+      finite = finite && st->finite;
+      continue;
+    }
+    const cpu_optim::GradStats st = e_.opt->grad_stats(s.grad, DType::fp32, s.shard.numel, 1.0f);
+    sum_sq += st.sum_sq;
+    finite = finite && st.finite;
+  }
+  if (e_.world > 1 && any_host) {
+    // Each rank's per-block partial sums, all-gathered: chunk c's norm is its blocks' partials added in
+    // global block order — rank 0's shard, then rank 1's, ... — the same additions one rank makes over
+    // the whole chunk (shards are whole blocks: the layout's chunk_multiple). So the norm, the clipping
+    // and the step are those of one rank, bit for bit.
+    const std::size_t per_shard =
+        (e_.largest_shard + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
+    std::vector<double> mine(e_.slots.size() * per_shard, 0.0);
+    for (std::size_t i = 0; i < e_.slots.size(); ++i) {
+      ChunkSlot& s = e_.slots[i];
+      if (s.grads_fresh || on_device(s)) continue;  // zeroed above (its partials are 0), or reduced there
+      const std::vector<double> b =
+          early(i) ? early(i)->blocks : e_.opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
+      std::copy(b.begin(), b.end(), mine.begin() + std::ptrdiff_t(i * per_shard));
+    }
+    std::vector<double> all(mine.size() * std::size_t(e_.world));
+    e_.comm->host_all_gather(mine.data(), all.data(), mine.size() * sizeof(double));  // host memory
+    for (std::size_t i = 0; i < e_.slots.size(); ++i) {
+      if (e_.slots[i].grads_fresh || on_device(e_.slots[i])) continue;
+      const std::size_t blocks =
+          (e_.slots[i].shard.numel + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
+      double chunk = 0.0;
+      for (int r = 0; r < e_.world; ++r)
+        for (std::size_t b = 0; b < blocks; ++b)
+          chunk += all[std::size_t(r) * mine.size() + i * per_shard + b];
+      sum_sq += chunk;
+      finite = finite && std::isfinite(chunk);
+    }
+  }
+  if (any_device) {
+    std::vector<char> host(e_.slots.size() * 16);
+    e_.from_device(host.data(), stats_, host.size());
+    double dev_sq = 0;
+    bool dev_finite = true;
+    for (std::size_t i = 0; i < e_.slots.size(); ++i) {
+      if (e_.slots[i].grads_fresh || !on_device(e_.slots[i])) continue;
+      double sq;
+      std::int32_t bad;
+      std::memcpy(&sq, host.data() + 16 * i, sizeof sq);
+      std::memcpy(&bad, host.data() + 16 * i + 8, sizeof bad);
+      dev_sq += sq;
+      dev_finite = dev_finite && bad == 0;
+    }
+    if (e_.world > 1) {  // the device reductions' sums of each rank's shards (not the one-rank bits)
+      dev_sq = e_.comm->all_reduce_sum(dev_sq);
+      dev_finite = e_.comm->all_reduce_and(dev_finite);
+    }
+    sum_sq += dev_sq;
+    finite = finite && dev_finite;
+  }
+  for (ChunkSlot& s : e_.slots) s.grads_fresh = false;
+}
+
+}  // namespace strata::zero3

@@ -1,0 +1,76 @@
+// Internal to zero3: the gradient path — the engine's part that hands the model gradient buffers, takes
+// each back as the chunk's backward ends (reduce-scatter at N ranks, accumulation on the device or into
+// the fp32 shard), and gives step() the gradients' norm and finiteness. Notes [Gradients off the device]
+// and [Stage 1 accumulates locally] in engine_grads.cpp.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "zero3/engine_state.h"
+
+namespace strata::zero3 {
+
+class ChunkCache;
+class OptimizerOverlap;
+
+class GradientPath {
+ public:
+  GradientPath(EngineState& e, ChunkCache& cache, OptimizerOverlap& overlap)
+      : e_(e), cache_(cache), overlap_(overlap) {}
+
+  // After the chunks exist: the pinned staging for accumulation into pinned shards, and with gradients on
+  // a device reached by stream work only the per-chunk statistics tensor there.
+  void open();
+
+  // ---- the model's acquire_grads / release_grads (model::ChunkProvider) ----
+  float* acquire_grads(int c);
+  void release_grads(int c);
+
+  // A backward starts (`last_micro`: it ends the step's accumulation) / completed: its hand-offs per chunk
+  // become the expected ones (a chunk's hand-off is final in the step's last backward when it is its
+  // expected-th).
+  void begin_backward(bool last_micro);
+  void end_backward();
+  // The step's last backward ended, or step() came early: what still accumulates on the device crosses.
+  void flush_accumulators();
+  // Waits for every gradient still travelling (raises a failed copy or add).
+  void sync();
+  // The squared norm and finiteness of every chunk's gradients over every rank's shards (zeroing the
+  // shards no gradient reached), summed in chunk order.
+  void stats(double& sum_sq, bool& finite);
+
+ private:
+  bool final_handoff(const ChunkSlot& s) const {
+    const int n = expected_[std::size_t(s.id)];
+    return last_micro_ && n > 0 && seen_[std::size_t(s.id)] == n;
+  }
+  // Hands this rank's slice `src` (in device block `buffer`, freed once read) to the chunk's fp32 gradient
+  // shard: copied into it when it is empty this step, else added (Note [Gradients off the device]).
+  void hand_to_shard(ChunkSlot& s, const float* src, tiering::TensorId buffer, bool final);
+  // Copies a live device accumulator into its (empty) pinned shard on the gradient stream and frees it
+  // after the copy.
+  void flush_accumulator(ChunkSlot& s);
+  // Stage 1's local accumulator: reduce-scattered, its slice handed to the shard, freed (Note [Stage 1
+  // accumulates locally]).
+  void flush_local_accumulator(ChunkSlot& s);
+  // dst += src (fp32, one add per element) on the CPU optimizer's threads: the gradient stream's add of a
+  // staged gradient into a pinned shard.
+  void add_on_host(float* dst, const float* src, std::size_t n);
+
+  EngineState& e_;
+  ChunkCache& cache_;
+  OptimizerOverlap& overlap_;
+  // Gradient hand-offs per chunk in the last complete backward (0: unknown) and in this one.
+  std::vector<int> expected_, seen_;
+  bool last_micro_ = true;  // the backward in progress ends the step's accumulation
+  // Pinned staging for a gradient buffer on its way to a pinned shard that already holds gradients
+  // (accumulation): copied off the device here, then added on the host. (largest shard)
+  PinnedBuffer staging_;
+  // by_ops: the per-chunk gradient statistics on the device (16 bytes a chunk: the fp64 squared norm and the
+  // int32 non-finite flag), a tensor of the device state.
+  tiering::TensorId stats_id_ = 0;
+  char* stats_ = nullptr;
+};
+
+}  // namespace strata::zero3

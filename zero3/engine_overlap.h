@@ -1,0 +1,136 @@
+// Internal to zero3: the optimizer overlapped with backward — Note [Optimizer overlap] in
+// engine_overlap.cpp. The engine's part that updates chunks during backward on a worker thread, puts the
+// state back when the step does not apply as assumed, and runs the updates step() leaves to it while the
+// next forward starts.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "zero3/engine_state.h"
+
+namespace strata::zero3 {
+
+class Updater;
+
+class OptimizerOverlap {
+ public:
+  OptimizerOverlap(EngineState& e, Updater& updater) : e_(e), updater_(updater) {}
+  ~OptimizerOverlap() { stop(); }
+  OptimizerOverlap(const OptimizerOverlap&) = delete;
+  OptimizerOverlap& operator=(const OptimizerOverlap&) = delete;
+
+  // Decides whether it runs and for which chunks (the plan's plan_overlap; the engine's construction, after
+  // the chunks exist), with the bytes of host memory `room_for_copies()` gives the rollback copies (a
+  // collective, called on every rank when the config lets the overlap run). Off: every call below does
+  // nothing.
+  void plan(const std::function<std::uint64_t()>& room_for_copies);
+  bool on() const { return on_; }
+
+  // The backward: before the model's (whether this one ends the step's accumulation) and after it (`ok`:
+  // it completed).
+  void begin_backward();
+  void end_backward(bool ok);
+  // A gradient hand-off of chunk s was enqueued on `on`, the `seen`-th of this backward where the last
+  // complete one made `expected`: the chunk's last one starts its update (on the worker).
+  void handed_off(ChunkSlot& s, Stream& on, int seen, int expected);
+  // Waits for the worker; rethrows the first failed update (after undoing every update).
+  void wait();
+  // Undoes every update made during backward (exactly: the copies are put back), counting it as a rollback
+  // (step) or a cancellation (anything else). No-op when there is none.
+  void undo(bool rollback);
+  // step(): whether chunk c was updated during this backward (after wait()), and that its update stands
+  // (its new working params to a device home).
+  bool done(std::size_t c) const;
+  void keep(std::size_t c);
+  // step(): the step's factor, rate and number, against what the updates during backward assumed.
+  bool assumed(float factor, double lr, std::int64_t step_no) const;
+  // step(): whether the applied step clipped (the next one then waits for backward).
+  void clipped(bool c) {
+    if (on_) last_clipped_ = c;
+  }
+  void count_kept_step() { ++stats_.steps; }
+  // step(): leaves the updates of `chunks` (their routes defer them) to the worker, in order.
+  void defer(const std::vector<int>& chunks, double lr, float factor, std::int64_t step_no);
+  // Waits for chunk c's deferred update (c < 0: every one); rethrows one that failed.
+  void settle(int c);
+  // Chunk c's gradient statistics taken on the worker from its final gradients, or null (not taken).
+  struct GradStats {
+    bool ready = false;
+    double sum_sq = 0;
+    bool finite = true;
+    std::vector<double> blocks;  // world > 1: the per-block partials
+  };
+  const GradStats* early_stats(std::size_t c) const {
+    return on_ && grad_stats_[c].ready ? &grad_stats_[c] : nullptr;
+  }
+  const OverlapStats& stats() const { return stats_; }
+  void stop();  // joins the worker
+
+ private:
+  enum class State : std::uint8_t { idle, queued, done, failed };
+  void worker();
+  void update(int c);
+  void take_grad_stats(int c);  // on the worker: chunk c's GradStats
+  // What a chunk's copies hold, in their order in `backup_`: master, the optimizer's states, and the
+  // working params unless they are staged (UpdateRoute::Params::staged: a device home reached by stream
+  // work only), whose new values then follow the copies (staging()).
+  std::vector<std::pair<void*, std::size_t>> regions(ChunkSlot& s) const;
+  std::byte* staging(const ChunkSlot& s) const;
+
+  EngineState& e_;
+  Updater& updater_;
+  bool on_ = false;
+  // Where the rollback copies of the chunks updated during backward (UpdateRoute.overlap) are in `backup_`
+  // (byte offsets; the copies of a chunk are its master, optimizer states and working params, in that
+  // order).
+  std::vector<std::size_t> backup_at_;   // per chunk (overlapped chunks only)
+  std::unique_ptr<std::byte[]> backup_;  // plan.overlap_host bytes
+  // The pass.
+  bool armed_ = false;  // this backward ends the step's accumulation: final hand-offs start updates
+  // The last applied step clipped: the next one probably will too, so it is not updated early.
+  bool last_clipped_ = false;
+  // What the updates made during this backward assumed: the step applies unclipped.
+  double lr_ = 0;
+  float factor_ = 1;
+  std::int64_t step_no_ = 0;
+  std::vector<std::unique_ptr<Event>> final_grads_;  // per chunk: its last hand-off, on its stream
+  std::vector<cpu_optim::ShardStep> before_;         // per chunk: its ShardStep before the update
+  std::vector<char> copied_;  // per chunk: the worker has started overwriting (its copies are whole)
+  // Per chunk: its gradients' statistics, taken by the worker from the final gradients (every chunk whose
+  // gradients the CPU reduces, overlapped or not), for step()'s norm: the same function on the same bytes.
+  // Ready until the next backward or a cancellation.
+  std::vector<GradStats> grad_stats_;
+  // The worker thread and its queue of chunks; `state_` is read and written under `mu_`.
+  std::vector<State> state_;
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<int> queue_;
+  int running_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;  // the first update that failed
+  // Work made during backward (updates, gradient statistics) queued or running: what undo and wait wait
+  // for.
+  int early_pending_ = 0;
+  // Updates step() left to the worker (deferred_[c]), with the step's rate, factor and number; they run
+  // while the next forward starts, each chunk before its gather or gradients (settle).
+  std::vector<char> deferred_;
+  int deferred_pending_ = 0;
+  double deferred_lr_ = 0;
+  float deferred_factor_ = 1;
+  std::int64_t deferred_step_ = 0;
+  std::exception_ptr deferred_error_;
+  OverlapStats stats_;
+};
+
+}  // namespace strata::zero3

@@ -1,0 +1,214 @@
+// Internal to zero3: the state the engine's parts share (Note [Engine parts] in engine_impl.h) — the config,
+// the device, its streams and ops, the ranks, the tier manager, the chunks and the plan — and the chunk
+// slot every part reads. One training thread calls every part; the gather and gradient streams run host
+// functions that touch only the buffers they were handed and a slot's `error`.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu_optim/cpu_optim.h"
+#include "nvme/engine.h"
+#include "nvme/swap_store.h"
+#include "tiering/trace_writer.h"
+#include "zero3/engine.h"
+#include "zero3/loss_scaler.h"
+#include "zero3/lr_schedule.h"
+
+namespace strata::zero3 {
+
+using tiering::Tier;
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// StepTimes.wait: the time the host was blocked while the compute stream had nothing running. Where the
+// backend measures the stream's busy time (host: the model's ops run on the compute stream's thread), a
+// block that only waited for computation to drain counts nothing; on cuda busy_seconds is 0, so the
+// figure is the blocked time.
+struct WaitTimer {
+  explicit WaitTimer(const Stream& compute) : compute_(compute), busy0_(compute.busy_seconds()) {}
+  double idle_seconds() const {
+    const double blocked = seconds_since(t0_);
+    return std::clamp(blocked - (compute_.busy_seconds() - busy0_), 0.0, blocked);
+  }
+
+ private:
+  const Stream& compute_;
+  Clock::time_point t0_ = Clock::now();
+  double busy0_;
+};
+
+// One chunk: its shard's five tensors in the tier manager, its gathered copy on the device, its gradient
+// buffer, its optimizer step counter.
+struct ChunkSlot {
+  int id = 0;
+  std::string name;         // "block.3"
+  std::size_t numel = 0;    // gathered elements (padded_numel)
+  comm::ShardRange shard;   // this rank's slice of the chunk
+  tiering::ShardTensors t;  // param (working dtype), grad, master, exp_avg, exp_avg_sq (fp32)
+  // Their homes: the config's (EngineState::homes), or with master, states and gradients on the device when
+  // offload_optimizer.ratio keeps the chunk's sub-group there.
+  tiering::ShardHomes h;
+  // How it is updated, as the plan decided (Note [Update routes] in placement.cpp).
+  UpdateRoute route;
+  // Below stage3_param_persistence_threshold: kept gathered after release whatever its reuse distance
+  // (in the cache, which gives way to what the model holds: Note [Device room]).
+  bool persistent = false;
+  // Device budget bytes (allocator blocks) of its gathered copy (activation dtype) and gradient buffer
+  // (fp32).
+  std::uint64_t gather_block = 0, grad_block = 0;
+
+  // Stable addresses of the tensors whose home is the device or pinned host memory (pinned in the tier
+  // manager, so never moved); null for NVMe-resident ones.
+  void* param_home = nullptr;  // (shard.numel) working dtype
+  float* grad = nullptr;       // (shard.numel) fp32 accumulator
+  float* master = nullptr;     // (shard.numel) fp32
+  float* exp_avg = nullptr;    // (shard.numel) fp32
+  float* exp_avg_sq = nullptr;
+
+  // The gathered working params, widened to fp32, on the device. `gathered` and `gradbuf` are registered
+  // once and pinned; their device blocks come and go (allocate, then evict of a never-valid copy frees).
+  enum class Gather : std::uint8_t { absent, in_flight, ready, held };
+  Gather g = Gather::absent;
+  tiering::TensorId gathered = 0;
+  void* gptr = nullptr;               // (numel) in the ops' activation dtype (act)
+  std::unique_ptr<Event> ready;       // recorded on the gather stream after the widening pass
+  const Event* reader = nullptr;      // the last work reading the gathered block: `ready` or `computed`
+  std::unique_ptr<Event> computed;    // the compute stream's work so far on this chunk (computed())
+  std::unique_ptr<Event> handed_off;  // the gradient stream's copy of the gradient buffer
+  std::exception_ptr error;           // set by that pass before `ready` completes
+  bool pins_param = false;            // the gather holds a pin on the param's pinned copy (NVMe home)
+  bool counts_nvme_read = false;      // the gather occupies one of offload_param.buffer_count buffers
+  std::uint64_t last_use = 0;
+
+  // The gradient buffer handed to the model (device, fp32, numel), between acquire_grads and release.
+  tiering::TensorId gradbuf = 0;
+  float* gbuf = nullptr;    // non-null while handed out
+  bool grads_fresh = true;  // no gradient has reached this chunk yet this step
+  // The route sums its gradients on the device (Note [Gradients off the device]; stage 1's local
+  // accumulator: Note [Stage 1 accumulates locally]) and crosses to the shard once per step. `acc` (device,
+  // fp32: shard.numel, the local one numel) is live from the step's first hand-off to its flush; while it
+  // is, the shard holds nothing.
+  bool accumulates() const {
+    return route.grads == UpdateRoute::Grads::device_accumulator ||
+           route.grads == UpdateRoute::Grads::local_accumulator;
+  }
+  tiering::TensorId accbuf = 0;
+  float* acc = nullptr;
+
+  cpu_optim::ShardStep opt;
+};
+
+// What every part of the engine reads: made by Engine::Impl's construction (engine.cpp), then changed only
+// where a comment says so.
+struct EngineState {
+  EngineState(const Config& cfg, const model::ModelConfig& mcfg, const EngineOptions& opts);
+
+  Config cfg;
+  model::ModelConfig mcfg;
+  model::ModelLayout layout;
+  EngineOptions opts;
+  DType wd = DType::bf16;  // working dtype
+  tiering::ShardHomes homes;
+  int n_states = 2;  // optimizer state tensors per parameter besides the master (Adam 2, Adagrad 1, Lion 1)
+
+  std::unique_ptr<Device> dev;
+  // The ranks: `comm` for the training thread's collectives (norms, losses, checkpoints), one dup for
+  // each stream that issues collectives in its own order (gathers, gradients). `owned_comm` when the
+  // engine made it. Note [Ranks] in engine_cache.cpp.
+  std::unique_ptr<comm::Communicator> owned_comm, gather_comm, grad_comm;
+  comm::Communicator* comm = nullptr;
+  int world = 1;
+  // ZeRO stages 1 and 2 over N ranks: every rank keeps the whole chunk's working params (at home on the
+  // device); only the gradients (stage 2), the master and the optimizer states are partitioned. Then the
+  // param tensor is the chunk, and this rank's slice of it starts at shard.offset.
+  bool replicated = false;
+  std::unique_ptr<nvme::AioEngine> aio;
+  std::unique_ptr<nvme::SwapStore> swap;
+  std::unique_ptr<tiering::TierManager> tm;
+  std::unique_ptr<tiering::TraceWriter> trace;
+  // The streams, then the compute interface on each (declared after them: destroyed first, as an Ops
+  // waits for its stream's work when it goes). Only `ops` has the model role (the matrix products'
+  // workspace, the attention library's handle); the copy streams' are runtime-role (kernels/ops.h).
+  std::unique_ptr<Stream> gather_stream, grad_stream, compute_stream;
+  std::unique_ptr<kernels::Ops> ops;         // on compute_stream: the model's ops, gradient adds
+  std::unique_ptr<kernels::Ops> gather_ops;  // on gather_stream: the gathers' casts
+  std::unique_ptr<kernels::Ops> grad_ops;    // on grad_stream: reduced and accumulated gradients
+  DType act = DType::fp32;                   // the ops' activation dtype: gathered chunks hold it
+  // State at home on the device is reached by stream work only (EngineOptions.device_state_by_ops, or a
+  // device the CPU cannot address): the CPU never dereferences a device pointer.
+  bool by_ops = false;
+  // The rank's cpus, split between the CPU optimizer and the host backend's compute (Note [Cores] in
+  // engine.cpp).
+  std::vector<int> compute_cpus, optimizer_cpus;
+  std::unique_ptr<cpu_optim::Optimizer> opt;  // the CPU optimizer (and its threads' reductions and adds)
+  LossScaler scaler;
+  LrSchedule sched;
+  // The plan (zero3/placement.h) and what it was made from; the chunks and optimizer sub-groups it laid out.
+  MemoryPlan plan;
+  PlanInput planned;
+  std::vector<ChunkSlot> slots;
+  std::vector<std::vector<int>> groups;  // optimizer sub-groups: consecutive chunks, <= sub_group_size
+  std::size_t group_window = 1;          // NVMe sub-groups whose states may be in pinned memory at once
+  std::uint64_t largest_shard = 0;       // elements
+
+  TransferStats transfers;
+  UpdateStats updates;
+  StepTimes times;  // the step in progress
+  std::int64_t global_step = 0, applied_steps = 0, skipped = 0;
+  int micro_steps = 0;   // backwards since the last step()
+  bool in_pass = false;  // between begin_pass and end_pass
+
+  std::size_t wd_bytes() const { return std::size_t(dtype_bytes(wd)); }
+  std::size_t param_numel(const ChunkSlot& s) const { return replicated ? s.numel : s.shard.numel; }
+  std::size_t param_offset(const ChunkSlot& s) const { return replicated ? s.shard.offset : 0; }
+  // This rank's slice of the working params at their home (device or pinned memory).
+  void* my_params(const ChunkSlot& s) const {
+    return static_cast<char*>(s.param_home) + param_offset(s) * dtype_bytes(wd);
+  }
+  // The optimizer's tensors of a chunk: its master and the states the optimizer type keeps.
+  std::vector<tiering::TensorId> optimizer_tensors(const ChunkSlot& s) const;
+  // Synchronous copies between host memory and device memory, on the compute stream (ordered after the
+  // ops that wrote the device side): initialisation, checkpoints and staged params when `by_ops`.
+  void to_device(void* dst, const void* src, std::size_t bytes);
+  void from_device(void* dst, const void* src, std::size_t bytes);
+  // Records the compute stream's work enqueued so far into s.computed and returns it. Waits and frees made
+  // after it take that point (an event's later records do not move them).
+  Event& computed(ChunkSlot& s);
+  // Calls fn(ptr) with a host-readable copy of tensor `id` (fetched from NVMe into pinned memory if that is
+  // the only copy, and dropped again after).
+  template <typename Fn>
+  void with_host_copy(tiering::TensorId id, Fn&& fn) {
+    const tiering::TierMask valid = tm->info(id).valid;
+    if (tiering::has(valid, Tier::pinned)) return fn(static_cast<const void*>(tm->data(id, Tier::pinned)));
+    if (tiering::has(valid, Tier::device)) {
+      if (!by_ops) return fn(static_cast<const void*>(tm->data(id, Tier::device)));
+      std::vector<std::byte> host(tm->info(id).desc.bytes);
+      from_device(host.data(), tm->data(id, Tier::device), host.size());
+      return fn(static_cast<const void*>(host.data()));
+    }
+    tm->pin(id);
+    try {
+      tm->fetch(id, Tier::pinned).wait();
+      fn(static_cast<const void*>(tm->data(id, Tier::pinned)));
+    } catch (...) {
+      tm->unpin(id);
+      throw;
+    }
+    tm->unpin(id);
+    tm->evict(id, Tier::pinned, Tier::nvme);  // the NVMe copy is still valid: the pinned one is dropped
+  }
+};
+
+// Bytes of RAM (0: unknown).
+std::uint64_t physical_memory();
+
+}  // namespace strata::zero3

@@ -4,11 +4,13 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
 #include "core/error.h"
 #include "tools/cli.h"
+#include "zero3/placement.h"
 
 namespace strata::cli {
 namespace {
@@ -37,6 +39,16 @@ Overrides parse_sets(const std::vector<std::string>& sets) {
 int run_config(const ConfigOpts& opts) {
   Config cfg = Config::load(opts.path, parse_sets(opts.sets), opts.world_size);
   std::fputs(cfg.resolved_table().c_str(), stdout);
+  // How each chunk is updated as far as the config decides it (Note [Update routes] in
+  // zero3/placement.cpp); strata train prints each chunk's, with the model and the device's room.
+  std::printf(
+      "\nupdate routes (docs/train.md, \"How each chunk is updated\"; strata train prints each chunk's):\n");
+  for (const auto& [backend, by_ops] : {std::pair{"cuda", true}, std::pair{"host", false}})
+    for (const zero3::ConfigRoute& r : zero3::config_routes(cfg, by_ops))
+      std::printf("  %s, %s: %s\n", backend, r.which.c_str(), zero3::describe(r.route).c_str());
+  std::printf(
+      "  (gradients are summed on the device where the plan leaves room for an accumulator; the overlap with "
+      "backward is decided with the host memory: strata.overlap_optimizer)\n");
   return 0;
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "tiering/caching_allocator.h"
@@ -178,6 +179,23 @@ std::string describe(const UpdateRoute& r) {
   if (r.defer) s += r.overlap ? " (else deferred)" : ", deferred to the next forward";
   if (r.tail) s += ", shared with the model's cpus";
   return s;
+}
+
+std::vector<ConfigRoute> config_routes(const Config& cfg, bool by_ops) {
+  const ZeroConfig& z = cfg.zero_optimization;
+  // Two chunks of a sub-group each (sub_group_size elements), padded for the world size.
+  const std::uint64_t n = std::max<std::uint64_t>(1, z.sub_group_size), m = chunk_multiple(cfg.world_size);
+  const ChunkSize size{.numel = n, .padded_numel = (n + m - 1) / m * m};
+  PlanInput in = plan_input(cfg, {size, size}, cfg.world_size, 0, DType::fp32);
+  in.device_state_by_ops = by_ops;
+  in.tail_on_model_cpus = !by_ops && cfg.strata.cpu_optim.cores > 0;
+  in.device_capacity = std::numeric_limits<std::uint64_t>::max() / 2;  // room for every accumulator
+  const bool partial = z.offload_optimizer.device != OffloadDevice::none && z.stage == 3 &&
+                       (z.offload_optimizer.ratio_auto || z.offload_optimizer.ratio < 1.0);
+  keep_optimizer_on_device(in, partial ? 1 : 0);
+  const Plan p = plan_memory(in, z);
+  if (!partial) return {{"every chunk", p.routes[1]}};
+  return {{"offloaded", p.routes[1]}, {"kept on the device by offload_optimizer.ratio", p.routes[0]}};
 }
 
 std::string describe(const std::vector<UpdateRoute>& routes) {

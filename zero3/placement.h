@@ -223,6 +223,16 @@ struct Plan {
 
 Plan plan_memory(const PlanInput& in, const ZeroConfig& z);
 
+// The routes `cfg` gives before a model and a device are known (strata config): an offloaded chunk's and,
+// with offload_optimizer.ratio below 1 or "auto", a chunk whose sub-group the ratio keeps on the device; on
+// a device reached by stream work only (cuda: `by_ops`) or addressed by the CPU (the host backend). Device
+// accumulators are shown as they are where the device has room for them.
+struct ConfigRoute {
+  std::string which;  // "offloaded", "kept on the device by offload_optimizer.ratio", or "every chunk"
+  UpdateRoute route;
+};
+std::vector<ConfigRoute> config_routes(const Config& cfg, bool by_ops);
+
 // The optimizer overlapped with backward (Note [Optimizer overlap] in zero3/engine_overlap.cpp), on the
 // routes and memory plan of `in`: the chunks updated during backward are taken from the last down while
 // their rollback copies (`copy_bytes(c)` each) fit `room` bytes of host memory, stopping at the first the

@@ -162,6 +162,27 @@ TEST(UpdateRoutes, DescribeGroupsEqualRoutes) {
             "chunks 2-3: gradients to the pinned shard; CPU optimizer");
 }
 
+// strata config's routes: before a model, what the config alone decides, for each kind of device.
+TEST(UpdateRoutes, TheConfigAloneDecidesTheStepperAndTheHomes) {
+  const Config cfg = make_config(OffloadDevice::none, OffloadDevice::cpu, "/tmp",
+                                 {{"zero_optimization", {{"offload_optimizer", {{"ratio", 0.5}}}}},
+                                  {"strata", {{"cpu_optim", {{"cores", 1}}}}}});
+  const std::vector<ConfigRoute> cuda = config_routes(cfg, true), host = config_routes(cfg, false);
+  ASSERT_EQ(cuda.size(), 2u);
+  ASSERT_EQ(host.size(), 2u);
+  EXPECT_EQ(cuda[0].route.stepper, S::cpu_optimizer);
+  EXPECT_EQ(cuda[0].route.params, P::staged);
+  EXPECT_EQ(cuda[1].route.stepper, S::device_ops);
+  EXPECT_EQ(host[0].route.stepper, S::cpu_optimizer);
+  EXPECT_TRUE(host[0].route.tail);
+  EXPECT_EQ(host[1].route.stepper, S::model_cpus);
+  const std::vector<ConfigRoute> all =
+      config_routes(make_config(OffloadDevice::nvme, OffloadDevice::nvme, "/tmp"), true);
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].route.stepper, S::nvme_pipeline);
+  EXPECT_EQ(all[0].route.params, P::nvme);
+}
+
 // The engine steps each chunk by its route: the update counters add up to the routes' steppers.
 TEST(UpdateRoutes, TheEngineStepsEachChunkByItsRoute) {
   test::ScratchDir dir("routes");

@@ -89,3 +89,13 @@ def test_longer_sequences_plan_more_activations(config):
     long = plan_value(sup.new_engine(config, seq_len=64).memory_plan, "device_activations")
     short = plan_value(sup.new_engine(config, seq_len=16).memory_plan, "device_activations")
     assert long > short
+
+
+def test_the_plan_lists_each_chunks_update_route(trained):
+    """memory_plan["update_routes"]: one route a chunk, in words; demo_cpu.json offloads the optimizer to the
+    CPU, so every chunk is stepped by the CPU optimizer, and it trains on one rank (no reduce-scatter)."""
+    routes = plan_value(trained.memory_plan, "update_routes")
+    assert len(routes) == trained.model_config.n_layers + 2  # the embedding, each block, the head
+    for r in routes:
+        assert "; CPU optimizer" in r, r
+        assert "reduce-scattered" not in r, r

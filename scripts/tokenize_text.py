@@ -6,7 +6,10 @@ Example:
       corpus.jsonl notes.txt
 
 Inputs, in the order given: a `.jsonl` file holds one document per line (a JSON object; its "text" field,
-or the --jsonl-field name; blank lines are skipped); any other file is one document. Text is UTF-8.
+or the --jsonl-field name; blank lines are skipped); any other file is one document. Text is UTF-8 (a
+JSONL text with a lone surrogate escape such as "\\ud800", which UTF-8 cannot hold, is an error). A
+document with no text (an empty file, "text": "") is no document, as a blank line is none: an input that
+adds no document is named on stderr, and inputs that add none at all stop the run (exit 2).
 
 Each document is encoded by Hugging Face `tokenizers` without the tokenizer's own special tokens
 (add_special_tokens=False, truncation and padding off), then this convention is applied: the model's BOS
@@ -19,14 +22,23 @@ add_eos_token, where present, decide whether each is added; otherwise a token th
 
 Output: llm.c's .bin (model/token_file.h): 256 little-endian int32 (magic, version, token count, 0...),
 then the tokens: uint16 (magic 20240520, version 1) when the vocabulary, added tokens included, has at
-most 65536 ids, else uint32 (magic 20240801, version 7). Written to OUT.tmp, then renamed.
+most 65536 ids, else uint32 (magic 20240801, version 7). Written to OUT.tmp, then renamed; an OUT (or
+OUT.tmp) that is one of the inputs or the tokenizer.json is refused before anything is written.
+
+Long documents are encoded in pieces of at most PIECE_CHARS characters, so memory stays bounded whatever
+the size of a document (Note [Long documents] below says where the pieces end and when their tokens are
+those of encoding the document in one call).
 
 Exit status: 0 done, 2 a usage or input error (the message says which file, and for JSONL which line).
 """
 
 import argparse
+import codecs
+import collections
+import io
 import json
 import os
+import re
 import sys
 from array import array
 
@@ -44,9 +56,54 @@ INT32_MAX = 2**31 - 1
 BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>")
 EOS_NAMES = ("</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>")
 
-# Documents are encoded in batches of about this many characters (encode_batch runs them in parallel).
-BATCH_CHARS = 4 << 20
+# Documents, and the pieces of long ones, are encoded in batches of about this many characters
+# (encode_batch runs them in parallel). Memory follows the batch: `tokenizers` holds 100-200 bytes per
+# character while it encodes (offsets, alignments, token strings); with 1 MiB batches the script peaks at
+# ~100-160 MB resident with 2-4 encoding threads, ~270 MB with 64 (each thread's malloc arena keeps some).
+BATCH_CHARS = 1 << 20
 BATCH_DOCS = 1024
+
+# Note [Long documents]
+# ~~~~~~~~~~~~~~~~~~~~~
+# A document longer than PIECE_CHARS characters is encoded in pieces of at most that many, so memory is
+# bounded whatever its size (encoding 50 MB in one call took 7.9 GB): a text file is read PIECE_CHARS
+# bytes at a time, and a JSONL line is decoded whole (a copy or two of its text), then cut.
+#
+# Where a piece ends. At the last place within PIECE_CHARS that is
+#   (a) right before a space between two non-whitespace characters ("word| next"), or
+#   (b) right after a line break between two non-whitespace characters ("end.\n|Next"),
+# and where the tokenizer itself splits: the CONTEXT_CHARS characters before the place, encoded alone,
+# must give the first tokens of those characters and the CONTEXT_CHARS after it encoded together (else the
+# place before it is tried, up to CUT_TRIES of them). Byte-level BPE with GPT-2's or Llama 3's regex splits
+# at both (a space starts the next word's pre-token; a line break between two words ends one), and so do
+# Whitespace / BERT; Metaspace (SentencePiece-style) and Llama 2's tokenizer.json (no pre-tokenizer, and
+# no token with "▁" after its first character) split at (a), and at (b) when no token holds "\n" with
+# other characters (Llama 2 has it alone, as the byte <0x0A>).
+#
+# Each piece after the first is encoded with the CONTEXT_CHARS characters before it put in front, and the
+# tokens of those characters (as counted when the place was checked) dropped. So a tokenizer that marks
+# the start of its input (Llama 2's Prepend("▁") normalizer, a Metaspace or ByteLevel prefix space) sees
+# the piece in the middle of the text, as it does when it encodes the whole document. BOS goes before the
+# first piece and EOS after the last, as for a document in one piece.
+#
+# The tokens are those of encoding the document in one call, except:
+#  - where PIECE_CHARS characters hold no such place (a run with no space or line break between words: a
+#    base64 blob, a line of CJK text longer than PIECE_CHARS, a long run of whitespace; or a tokenizer that
+#    merges across spaces and line breaks): the piece is cut at PIECE_CHARS, encoded without context, and a
+#    warning names the document. A pre-token running across that cut is encoded as two, so the tokens next
+#    to it may differ (a word in two parts, a leading space or "▁" added to the second).
+#  - where what the tokenizer does at the place depends on text more than CONTEXT_CHARS characters away
+#    from it, which the check cannot see: an added token whose content holds a space or line break and
+#    reaches across the place, or a custom pre-tokenizer regex that joins words across a space.
+# Documents of at most PIECE_CHARS characters are encoded in one call, as before.
+PIECE_CHARS = 1 << 16
+CONTEXT_CHARS = 64
+CUT_TRIES = 32
+
+# The places (a) and (b) of Note [Long documents]: zero-width, at the position where the next piece starts.
+CUT_PLACE = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")
+# A UTF-16 surrogate: JSON's "\ud800" decodes to one when it is not half of a pair; UTF-8 cannot hold it.
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class InputError(Exception):
@@ -129,16 +186,45 @@ def find_specials(tok, model_dir):
     return result
 
 
+def _text_blocks(path):
+    """A text file's text, PIECE_CHARS bytes at a time, so that a large file is never held whole. Decoded
+    as open(path, encoding="utf-8") reads it ("\\r\\n" and "\\r" are "\\n"), but a byte that is not UTF-8 is
+    named by its offset in the file, not in the block."""
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    decoder = io.IncrementalNewlineDecoder(utf8, translate=True)
+    offset = 0  # bytes of the file given to the decoder so far
+    try:
+        with open(path, "rb") as f:
+            while True:
+                data = f.read(PIECE_CHARS)
+                held = len(utf8.getstate()[0])  # the start of a character split by the last block
+                try:
+                    block = decoder.decode(data, final=not data)
+                except UnicodeDecodeError as e:  # e.object is the held bytes and data
+                    raise InputError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                                     f"{offset - held + e.start}: {e.reason})")
+                offset += len(data)
+                if block:
+                    yield block
+                if not data:
+                    return
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror})")
+
+
 def documents(paths, field):
-    """Yields (where, text) for every document of every input, in order, reading one line at a time."""
+    """Yields (path, where, blocks) for every document of every input, in order: blocks iterates over the
+    document's text in pieces (a text file's, read as it goes; a JSONL line's, decoded whole). Reads one
+    line at a time; each `blocks` must be used up before the next document is asked for."""
     for path in paths:
+        if not path.endswith(".jsonl"):
+            yield path, path, _text_blocks(path)
+            continue
         try:
-            if not path.endswith(".jsonl"):
-                with open(path, encoding="utf-8") as f:
-                    yield path, f.read()
-                continue
             with open(path, encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
+                lineno = 0
+                for line in f:  # not enumerate(f): its tuple would keep the line alive until the next one
+                    lineno += 1
                     if not line.strip():
                         continue
                     where = f"{path}:{lineno}"
@@ -146,16 +232,89 @@ def documents(paths, field):
                         obj = json.loads(line)
                     except ValueError as e:
                         raise InputError(f"{where}: not valid JSON ({e})")
+                    del line  # a long line's text is held once, in obj, while it is encoded
                     if not isinstance(obj, dict) or field not in obj:
                         raise InputError(f"{where}: no {field!r} field (set the field with --jsonl-field)")
-                    if not isinstance(obj[field], str):
-                        raise InputError(f"{where}: the {field!r} field is a {type(obj[field]).__name__}, "
+                    text = obj[field]
+                    if not isinstance(text, str):
+                        raise InputError(f"{where}: the {field!r} field is a {type(text).__name__}, "
                                          f"not a string")
-                    yield where, obj[field]
+                    bad = SURROGATE.search(text)
+                    if bad:
+                        raise InputError(f"{where}: the {field!r} field is not encodable as UTF-8: it holds a "
+                                         f"lone surrogate \\u{ord(bad.group()):04x} at character {bad.start()} "
+                                         f"(a JSON \\u escape of half a UTF-16 pair); fix or drop that line")
+                    yield path, where, (text,)
         except UnicodeDecodeError as e:
             raise InputError(f"{path}: not UTF-8 text ({e})")
         except OSError as e:
             raise InputError(f"{path}: cannot read ({e.strerror})")
+
+
+# Part of a document, encoded as one text of a batch: the tokens of context + text with the first `skip`
+# (the context's own) dropped. first / last: whether BOS goes before it / EOS after it.
+Piece = collections.namedtuple("Piece", "text context skip first last")
+
+
+class Cutter:
+    """Cuts documents into pieces of at most piece_chars characters, at places where the tokenizer splits
+    (Note [Long documents]). ids(text) -> the token ids of text, without special tokens."""
+
+    def __init__(self, ids, piece_chars=PIECE_CHARS, context_chars=CONTEXT_CHARS, tries=CUT_TRIES):
+        self.ids, self.piece_chars, self.context_chars, self.tries = ids, piece_chars, context_chars, tries
+
+    def pieces(self, where, blocks):
+        """Yields the document whose text comes in `blocks` (strings, in order) as Pieces, the first one
+        first=True and the last one last=True; none for a document with no text."""
+        buf, pos = "", 0  # the text not yet yielded is buf[pos:]; before pos, up to context_chars of context
+        context, skip, first, warned = "", 0, True, False
+        for block in blocks:
+            keep = max(0, pos - self.context_chars)
+            buf, pos = buf[keep:] + block, pos - keep  # "" + block is block: a JSONL text is not copied
+            while len(buf) - pos > self.piece_chars:
+                cut, next_skip = self._cut(buf, pos)
+                if next_skip is None and not warned:
+                    warned = True
+                    print(f"tokenize: warning: {where}: {self.piece_chars} characters with no space or line "
+                          f"break between words (where the tokenizer splits) to end a piece of this long "
+                          f"document at; it is cut inside them, and the tokens at the cut may differ from those "
+                          f"of encoding the document whole (said once per document)", file=sys.stderr)
+                yield Piece(buf[pos:cut], context, skip, first, False)
+                # A cut inside a pre-token has no context that would help: the next piece starts afresh.
+                context = buf[max(0, cut - self.context_chars):cut] if next_skip is not None else ""
+                pos, skip, first = cut, next_skip or 0, False
+        if first and pos == len(buf):
+            return  # no text: no document
+        yield Piece(buf[pos:], context, skip, first, True)
+
+    def _cut(self, text, pos):
+        """Where the piece starting at text[pos] ends, and the count of context tokens to drop from the next
+        piece: the last place of CUT_PLACE within piece_chars that the tokenizer splits at; else
+        (pos + piece_chars, None)."""
+        limit = pos + self.piece_chars  # text is longer than this
+        tries, hi = 0, limit
+        while hi > pos and tries < self.tries:
+            lo = max(pos + 1, hi - 4096)  # search backwards, a window at a time
+            # Places at lo..hi; the pattern looks one character behind lo and two past hi.
+            places = [m.start() for m in CUT_PLACE.finditer(text, lo, min(len(text), hi + 2))
+                      if m.start() <= hi]
+            for place in reversed(places):
+                skip = self._splits_at(text, place)
+                if skip is not None:
+                    return place, skip
+                tries += 1
+                if tries == self.tries:
+                    break
+            hi = lo - 1
+        return limit, None
+
+    def _splits_at(self, text, place):
+        """The count of tokens of the context_chars before `place`, when those are the first tokens of the
+        context and the context_chars after it encoded together (the tokenizer splits there); else None."""
+        context = text[max(0, place - self.context_chars):place]
+        alone = self.ids(context)
+        together = self.ids(context + text[place:place + self.context_chars])
+        return len(alone) if together[:len(alone)] == alone else None
 
 
 def tokenize(args):
@@ -173,11 +332,18 @@ def tokenize(args):
     for path in args.inputs:
         if not os.path.isfile(path):
             raise InputError(f"{path}: no such input file")
+    # --out (or the OUT.tmp it is written as) must not be a file this run reads: it would be overwritten.
+    for path, what in [(p, "the input") for p in args.inputs] + [(tok_path, "the tokenizer")]:
+        for target in (args.out, args.out + ".tmp"):
+            if os.path.exists(target) and os.path.samefile(target, path):
+                as_tmp = "" if target == args.out else f" (written first as {target})"
+                raise InputError(f"--out {args.out}{as_tmp} is {what} {path}; writing it would overwrite "
+                                 f"that file: choose another --out")
     try:
         tok = tokenizers.Tokenizer.from_file(tok_path)
     except Exception as e:  # the library raises plain Exception for a malformed file
         raise InputError(f"{tok_path}: not a tokenizer.json the tokenizers library can load ({e})")
-    tok.no_truncation()  # a tokenizer.json may carry a max_length; documents are never cut
+    tok.no_truncation()  # a tokenizer.json may carry a max_length; documents are never truncated
     tok.no_padding()
 
     vocab = tok.get_vocab(with_added_tokens=True)
@@ -199,8 +365,10 @@ def tokenize(args):
     suffix = [eos.id] if eos.add and not shared else []
 
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    cutter = Cutter(lambda text: tok.encode(text, add_special_tokens=False).ids)
     tmp = args.out + ".tmp"
     count = docs = 0
+    held = collections.Counter()  # input path -> the documents it held
     try:
         with open(tmp, "wb") as out:
             out.write(llmc_header(0, width))  # rewritten with the count at the end
@@ -210,10 +378,13 @@ def tokenize(args):
                 if not batch:
                     return
                 tokens = array("I")
-                for enc in encode(batch, add_special_tokens=False):
-                    tokens.extend(prefix)
-                    tokens.extend(enc.ids)
-                    tokens.extend(suffix)
+                encodings = encode([piece.context + piece.text for piece in batch], add_special_tokens=False)
+                for piece, enc in zip(batch, encodings):
+                    if piece.first:
+                        tokens.extend(prefix)
+                    tokens.extend(enc.ids[piece.skip:])
+                    if piece.last:
+                        tokens.extend(suffix)
                 if width == 2:
                     tokens = array("H", tokens)  # every id fits: width came from the vocabulary size
                 if sys.byteorder == "big":
@@ -225,16 +396,26 @@ def tokenize(args):
                                      f"split the inputs over several token files")
 
             batch, chars = [], 0
-            for _, text in documents(args.inputs, args.jsonl_field):
-                batch.append(text)
-                chars += len(text)
-                docs += 1
-                if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
-                    flush(batch)
-                    batch, chars = [], 0
+            for path, where, blocks in documents(args.inputs, args.jsonl_field):
+                for piece in cutter.pieces(where, blocks):  # one piece unless the document is long
+                    if piece.first:
+                        docs += 1
+                        held[path] += 1
+                    batch.append(piece)
+                    chars += len(piece.context) + len(piece.text)
+                    if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
+                        flush(batch)
+                        batch, chars = [], 0
             flush(batch)
+            # An input with no text adds no document (as a blank JSONL line adds none): said, not an error,
+            # unless no input held any.
+            empty = [path for path in dict.fromkeys(args.inputs) if not held[path]]
             if count == 0:
-                raise InputError(f"the inputs hold no tokens ({docs} documents); {args.out} was not written")
+                why = f"; no text in {', '.join(empty)}" if empty else ""
+                raise InputError(f"the inputs hold no tokens ({docs} documents{why}); {args.out} was not written")
+            for path in empty:
+                kind = f"no line with a non-empty {args.jsonl_field!r}" if path.endswith(".jsonl") else "empty"
+                print(f"tokenize: {path}: no text ({kind}); it adds no document", file=sys.stderr)
             out.seek(0)
             out.write(llmc_header(count, width))
         os.replace(tmp, args.out)

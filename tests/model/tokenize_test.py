@@ -6,10 +6,13 @@ Usage: tokenize_test.py SCRIPT TMPDIR   (tests/model/CMakeLists.txt passes scrip
 directory under the build's test-tmp). Exit status 0 passed, 1 failed, 77 skipped (no `tokenizers`).
 
 Each check asserts the bytes of the token file: llm.c's header (magic, version, count) and the tokens,
-[BOS] + encode(document) + [EOS] per document in input order.
+[BOS] + encode(document) + [EOS] per document in input order. Long documents, encoded in pieces, must give
+the tokens of encoding them in one call, with the peak RSS of the script bounded whatever their size.
 """
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -21,7 +24,7 @@ import tempfile
 sys.dont_write_bytecode = True  # importing scripts/tokenize_text.py below writes nothing into the source tree
 
 try:
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 except ImportError:
     print(f"SKIP: the Python package `tokenizers` is not importable by {sys.executable} "
           f"(bash scripts/install-deps.sh --python makes deps/pyenv with it; then re-run cmake)")
@@ -78,6 +81,37 @@ def expected_file(tok, docs, bos, eos, width):
 def read(path):
     with open(path, "rb") as f:
         return f.read()
+
+
+def write(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def run_measured(script, *args):
+    """(exit status, peak RSS in MiB, stderr) of the script, run by a small python that reports its child's
+    ru_maxrss (in KiB on Linux). Not this process's child: a child's peak counts the memory of the process
+    it was forked from, and this one holds tokenizers and long documents."""
+    measure = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)")
+    r = subprocess.run([sys.executable, "-c", measure, sys.executable, script, *args], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, RAYON_NUM_THREADS="4"))
+    return r.returncode, int(r.stdout.split()[-1]) / 1024 if r.stdout.strip() else float("inf"), r.stderr
+
+
+def long_text(chars, seed):
+    """Lines of SENTENCES and other words with the whitespace a pre-tokenizer treats specially: two spaces,
+    a tab, spaces before and after a line break, blank lines, punctuation before a line break, CJK."""
+    extra = ["don't", "1234567", "(x)", "\u4e2d\u6587\u6587\u672c", "foo.bar", "--", "\u00a0na\u00efve"]
+    seps = [" ", " ", " ", "  ", "\t", "\n", " \n", "\n ", "\n\n", ".\n", ", ", "   \n  "]
+    words = " ".join(SENTENCES).split() + extra
+    out, n, i = [], 0, seed
+    while n < chars:
+        i = (i * 1103515245 + 12345) % 2**31  # a fixed LCG: the same text on every machine
+        w, sep = words[i % len(words)], seps[(i >> 8) % len(seps)]
+        out.append(w + sep)
+        n += len(w) + len(sep)
+    return "".join(out)
 
 
 def main():
@@ -190,6 +224,110 @@ def main():
         r = run(script, "--tokenizer", model, "--out", out6, "--no-bos", "--no-eos", empty)
         check(r.returncode == 2 and "no tokens" in r.stderr and not os.path.exists(out6),
               f"empty output exits 2 and writes nothing ({r.stderr.strip()})")
+
+        # (7) An input with no text adds no document (an empty .txt as an empty .jsonl): named on stderr,
+        # and, when no input adds one, exit 2 naming it (above: empty.txt alone).
+        check(empty in r.stderr, f"the run with only an empty .txt names it ({r.stderr.strip()})")
+        empty_docs = os.path.join(tmp, "empty-docs.jsonl")
+        write(empty_docs, json.dumps({"text": ""}) + "\n\n")
+        r = run(script, "--tokenizer", model, "--out", out6, empty, empty_docs, txt)
+        check(r.returncode == 0 and read(out6) == expected_file(tok, [txt_doc], bos, eos, 2)[0] and
+              "1 documents" in r.stdout, f"an empty .txt and an empty text add no document ({r.stderr.strip()})")
+        check(empty in r.stderr and empty_docs in r.stderr, f"inputs with no text are named: {r.stderr.strip()}")
+        os.remove(out6)
+
+        # (8) A lone surrogate in JSONL (not encodable as UTF-8): exit 2 naming file:line, nothing written.
+        lone = os.path.join(tmp, "lone.jsonl")
+        write(lone, json.dumps({"text": "fine"}) + "\n" + '{"text": "a\\ud800b"}\n')
+        r = run(script, "--tokenizer", model, "--out", out6, lone)
+        check(r.returncode == 2 and f"{lone}:2" in r.stderr and "surrogate" in r.stderr and
+              "Traceback" not in r.stderr and not os.path.exists(out6),
+              f"a lone surrogate exits 2 naming file:line (rc {r.returncode}: {r.stderr.strip()})")
+
+        # (9) --out that is an input (by another spelling too, or as OUT.tmp): exit 2, the input untouched.
+        before = read(txt)
+        tmp_named = os.path.join(tmp, "tok.bin.tmp")  # an input named as --out tok.bin's temporary
+        shutil.copy(txt, tmp_named)
+        for out9, named in ((txt, txt), (os.path.join(tmp, ".", "a.txt"), txt), (tmp_named[:-4], tmp_named)):
+            r = run(script, "--tokenizer", model, "--out", out9, jsonl, named)
+            check(r.returncode == 2 and named in r.stderr and "--out" in r.stderr,
+                  f"--out {out9} refused as the input {named} (rc {r.returncode}: {r.stderr.strip()})")
+            check(read(named) == before, f"the input {named} is not overwritten")
+
+        # (10) Long documents are encoded in pieces (Note [Long documents] in the script): the tokens are those
+        # of encoding the whole document in one call, as .txt and as one JSONL line.
+        doc = long_text(2 << 20, 1)
+        long_txt, long_jsonl = os.path.join(tmp, "long.txt"), os.path.join(tmp, "long.jsonl")
+        write(long_txt, doc)
+        write(long_jsonl, json.dumps({"text": doc}) + "\n")
+        out10 = os.path.join(tmp, "long.bin")
+        r = run(script, "--tokenizer", model, "--out", out10, long_txt, long_jsonl)
+        ids = [bos] + tok.encode(doc, add_special_tokens=False).ids + [eos]
+        want10 = struct.pack("<256i", 20240520, 1, 2 * len(ids), *([0] * 253)) + \
+            struct.pack(f"<{len(ids)}H", *ids) * 2
+        check(len(doc) > 16 * mod.PIECE_CHARS, "the long document spans many pieces")
+        check(r.returncode == 0 and read(out10) == want10 and "2 documents" in r.stdout and
+              "warning" not in r.stderr,
+              f"a long document's tokens are those of encoding it in one call ({r.stderr.strip()})")
+
+        # The pieces' mechanics on small pieces (many cuts at the places the doc's whitespace offers), for
+        # three kinds of tokenizer: byte-level BPE with GPT-2's regex (the test's), with Llama 3's regex, and
+        # Llama 2's (a Prepend("▁") normalizer and no pre-tokenizer: each piece needs its context).
+        llama3 = Tokenizer(models.BPE())
+        llama3.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                                       r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        llama3.train_from_iterator([doc[:50000]], trainers.BpeTrainer(
+            vocab_size=500, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        llama2 = Tokenizer(models.BPE(unk_token="<unk>"))
+        llama2.pre_tokenizer = pre_tokenizers.Metaspace()  # to train; then as Llama 2's tokenizer.json has it
+        llama2.train_from_iterator([doc[:50000]], trainers.BpeTrainer(vocab_size=500, special_tokens=["<unk>"],
+                                                                      show_progress=False))
+        llama2.pre_tokenizer = None
+        llama2.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                                  normalizers.Replace(" ", "\u2581")])
+        small = doc[:40000]
+        for name, t in (("gpt2", tok), ("llama3", llama3), ("llama2", llama2)):
+            cutter = mod.Cutter(lambda text: t.encode(text, add_special_tokens=False).ids, piece_chars=1000)
+            pieces = list(cutter.pieces("small", [small[i:i + 777] for i in range(0, len(small), 777)]))
+            got = [i for p in pieces for i in t.encode(p.context + p.text, add_special_tokens=False).ids[p.skip:]]
+            check(len(pieces) > 40 and "".join(p.text for p in pieces) == small and pieces[0].first and
+                  pieces[-1].last and not any(p.first or p.last for p in pieces[1:-1]),
+                  f"{name}: the pieces are the document in order, first and last marked")
+            check(got == t.encode(small, add_special_tokens=False).ids,
+                  f"{name}: the pieces' tokens are those of the document encoded in one call")
+        # A stretch with no place to cut is cut at piece_chars, with a warning naming the document.
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            cutter = mod.Cutter(lambda text: list(text.encode()), piece_chars=1000)
+            pieces = list(cutter.pieces("blob.txt", ["ab" * 3000]))
+        check([len(p.text) for p in pieces] == [1000] * 6 and pieces[1].context == "" and
+              "warning: blob.txt" in err.getvalue(),
+              f"a stretch with no place to cut is cut at piece_chars, with a warning ({err.getvalue().strip()})")
+
+        # (11) Memory is bounded whatever the document's size: one ~8 MB document as .txt (read in pieces)
+        # and as one ~6 MB JSONL line (decoded whole, then cut). The old script (each document encoded in one
+        # call) peaked at ~120 bytes per character: ~1 GB and ~0.8 GB here; it now stays near 100 MB. Four
+        # encoding threads, so that the bound holds on any machine (each thread's malloc arena keeps some
+        # memory: 64 threads hold ~270 MB).
+        block = long_text(1 << 20, 2)
+        huge_txt, huge_jsonl = os.path.join(tmp, "huge.txt"), os.path.join(tmp, "huge.jsonl")
+        write(huge_txt, block * 8)
+        write(huge_jsonl, json.dumps({"text": block * 6}) + "\n")
+        del block
+        bound_mib = 400
+        for path, chars in ((huge_txt, 8 << 20), (huge_jsonl, 6 << 20)):
+            out11 = os.path.join(tmp, "huge.bin")
+            rc, peak, err = run_measured(script, "--tokenizer", model, "--out", out11, path)
+            data = read(out11) if rc == 0 else b""
+            n = struct.unpack("<3i", data[:12])[2] if data else 0
+            check(rc == 0 and n > chars // 10 and len(data) == 1024 + 2 * n and
+                  data[1024:1026] == struct.pack("<H", bos) and data[-2:] == struct.pack("<H", eos),
+                  f"{os.path.basename(path)} (~{chars >> 20} MB, one document): BOS, its tokens, EOS "
+                  f"(rc {rc}: {err.strip()})")
+            check(peak < bound_mib, f"{os.path.basename(path)}: peak RSS {peak:.0f} MiB < {bound_mib} MiB")
+            print(f"{os.path.basename(path)}: {chars >> 20} MiB of text in one document, peak RSS {peak:.0f} MiB")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

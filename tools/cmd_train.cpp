@@ -405,10 +405,8 @@ int run_train(const TrainOpts& o) {
           ? (", beside " + format_size(plan.device_headroom, 1) + " kept for the CUDA libraries").c_str()
           : "");
   // How each chunk is updated (Note [Update routes] in zero3/placement.cpp), in runs of equal routes.
-  std::string routes = zero3::describe(engine.update_routes());
-  for (std::size_t at = 0; (at = routes.find('\n', at)) != std::string::npos; at += 3)
-    routes.replace(at, 1, "\n  ");
-  std::fprintf(out, "update routes%s:\n  %s\n", world > 1 ? " (each rank)" : "", routes.c_str());
+  std::fprintf(out, "update routes%s:\n%s\n", world > 1 ? " (each rank)" : "",
+               zero3::describe(engine.update_routes(), "  ").c_str());
 
   std::fflush(out);
 

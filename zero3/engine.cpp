@@ -111,8 +111,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   n_states = cfg.optimizer.type == OptimizerType::Adam || cfg.optimizer.type == OptimizerType::AdamW ? 2 : 1;
   by_ops = !dev->caps().host_addressable || opts.device_state_by_ops;
   // The device optimizer is the compute interface's AdamW; the others run on the CPU only.
-  const bool partial = z.offload_optimizer.device != OffloadDevice::none && z.stage == 3 &&
-                       (z.offload_optimizer.ratio_auto || z.offload_optimizer.ratio < 1.0);
+  const bool partial = partial_offload(z);
   if (by_ops && n_states != 2 && (homes.master == Tier::device || partial))
     throw ConfigError(
         cat("optimizer.type ", cfg.optimizer.type == OptimizerType::Lion ? "Lion" : "Adagrad",

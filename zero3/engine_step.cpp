@@ -87,7 +87,7 @@ StepResult Engine::Impl::step() {
           overlap.keep(std::size_t(c));
           kept = true;
         } else {
-          (overlap.on() && slots[std::size_t(c)].route.defer ? later : now).push_back(c);
+          (slots[std::size_t(c)].route.defer ? later : now).push_back(c);  // set only when the overlap runs
         }
       }
     updater.update(now, r.lr, gs.factor, step_no);

@@ -49,6 +49,11 @@ int device_optimizer_groups(double ratio, int groups) {
   return std::clamp(int(std::floor(kept * (1 + 1e-9))), 0, groups);
 }
 
+bool partial_offload(const ZeroConfig& z) {
+  const auto& oo = z.offload_optimizer;
+  return oo.device != OffloadDevice::none && z.stage == 3 && (oo.ratio_auto || oo.ratio < 1.0);
+}
+
 void keep_optimizer_on_device(PlanInput& in, int groups) {
   for (PlannedChunk& c : in.chunks) c.device_optimizer = false;
   for (int g = 0; g < std::min<int>(groups, int(in.groups.size())); ++g)
@@ -190,20 +195,20 @@ std::vector<ConfigRoute> config_routes(const Config& cfg, bool by_ops) {
   in.device_state_by_ops = by_ops;
   in.tail_on_model_cpus = !by_ops && cfg.strata.cpu_optim.cores > 0;
   in.device_capacity = std::numeric_limits<std::uint64_t>::max() / 2;  // room for every accumulator
-  const bool partial = z.offload_optimizer.device != OffloadDevice::none && z.stage == 3 &&
-                       (z.offload_optimizer.ratio_auto || z.offload_optimizer.ratio < 1.0);
+  const bool partial = partial_offload(z);
   keep_optimizer_on_device(in, partial ? 1 : 0);
   const Plan p = plan_memory(in, z);
   if (!partial) return {{"every chunk", p.routes[1]}};
   return {{"offloaded", p.routes[1]}, {"kept on the device by offload_optimizer.ratio", p.routes[0]}};
 }
 
-std::string describe(const std::vector<UpdateRoute>& routes) {
+std::string describe(const std::vector<UpdateRoute>& routes, const std::string& indent) {
   std::string s;
   for (std::size_t a = 0; a < routes.size();) {
     std::size_t b = a + 1;
     while (b < routes.size() && routes[b] == routes[a]) ++b;
     if (!s.empty()) s += "\n";
+    s += indent;
     s += b == a + 1 ? "chunk " + std::to_string(a)
                     : "chunks " + std::to_string(a) + "-" + std::to_string(b - 1);
     s += ": " + describe(routes[a]);
@@ -329,8 +334,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   std::uint64_t room = in.device_capacity > m.device_need() ? in.device_capacity - m.device_need() : 0;
   // Device accumulators (MemoryPlan.device_accumulators): chunk by chunk while the room above two of the
   // largest gathered chunks holds them.
-  p.accumulate.assign(in.chunks.size(), 0);
-  p.accumulator_block.assign(in.chunks.size(), 0);
+  std::vector<char> accumulate(in.chunks.size(), 0);
   std::uint64_t two_chunks = 0, largest_gather = 0;
   for (std::uint64_t b : p.gather_block) largest_gather = std::max(largest_gather, b);
   two_chunks = 2 * largest_gather;
@@ -342,9 +346,8 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
       if (!in.local_accumulation && in.homes_of(in.chunks[c]).grad == Tier::device) continue;
       const std::uint64_t b =
           block((in.local_accumulation ? in.chunks[c].numel : in.chunks[c].shard.numel) * sizeof(float));
-      p.accumulator_block[c] = b;
       if (b > spare) continue;
-      p.accumulate[c] = 1;
+      accumulate[c] = 1;
       spare -= b;
       ++m.device_accumulators;
       m.device_accumulator_bytes += b;
@@ -376,8 +379,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
     m.pinned_staging += p.largest_shard * wd;
   if (m.nvme_state > 0) m.nvme_budget = m.nvme_state + m.nvme_state / 16 + (64ull << 20);
   p.routes.reserve(in.chunks.size());
-  for (std::size_t c = 0; c < in.chunks.size(); ++c)
-    p.routes.push_back(route_of(in, c, p.accumulate[c] != 0));
+  for (std::size_t c = 0; c < in.chunks.size(); ++c) p.routes.push_back(route_of(in, c, accumulate[c] != 0));
   return p;
 }
 

@@ -3,7 +3,7 @@
 // budgets it opens the tiers with) and by `memprof estimate`.
 //
 //   zero3::PlanInput in = zero3::plan_input(cfg, layout, world, rank, activation_dtype);
-//   in.activations = model::activation_bytes(...)  ;  // what the model allocates beside
+//   in.activations = model::activation_bytes(...);  // what the model allocates beside
 //   in.device_capacity = cap;
 //   zero3::Plan p = zero3::plan_memory(in, cfg);  // p.memory: bytes per tier (docs/train.md)
 #pragma once
@@ -45,6 +45,10 @@ tiering::ShardHomes device_optimizer_homes(const tiering::ShardHomes& offloaded)
 // stay). The product is rounded down after a relative 1e-9, so that 0.9 of 10 keeps 1 where the binary
 // fraction alone would keep 0.
 int device_optimizer_groups(double ratio, int groups);
+
+// Whether offload_optimizer.ratio may keep sub-groups on the device: the optimizer offloaded at stage 3 with
+// a ratio below 1 or "auto".
+bool partial_offload(const ZeroConfig& z);
 
 // Bytes of model state per tier, from the config (what the engine registers), and the device working set.
 struct MemoryPlan {
@@ -158,8 +162,9 @@ struct UpdateRoute {
 // "device accumulator, reduce-scatter each hand-off, CPU optimizer, params to NVMe, overlapped": a route in
 // words, as strata train's plan prints it.
 std::string describe(const UpdateRoute& r);
-// The routes of chunks [0, n) in runs of equal ones: "chunks 0-3: ...; chunks 4-15: ...".
-std::string describe(const std::vector<UpdateRoute>& routes);
+// The routes of chunks [0, n) in runs of equal ones, a line each after `indent`:
+// "chunks 0-3: ...\nchunks 4-15: ...".
+std::string describe(const std::vector<UpdateRoute>& routes, const std::string& indent = "");
 
 struct PlanInput {
   std::vector<PlannedChunk> chunks;
@@ -210,15 +215,13 @@ struct Plan {
   MemoryPlan memory;
   // Per chunk: device bytes (allocator blocks) of its gathered copy and of its fp32 gradient buffer.
   std::vector<std::uint64_t> gather_block, grad_block;
-  // Per chunk: whether its gradients accumulate on the device across micro-batches (MemoryPlan
-  // .device_accumulators), and the device bytes (allocator block) of that accumulator.
-  std::vector<char> accumulate;
-  std::vector<std::uint64_t> accumulator_block;
   std::uint64_t largest_shard = 0;
   std::uint64_t persistent_bytes = 0;  // gathered blocks of the persistent chunks
   int persistent_chunks = 0;
   std::size_t group_window = 1;  // optimizer sub-groups whose states may be in pinned memory at once (NVMe)
-  std::vector<UpdateRoute> routes;  // per chunk
+  // Per chunk, how it is updated; a device accumulator (MemoryPlan.device_accumulators) is a route whose
+  // gradients are summed on the device.
+  std::vector<UpdateRoute> routes;
 };
 
 Plan plan_memory(const PlanInput& in, const ZeroConfig& z);

@@ -108,17 +108,19 @@ void Ops::embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int
   do_embedding_backward(dwte, dout, tokens, N, C, V);
 }
 
-void Ops::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps) {
+void Ops::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps,
+                          float w_offset) {
   check_model_role("rmsnorm_forward");
   const DType A = caps().activation;
   need(out, A, sz(N, C), "rmsnorm out");
   need(rstd, F, sz(N), "rstd");
   need(x, A, sz(N, C), "rmsnorm x");
   need(w, A, sz(C), "rmsnorm w");
-  do_rmsnorm_forward(out, rstd, x, w, N, C, eps);
+  do_rmsnorm_forward(out, rstd, x, w, N, C, eps, w_offset);
 }
 
-void Ops::rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N, int C) {
+void Ops::rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N, int C,
+                           float w_offset) {
   check_model_role("rmsnorm_backward");
   const DType A = caps().activation;
   need(dx, A, sz(N, C), "rmsnorm dx");
@@ -127,7 +129,7 @@ void Ops::rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w
   need(x, A, sz(N, C), "rmsnorm x");
   need(w, A, sz(C), "rmsnorm w");
   need(rstd, F, sz(N), "rstd");
-  do_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+  do_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C, w_offset);
 }
 
 void Ops::linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) {
@@ -148,6 +150,19 @@ void Ops::linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w,
   need(x, A, sz(N, IC), "linear x");
   need(w, A, sz(OC, IC), "linear w");
   do_linear_backward(dx, dw, dout, x, w, N, IC, OC);
+}
+void Ops::bias_forward(Tensor out, Tensor b, int N, int OC) {
+  check_model_role("bias_forward");
+  const DType A = caps().activation;
+  need(out, A, sz(N, OC), "bias out");
+  need(b, A, sz(OC), "bias b");
+  do_bias_forward(out, b, N, OC);
+}
+void Ops::bias_backward(Tensor db, Tensor dout, int N, int OC) {
+  check_model_role("bias_backward");
+  need(db, F, sz(OC), "bias db");
+  need(dout, caps().activation, sz(N, OC), "bias dout");
+  do_bias_backward(db, dout, N, OC);
 }
 
 AttentionSizes Ops::attention_sizes(int B, int T, int NH, int, int) const {
@@ -230,6 +245,17 @@ void Ops::swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Te
     need(*t, caps().activation, dout.numel, "swiglu operand");
   do_swiglu_backward(dgate, dup, dout, gate, up);
 }
+void Ops::geglu_forward(Tensor out, Tensor gate, Tensor up) {
+  check_model_role("geglu_forward");
+  for (const Tensor* t : {&out, &gate, &up}) need(*t, caps().activation, out.numel, "geglu operand");
+  do_geglu_forward(out, gate, up);
+}
+void Ops::geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) {
+  check_model_role("geglu_backward");
+  for (const Tensor* t : {&dgate, &dup, &dout, &gate, &up})
+    need(*t, caps().activation, dout.numel, "geglu operand");
+  do_geglu_backward(dgate, dup, dout, gate, up);
+}
 
 void Ops::residual_forward(Tensor out, Tensor a, Tensor b) {
   check_model_role("residual_forward");
@@ -283,7 +309,7 @@ void Ops::add(Tensor dst, Tensor src) {
 }
 
 void Ops::scale(Tensor x, float s) {
-  need(x, F, x.numel, "scale target");
+  need(x, x.dtype == caps().activation ? caps().activation : F, x.numel, "scale target");
   do_scale(x, s);
 }
 

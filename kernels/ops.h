@@ -93,6 +93,8 @@ struct OpShapes {
   int N = 0, C = 0, V = 0;
   int B = 0, T = 0, NH = 0, NKV = 0, HD = 0;
   std::size_t reduce_numel = 0;
+  // The model normalises q and k per head (Qwen3's q_norm, k_norm): RMSNorm over N * NH rows of HD.
+  bool head_norm = false;
 };
 
 // Sizes of the attention buffers an implementation needs (elements, fp32).
@@ -113,15 +115,22 @@ class Ops {
   void embedding_backward(Tensor dwte /*(V,C) fp32 +=*/, Tensor dout /*(N,C)*/, Tensor tokens, int N, int C,
                           int V);
   // ---- RMSNorm ----
+  // out = x * rstd * (w + w_offset): w_offset 0 is Llama's norm, 1 Gemma's (whose checkpoints store w - 1).
+  // dw is the gradient of the stored w (the same for either offset).
   void rmsnorm_forward(Tensor out /*(N,C)*/, Tensor rstd /*(N) fp32*/, Tensor x /*(N,C)*/, Tensor w /*(C)*/,
-                       int N, int C, float eps);
+                       int N, int C, float eps, float w_offset = 0.0f);
   void rmsnorm_backward(Tensor dx /*(N,C) +=*/, Tensor dw /*(C) fp32 +=*/, Tensor dout, Tensor x, Tensor w,
-                        Tensor rstd, int N, int C);
+                        Tensor rstd, int N, int C, float w_offset = 0.0f);
   // ---- linear (no bias): out = x W^T ----
   void linear_forward(Tensor out /*(N,OC)*/, Tensor x /*(N,IC)*/, Tensor w /*(OC,IC)*/, int N, int IC,
                       int OC);
   // dx += dout W (an empty dx skips it); dw += dout^T x (fp32).
   void linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC, int OC);
+  // ---- a projection's bias ----
+  // out[i, :] += b for every row i (after linear_forward: nn.Linear with bias).
+  void bias_forward(Tensor out /*(N,OC)*/, Tensor b /*(OC)*/, int N, int OC);
+  // db += the column sums of dout, rows summed in order (deterministic).
+  void bias_backward(Tensor db /*(OC) fp32 +=*/, Tensor dout /*(N,OC)*/, int N, int OC);
   // ---- rotary embedding ----
   // The (T, HD/2) cos and sin tables for inverse frequencies `inv_freq` (HD/2, host memory, copied before
   // the call returns); the theta form uses the unscaled fp32(theta^(-2i/HD)).
@@ -137,10 +146,14 @@ class Ops {
                          Tensor k, Tensor v, int B, int T, int NH, int NKV, int HD);
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
                           Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD);
-  // ---- SwiGLU, residual ----
+  // ---- SwiGLU, GeGLU, residual ----
   void swiglu_forward(Tensor out, Tensor gate, Tensor up);
   // May run in place (dgate == gate, dup == up): every implementation reads an element's inputs first.
   void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
+  // out = gelu_tanh(gate) * up, with PyTorch's gelu(approximate="tanh") (Gemma's MLP); backward as swiglu's,
+  // in place allowed.
+  void geglu_forward(Tensor out, Tensor gate, Tensor up);
+  void geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
   void residual_forward(Tensor out, Tensor a, Tensor b);
   void residual_backward(Tensor da /*+= or empty*/, Tensor db /*+= or empty*/, Tensor dout);
   // ---- cross-entropy fused with its logits gradient ----
@@ -158,7 +171,8 @@ class Ops {
   void zero(Tensor x);
   // dst += src (fp32), element by element: the gradient add.
   void add(Tensor dst, Tensor src);
-  void scale(Tensor x /*fp32*/, float s);
+  // x *= s; fp32, or the activation dtype (Gemma's embedding scale on the residual stream), rounded to it.
+  void scale(Tensor x /*fp32 or activation*/, float s);
   // out (1 element of 8 bytes: a double) = sum of x^2 in double, in a fixed order (deterministic).
   void squared_norm(Tensor out /*u8 (8)*/, Tensor x /*fp32*/);
   // out (1, i32) = 1 if any element of x is NaN or +-inf, else 0.
@@ -198,12 +212,15 @@ class Ops {
   // against caps(), sizes against the shape, null pointers). Each enqueues on stream() and returns.
   virtual void do_embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int V) = 0;
   virtual void do_embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int V) = 0;
-  virtual void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps) = 0;
+  virtual void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps,
+                                  float w_offset) = 0;
   virtual void do_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N,
-                                   int C) = 0;
+                                   int C, float w_offset) = 0;
   virtual void do_linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) = 0;
   virtual void do_linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
                                   int OC) = 0;
+  virtual void do_bias_forward(Tensor out, Tensor b, int N, int OC) = 0;
+  virtual void do_bias_backward(Tensor db, Tensor dout, int N, int OC) = 0;
   virtual void do_rope_cache(Tensor cos, Tensor sin, int T, int HD, std::vector<float> inv_freq) = 0;
   virtual void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) = 0;
   virtual void do_rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H,
@@ -215,6 +232,8 @@ class Ops {
                                      int HD) = 0;
   virtual void do_swiglu_forward(Tensor out, Tensor gate, Tensor up) = 0;
   virtual void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) = 0;
+  virtual void do_geglu_forward(Tensor out, Tensor gate, Tensor up) = 0;
+  virtual void do_geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) = 0;
   virtual void do_residual_forward(Tensor out, Tensor a, Tensor b) = 0;
   virtual void do_residual_backward(Tensor da, Tensor db, Tensor dout) = 0;
   virtual void do_cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits,

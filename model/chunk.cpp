@@ -49,8 +49,11 @@ void init_chunk(const ModelLayout& layout, int id, uint64_t seed, float* data) {
   for (size_t t = 0; t < c.tensors.size(); ++t) {
     const TensorSpec& spec = c.tensors[t];
     float* dst = data + spec.offset;
-    if (spec.shape.size() == 1) {  // norm weights
-      for (size_t i = 0; i < spec.numel; ++i) dst[i] = 1.0f;
+    if (spec.shape.size() == 1) {  // norm weights: a scale of 1 (Gemma stores it less 1); biases: 0
+      const bool bias = c.kind == ChunkKind::block && (int(t) == c.slots[kBq] || int(t) == c.slots[kBk] ||
+                                                       int(t) == c.slots[kBv] || int(t) == c.slots[kBo]);
+      const float one = 1.0f - layout.config().traits().norm_offset;
+      for (size_t i = 0; i < spec.numel; ++i) dst[i] = bias ? 0.0f : one;
       continue;
     }
     bool resid = c.kind == ChunkKind::block && (int(t) == kWo || int(t) == kWDown);

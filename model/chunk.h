@@ -36,7 +36,7 @@ struct ChunkView {
   const float* data = nullptr;  // (padded_numel) of `dtype`, read-only, device memory
   DType dtype = DType::fp32;    // the compute interface's activation dtype (kernels/ops.h)
 
-  const float* tensor(int index) const { return data + layout->tensors[size_t(index)].offset; }
+  const float* tensor(int index) const { return data + layout->at(index).offset; }
 };
 
 class ChunkProvider {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -32,24 +33,70 @@ constexpr Key kKeys[] = {
     {"rope_theta", "rope_theta"},
     {"norm_eps", "rms_norm_eps"},
     {"head_dim", "head_dim"},
+    {"family", "model_type"},
+    {"attention_bias", "attention_bias"},
+    {"sliding_window", "sliding_window"},
+    {"pad_token_id", "pad_token_id"},
+};
+
+// Note [Model families]'s table (model/config.h).
+constexpr Family kFamilies[] = {
+    // model_type architecture hidden_act act qkv_bias bias_key qk_norm fused norm_offset embed_scale tied
+    {"llama", "LlamaForCausalLM", "silu", MlpActivation::silu, false, true, false, false, 0.0f, false, false},
+    {"mistral", "MistralForCausalLM", "silu", MlpActivation::silu, false, false, false, false, 0.0f, false,
+     false},
+    {"qwen2", "Qwen2ForCausalLM", "silu", MlpActivation::silu, true, false, false, false, 0.0f, false, false},
+    {"qwen3", "Qwen3ForCausalLM", "silu", MlpActivation::silu, false, true, true, false, 0.0f, false, false},
+    {"phi3", "Phi3ForCausalLM", "silu", MlpActivation::silu, false, false, false, true, 0.0f, false, false},
+    {"gemma", "GemmaForCausalLM", "gelu_pytorch_tanh", MlpActivation::gelu_tanh, false, true, false, false,
+     1.0f, true, true},
 };
 
 // Hugging Face config.json keys that do not change what the decoder computes (pretraining_tp splits the
 // projections into slices whose results are summed: the same products).
 constexpr const char* kIgnoredHfKeys[] = {
-    "torch_dtype",          "dtype",         "transformers_version", "bos_token_id",
-    "eos_token_id",         "pad_token_id",  "initializer_range",    "use_cache",
-    "pretraining_tp",       "_name_or_path", "max_sequence_length",  "output_attentions",
-    "output_hidden_states", "return_dict",   "tie_encoder_decoder",  "use_return_dict",
+    "torch_dtype",
+    "dtype",
+    "transformers_version",
+    "bos_token_id",
+    "eos_token_id",
+    "initializer_range",
+    "use_cache",
+    "pretraining_tp",
+    "_name_or_path",
+    "max_sequence_length",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "tie_encoder_decoder",
+    "use_return_dict",
+    // Phi-3: the length longrope scaling switches at; read only by that scaling, which is refused.
+    "original_max_position_embeddings",
 };
 
 // Hugging Face keys read for what they say about the computation: accepted with the value that means the
 // plain Llama decoder, refused by name otherwise (check_architecture).
 constexpr const char* kCheckedHfKeys[] = {
-    "architectures",     "model_type",        "hidden_act",      "attention_bias",
-    "mlp_bias",          "attention_dropout", "sliding_window",  "use_sliding_window",
-    "max_window_layers", "num_local_experts", "num_experts",     "num_experts_per_tok",
-    "n_routed_experts",  "rope_scaling",      "rope_parameters", "partial_rotary_factor",
+    "architectures",
+    "hidden_act",
+    "mlp_bias",
+    "attention_dropout",
+    "use_sliding_window",
+    "max_window_layers",
+    "layer_types",
+    "num_local_experts",
+    "num_experts",
+    "num_experts_per_tok",
+    "n_routed_experts",
+    "rope_scaling",
+    "rope_parameters",
+    "partial_rotary_factor",
+    "resid_pdrop",
+    "embd_pdrop",
+    "hidden_activation",
+    "use_bidirectional_attention",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
 };
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -99,36 +146,55 @@ float get_float(const json& v, const char* key, const std::string& where) {
   return v.get<float>();
 }
 
-// Refuses, by name, every Hugging Face setting this decoder does not compute (the Llama architecture has
-// no biases, SiLU gating, no dropout, full attention, one MLP per block, full rotary embeddings).
-void check_architecture(const json& j, const std::string& where) {
+bool is_zero(const json& v) {
+  return v.is_number() && v == 0;
+}
+
+// Refuses, by name, every Hugging Face setting the family's decoder does not compute (Note [Model families]:
+// no MLP biases, the family's activation, no dropout, full causal attention, one MLP per block, full rotary
+// embeddings, no soft-capping). `fam` is the family config.json names (model_type), already checked.
+void check_architecture(const json& j, const Family& fam, const std::string& where) {
   auto refuse = [&](const std::string& key, const std::string& why) {
-    throw ConfigError(
-        detail::cat(where, ": '", key, "' is ", j.at(key).dump(), ": ", why,
-                    "; Strata trains the Llama architecture only (docs/train.md, \"Fine-tuning a "
-                    "Hugging Face model\")"));
+    throw ConfigError(detail::cat(where, ": '", key, "' is ", j.at(key).dump(), ": ", why,
+                                  "; Strata computes the families of docs/model.md (\"Model families\") "
+                                  "as transformers does, without this setting"));
   };
-  if (j.contains("model_type") && j["model_type"] != "llama") refuse("model_type", "not a Llama model");
+  const std::string family = fam.model_type;
   if (j.contains("architectures")) {
     const json& a = j["architectures"];
-    if (!a.is_array() || a.size() != 1 || a[0] != "LlamaForCausalLM")
-      refuse("architectures", "the architecture must be LlamaForCausalLM");
+    if (!a.is_array() || a.size() != 1 || a[0] != fam.architecture)
+      refuse("architectures", detail::cat("a ", family, " model's architecture is ", fam.architecture));
   }
-  for (const char* k : {"attention_bias", "mlp_bias"})
-    if (j.contains(k) && j[k] != false) refuse(k, "the projections have no biases here");
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "the MLP is SwiGLU (silu)");
-  if (j.contains("attention_dropout") && !(j["attention_dropout"].is_number() && j["attention_dropout"] == 0))
-    refuse("attention_dropout", "there is no dropout here");
-  // (max_window_layers only means something with use_sliding_window.)
-  if (j.contains("sliding_window") && !j["sliding_window"].is_null())
-    refuse("sliding_window", "attention is over the whole causal window here (no sliding window)");
+  if (j.contains("mlp_bias") && j["mlp_bias"] != false)
+    refuse("mlp_bias", "the MLP projections have no biases");
+  // Gemma's older config.json says "gelu", which transformers reads as the tanh approximation.
+  if (j.contains("hidden_act") && j["hidden_act"] != fam.hidden_act &&
+      !(family == "gemma" && j["hidden_act"] == "gelu"))
+    refuse("hidden_act", detail::cat("a ", family, " MLP is ", fam.hidden_act));
+  if (j.contains("hidden_activation") && !j["hidden_activation"].is_null() &&
+      !(family == "gemma" && j["hidden_activation"] == "gelu_pytorch_tanh"))
+    refuse("hidden_activation", "the MLP activation is hidden_act's");
+  for (const char* k : {"attention_dropout", "resid_pdrop", "embd_pdrop"})
+    if (j.contains(k) && !is_zero(j[k])) refuse(k, "dropout is not implemented (set it to 0.0)");
+  // Qwen2 and Qwen3 window layers only with use_sliding_window (then max_window_layers says which).
   if (j.contains("use_sliding_window") && j["use_sliding_window"] != false)
-    refuse("use_sliding_window", "attention is over the whole causal window here (no sliding window)");
+    refuse("use_sliding_window", "sliding-window layers are not implemented");
+  if (j.contains("layer_types")) {
+    const json& lt = j["layer_types"];
+    if (!lt.is_array() ||
+        std::any_of(lt.begin(), lt.end(), [](const json& t) { return t != "full_attention"; }))
+      refuse("layer_types", "every layer's attention must be \"full_attention\"");
+  }
   for (const char* k : {"num_local_experts", "num_experts", "num_experts_per_tok", "n_routed_experts"})
     if (j.contains(k) && !j[k].is_null()) refuse(k, "mixture-of-experts MLPs are not implemented");
   if (j.contains("partial_rotary_factor") &&
       !(j["partial_rotary_factor"].is_number() && j["partial_rotary_factor"] == 1))
     refuse("partial_rotary_factor", "the rotary embedding covers the whole head here");
+  if (j.contains("use_bidirectional_attention") && !j["use_bidirectional_attention"].is_null() &&
+      j["use_bidirectional_attention"] != false)
+    refuse("use_bidirectional_attention", "attention is causal here");
+  for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping"})
+    if (j.contains(k) && !j[k].is_null()) refuse(k, "logit soft-capping is not implemented");
 }
 
 double get_number(const json& obj, const char* key, const std::string& where) {
@@ -148,10 +214,15 @@ RopeScaling parse_rope_scaling(const json& r, const std::string& where) {
   if (!type || !type->is_string())
     throw ConfigError(detail::cat(where, ": 'rope_type' must be a string (\"default\" or \"llama3\")"));
   s.type = type->get<std::string>();
+  if (r.contains("partial_rotary_factor") &&
+      !(r["partial_rotary_factor"].is_number() && r["partial_rotary_factor"] == 1))
+    throw ConfigError(detail::cat(where, ": partial_rotary_factor ", r["partial_rotary_factor"].dump(),
+                                  " is not implemented; the rotary embedding covers the whole head here"));
   if (s.type == "default") return s;
   if (s.type != "llama3")
     throw ConfigError(detail::cat(where, ": rope_type \"", s.type,
-                                  "\" is not implemented; Strata computes \"default\" and \"llama3\" rotary "
+                                  "\" is not implemented (Phi-3's longrope and su, yarn, dynamic, linear "
+                                  "among them); Strata computes \"default\" and \"llama3\" rotary "
                                   "frequencies"));
   s.factor = get_number(r, "factor", where);
   s.low_freq_factor = get_number(r, "low_freq_factor", where);
@@ -205,7 +276,15 @@ ModelConfig make(const char* name, int64_t vocab, int64_t d, int64_t layers, int
 // model (vocab 256) of nanoGPT's character-level size. 125m/350m follow GPT-3's widths and depths with
 // Llama blocks and the Llama-2 vocabulary, tied. 1b is TinyLlama-1.1B's shape (GQA 32/4), 3b a
 // Llama-style 3.0B with GQA 24/8. llama2-7b/13b are Meta's shapes (6,738,415,616 and 13,015,864,320
-// parameters, which the tests assert).
+// parameters, which the tests assert). tiny-<family> is tiny's shape in each other family (Qwen2 and Gemma
+// tied, as their small checkpoints are).
+// tiny's shape in another family (Note [Model families]): what tests and the fine-tuning journey run.
+ModelConfig tiny_of(const char* name, const char* family, bool tied) {
+  ModelConfig c = make(name, 256, 32, 2, 4, 2, 64, 64, tied);
+  c.family = family;
+  return c;
+}
+
 std::vector<ModelConfig> presets() {
   return {
       make("tiny", 256, 32, 2, 4, 2, 64, 64, false),
@@ -216,12 +295,33 @@ std::vector<ModelConfig> presets() {
       make("3b", 32000, 3072, 28, 24, 8, 8192, 4096, false),
       make("llama2-7b", 32000, 4096, 32, 32, 32, 11008, 4096, false),
       make("llama2-13b", 32000, 5120, 40, 40, 40, 13824, 4096, false),
+      tiny_of("tiny-mistral", "mistral", false),
+      tiny_of("tiny-qwen2", "qwen2", true),
+      tiny_of("tiny-qwen3", "qwen3", false),
+      tiny_of("tiny-phi3", "phi3", false),
+      tiny_of("tiny-gemma", "gemma", true),
   };
 }
 
 }  // namespace
 
+void ModelConfig::check_sequence(int64_t T, const std::string& where) const {
+  if (sliding_window > 0 && T > sliding_window)
+    throw ConfigError(detail::cat(where, ": sequences of ", T, " tokens are longer than model '", name,
+                                  "''s sliding_window ", sliding_window,
+                                  ", which attention does not implement yet; train with a sequence length of "
+                                  "at most ",
+                                  sliding_window, " (the window then changes nothing)"));
+}
+
 void ModelConfig::validate(const std::string& where) const {
+  family_of(family, where);
+  if (sliding_window < 0)
+    throw ConfigError(
+        detail::cat(where, ": sliding_window is ", sliding_window, "; it must be 0 (none) or more"));
+  if (attention_bias && !traits().bias_key)
+    throw ConfigError(
+        detail::cat(where, ": attention_bias is true, which a ", family, " model does not read; remove it"));
   auto positive = [&](const char* key, int64_t v) {
     if (v < 1) throw ConfigError(detail::cat(where, ": ", key, " is ", v, "; it must be at least 1"));
   };
@@ -255,7 +355,9 @@ void ModelConfig::validate(const std::string& where) const {
 int64_t ModelConfig::block_parameters() const {
   int64_t attn = d_model * q_dim() + 2 * d_model * kv_dim() + q_dim() * d_model;
   int64_t mlp = 3 * d_model * ffn_dim;
-  return attn + mlp + 2 * d_model;
+  int64_t extra = (qkv_bias() ? q_dim() + 2 * kv_dim() : 0) + (o_bias() ? d_model : 0) +
+                  (traits().qk_norm ? 2 * head_dim() : 0);
+  return attn + mlp + 2 * d_model + extra;
 }
 
 int64_t ModelConfig::num_parameters() const {
@@ -279,12 +381,23 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
   }
   ModelConfig c;
   c.n_kv_heads = -1;
+  // The family first: it decides the defaults and what the other keys mean.
+  static_assert(std::string_view(kKeys[12].ours) == "family");
+  if (const json* f = lookup(j, kKeys[12], where)) {
+    if (!f->is_string())
+      throw ConfigError(detail::cat(where, ": '", j.contains("family") ? "family" : "model_type", "' is ",
+                                    f->dump(), "; it must be a string naming the family"));
+    c.family = f->get<std::string>();
+  }
+  const Family& fam = family_of(c.family, where);
+  c.tie_embeddings = fam.tied_default;
   for (const Key& k : kKeys) {
     const json* v = lookup(j, k, where);
     std::string key = k.ours;
     if (!v) {
       bool optional = key == "name" || key == "n_kv_heads" || key == "tie_embeddings" ||
-                      key == "rope_theta" || key == "norm_eps" || key == "head_dim";
+                      key == "rope_theta" || key == "norm_eps" || key == "head_dim" || key == "family" ||
+                      key == "attention_bias" || key == "sliding_window" || key == "pad_token_id";
       if (!optional)
         throw ConfigError(detail::cat(where, ": missing required key '", key, "'",
                                       *k.hf ? detail::cat(" (or '", k.hf, "')") : std::string()));
@@ -318,14 +431,49 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
       c.norm_eps = get_float(*v, k.ours, where);
     } else if (key == "head_dim") {
       c.explicit_head_dim = v->is_null() ? 0 : get_int(*v, k.ours, where);
+    } else if (key == "attention_bias") {
+      if (!v->is_boolean())
+        throw ConfigError(
+            detail::cat(where, ": 'attention_bias' is ", v->dump(), "; it must be true or false"));
+      // Families without the key (Qwen2's q, k, v biases are fixed) compute what transformers does: no
+      // change.
+      c.attention_bias = fam.bias_key && v->get<bool>();
+    } else if (key == "sliding_window") {
+      if (!v->is_null() && !(v->is_number_integer() && v->get<int64_t>() >= 1))
+        throw ConfigError(detail::cat(where, ": 'sliding_window' is ", v->dump(),
+                                      "; it must be null or a whole number of tokens >= 1"));
+      c.sliding_window = v->is_null() ? 0 : v->get<int64_t>();
+    } else if (key == "pad_token_id") {
+      if (!v->is_null() && !v->is_number_integer())
+        throw ConfigError(
+            detail::cat(where, ": 'pad_token_id' is ", v->dump(), "; it must be null or a token id"));
+      c.pad_token_id = v->is_null() ? -1 : v->get<int64_t>();
+      // nn.Embedding's padding_idx: a negative one counts from the end of the vocabulary.
+      if (c.pad_token_id < -1 || (c.pad_token_id == -1 && !v->is_null())) c.pad_token_id += c.vocab_size;
+      if (c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size)
+        throw ConfigError(detail::cat(where, ": pad_token_id ", v->dump(), " is outside the vocabulary of ",
+                                      c.vocab_size, " tokens; transformers cannot build this model either"));
     }
   }
+  // Which families read sliding_window: Mistral and Phi-3 always; Qwen2 and Qwen3 only with
+  // use_sliding_window (refused); Llama and Gemma never had one (refused, as before).
+  const std::string family = c.family;
+  if (family == "qwen2" || family == "qwen3") c.sliding_window = 0;
+  if ((family == "llama" || family == "gemma") && c.sliding_window > 0)
+    throw ConfigError(detail::cat(where, ": 'sliding_window' is ", c.sliding_window, ": a ", family,
+                                  " model attends over the whole causal window; remove the key"));
+  if (fam.fused_projections && c.explicit_head_dim > 0 && c.n_heads > 0 &&
+      !(c.d_model % c.n_heads == 0 && c.explicit_head_dim == c.d_model / c.n_heads))
+    throw ConfigError(detail::cat(where, ": head_dim ", c.explicit_head_dim,
+                                  " is not hidden_size / "
+                                  "num_attention_heads, which a ",
+                                  family, " model's head width always is"));
   if (c.n_kv_heads == -1) c.n_kv_heads = c.n_heads;
   // A head_dim that says what d_model / n_heads says is not an override (one spelling per shape).
   if (c.explicit_head_dim > 0 && c.n_heads > 0 && c.d_model % c.n_heads == 0 &&
       c.explicit_head_dim == c.d_model / c.n_heads)
     c.explicit_head_dim = 0;
-  check_architecture(j, where);
+  check_architecture(j, fam, where);
   if (j.contains("rope_scaling"))
     c.rope_scaling = parse_rope_scaling(j["rope_scaling"], where + ": rope_scaling");
   if (j.contains("rope_parameters")) {
@@ -379,30 +527,59 @@ json ModelConfig::to_json() const {
          {"norm_eps", norm_eps}};
   if (explicit_head_dim > 0) j["head_dim"] = explicit_head_dim;
   if (!rope_scaling.is_default()) j["rope_scaling"] = rope_scaling_json(rope_scaling);
+  // Llama's JSON stays as it was (configs saved before families compare equal).
+  if (family != "llama") j["family"] = family;
+  if (attention_bias) j["attention_bias"] = true;
+  if (sliding_window > 0) j["sliding_window"] = sliding_window;
+  if (pad_token_id >= 0) j["pad_token_id"] = pad_token_id;
   return j;
 }
 
 json ModelConfig::to_hf_json() const {
-  return json{{"architectures", {"LlamaForCausalLM"}},
-              {"model_type", "llama"},
-              {"vocab_size", vocab_size},
-              {"hidden_size", d_model},
-              {"intermediate_size", ffn_dim},
-              {"num_hidden_layers", n_layers},
-              {"num_attention_heads", n_heads},
-              {"num_key_value_heads", n_kv_heads},
-              {"head_dim", head_dim()},
-              {"max_position_embeddings", max_seq_len},
-              {"rms_norm_eps", shortest(norm_eps)},
-              {"rope_theta", shortest(rope_theta)},
-              {"rope_scaling", rope_scaling_json(rope_scaling)},
-              {"tie_word_embeddings", tie_embeddings},
-              {"hidden_act", "silu"},
-              {"attention_bias", false},
-              {"mlp_bias", false},
-              {"attention_dropout", 0.0},
-              {"initializer_range", 0.02},
-              {"use_cache", true}};
+  const Family& fam = traits();
+  json j{{"architectures", {fam.architecture}},
+         {"model_type", fam.model_type},
+         {"vocab_size", vocab_size},
+         {"hidden_size", d_model},
+         {"intermediate_size", ffn_dim},
+         {"num_hidden_layers", n_layers},
+         {"num_attention_heads", n_heads},
+         {"num_key_value_heads", n_kv_heads},
+         {"max_position_embeddings", max_seq_len},
+         {"rms_norm_eps", shortest(norm_eps)},
+         {"rope_theta", shortest(rope_theta)},
+         {"rope_scaling", rope_scaling_json(rope_scaling)},
+         {"tie_word_embeddings", tie_embeddings},
+         {"hidden_act", fam.hidden_act},
+         {"attention_dropout", 0.0},
+         {"initializer_range", 0.02},
+         {"use_cache", true}};
+  // Phi-3's head width is always hidden_size / heads (validated); the others read head_dim.
+  if (!fam.fused_projections) j["head_dim"] = head_dim();
+  if (fam.bias_key) j["attention_bias"] = attention_bias;
+  if (family == "llama") j["mlp_bias"] = false;
+  if (family == "mistral" || family == "phi3")
+    j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+  if (family == "qwen2" || family == "qwen3") j["use_sliding_window"] = false;
+  if (family == "phi3") j["resid_pdrop"] = 0.0, j["embd_pdrop"] = 0.0;
+  j["pad_token_id"] = pad_token_id >= 0 ? json(pad_token_id) : json(nullptr);
+  return j;
+}
+
+const Family& family_of(const std::string& model_type, const std::string& where) {
+  for (const Family& f : kFamilies)
+    if (model_type == f.model_type) return f;
+  std::string known;
+  for (const std::string& n : family_names()) known += (known.empty() ? "" : ", ") + n;
+  throw ConfigError(detail::cat(where, ": 'model_type' (family) is \"", model_type,
+                                "\", not one Strata computes; the families are ", known,
+                                " (docs/model.md, \"Model families\")"));
+}
+
+std::vector<std::string> family_names() {
+  std::vector<std::string> names;
+  for (const Family& f : kFamilies) names.push_back(f.model_type);
+  return names;
 }
 
 ModelConfig ModelConfig::preset(const std::string& name) {

@@ -1,4 +1,5 @@
-// strata/model/config.h: the sizes of a Llama-style decoder, from a model JSON or a named preset.
+// strata/model/config.h: a decoder's family and sizes, from a model JSON, a Hugging Face config.json or a
+// named preset.
 //
 // Example:
 //   auto cfg = strata::model::ModelConfig::preset("llama2-7b");
@@ -22,14 +23,36 @@
 //   rope_scaling    [rope_scaling]             null / {"rope_type": "default"} or Llama 3's
 //                                              {"rope_type": "llama3", "factor", "low_freq_factor",
 //                                              "high_freq_factor", "original_max_position_embeddings"}
+//   family          [model_type]               llama (default), mistral, qwen2, qwen3, phi3, gemma
+//                                              (Note [Model families] below)
+//   attention_bias  [attention_bias]           bias on the q, k, v and o projections (llama, mistral,
+//                                              qwen3, gemma); default false. Qwen2 has q, k, v biases always
+//   sliding_window  [sliding_window]           null (default) or the window w: position i sees j only
+//                                              when i - j < w. A window no shorter than the sequence changes
+//                                              nothing and is accepted; a run with longer sequences is
+//                                              refused before it starts (Model::check_sequence)
+//   pad_token_id    [pad_token_id]             null (default) or the token whose embedding row the lookup
+//                                              never trains (transformers' padding_idx)
 //   name                                       label only; default "custom"
 // Hugging Face's newer form, "rope_parameters": {"rope_type", "rope_theta", and the scaling keys}, is read
 // as rope_theta + rope_scaling. Unknown keys are errors naming the nearest known key. Hugging Face
 // bookkeeping keys that do not change the computation (torch_dtype, bos_token_id, use_cache, ...) are
-// ignored; keys that describe something this decoder does not compute are refused by name unless they hold
-// the value that means "off": attention_bias / mlp_bias true, hidden_act other than "silu", a non-zero
-// attention_dropout, a sliding_window, mixture-of-experts keys, a model_type other than "llama", rope
-// scaling other than "default" and "llama3", partial_rotary_factor below 1.
+// ignored; keys that describe something these decoders do not compute are refused by name unless they hold
+// the value that means "off": mlp_bias true, a hidden_act other than the family's, a non-zero dropout
+// (attention_dropout, resid_pdrop, embd_pdrop), sliding-window layers (use_sliding_window true, layer_types
+// other than "full_attention"), mixture-of-experts keys, a model_type outside the families, rope scaling
+// other than "default" and "llama3", partial_rotary_factor below 1, logit soft-capping.
+//
+// Note [Model families]: one decoder computes every family; a family is a row of differences from Llama
+// (kFamilies in config.cpp), never a copy of the decoder:
+//   family   class               differences from Llama
+//   llama    LlamaForCausalLM    -
+//   mistral  MistralForCausalLM  sliding_window (no effect when no shorter than the sequence)
+//   qwen2    Qwen2ForCausalLM    bias on q, k, v (always); use_sliding_window false
+//   qwen3    Qwen3ForCausalLM    RMSNorm over each head of q and k (q_norm, k_norm) before rope
+//   phi3     Phi3ForCausalLM     q, k, v stored fused as qkv_proj, gate and up as gate_up_proj
+//   gemma    GemmaForCausalLM    RMSNorm scales by (1 + w); embeddings times sqrt(hidden); GELU-tanh MLP
+
 #pragma once
 
 #include <cstdint>
@@ -51,8 +74,30 @@ struct RopeScaling {
   bool is_default() const { return type == "default"; }
 };
 
+enum class MlpActivation { silu, gelu_tanh };
+
+// One family's row (Note [Model families]).
+struct Family {
+  const char* model_type;    // config.json's model_type: "qwen2"
+  const char* architecture;  // its class: "Qwen2ForCausalLM"
+  const char* hidden_act;    // config.json's hidden_act for its MLP
+  MlpActivation act;
+  bool qkv_bias;           // q, k, v projections have a bias whatever attention_bias says (Qwen2)
+  bool bias_key;           // config.json's attention_bias adds a bias to q, k, v and o
+  bool qk_norm;            // RMSNorm over each head of q and k before rope (q_norm, k_norm)
+  bool fused_projections;  // checkpoints store qkv_proj and gate_up_proj (Phi-3)
+  float norm_offset;       // RMSNorm multiplies by (w + norm_offset): 1 for Gemma, else 0
+  bool embed_scale;        // embeddings times sqrt(hidden), rounded to the activation dtype (Gemma)
+  bool tied_default;       // tie_word_embeddings when config.json does not say
+};
+
+// The family named `model_type`; ConfigError listing the families for another.
+const Family& family_of(const std::string& model_type, const std::string& where = "model config");
+std::vector<std::string> family_names();
+
 struct ModelConfig {
   std::string name = "custom";
+  std::string family = "llama";  // a Family's model_type
   int64_t vocab_size = 0;
   int64_t d_model = 0;
   int64_t n_layers = 0;
@@ -65,6 +110,18 @@ struct ModelConfig {
   float norm_eps = 1e-5f;
   int64_t explicit_head_dim = 0;  // 0: d_model / n_heads (Hugging Face's head_dim when a config sets it)
   RopeScaling rope_scaling;
+  bool attention_bias = false;  // q, k, v and o biases (families with Family::bias_key)
+  int64_t sliding_window = 0;   // 0: none (Note [Model families])
+  // The embedding row transformers builds as nn.Embedding's padding_idx, whose gradient from the embedding
+  // lookup is zero (-1: none). config.json's negative ids count from the vocabulary's end, as PyTorch's.
+  int64_t pad_token_id = -1;
+
+  const Family& traits() const { return family_of(family); }
+  bool qkv_bias() const { return traits().qkv_bias || attention_bias; }
+  bool o_bias() const { return attention_bias; }
+  // Refuses (ConfigError naming the window and the fix) a sequence of T tokens that a sliding window
+  // would change; `where` prefixes the message.
+  void check_sequence(int64_t T, const std::string& where) const;
 
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : d_model / n_heads; }
   int64_t q_dim() const { return n_heads * head_dim(); }      // width of the query projection
@@ -83,8 +140,8 @@ struct ModelConfig {
   static ModelConfig from_file(const std::string& path);
   // Our key names (not Hugging Face's); from_json(to_json()) round-trips.
   nlohmann::json to_json() const;
-  // A Hugging Face LlamaForCausalLM config.json for these sizes (what `transformers` loads); from_json reads
-  // it back to the same config.
+  // A Hugging Face config.json for this family and these sizes (what `transformers` loads as the family's
+  // class); from_json reads it back to the same config.
   nlohmann::json to_hf_json() const;
 
   // Named shapes: tiny (tests), 10m, 125m, 350m, 1b, 3b, llama2-7b, llama2-13b. Unknown names throw

@@ -152,7 +152,7 @@ void save_pretrained(const std::string& dir, ChunkProvider& chunks, DType dtype,
   std::vector<Shard> shards(1);
   std::uint64_t total = 0;
   for (const ChunkLayout& c : layout.chunks())
-    for (const TensorSpec& t : c.tensors) {
+    for (const TensorSpec& t : c.stored) {
       std::uint64_t b = dtype_bytes(dtype);
       for (std::int64_t d : t.shape) b *= std::uint64_t(d);
       if (opts.max_shard_bytes > 0 && !shards.back().decls.empty() &&
@@ -181,7 +181,7 @@ void save_pretrained(const std::string& dir, ChunkProvider& chunks, DType dtype,
   for (const ChunkLayout& c : layout.chunks()) {
     buf.resize(c.padded_numel);
     chunks.read_params(c.id, buf.data());
-    for (const TensorSpec& t : c.tensors) {
+    for (const TensorSpec& t : c.stored) {
       if (next_decl == shards[si].decls.size()) {
         writer->finish();
         ++si, next_decl = 0;

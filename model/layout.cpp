@@ -9,20 +9,47 @@ size_t round_up(size_t n, size_t m) {
   return (n + m - 1) / m * m;
 }
 
+TensorSpec spec(std::string name, std::string hf_name, std::vector<int64_t> shape, size_t offset) {
+  TensorSpec t;
+  t.name = std::move(name);
+  t.hf_name = std::move(hf_name);
+  t.shape = std::move(shape);
+  t.numel = 1;
+  for (int64_t d : t.shape) t.numel *= size_t(d);
+  t.offset = offset;
+  return t;
+}
+
+// Adds tensors in enum order. A tensor is stored under its own name, or, between begin_fused() and
+// end_fused(), as a part of one stored tensor stacking the parts' rows (laid out end to end).
 class ChunkBuilder {
  public:
   ChunkBuilder(ChunkLayout& c, size_t align) : c_(c), align_(align) {}
-  void add(std::string name, std::string hf_name, std::vector<int64_t> shape) {
-    TensorSpec t;
-    t.name = std::move(name);
-    t.hf_name = std::move(hf_name);
-    t.shape = std::move(shape);
-    t.numel = 1;
-    for (int64_t d : t.shape) t.numel *= size_t(d);
-    t.offset = round_up(end_, align_);
+  void add(int index, std::string name, std::string hf_name, std::vector<int64_t> shape) {
+    const size_t at = fused_ ? end_ : round_up(end_, align_);
+    TensorSpec t = spec(std::move(name), std::move(hf_name), std::move(shape), at);
     end_ = t.offset + t.numel;
     c_.numel += t.numel;
+    if (c_.slots.size() <= size_t(index)) c_.slots.resize(size_t(index) + 1, -1);
+    c_.slots[size_t(index)] = int(c_.tensors.size());
+    if (fused_) {
+      fused_rows_ += t.shape[0];
+      cols_ = t.shape[1];
+    } else {
+      c_.stored.push_back(t);
+    }
     c_.tensors.push_back(std::move(t));
+  }
+  void begin_fused(std::string hf_name) {
+    fused_ = true;
+    fused_name_ = std::move(hf_name);
+    fused_rows_ = 0;
+    fused_at_ = round_up(end_, align_);
+    end_ = fused_at_;
+  }
+  void end_fused(std::string name) {
+    fused_ = false;
+    c_.stored.push_back(spec(std::move(name), fused_name_, {fused_rows_, cols_}, fused_at_));
   }
   size_t end() const { return end_; }
 
@@ -30,6 +57,10 @@ class ChunkBuilder {
   ChunkLayout& c_;
   size_t align_;
   size_t end_ = 0;
+  bool fused_ = false;
+  std::string fused_name_;
+  int64_t fused_rows_ = 0, cols_ = 0;
+  size_t fused_at_ = 0;
 };
 
 }  // namespace
@@ -43,11 +74,17 @@ const TensorSpec& ChunkLayout::tensor(std::string_view want) const {
   throw Error(detail::cat("chunk ", id, " (", name, ") has no tensor '", want, "'; it holds ", names));
 }
 
+const TensorSpec& ChunkLayout::at(int index) const {
+  STRATA_CHECK(has(index), "chunk ", id, " (", name, ") has no tensor of index ", index);
+  return tensors[size_t(slots[size_t(index)])];
+}
+
 ModelLayout::ModelLayout(const ModelConfig& cfg, LayoutOptions opts) : cfg_(cfg), opts_(opts) {
   cfg_.validate("model layout");
   STRATA_CHECK(opts.tensor_align >= 1 && opts.chunk_multiple >= 1, "alignment must be at least 1 element");
   const int64_t V = cfg.vocab_size, C = cfg.d_model, F = cfg.ffn_dim;
-  const int64_t Q = cfg.q_dim(), KV = cfg.kv_dim();
+  const int64_t Q = cfg.q_dim(), KV = cfg.kv_dim(), D = cfg.head_dim();
+  const Family& fam = cfg.traits();
 
   auto finish = [&](ChunkLayout& c, const ChunkBuilder& b) {
     c.id = int(chunks_.size());
@@ -63,7 +100,7 @@ ModelLayout::ModelLayout(const ModelConfig& cfg, LayoutOptions opts) : cfg_(cfg)
     c.kind = ChunkKind::embedding;
     c.name = "embedding";
     ChunkBuilder b(c, opts_.tensor_align);
-    b.add("tok_embeddings", "model.embed_tokens.weight", {V, C});
+    b.add(kTokEmbeddings, "tok_embeddings", "model.embed_tokens.weight", {V, C});
     finish(c, b);
   }
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
@@ -74,15 +111,31 @@ ModelLayout::ModelLayout(const ModelConfig& cfg, LayoutOptions opts) : cfg_(cfg)
     const std::string p = detail::cat("model.layers.", l, ".");
     ChunkBuilder b(c, opts_.tensor_align);
     // The order matches BlockTensor.
-    b.add("attn_norm", p + "input_layernorm.weight", {C});
-    b.add("wq", p + "self_attn.q_proj.weight", {Q, C});
-    b.add("wk", p + "self_attn.k_proj.weight", {KV, C});
-    b.add("wv", p + "self_attn.v_proj.weight", {KV, C});
-    b.add("wo", p + "self_attn.o_proj.weight", {C, Q});
-    b.add("ffn_norm", p + "post_attention_layernorm.weight", {C});
-    b.add("w_gate", p + "mlp.gate_proj.weight", {F, C});
-    b.add("w_up", p + "mlp.up_proj.weight", {F, C});
-    b.add("w_down", p + "mlp.down_proj.weight", {C, F});
+    const std::string a = p + "self_attn.";
+    b.add(kAttnNorm, "attn_norm", p + "input_layernorm.weight", {C});
+    if (fam.fused_projections) b.begin_fused(a + "qkv_proj.weight");
+    b.add(kWq, "wq", a + "q_proj.weight", {Q, C});
+    b.add(kWk, "wk", a + "k_proj.weight", {KV, C});
+    b.add(kWv, "wv", a + "v_proj.weight", {KV, C});
+    if (fam.fused_projections) b.end_fused("wqkv");
+    b.add(kWo, "wo", a + "o_proj.weight", {C, Q});
+    b.add(kFfnNorm, "ffn_norm", p + "post_attention_layernorm.weight", {C});
+    if (fam.fused_projections) b.begin_fused(p + "mlp.gate_up_proj.weight");
+    b.add(kWGate, "w_gate", p + "mlp.gate_proj.weight", {F, C});
+    b.add(kWUp, "w_up", p + "mlp.up_proj.weight", {F, C});
+    if (fam.fused_projections) b.end_fused("w_gate_up");
+    b.add(kWDown, "w_down", p + "mlp.down_proj.weight", {C, F});
+    if (cfg.qkv_bias()) {
+      b.add(kBq, "bq", a + "q_proj.bias", {Q});
+      b.add(kBk, "bk", a + "k_proj.bias", {KV});
+      b.add(kBv, "bv", a + "v_proj.bias", {KV});
+    }
+    if (cfg.o_bias()) b.add(kBo, "bo", a + "o_proj.bias", {C});
+    if (fam.qk_norm) {
+      b.add(kQNorm, "q_norm", a + "q_norm.weight", {D});
+      b.add(kKNorm, "k_norm", a + "k_norm.weight", {D});
+    }
+    c.slots.resize(kNumBlockTensors, -1);
     finish(c, b);
   }
   {
@@ -90,8 +143,8 @@ ModelLayout::ModelLayout(const ModelConfig& cfg, LayoutOptions opts) : cfg_(cfg)
     c.kind = ChunkKind::head;
     c.name = "head";
     ChunkBuilder b(c, opts_.tensor_align);
-    b.add("final_norm", "model.norm.weight", {C});
-    if (!cfg.tie_embeddings) b.add("lm_head", "lm_head.weight", {V, C});
+    b.add(kFinalNorm, "final_norm", "model.norm.weight", {C});
+    if (!cfg.tie_embeddings) b.add(kLmHead, "lm_head", "lm_head.weight", {V, C});
     finish(c, b);
   }
   STRATA_CHECK(total_numel_ == size_t(cfg.num_parameters()), "layout holds ", total_numel_,
@@ -105,7 +158,7 @@ const ChunkLayout& ModelLayout::chunk(int id) const {
 
 const TensorSpec* ModelLayout::find_hf(std::string_view hf_name, int* chunk_id) const {
   for (const ChunkLayout& c : chunks_) {
-    for (const TensorSpec& t : c.tensors) {
+    for (const TensorSpec& t : c.stored) {
       if (t.hf_name == hf_name) {
         if (chunk_id) *chunk_id = c.id;
         return &t;

@@ -12,10 +12,15 @@
 // Chunks, in forward order:
 //   0          embedding   tok_embeddings (V, C)
 //   1 + l      block l     attn_norm (C), wq (Hq*D, C), wk (Hkv*D, C), wv (Hkv*D, C), wo (C, Hq*D),
-//                          ffn_norm (C), w_gate (F, C), w_up (F, C), w_down (C, F)
+//                          ffn_norm (C), w_gate (F, C), w_up (F, C), w_down (C, F), then as the family
+//                          has them (Note [Model families] in config.h): bq (Hq*D), bk, bv (Hkv*D),
+//                          bo (C), q_norm (D), k_norm (D)
 //   L + 1      head        final_norm (C), lm_head (V, C) — lm_head absent when tie_embeddings, the head
 //                          then reads tok_embeddings from chunk 0
 // Matrices are PyTorch nn.Linear weights, (out_features, in_features) row-major, as in Hugging Face files.
+// A chunk's `tensors` are the model's; its `stored` are the tensors a checkpoint holds, which differ only
+// where a family stores projections fused (Phi-3's qkv_proj = wq, wk, wv stacked, gate_up_proj = w_gate,
+// w_up): those parts are laid out end to end with no gap, so one stored tensor covers them.
 // Tensor offsets are multiples of tensor_align elements; the gaps and the tail padding are zero and their
 // gradients stay zero.
 #pragma once
@@ -44,6 +49,12 @@ enum BlockTensor : int {
   kWGate,
   kWUp,
   kWDown,
+  kBq,  // the family's optional tensors (ChunkLayout::has)
+  kBk,
+  kBv,
+  kBo,
+  kQNorm,
+  kKNorm,
   kNumBlockTensors
 };
 enum HeadTensor : int { kFinalNorm = 0, kLmHead };
@@ -59,15 +70,22 @@ struct TensorSpec {
 struct ChunkLayout {
   int id = 0;
   ChunkKind kind = ChunkKind::embedding;
-  int layer = -1;    // block index for ChunkKind::block, else -1
-  std::string name;  // "embedding", "block.3", "head"
-  std::vector<TensorSpec> tensors;
-  size_t numel = 0;         // parameters, without padding
-  size_t padded_numel = 0;  // buffer length in elements (multiple of chunk_multiple)
-  size_t flat_offset = 0;   // where this chunk starts when all chunks are laid end to end
+  int layer = -1;                   // block index for ChunkKind::block, else -1
+  std::string name;                 // "embedding", "block.3", "head"
+  std::vector<TensorSpec> tensors;  // the model's, in the kind's enum order, absent ones left out
+  std::vector<TensorSpec> stored;   // as a checkpoint holds them (names, shapes; what safetensors I/O uses)
+  size_t numel = 0;                 // parameters, without padding
+  size_t padded_numel = 0;          // buffer length in elements (multiple of chunk_multiple)
+  size_t flat_offset = 0;           // where this chunk starts when all chunks are laid end to end
 
   // Throws strata::Error naming the chunk and its tensors when `name` is not one of them.
   const TensorSpec& tensor(std::string_view name) const;
+  // The tensor of enum index `index` (BlockTensor, ...), and whether the family has it.
+  bool has(int index) const {
+    return index >= 0 && size_t(index) < slots.size() && slots[size_t(index)] >= 0;
+  }
+  const TensorSpec& at(int index) const;
+  std::vector<int> slots;  // enum index -> position in tensors, or -1
 };
 
 struct LayoutOptions {
@@ -92,7 +110,8 @@ class ModelLayout {
   size_t total_numel() const { return total_numel_; }                // parameters, no padding
   size_t total_padded_numel() const { return total_padded_numel_; }  // sum of padded_numel
 
-  // The tensor with this Hugging Face name, or nullptr; `chunk_id` receives its chunk.
+  // The stored tensor (ChunkLayout::stored) with this Hugging Face name, or nullptr; `chunk_id` receives
+  // its chunk.
   const TensorSpec* find_hf(std::string_view hf_name, int* chunk_id = nullptr) const;
 
  private:

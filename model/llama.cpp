@@ -1,6 +1,7 @@
 #include "model/llama.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -140,6 +141,10 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
     fn(in(&BlockActs::xn2), N * C, act), fn(in(&BlockActs::gate), N * F, act),
         fn(in(&BlockActs::up), N * F, act);
     fn(in(&BlockActs::h), N * F, act);
+    const bool qkn = cfg.traits().qk_norm;
+    fn(in(&BlockActs::q_raw), qkn ? N * Q : 0, act), fn(in(&BlockActs::k_raw), qkn ? N * KV : 0, act);
+    fn(in(&BlockActs::rstdq), qkn ? N * size_t(cfg.n_heads) : 0, f32),
+        fn(in(&BlockActs::rstdk), qkn ? N * size_t(cfg.n_kv_heads) : 0, f32);
   }
   fn(at(&LlamaModel::inputs_), N, i32), fn(at(&LlamaModel::targets_), N, i32);
   fn(at(&LlamaModel::rope_cos_), size_t(T) * half, f32),
@@ -151,6 +156,7 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
   fn(at(&LlamaModel::dresid_), N * C, act), fn(at(&LlamaModel::dxn_), N * C, act);
   fn(at(&LlamaModel::dblock_), backward_scratch(N, F, Q, KV).numel, act);
   fn(at(&LlamaModel::datt_), as.scratch, f32);
+  fn(at(&LlamaModel::pad_row_), cfg.pad_token_id >= 0 ? C : 0, f32);
 }
 
 LlamaModel::BackwardScratch LlamaModel::backward_scratch(size_t N, size_t F, size_t Q, size_t KV) {
@@ -230,7 +236,8 @@ kernels::OpShapes LlamaModel::op_shapes(const ModelConfig& cfg, int B, int T) {
           .NH = int(cfg.n_heads),
           .NKV = int(cfg.n_kv_heads),
           .HD = int(cfg.head_dim()),
-          .reduce_numel = 0};
+          .reduce_numel = 0,
+          .head_norm = cfg.traits().qk_norm};
 }
 
 // The planning functions of the seam (model/trainable.h): every ModelConfig describes this decoder.
@@ -255,7 +262,7 @@ std::vector<float> LlamaModel::logits() const {
 }
 
 Tensor LlamaModel::weight(const ChunkView& p, int index) const {
-  const TensorSpec& t = p.layout->tensors[size_t(index)];
+  const TensorSpec& t = p.layout->at(index);
   STRATA_CHECK(p.dtype == act_, "LlamaModel: chunk ", p.layout->name, " is gathered as ", dtype_name(p.dtype),
                ", the ops compute in ", dtype_name(act_));
   return Tensor{reinterpret_cast<char*>(const_cast<float*>(p.data)) + t.offset * dtype_bytes(p.dtype),
@@ -263,7 +270,7 @@ Tensor LlamaModel::weight(const ChunkView& p, int index) const {
 }
 
 Tensor LlamaModel::grad(const ChunkView& p, float* g, int index) {
-  const TensorSpec& t = p.layout->tensors[size_t(index)];
+  const TensorSpec& t = p.layout->at(index);
   return Tensor{g + t.offset, DType::fp32, t.numel};
 }
 
@@ -287,24 +294,44 @@ double LlamaModel::backward_flops(int B, int T) const {
   return f;
 }
 
+void LlamaModel::project(const ChunkView& p, Tensor out, Tensor x, int w_index, int bias_index, int N, int IC,
+                         int OC, const char* op, Phase phase) {
+  timed(
+      op, phase, linear_flops(N, IC, OC),
+      [&] { ops_->linear_forward(out, x, weight(p, w_index), N, IC, OC); }, N, IC, OC);
+  if (bias_index >= 0 && p.layout->has(bias_index)) ops_->bias_forward(out, weight(p, bias_index), N, OC);
+}
+
+float LlamaModel::embed_scale() const {
+  if (!cfg_.traits().embed_scale) return 1.0f;
+  // transformers: a tensor of sqrt(hidden_size) (fp32), cast to the weights' dtype before the product.
+  const float s = float(std::sqrt(double(cfg_.d_model)));
+  return act_ == DType::bf16 ? bf16_to_f32(f32_to_bf16(s)) : s;
+}
+
+// Note [Model families] (config.h): the family's pieces are the optional steps below — biases on the
+// projections, the per-head q/k norm (RMSNorm over N * heads rows of D), the norm's weight offset and the
+// MLP's activation. Llama runs none of them, and its op sequence is what it was.
 void LlamaModel::block_forward(const ChunkView& p, Tensor x_in, Tensor x_out, BlockActs& a, Phase phase) {
   const int B = B_, T = T_, N = B * T, C = int(cfg_.d_model), F = int(cfg_.ffn_dim);
   const int NH = int(cfg_.n_heads), NKV = int(cfg_.n_kv_heads), D = int(cfg_.head_dim());
   const int Q = NH * D, KV = NKV * D;
-  const float eps = cfg_.norm_eps;
+  const float eps = cfg_.norm_eps, w_off = cfg_.traits().norm_offset;
+  const bool qkn = cfg_.traits().qk_norm;
   kernels::Ops& o = *ops_;
 
   timed("attn_norm", phase, 0,
-        [&] { o.rmsnorm_forward(a.xn1.t, a.rstd1.t, x_in, weight(p, kAttnNorm), N, C, eps); });
-  timed(
-      "q_proj", phase, linear_flops(N, C, Q),
-      [&] { o.linear_forward(a.q.t, a.xn1.t, weight(p, kWq), N, C, Q); }, N, C, Q);
-  timed(
-      "k_proj", phase, linear_flops(N, C, KV),
-      [&] { o.linear_forward(a.k.t, a.xn1.t, weight(p, kWk), N, C, KV); }, N, C, KV);
-  timed(
-      "v_proj", phase, linear_flops(N, C, KV),
-      [&] { o.linear_forward(a.v.t, a.xn1.t, weight(p, kWv), N, C, KV); }, N, C, KV);
+        [&] { o.rmsnorm_forward(a.xn1.t, a.rstd1.t, x_in, weight(p, kAttnNorm), N, C, eps, w_off); });
+  // With the per-head norm, the projections land in q_raw / k_raw and the norm writes q / k.
+  project(p, qkn ? a.q_raw.t : a.q.t, a.xn1.t, kWq, kBq, N, C, Q, "q_proj", phase);
+  project(p, qkn ? a.k_raw.t : a.k.t, a.xn1.t, kWk, kBk, N, C, KV, "k_proj", phase);
+  project(p, a.v.t, a.xn1.t, kWv, kBv, N, C, KV, "v_proj", phase);
+  if (qkn) {
+    timed("qk_norm", phase, 0, [&] {
+      o.rmsnorm_forward(a.q.t, a.rstdq.t, a.q_raw.t, weight(p, kQNorm), N * NH, D, eps);
+      o.rmsnorm_forward(a.k.t, a.rstdk.t, a.k_raw.t, weight(p, kKNorm), N * NKV, D, eps);
+    });
+  }
   timed("rope", phase, 0, [&] {
     o.rope_forward(a.q.t, a.q.t, rope_cos_.t, rope_sin_.t, B, T, NH, D);
     o.rope_forward(a.k.t, a.k.t, rope_cos_.t, rope_sin_.t, B, T, NKV, D);
@@ -312,22 +339,17 @@ void LlamaModel::block_forward(const ChunkView& p, Tensor x_in, Tensor x_out, Bl
   timed("attention", phase, attention_flops(B, T, NH, D),
         [&] { o.attention_forward(a.y.t, a.att.t, a.q.t, a.k.t, a.v.t, B, T, NH, NKV, D); });
   // o_proj writes into x_mid, then the residual adds the block input in place.
-  timed(
-      "o_proj", phase, linear_flops(N, Q, C),
-      [&] { o.linear_forward(a.x_mid.t, a.y.t, weight(p, kWo), N, Q, C); }, N, Q, C);
+  project(p, a.x_mid.t, a.y.t, kWo, kBo, N, Q, C, "o_proj", phase);
   timed("residual", phase, 0, [&] { o.residual_forward(a.x_mid.t, x_in, a.x_mid.t); });
   timed("ffn_norm", phase, 0,
-        [&] { o.rmsnorm_forward(a.xn2.t, a.rstd2.t, a.x_mid.t, weight(p, kFfnNorm), N, C, eps); });
-  timed(
-      "gate_proj", phase, linear_flops(N, C, F),
-      [&] { o.linear_forward(a.gate.t, a.xn2.t, weight(p, kWGate), N, C, F); }, N, C, F);
-  timed(
-      "up_proj", phase, linear_flops(N, C, F),
-      [&] { o.linear_forward(a.up.t, a.xn2.t, weight(p, kWUp), N, C, F); }, N, C, F);
-  timed("swiglu", phase, 0, [&] { o.swiglu_forward(a.h.t, a.gate.t, a.up.t); });
-  timed(
-      "down_proj", phase, linear_flops(N, F, C),
-      [&] { o.linear_forward(x_out, a.h.t, weight(p, kWDown), N, F, C); }, N, F, C);
+        [&] { o.rmsnorm_forward(a.xn2.t, a.rstd2.t, a.x_mid.t, weight(p, kFfnNorm), N, C, eps, w_off); });
+  project(p, a.gate.t, a.xn2.t, kWGate, -1, N, C, F, "gate_proj", phase);
+  project(p, a.up.t, a.xn2.t, kWUp, -1, N, C, F, "up_proj", phase);
+  if (cfg_.traits().act == MlpActivation::gelu_tanh)
+    timed("geglu", phase, 0, [&] { o.geglu_forward(a.h.t, a.gate.t, a.up.t); });
+  else
+    timed("swiglu", phase, 0, [&] { o.swiglu_forward(a.h.t, a.gate.t, a.up.t); });
+  project(p, x_out, a.h.t, kWDown, -1, N, F, C, "down_proj", phase);
   timed("residual", phase, 0, [&] { o.residual_forward(x_out, a.x_mid.t, x_out); });
 }
 
@@ -339,6 +361,8 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
   const Phase ph = Phase::backward;
   kernels::Ops& o = *ops_;
   auto dw = [&](int i) { return grad(p, g, i); };
+  auto has = [&](int i) { return p.layout->has(i); };
+  const float w_off = cfg_.traits().norm_offset;
   const BackwardScratch sc = backward_scratch(size_t(N), size_t(F), size_t(Q), size_t(KV));
   const Tensor dh = dblock_.t.slice(sc.dh, size_t(N) * F), dy = dblock_.t.slice(sc.dy, size_t(N) * Q);
   const Tensor dq = dblock_.t.slice(sc.dq, size_t(N) * Q), dk = dblock_.t.slice(sc.dk, size_t(N) * KV);
@@ -351,7 +375,10 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
       [&] { o.linear_backward(dh, dw(kWDown), dresid_.t, a.h.t, weight(p, kWDown), N, F, C); }, N, F, C);
   // In place: each element's gate and up are read before its dgate and dup are written, and nothing
   // after this reads the saved gate or up (a checkpointed block recomputes them).
-  timed("swiglu", ph, 0, [&] { o.swiglu_backward(a.gate.t, a.up.t, dh, a.gate.t, a.up.t); });
+  if (cfg_.traits().act == MlpActivation::gelu_tanh)
+    timed("geglu", ph, 0, [&] { o.geglu_backward(a.gate.t, a.up.t, dh, a.gate.t, a.up.t); });
+  else
+    timed("swiglu", ph, 0, [&] { o.swiglu_backward(a.gate.t, a.up.t, dh, a.gate.t, a.up.t); });
   Tensor dgate = a.gate.t, dup = a.up.t;
   o.zero(dxn_.t);
   timed(
@@ -361,9 +388,11 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
       "up_proj", ph, 2 * linear_flops(N, C, F),
       [&] { o.linear_backward(dxn_.t, dw(kWUp), dup, a.xn2.t, weight(p, kWUp), N, C, F); }, N, C, F);
   timed("ffn_norm", ph, 0, [&] {
-    o.rmsnorm_backward(dresid_.t, dw(kFfnNorm), dxn_.t, a.x_mid.t, weight(p, kFfnNorm), a.rstd2.t, N, C);
+    o.rmsnorm_backward(dresid_.t, dw(kFfnNorm), dxn_.t, a.x_mid.t, weight(p, kFfnNorm), a.rstd2.t, N, C,
+                       w_off);
   });
   // x_mid = x_in + o_proj(y).
+  if (has(kBo)) o.bias_backward(dw(kBo), dresid_.t, N, C);
   o.zero(dy);
   timed(
       "o_proj", ph, 2 * linear_flops(N, Q, C),
@@ -375,18 +404,34 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
     o.rope_backward(dq, dq, rope_cos_.t, rope_sin_.t, B, T, NH, D);
     o.rope_backward(dk, dk, rope_cos_.t, rope_sin_.t, B, T, NKV, D);
   });
+  // The per-head norm's backward takes dq, dk to the projections' outputs. Its dx accumulates, so it goes
+  // to zeroed buffers no longer read: y (o_proj's backward is done) and v (attention's is).
+  Tensor dq_proj = dq, dk_proj = dk;
+  if (cfg_.traits().qk_norm) {
+    dq_proj = a.y.t.slice(0, size_t(N) * Q), dk_proj = a.v.t.slice(0, size_t(N) * KV);
+    o.zero(dq_proj), o.zero(dk_proj);
+    timed("qk_norm", ph, 0, [&] {
+      o.rmsnorm_backward(dq_proj, dw(kQNorm), dq, a.q_raw.t, weight(p, kQNorm), a.rstdq.t, N * NH, D);
+      o.rmsnorm_backward(dk_proj, dw(kKNorm), dk, a.k_raw.t, weight(p, kKNorm), a.rstdk.t, N * NKV, D);
+    });
+  }
+  if (has(kBq)) {
+    o.bias_backward(dw(kBq), dq_proj, N, Q);
+    o.bias_backward(dw(kBk), dk_proj, N, KV);
+    o.bias_backward(dw(kBv), dv, N, KV);
+  }
   o.zero(dxn_.t);
   timed(
       "q_proj", ph, 2 * linear_flops(N, C, Q),
-      [&] { o.linear_backward(dxn_.t, dw(kWq), dq, a.xn1.t, weight(p, kWq), N, C, Q); }, N, C, Q);
+      [&] { o.linear_backward(dxn_.t, dw(kWq), dq_proj, a.xn1.t, weight(p, kWq), N, C, Q); }, N, C, Q);
   timed(
       "k_proj", ph, 2 * linear_flops(N, C, KV),
-      [&] { o.linear_backward(dxn_.t, dw(kWk), dk, a.xn1.t, weight(p, kWk), N, C, KV); }, N, C, KV);
+      [&] { o.linear_backward(dxn_.t, dw(kWk), dk_proj, a.xn1.t, weight(p, kWk), N, C, KV); }, N, C, KV);
   timed(
       "v_proj", ph, 2 * linear_flops(N, C, KV),
       [&] { o.linear_backward(dxn_.t, dw(kWv), dv, a.xn1.t, weight(p, kWv), N, C, KV); }, N, C, KV);
   timed("attn_norm", ph, 0, [&] {
-    o.rmsnorm_backward(dresid_.t, dw(kAttnNorm), dxn_.t, x_in, weight(p, kAttnNorm), a.rstd1.t, N, C);
+    o.rmsnorm_backward(dresid_.t, dw(kAttnNorm), dxn_.t, x_in, weight(p, kAttnNorm), a.rstd1.t, N, C, w_off);
   });
 }
 
@@ -397,6 +442,7 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
     throw ConfigError(detail::cat("LlamaModel::forward: B = ", B, ", T = ", T,
                                   "; B must be >= 1 and T in [1, ", cfg_.max_seq_len,
                                   "] (max_seq_len of model '", cfg_.name, "')"));
+  cfg_.check_sequence(T, "LlamaModel::forward");
   if (int64_t(B) * T > INT32_MAX)
     throw ConfigError(detail::cat("LlamaModel::forward: B * T = ", int64_t(B) * T,
                                   " tokens do not fit the ops' int row count; use a smaller batch"));
@@ -436,8 +482,10 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
   {
     ChunkTimer ct(profile_, layout.embedding_chunk(), Phase::forward, &chunk_flops_);
     Held e(chunks, layout.embedding_chunk());
-    timed("embedding", Phase::forward, 0,
-          [&] { o.embedding_forward(resid(0), inputs_.t, weight(e.view(), kTokEmbeddings), N, C, V); });
+    timed("embedding", Phase::forward, 0, [&] {
+      o.embedding_forward(resid(0), inputs_.t, weight(e.view(), kTokEmbeddings), N, C, V);
+      if (embed_scale() != 1.0f) o.scale(resid(0), embed_scale());
+    });
   }
   for (int l = 0; l < L; ++l) {
     ChunkTimer ct(profile_, layout.block_chunk(l), Phase::forward, &chunk_flops_);
@@ -449,7 +497,8 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
     ChunkTimer ct(profile_, layout.head_chunk(), Phase::forward, &chunk_flops_);
     Held h(chunks, layout.head_chunk());
     timed("final_norm", Phase::forward, 0, [&] {
-      o.rmsnorm_forward(xf_.t, rstdf_.t, resid(L), weight(h.view(), kFinalNorm), N, C, cfg_.norm_eps);
+      o.rmsnorm_forward(xf_.t, rstdf_.t, resid(L), weight(h.view(), kFinalNorm), N, C, cfg_.norm_eps,
+                        cfg_.traits().norm_offset);
     });
     if (cfg_.tie_embeddings) {
       Held e(chunks, layout.embedding_chunk());
@@ -507,7 +556,7 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
     o.zero(dresid_.t);
     timed("final_norm", ph, 0, [&] {
       o.rmsnorm_backward(dresid_.t, grad(h.view(), hg.data(), kFinalNorm), dxn_.t, resid(L),
-                         weight(h.view(), kFinalNorm), rstdf_.t, N, C);
+                         weight(h.view(), kFinalNorm), rstdf_.t, N, C, cfg_.traits().norm_offset);
     });
   }
   for (int l = L - 1; l >= 0; --l) {
@@ -526,10 +575,15 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
     const int e_id = layout.embedding_chunk();
     ChunkTimer ct(profile_, e_id, ph, &chunk_flops_);
     HeldGrads eg(chunks, e_id);
-    const TensorSpec& et = layout.chunk(e_id).tensors[kTokEmbeddings];
+    const TensorSpec& et = layout.chunk(e_id).at(kTokEmbeddings);
+    const Tensor dwte{eg.data() + et.offset, DType::fp32, et.numel};
     timed("embedding", ph, 0, [&] {
-      o.embedding_backward(Tensor{eg.data() + et.offset, DType::fp32, et.numel}, dresid_.t, inputs_.t, N, C,
-                           V);
+      if (embed_scale() != 1.0f) o.scale(dresid_.t, embed_scale());
+      // transformers' padding_idx: the lookup adds nothing to the pad token's row (a tied head's part stays).
+      const Tensor pad = cfg_.pad_token_id >= 0 ? dwte.slice(size_t(cfg_.pad_token_id) * C, C) : Tensor{};
+      if (pad) o.cast(pad_row_.t, pad);
+      o.embedding_backward(dwte, dresid_.t, inputs_.t, N, C, V);
+      if (pad) o.cast(pad, pad_row_.t);
     });
   }
   // For a provider that reads its gradients on the host (its own accumulator), they are complete when

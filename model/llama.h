@@ -103,7 +103,10 @@ class LlamaModel final : public TrainableModel {
     Buf xn2;    // (N, C) ffn_norm output
     Buf gate;   // (N, F)
     Buf up;     // (N, F)
-    Buf h;      // (N, F) silu(gate) * up
+    Buf h;      // (N, F) act(gate) * up
+    // Per-head q/k norm (Qwen3) only, else empty: the projections before the norm and its rstd.
+    Buf q_raw, k_raw;  // (N, Hq*D), (N, Hkv*D)
+    Buf rstdq, rstdk;  // (N*Hq), (N*Hkv) fp32
   };
   // Calls fn(buffer, elements, dtype) for every buffer a forward + backward over (B, T) needs, in one
   // fixed order; `m` null: buffer null (sizes only, for the static activation_bytes()). M: LlamaModel,
@@ -125,6 +128,11 @@ class LlamaModel final : public TrainableModel {
   static BackwardScratch backward_scratch(size_t N, size_t F, size_t Q, size_t KV);
   void head_forward_logits(kernels::Tensor w_head, kernels::Tensor x);
   void check_layout(const ChunkProvider& chunks) const;
+  // y = x W^T (+ b where the family has bias `bias_index`, -1 for none).
+  void project(const ChunkView& p, kernels::Tensor out, kernels::Tensor x, int w_index, int bias_index, int N,
+               int IC, int OC, const char* op, Phase phase);
+  // The embedding scale of the family (Gemma: sqrt(d_model) rounded to the activation dtype), else 1.
+  float embed_scale() const;
   // Chunk tensor `index` as the ops see it, and its fp32 gradient in `g`.
   kernels::Tensor weight(const ChunkView& p, int index) const;
   static kernels::Tensor grad(const ChunkView& p, float* g, int index);
@@ -164,7 +172,8 @@ class LlamaModel final : public TrainableModel {
   // One region for the block's two backward phases, which never overlap (backward_scratch()): the MLP's
   // dh (N, F), then the attention's dy (N, Hq*D), dq (N, Hq*D), dk and dv (N, Hkv*D).
   Buf dblock_;
-  Buf datt_;  // attention backward scratch, fp32
+  Buf datt_;     // attention backward scratch, fp32
+  Buf pad_row_;  // (C) fp32: the padding row's gradient, kept across the embedding's backward (pad_token_id)
 };
 
 }  // namespace strata::model

@@ -346,7 +346,7 @@ void save_weights(const std::string& path, ChunkProvider& chunks, DType dtype,
   const ModelLayout& layout = chunks.layout();
   std::vector<SafetensorsWriter::Decl> decls;
   for (const ChunkLayout& c : layout.chunks())
-    for (const TensorSpec& t : c.tensors) decls.push_back({t.hf_name, dtype, t.shape});
+    for (const TensorSpec& t : c.stored) decls.push_back({t.hf_name, dtype, t.shape});
   std::map<std::string, std::string> meta = metadata;
   meta["strata.model_config"] = layout.config().to_json().dump();
   SafetensorsWriter w(path, std::move(decls), meta);
@@ -354,7 +354,7 @@ void save_weights(const std::string& path, ChunkProvider& chunks, DType dtype,
   for (const ChunkLayout& c : layout.chunks()) {
     buf.resize(c.padded_numel);
     chunks.read_params(c.id, buf.data());
-    for (const TensorSpec& t : c.tensors) w.write_f32(t.hf_name, buf.data() + t.offset);
+    for (const TensorSpec& t : c.stored) w.write_f32(t.hf_name, buf.data() + t.offset);
   }
   w.finish();
 }
@@ -398,7 +398,7 @@ WeightsSource::WeightsSource(const std::string& path, const ModelLayout& layout)
   }
   // Every tensor the model needs is named before any is read.
   for (const ChunkLayout& c : layout.chunks())
-    for (const TensorSpec& t : c.tensors)
+    for (const TensorSpec& t : c.stored)
       if (!where_.count(t.hf_name))
         throw ConfigError(detail::cat(
             "safetensors ", path, " has no tensor '", t.hf_name, "' (chunk ", c.id, " ", c.name, ", tensor ",
@@ -414,7 +414,7 @@ void WeightsSource::read_chunk(int chunk_id, float* out) const {
 
 void WeightsSource::read_chunk(const ChunkLayout& c, float* out) const {
   std::fill(out, out + c.padded_numel, 0.0f);
-  for (const TensorSpec& t : c.tensors)
+  for (const TensorSpec& t : c.stored)
     where_.at(t.hf_name)->read_f32(t.hf_name, t.shape, out + t.offset,
                                    detail::cat("chunk ", c.id, " ", c.name, ", tensor ", t.name));
 }
@@ -422,7 +422,7 @@ void WeightsSource::read_chunk(const ChunkLayout& c, float* out) const {
 std::vector<std::string> WeightsSource::unused() const {
   std::set<std::string> used;
   for (const ChunkLayout& c : layout_.chunks())
-    for (const TensorSpec& t : c.tensors) used.insert(t.hf_name);
+    for (const TensorSpec& t : c.stored) used.insert(t.hf_name);
   std::vector<std::string> out;
   for (const auto& [name, reader] : where_)
     if (!used.count(name)) out.push_back(name);

@@ -166,6 +166,10 @@ void bind_data(py::module_& m) {
       .def_readwrite("tie_embeddings", &ModelConfig::tie_embeddings)
       .def_readwrite("rope_theta", &ModelConfig::rope_theta)
       .def_readwrite("norm_eps", &ModelConfig::norm_eps)
+      .def_readwrite("family", &ModelConfig::family)
+      .def_readwrite("attention_bias", &ModelConfig::attention_bias)
+      .def_readwrite("sliding_window", &ModelConfig::sliding_window)
+      .def_readwrite("pad_token_id", &ModelConfig::pad_token_id)
       .def_property_readonly("head_dim", &ModelConfig::head_dim)
       .def("__eq__", [](const ModelConfig& a, const ModelConfig& b) { return a == b; })
       .def("__repr__",

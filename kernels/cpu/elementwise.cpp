@@ -1,4 +1,4 @@
-// strata/kernels/cpu/elementwise.cpp: SwiGLU and the residual add.
+// strata/kernels/cpu/elementwise.cpp: SwiGLU, GeGLU, a projection's bias and the residual add.
 #include <cmath>
 
 #include "kernels/cpu/ops.h"
@@ -11,7 +11,63 @@ float sigmoid(float z) {
   return 1.0f / (1.0f + std::exp(-z));
 }
 
+// PyTorch's gelu(approximate="tanh") in float: 0.5 z (1 + tanh(k0 (z + k1 z^3))).
+constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluK1 = 0.044715f;
+
+float gelu_tanh(float z) {
+  const float inner = kGeluK0 * (z + kGeluK1 * z * z * z);
+  return 0.5f * z * (1.0f + std::tanh(inner));
+}
+
+// d/dz: 0.5 (1 + t) + 0.5 z (1 - t^2) k0 (1 + 3 k1 z^2), t = tanh(inner).
+float gelu_tanh_grad(float z) {
+  const float inner = kGeluK0 * (z + kGeluK1 * z * z * z);
+  const float t = std::tanh(inner);
+  return 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * kGeluK0 * (1.0f + 3.0f * kGeluK1 * z * z);
+}
+
 }  // namespace
+
+void geglu_forward(float* out, const float* gate, const float* up, std::size_t n) {
+  impl::parallel_for_range(n, impl::kElementGrain, [&](std::size_t i0, std::size_t i1) {
+    for (std::size_t i = i0; i < i1; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
+  });
+}
+
+void geglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                    std::size_t n) {
+  impl::parallel_for_range(n, impl::kElementGrain, [&](std::size_t i0, std::size_t i1) {
+    for (std::size_t i = i0; i < i1; ++i) {
+      const float z = gate[i], u = up[i], g = dout[i];
+      dgate[i] = g * u * gelu_tanh_grad(z);
+      dup[i] = g * gelu_tanh(z);
+    }
+  });
+}
+
+void bias_forward(float* out, const float* b, int N, int OC) {
+  impl::parallel_for_each_index(std::size_t(N), 8, [&](std::size_t i) {
+    float* oi = out + i * std::size_t(OC);
+    for (int c = 0; c < OC; ++c) oi[c] += b[c];
+  });
+}
+
+// One task per block of columns, rows summed in order (Note [deterministic CPU ops]).
+void bias_backward(float* db, const float* dout, int N, int OC) {
+  constexpr int kBlock = 64;
+  const std::size_t blocks = (std::size_t(OC) + kBlock - 1) / kBlock;
+  impl::parallel_for_each_index(blocks, 1, [&](std::size_t b) {
+    const int c0 = int(b) * kBlock;
+    const int c1 = c0 + kBlock < OC ? c0 + kBlock : OC;
+    float acc[kBlock] = {};
+    for (int i = 0; i < N; ++i) {
+      const float* gi = dout + std::size_t(i) * std::size_t(OC);
+      for (int c = c0; c < c1; ++c) acc[c - c0] += gi[c];
+    }
+    for (int c = c0; c < c1; ++c) db[c] += acc[c - c0];
+  });
+}
 
 void swiglu_forward(float* out, const float* gate, const float* up, std::size_t n) {
   impl::parallel_for_range(n, impl::kElementGrain, [&](std::size_t i0, std::size_t i1) {

@@ -69,17 +69,25 @@ class CpuOps final : public Ops {
     });
   }
 
-  void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps) override {
+  void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps,
+                          float w_offset) override {
     enqueue([=] {
-      kc::rmsnorm_forward(out.as<float>(), rstd.as<float>(), x.as<float>(), w.as<float>(), N, C, eps);
+      kc::rmsnorm_forward(out.as<float>(), rstd.as<float>(), x.as<float>(), w.as<float>(), N, C, eps,
+                          w_offset);
     });
   }
-  void do_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N,
-                           int C) override {
+  void do_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N, int C,
+                           float w_offset) override {
     enqueue([=] {
       kc::rmsnorm_backward(dx.as<float>(), dw.as<float>(), dout.as<float>(), x.as<float>(), w.as<float>(),
-                           rstd.as<float>(), N, C);
+                           rstd.as<float>(), N, C, w_offset);
     });
+  }
+  void do_bias_forward(Tensor out, Tensor b, int N, int OC) override {
+    enqueue([=] { kc::bias_forward(out.as<float>(), b.as<float>(), N, OC); });
+  }
+  void do_bias_backward(Tensor db, Tensor dout, int N, int OC) override {
+    enqueue([=] { kc::bias_backward(db.as<float>(), dout.as<float>(), N, OC); });
   }
 
   void do_linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) override {
@@ -136,6 +144,17 @@ class CpuOps final : public Ops {
     enqueue([=] {
       kc::swiglu_backward(dgate.as<float>(), dup.as<float>(), dout.as<float>(), gate.as<float>(),
                           up.as<float>(), n);
+    });
+  }
+  void do_geglu_forward(Tensor out, Tensor gate, Tensor up) override {
+    const std::size_t n = out.numel;
+    enqueue([=] { kc::geglu_forward(out.as<float>(), gate.as<float>(), up.as<float>(), n); });
+  }
+  void do_geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) override {
+    const std::size_t n = dout.numel;
+    enqueue([=] {
+      kc::geglu_backward(dgate.as<float>(), dup.as<float>(), dout.as<float>(), gate.as<float>(),
+                         up.as<float>(), n);
     });
   }
   void do_residual_forward(Tensor out, Tensor a, Tensor b) override {

@@ -64,16 +64,24 @@ void embedding_forward(float* out /*(N,C)*/, const std::int32_t* tokens /*(N)*/,
 void embedding_backward(float* dwte /*(V,C) +=*/, const float* dout /*(N,C)*/,
                         const std::int32_t* tokens /*(N)*/, int N, int C, int V);
 
-// ---- RMSNorm (Llama): out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) ------------------------
+// ---- RMSNorm: out = x * rstd * (w + w_offset), rstd = 1 / sqrt(mean(x^2) + eps) ----------------------
+// w_offset is 0 for Llama's norm and 1 for Gemma's, whose checkpoints store w - 1 (HF GemmaRMSNorm).
 
 // rstd is saved for the backward pass.
 void rmsnorm_forward(float* out /*(N,C)*/, float* rstd /*(N)*/, const float* x /*(N,C)*/,
-                     const float* w /*(C)*/, int N, int C, float eps);
+                     const float* w /*(C)*/, int N, int C, float eps, float w_offset = 0.0f);
 // dx += d(out)/dx^T dout  (ACCUMULATES into dx: it is the residual stream's gradient);
 // dw += sum over rows of dout * x * rstd  (accumulates).
 void rmsnorm_backward(float* dx /*(N,C) +=*/, float* dw /*(C) +=*/, const float* dout /*(N,C)*/,
                       const float* x /*(N,C)*/, const float* w /*(C)*/, const float* rstd /*(N)*/, int N,
-                      int C);
+                      int C, float w_offset = 0.0f);
+
+// ---- a projection's bias (nn.Linear with bias) --------------------------------------------------------
+
+// out[i, :] += b.
+void bias_forward(float* out /*(N,OC)*/, const float* b /*(OC)*/, int N, int OC);
+// db += sum over rows of dout (rows summed in order: deterministic).
+void bias_backward(float* db /*(OC) +=*/, const float* dout /*(N,OC)*/, int N, int OC);
 
 // ---- linear (no bias, as in Llama): out = x W^T, through OpenBLAS cblas_sgemm --------------------------
 // Also the LM head: logits = linear_forward(x, W_head) with W_head (V, C); a tied head passes the
@@ -148,6 +156,14 @@ void swiglu_forward(float* out /*(n)*/, const float* gate /*(n)*/, const float* 
 // WRITES dgate and dup (=).
 void swiglu_backward(float* dgate /*(n)*/, float* dup /*(n)*/, const float* dout /*(n)*/,
                      const float* gate /*(n)*/, const float* up /*(n)*/, std::size_t n);
+
+// ---- GeGLU: out = gelu_tanh(gate) * up (Gemma's MLP) ----------------------------------------------------
+// gelu_tanh(z) = 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3))), PyTorch's gelu(approximate="tanh").
+
+void geglu_forward(float* out /*(n)*/, const float* gate /*(n)*/, const float* up /*(n)*/, std::size_t n);
+// WRITES dgate and dup (=); may run in place.
+void geglu_backward(float* dgate /*(n)*/, float* dup /*(n)*/, const float* dout /*(n)*/,
+                    const float* gate /*(n)*/, const float* up /*(n)*/, std::size_t n);
 
 // ---- residual add: out = a + b ------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-// strata/kernels/cpu/rmsnorm.cpp: Llama's RMSNorm, out = x * rstd * w.
+// strata/kernels/cpu/rmsnorm.cpp: RMSNorm, out = x * rstd * (w + w_offset) (Llama: offset 0; Gemma: 1).
 #include <cmath>
 
 #include "kernels/cpu/ops.h"
@@ -6,14 +6,19 @@
 
 namespace strata::kernels::cpu {
 
-void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps) {
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps,
+                     float w_offset) {
   impl::parallel_for_each_index(std::size_t(N), 8, [&](std::size_t i) {
     const float* xi = x + i * C;
     double ss = 0.0;
     for (int c = 0; c < C; ++c) ss += double(xi[c]) * xi[c];
     const float r = float(1.0 / std::sqrt(ss / C + eps));
     float* oi = out + i * C;
-    for (int c = 0; c < C; ++c) oi[c] = xi[c] * r * w[c];
+    if (w_offset == 0.0f) {
+      for (int c = 0; c < C; ++c) oi[c] = xi[c] * r * w[c];
+    } else {  // HF's Gemma: (x * r) * (1 + w), both in fp32
+      for (int c = 0; c < C; ++c) oi[c] = (xi[c] * r) * (w_offset + w[c]);
+    }
     rstd[i] = r;
   });
 }
@@ -21,16 +26,16 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
 // With r = rstd: out_c = x_c r w_c and dr/dx_k = -r^3 x_k / C, so
 //   dx_k = r (dout_k w_k - x_k r^2 (1/C) sum_c dout_c w_c x_c).
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
-                      const float* rstd, int N, int C) {
+                      const float* rstd, int N, int C, float w_offset) {
   impl::parallel_for_each_index(std::size_t(N), 8, [&](std::size_t i) {
     const float* xi = x + i * C;
     const float* gi = dout + i * C;
     const float r = rstd[i];
     double dot = 0.0;
-    for (int c = 0; c < C; ++c) dot += double(gi[c]) * w[c] * xi[c];
+    for (int c = 0; c < C; ++c) dot += double(gi[c]) * (w[c] + w_offset) * xi[c];
     const float k = float(dot / C) * r * r;
     float* dxi = dx + i * C;
-    for (int c = 0; c < C; ++c) dxi[c] += r * (gi[c] * w[c] - xi[c] * k);
+    for (int c = 0; c < C; ++c) dxi[c] += r * (gi[c] * (w[c] + w_offset) - xi[c] * k);
   });
   // dw: one task per block of channels, rows summed in order (Note [deterministic CPU ops]).
   constexpr int kBlock = 64;

@@ -1,5 +1,5 @@
-// strata/kernels/cuda/common_impl.cuh: launch sizes, bf16 loads/stores, the CPU's bit-exact conversions
-// and deterministic block reductions shared by the kernels (internal to kernels/cuda).
+// strata/kernels/cuda/common_impl.cuh: launch sizes, bf16 loads/stores, the CPU's bit-exact conversions,
+// deterministic block reductions and column sums shared by the kernels (internal to kernels/cuda).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -141,6 +141,61 @@ __device__ inline float block_max(float v, float* shared) {
   const float r = shared[0];
   __syncthreads();
   return r;
+}
+
+// ---- deterministic column sums ----------------------------------------------------------------------------
+// Note [deterministic column sums]: dst_c += sum over rows i of term(i, c), for an (N, C) term (a weight or
+// bias gradient: RMSNorm's dw, a projection's db). Two passes: (1) a grid of (row blocks of kColumnRows
+// rows) x (column blocks), each thread summing one column over its block's rows in row order into scratch
+// (column_row_blocks(N), C) fp32; (2) one thread per column summing those partials in row-block order and
+// adding the total to dst. Loads are coalesced across columns, the work spreads over N * C / kColumnRows
+// threads, and the summation order is fixed by the shape alone (not the GPU), so the result is
+// deterministic run to run. `Term` is a small struct, passed by value, whose
+// `__device__ float operator()(int i, int c) const` gives term(i, c).
+constexpr int kColumnRows = 64;
+
+inline int column_row_blocks(int N) {
+  return (N + kColumnRows - 1) / kColumnRows;
+}
+
+// Bytes of scratch column_sums needs for an (N, C) term.
+inline std::size_t column_sums_scratch_bytes(int N, int C) {
+  return std::size_t(column_row_blocks(N)) * std::size_t(C) * sizeof(float);
+}
+
+// Pass 1: partial[b, c] = the sum of term(i, c) over the rows i of row block b, in row order.
+template <typename Term>
+__global__ void column_partial_kernel(float* partial, Term term, int N, int C) {
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int i0 = blockIdx.x * kColumnRows, i1 = min(N, i0 + kColumnRows);
+  float acc = 0.0f;
+  for (int i = i0; i < i1; ++i) acc += term(i, c);
+  partial[std::size_t(blockIdx.x) * C + c] = acc;
+}
+
+// Pass 2: dst[c] += the partials of column c in row-block order. (A template so that every translation
+// unit including this header has its own copy without a duplicate symbol.)
+template <typename T = float>
+__global__ void column_total_kernel(T* dst, const float* partial, int blocks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float acc = 0.0f;
+  for (int b = 0; b < blocks; ++b) acc += partial[std::size_t(b) * C + c];
+  dst[c] += acc;
+}
+
+// Enqueues both passes on `stream` (Note [deterministic column sums]); N > 0 and C > 0, `scratch` at least
+// column_sums_scratch_bytes(N, C) bytes (the caller checks both). Every launch is checked.
+template <typename Term>
+void column_sums(float* dst /*(C) +=*/, Term term, int N, int C, void* scratch, cudaStream_t stream) {
+  const int blocks = column_row_blocks(N);
+  float* partial = static_cast<float*>(scratch);
+  const dim3 grid(unsigned(blocks), blocks_for(std::size_t(C)));  // row blocks in x: no 65535 limit
+  column_partial_kernel<<<grid, kThreads, 0, stream>>>(partial, term, N, C);
+  STRATA_KERNEL_CHECK(stream);
+  column_total_kernel<<<blocks_for(std::size_t(C)), kThreads, 0, stream>>>(dst, partial, blocks, C);
+  STRATA_KERNEL_CHECK(stream);
 }
 
 }  // namespace strata::kernels::cuda::impl

@@ -64,7 +64,18 @@ class CudaOps final : public Ops {
     std::size_t b = ku::squared_norm_scratch_bytes(sh.reduce_numel);
     if (role() == OpsRole::runtime) return b;
     if (sh.N > 0 && sh.V > 0) b = std::max(b, ku::embedding_backward_scratch_bytes(sh.N, sh.V));
-    if (sh.N > 0 && sh.C > 0) b = std::max(b, ku::rmsnorm_backward_scratch_bytes(sh.N, sh.C));
+    if (sh.N > 0 && sh.C > 0) {
+      b = std::max(b, ku::rmsnorm_backward_scratch_bytes(sh.N, sh.C));
+      b = std::max(b, ku::bias_backward_scratch_bytes(sh.N, sh.C));  // the o projection's bias
+    }
+    // The k and v heads (NKV <= NH) need no more than the q heads, so NH stands for both below.
+    if (sh.N > 0 && sh.NH > 0 && sh.HD > 0) {
+      // The q, k, v projections' biases (OC = NH * HD, NKV * HD). OpShapes does not say whether the model
+      // has them, so they are always counted (ceil(N / 64) * NH * HD floats, as a norm of width NH * HD).
+      b = std::max(b, ku::bias_backward_scratch_bytes(sh.N, sh.NH * sh.HD));
+      // Per-head q/k norm: RMSNorm over N * NH rows of HD (q) and N * NKV rows (k).
+      if (sh.head_norm) b = std::max(b, ku::rmsnorm_backward_scratch_bytes(sh.N * sh.NH, sh.HD));
+    }
     if (sh.B > 0 && sh.T > 0 && sh.NH > 0 && sh.NKV > 0 && sh.HD > 0)
       if (const CudnnAttention::Plan& p = cudnn_->plan(shape(sh.B, sh.T, sh.NH, sh.NKV, sh.HD)); p.supported)
         b = std::max(b, p.forward_workspace_bytes);
@@ -90,15 +101,16 @@ class CudaOps final : public Ops {
                            scratch(bytes), bytes, s_);
   }
 
-  void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps) override {
+  void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps,
+                          float w_offset) override {
     ku::rmsnorm_forward(out.as<ku::bf16>(), rstd.as<float>(), x.as<ku::bf16>(), w.as<ku::bf16>(), N, C, eps,
-                        s_);
+                        w_offset, s_);
   }
-  void do_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N,
-                           int C) override {
+  void do_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N, int C,
+                           float w_offset) override {
     const std::size_t bytes = ku::rmsnorm_backward_scratch_bytes(N, C);
     ku::rmsnorm_backward(dx.as<ku::bf16>(), dw.as<float>(), dout.as<ku::bf16>(), x.as<ku::bf16>(),
-                         w.as<ku::bf16>(), rstd.as<float>(), N, C, scratch(bytes), bytes, s_);
+                         w.as<ku::bf16>(), rstd.as<float>(), N, C, w_offset, scratch(bytes), bytes, s_);
   }
 
   void do_linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) override {
@@ -108,6 +120,14 @@ class CudaOps final : public Ops {
                           int OC) override {
     ku::linear_backward(*gemm_, dx ? dx.as<ku::bf16>() : nullptr, dw.as<float>(), dout.as<ku::bf16>(),
                         x.as<ku::bf16>(), w.as<ku::bf16>(), N, IC, OC, s_);
+  }
+
+  void do_bias_forward(Tensor out, Tensor b, int N, int OC) override {
+    ku::bias_forward(out.as<ku::bf16>(), b.as<ku::bf16>(), N, OC, s_);
+  }
+  void do_bias_backward(Tensor db, Tensor dout, int N, int OC) override {
+    const std::size_t bytes = ku::bias_backward_scratch_bytes(N, OC);
+    ku::bias_backward(db.as<float>(), dout.as<ku::bf16>(), N, OC, scratch(bytes), bytes, s_);
   }
 
   void do_rope_cache(Tensor cos, Tensor sin, int T, int HD, std::vector<float> inv_freq) override {
@@ -158,6 +178,15 @@ class CudaOps final : public Ops {
     ku::swiglu_backward(dgate.as<ku::bf16>(), dup.as<ku::bf16>(), dout.as<ku::bf16>(), gate.as<ku::bf16>(),
                         up.as<ku::bf16>(), n, s_);
   }
+  void do_geglu_forward(Tensor out, Tensor gate, Tensor up) override {
+    const std::size_t n = out.numel;
+    ku::geglu_forward(out.as<ku::bf16>(), gate.as<ku::bf16>(), up.as<ku::bf16>(), n, s_);
+  }
+  void do_geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) override {
+    const std::size_t n = dout.numel;
+    ku::geglu_backward(dgate.as<ku::bf16>(), dup.as<ku::bf16>(), dout.as<ku::bf16>(), gate.as<ku::bf16>(),
+                       up.as<ku::bf16>(), n, s_);
+  }
   void do_residual_forward(Tensor out, Tensor a, Tensor b) override {
     const std::size_t n = out.numel;
     ku::residual_forward(out.as<ku::bf16>(), a.as<ku::bf16>(), b.as<ku::bf16>(), n, s_);
@@ -204,7 +233,12 @@ class CudaOps final : public Ops {
   void do_add(Tensor dst, Tensor src) override {
     ku::add_f32(dst.as<float>(), src.as<float>(), src.numel, s_);
   }
-  void do_scale(Tensor x, float s) override { ku::scale(x.as<float>(), s, x.numel, s_); }
+  void do_scale(Tensor x, float s) override {
+    if (x.dtype == DType::bf16)  // the activation dtype (Ops::scale checked it)
+      ku::scale(x.as<ku::bf16>(), s, x.numel, s_);
+    else
+      ku::scale(x.as<float>(), s, x.numel, s_);
+  }
   void do_squared_norm(Tensor out, Tensor x) override {
     const std::size_t bytes = ku::squared_norm_scratch_bytes(x.numel);
     ku::squared_norm(static_cast<double*>(out.data), x.as<float>(), x.numel, scratch(bytes), bytes, s_);

@@ -8,14 +8,14 @@
 //   kc::Gemm gemm(*dev);                                  // cuBLASLt handle + workspace from dev, one per
 //   stream strata::DeviceBuffer scratch(*dev, kc::rmsnorm_backward_scratch_bytes(N, C), "rmsnorm scratch");
 //   kc::rope_cache(cos, sin, T, HD, inv_freq, s);         // device tables, the CPU's values
-//   kc::rmsnorm_forward(xn, rstd, x, w_norm, N, C, 1e-5f, s);
+//   kc::rmsnorm_forward(xn, rstd, x, w_norm, N, C, 1e-5f, /*w_offset=*/0.0f, s);
 //   kc::linear_forward(gemm, q, xn, wq, N, C, NH * HD, s);
 //   kc::rope_forward(q, q, cos, sin, B, T, NH, HD, s);
 //   kc::attention_forward(y, att, q, k, v, B, T, NH, NKV, HD, s);
 //   ...
 //   kc::attention_backward(dq, dk, dv, att_scratch, dy, q, k, v, att, B, T, NH, NKV, HD, s);
 //   kc::linear_backward(gemm, dxn, dwq, dq, xn, wq, N, C, NH * HD, s);   // dxn +=, dwq += (fp32)
-//   kc::rmsnorm_backward(dx, dw, dxn, x, w_norm, rstd, N, C, scratch.data(), scratch.size(), s);
+//   kc::rmsnorm_backward(dx, dw, dxn, x, w_norm, rstd, N, C, 0.0f, scratch.data(), scratch.size(), s);
 //
 // Conventions (the CPU header's, with these dtypes):
 //   - activations, weights and activation gradients are bf16 (`bf16*`); every sum is accumulated in fp32;
@@ -84,15 +84,16 @@ void embedding_backward(float* dwte /*(V,C) +=*/, const bf16* dout /*(N,C)*/,
                         const std::int32_t* tokens /*(N)*/, int N, int C, int V, void* scratch,
                         std::size_t scratch_bytes, cudaStream_t stream);
 
-// ---- RMSNorm --------------------------------------------------------------------------------------------
+// ---- RMSNorm: out = x * rstd * (w + w_offset) (Llama: w_offset 0; Gemma: 1) ---------------------------
+// Per-head q/k norm (Qwen3) is the same call over N * NH rows of HD.
 void rmsnorm_forward(bf16* out /*(N,C)*/, float* rstd /*(N)*/, const bf16* x /*(N,C)*/, const bf16* w /*(C)*/,
-                     int N, int C, float eps, cudaStream_t stream);
-// dx += (bf16, accumulates), dw += (fp32, accumulates; deterministic: fixed blocks of rows summed in
-// order into `scratch`, then the blocks in order).
+                     int N, int C, float eps, float w_offset, cudaStream_t stream);
+// dx += (bf16, accumulates), dw += (fp32, accumulates: the gradient of the stored w, whatever the offset;
+// deterministic: fixed blocks of rows summed in order into `scratch`, then the blocks in order).
 std::size_t rmsnorm_backward_scratch_bytes(int N, int C);
 void rmsnorm_backward(bf16* dx /*(N,C) +=*/, float* dw /*(C) +=*/, const bf16* dout /*(N,C)*/,
                       const bf16* x /*(N,C)*/, const bf16* w /*(C)*/, const float* rstd /*(N)*/, int N, int C,
-                      void* scratch, std::size_t scratch_bytes, cudaStream_t stream);
+                      float w_offset, void* scratch, std::size_t scratch_bytes, cudaStream_t stream);
 
 // ---- linear (no bias): out = x W^T, cuBLASLt, fp32 accumulation -------------------------------------------
 // IC = 0 writes out = 0, as the CPU's sgemm with k = 0 does.
@@ -102,6 +103,15 @@ void linear_forward(Gemm& gemm, bf16* out /*(N,OC)*/, const bf16* x /*(N,IC)*/, 
 void linear_backward(Gemm& gemm, bf16* dx /*(N,IC) += or nullptr*/, float* dw /*(OC,IC) +=*/,
                      const bf16* dout /*(N,OC)*/, const bf16* x /*(N,IC)*/, const bf16* w /*(OC,IC)*/, int N,
                      int IC, int OC, cudaStream_t stream);
+
+// ---- a projection's bias (nn.Linear with bias) -----------------------------------------------------
+// out[i, :] += b (bf16, rounded once per element).
+void bias_forward(bf16* out /*(N,OC) +=*/, const bf16* b /*(OC)*/, int N, int OC, cudaStream_t stream);
+// db += the column sums of dout (fp32, accumulates; deterministic: fixed blocks of rows summed in order into
+// `scratch`, then the blocks in order, as rmsnorm's dw).
+std::size_t bias_backward_scratch_bytes(int N, int OC);
+void bias_backward(float* db /*(OC) +=*/, const bf16* dout /*(N,OC)*/, int N, int OC, void* scratch,
+                   std::size_t scratch_bytes, cudaStream_t stream);
 
 // ---- rotary position embedding (Hugging Face rotate_half) ----------------------------------------------
 // Fills device tables with kernels/cpu's rope_cache values (computed on the host, copied, and waited for).
@@ -126,12 +136,18 @@ void attention_backward(bf16* dq /*(B,T,NH,HD)*/, bf16* dk /*(B,T,NKV,HD)*/, bf1
                         const bf16* v /*(B,T,NKV,HD)*/, const float* att /*(B,NH,T,T)*/, int B, int T, int NH,
                         int NKV, int HD, cudaStream_t stream);
 
-// ---- SwiGLU and residual add ---------------------------------------------------------------------------
+// ---- SwiGLU, GeGLU and residual add ----------------------------------------------------------------------
 void swiglu_forward(bf16* out /*(n)*/, const bf16* gate /*(n)*/, const bf16* up /*(n)*/, std::size_t n,
                     cudaStream_t stream);
 // Writes dgate, dup.
 void swiglu_backward(bf16* dgate /*(n)*/, bf16* dup /*(n)*/, const bf16* dout /*(n)*/,
                      const bf16* gate /*(n)*/, const bf16* up /*(n)*/, std::size_t n, cudaStream_t stream);
+// out = gelu_tanh(gate) * up, PyTorch's gelu(approximate="tanh") (kernels/cpu's formula, in fp32).
+void geglu_forward(bf16* out /*(n)*/, const bf16* gate /*(n)*/, const bf16* up /*(n)*/, std::size_t n,
+                   cudaStream_t stream);
+// Writes dgate, dup; may run in place (dgate == gate, dup == up).
+void geglu_backward(bf16* dgate /*(n)*/, bf16* dup /*(n)*/, const bf16* dout /*(n)*/,
+                    const bf16* gate /*(n)*/, const bf16* up /*(n)*/, std::size_t n, cudaStream_t stream);
 // out may alias a or b.
 void residual_forward(bf16* out /*(n)*/, const bf16* a /*(n)*/, const bf16* b /*(n)*/, std::size_t n,
                       cudaStream_t stream);
@@ -165,6 +181,8 @@ void fill_f32(float* x /*(n)*/, float value, std::size_t n, cudaStream_t stream)
 void add_f32(float* dst /*(n)*/, const float* src /*(n)*/, std::size_t n, cudaStream_t stream);
 // x *= s (fp32).
 void scale(float* x /*(n)*/, float s, std::size_t n, cudaStream_t stream);
+// x = bf16(float(x) * s), rounded to nearest even (core/dtype.h's f32_to_bf16 bit for bit, NaN aside).
+void scale(bf16* x /*(n)*/, float s, std::size_t n, cudaStream_t stream);
 // *found = 1 if any x is NaN or +-inf, else 0 (written, not accumulated).
 void nonfinite_check(int* found /*(1)*/, const float* x /*(n)*/, std::size_t n, cudaStream_t stream);
 // *out = sum x^2 in double: fixed blocks of 4096 elements, each reduced in a fixed tree into `scratch`,

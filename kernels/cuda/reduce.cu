@@ -1,4 +1,6 @@
 // strata/kernels/cuda/reduce.cu: scaling, the non-finite check and the squared L2 norm.
+#include <type_traits>
+
 #include "kernels/cuda/common_impl.cuh"
 
 namespace strata::kernels::cuda {
@@ -6,14 +8,29 @@ namespace {
 
 constexpr std::size_t kNormBlock = 4096;  // elements per partial sum, as on the CPU
 
-// 8 floats per thread (Note [vectorised element-wise kernels] in common_impl.cuh).
-__global__ void scale_kernel(float* x, float s, std::size_t n, bool vec) {
+// 8 elements per thread (Note [vectorised element-wise kernels] in common_impl.cuh): fp32 in place; bf16
+// widened, multiplied in fp32 and rounded to nearest even, one rounding per element.
+template <typename T>
+__global__ void scale_kernel(T* x, float s, std::size_t n, bool vec) {
   const std::size_t i = impl::group_start();
   if (i >= n) return;
-  impl::Pack8<float> v = impl::load8(x, i, n, vec);
+  impl::Pack8<T> v = impl::load8(x, i, n, vec);
 #pragma unroll
-  for (int k = 0; k < impl::kVec; ++k) v.v[k] *= s;
+  for (int k = 0; k < impl::kVec; ++k) {
+    if constexpr (std::is_same_v<T, float>)
+      v.v[k] *= s;
+    else
+      v.v[k] = impl::to_bf16(__bfloat162float(v.v[k]) * s);
+  }
   impl::store8(x, i, n, vec, v);
+}
+
+template <typename T>
+void launch_scale(T* x, float s, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  detail::CudaDeviceGuard guard(stream);
+  scale_kernel<<<impl::vec_blocks_for(n), impl::kThreads, 0, stream>>>(x, s, n, impl::aligned16(x));
+  STRATA_KERNEL_CHECK(stream);
 }
 
 __global__ void nonfinite_kernel(int* found, const float* x, std::size_t n) {
@@ -46,10 +63,11 @@ std::size_t norm_blocks(std::size_t n) {
 }  // namespace
 
 void scale(float* x, float s, std::size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  detail::CudaDeviceGuard guard(stream);
-  scale_kernel<<<impl::vec_blocks_for(n), impl::kThreads, 0, stream>>>(x, s, n, impl::aligned16(x));
-  STRATA_KERNEL_CHECK(stream);
+  launch_scale(x, s, n, stream);
+}
+
+void scale(bf16* x, float s, std::size_t n, cudaStream_t stream) {
+  launch_scale(x, s, n, stream);
 }
 
 void nonfinite_check(int* found, const float* x, std::size_t n, cudaStream_t stream) {

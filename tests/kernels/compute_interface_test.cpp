@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <vector>
@@ -216,6 +217,80 @@ TEST_P(Compute, SwigluBackwardInPlaceOverGateAndUpEqualsTheSeparateOutputs) {
   EXPECT_EQ(0, std::memcmp(got_du.data(), want_du.data(), n * sizeof(float))) << "dup in place";
 }
 
+// Gemma's norm (w_offset 1).
+TEST_P(Compute, RmsnormWithAWeightOffsetMatchesTheCpuOps) {
+  const int N = 5, C = 48;
+  auto x = act(N * C, 30), w = act(C, 31, 0.1f), dout = act(N * C, 32);
+  std::vector<float> out(N * C), rstd(N), dx(N * C, 0.0f), dw(C, 0.0f);
+  kc::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f, 1.0f);
+  kc::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C, 1.0f);
+  Tensor to = alloc(out.size(), A), tr = alloc(N, DType::fp32), tdx = alloc(dx.size(), A),
+         tdw = alloc(C, DType::fp32), tx = put(x, A), tw = put(w, A), td = put(dout, A);
+  ops->rmsnorm_forward(to, tr, tx, tw, N, C, 1e-6f, 1.0f);
+  ops->rmsnorm_backward(tdx, tdw, td, tx, tw, tr, N, C, 1.0f);
+  expect_matches(get(to), out, "rmsnorm out");
+  expect_matches(get(tr), rstd, "rstd", 1e-3);
+  expect_matches(get(tdx), dx, "rmsnorm dx");
+  expect_matches(get(tdw), dw, "rmsnorm dw");
+}
+
+// Qwen3's q/k norm: one RMSNorm of width HD per head, over the (N * NH, HD) rows of q.
+TEST_P(Compute, PerHeadRmsnormMatchesTheCpuOps) {
+  const int N = 6, NH = 4, HD = 32, rows = N * NH;
+  auto q = act(rows * HD, 33), w = act(HD, 34), dout = act(rows * HD, 35);
+  std::vector<float> out(q.size()), rstd(rows), dq(q.size(), 0.0f), dw(HD, 0.0f);
+  kc::rmsnorm_forward(out.data(), rstd.data(), q.data(), w.data(), rows, HD, 1e-6f);
+  kc::rmsnorm_backward(dq.data(), dw.data(), dout.data(), q.data(), w.data(), rstd.data(), rows, HD);
+  Tensor to = alloc(out.size(), A), tr = alloc(rows, DType::fp32), tdq = alloc(dq.size(), A),
+         tdw = alloc(HD, DType::fp32), tq = put(q, A), tw = put(w, A), td = put(dout, A);
+  ops->rmsnorm_forward(to, tr, tq, tw, rows, HD, 1e-6f);
+  ops->rmsnorm_backward(tdq, tdw, td, tq, tw, tr, rows, HD);
+  expect_matches(get(to), out, "q_norm out");
+  expect_matches(get(tr), rstd, "q_norm rstd", 1e-3);
+  expect_matches(get(tdq), dq, "q_norm dq");
+  expect_matches(get(tdw), dw, "q_norm dw");
+}
+
+TEST_P(Compute, BiasForwardAndBackwardMatchTheCpuOps) {
+  const int N = 9, OC = 70;  // not a multiple of any vector width
+  auto x = act(N * OC, 36), b = act(OC, 37), dout = act(N * OC, 38);
+  std::vector<float> out = x, db(OC, 0.25f);
+  kc::bias_forward(out.data(), b.data(), N, OC);
+  kc::bias_backward(db.data(), dout.data(), N, OC);
+  Tensor to = put(x, A), tb = put(b, A), td = put(dout, A),
+         tdb = put(std::vector<float>(OC, 0.25f), DType::fp32);
+  ops->bias_forward(to, tb, N, OC);
+  ops->bias_backward(tdb, td, N, OC);
+  expect_matches(get(to), out, "bias out");
+  expect_matches(get(tdb), db, "bias db", 1e-2);
+}
+
+TEST_P(Compute, GegluForwardAndBackwardMatchTheCpuOps) {
+  const std::size_t n = 300;
+  auto g = act(n, 39, 2.0f), u = act(n, 40), d = act(n, 41);
+  std::vector<float> out(n), dg(n), du(n);
+  kc::geglu_forward(out.data(), g.data(), u.data(), n);
+  kc::geglu_backward(dg.data(), du.data(), d.data(), g.data(), u.data(), n);
+  Tensor tg = put(g, A), tu = put(u, A), td = put(d, A), to = alloc(n, A), tdg = alloc(n, A),
+         tdu = alloc(n, A);
+  ops->geglu_forward(to, tg, tu);
+  ops->geglu_backward(tdg, tdu, td, tg, tu);
+  expect_matches(get(to), out, "geglu out");
+  expect_matches(get(tdg), dg, "geglu dgate");
+  expect_matches(get(tdu), du, "geglu dup");
+}
+
+TEST_P(Compute, GegluBackwardInPlaceOverGateAndUpEqualsTheSeparateOutputs) {
+  const std::size_t n = 1000;  // not a multiple of any vector width
+  auto g = act(n, 42, 2.0f), u = act(n, 43), d = act(n, 44);
+  Tensor tg = put(g, A), tu = put(u, A), td = put(d, A), tdg = alloc(n, A), tdu = alloc(n, A);
+  ops->geglu_backward(tdg, tdu, td, tg, tu);
+  ops->geglu_backward(tg, tu, td, tg, tu);
+  const auto want_dg = get(tdg), want_du = get(tdu), got_dg = get(tg), got_du = get(tu);
+  EXPECT_EQ(0, std::memcmp(got_dg.data(), want_dg.data(), n * sizeof(float))) << "dgate in place";
+  EXPECT_EQ(0, std::memcmp(got_du.data(), want_du.data(), n * sizeof(float))) << "dup in place";
+}
+
 TEST_P(Compute, CrossEntropyLossAndGradientMatchTheCpuOps) {
   const int N = 6, V = 33;
   auto logits = act(N * V, 16, 2.0f);
@@ -336,6 +411,43 @@ TEST_P(Compute, FillAddScaleNormAndNonFiniteCheckAgreeWithTheCpu) {
   EXPECT_EQ(ops->read_i32(flag), 1);
   ops->fill(tb, 1.5f);
   EXPECT_EQ(get(tb), std::vector<float>(b.size(), 1.5f));
+}
+
+// Gemma scales the embeddings on the residual stream (activation dtype) by sqrt(C): x * s rounded once to
+// the activation dtype (core/dtype.h's rounding; exact fp32 on the host).
+TEST_P(Compute, ScaleOfTheActivationDtypeRoundsOnceToIt) {
+  const auto x = act(1001, 45, 3.0f);
+  const float s = std::sqrt(2048.0f);
+  Tensor t = put(x, A);
+  ops->scale(t, s);
+  std::vector<float> want(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    want[i] = x[i] * s;
+    if (A == DType::bf16) want[i] = bf16_to_f32(f32_to_bf16(want[i]));
+  }
+  EXPECT_EQ(0, std::memcmp(get(t).data(), want.data(), want.size() * sizeof(float)));
+}
+
+// reserve_scratch(scratch_bytes(shapes)) covers the bias gradients (OC = C, NH * HD, NKV * HD) and, with
+// head_norm, the per-head q/k norms (N * NH and N * NKV rows of HD): running them takes no more memory.
+TEST_P(Compute, PlannedScratchCoversTheBiasAndPerHeadNormGradients) {
+  const int N = 200, C = 64, NH = 8, NKV = 2, HD = 32;  // NH * HD > C: the heads' ops are the widest
+  const OpShapes sh{.N = N, .C = C, .NH = NH, .NKV = NKV, .HD = HD, .head_norm = true};
+  ops->reserve_scratch(ops->scratch_bytes(sh));
+  const std::size_t planned = ops->device_bytes();
+  for (int heads : {NH, NKV}) {
+    const int rows = N * heads;
+    Tensor x = put(act(std::size_t(rows) * HD, 46), A), w = put(act(HD, 47), A), d = put(act(x.numel, 48), A),
+           out = alloc(x.numel, A), rstd = alloc(rows, DType::fp32), dx = alloc(x.numel, A),
+           dw = alloc(HD, DType::fp32), db = alloc(std::size_t(heads) * HD, DType::fp32);
+    ops->rmsnorm_forward(out, rstd, x, w, rows, HD, 1e-6f);
+    ops->rmsnorm_backward(dx, dw, d, x, w, rstd, rows, HD);
+    ops->bias_backward(db, d, N, heads * HD);  // d read as (N, heads * HD)
+  }
+  Tensor d = put(act(std::size_t(N) * C, 49), A), db = alloc(C, DType::fp32);
+  ops->bias_backward(db, d, N, C);
+  stream->synchronize();
+  EXPECT_EQ(ops->device_bytes(), planned) << "an op grew the scratch past scratch_bytes()";
 }
 
 TEST_P(Compute, AdamwIsTheCpuUpdateBitForBit) {

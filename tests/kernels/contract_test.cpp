@@ -93,6 +93,48 @@ TEST(Contract, ResidualBackwardSkipsANullGradient) {
   for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(da[i], 1.0f + dout[i]);
 }
 
+TEST(Contract, GegluBackwardInPlaceEqualsSeparateOutputs) {
+  const std::size_t n = 1001;
+  const auto gate = random_floats(n, 8, 2.0f), up = random_floats(n, 9), dout = random_floats(n, 10);
+  std::vector<float> dgate(n), dup(n), g = gate, u = up;
+  cpu::geglu_backward(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), n);
+  cpu::geglu_backward(g.data(), u.data(), dout.data(), g.data(), u.data(), n);
+  EXPECT_TRUE(same_bits(dgate, g));
+  EXPECT_TRUE(same_bits(dup, u));
+}
+
+// PyTorch's F.gelu(z, approximate="tanh") at a few points (values from its definition in float64).
+TEST(Contract, GegluIsGeluWithTheTanhApproximation) {
+  const std::vector<float> gate = {-3.0f, -1.0f, 0.0f, 0.5f, 1.0f, 2.0f}, up(gate.size(), 1.0f);
+  const double want[] = {-0.0036373920817729943, -0.15880800939172324, 0.0,
+                         0.34571400982514394,    0.8411919906082768,   1.954597694087775};
+  std::vector<float> out(gate.size());
+  cpu::geglu_forward(out.data(), gate.data(), up.data(), gate.size());
+  for (std::size_t i = 0; i < gate.size(); ++i)
+    EXPECT_NEAR(out[i], want[i], 1e-6) << "gelu(" << gate[i] << ")";
+}
+
+// Gemma's offset is a shift of the stored weight: w_offset 1 on w gives the bits of w_offset 0 on
+// fp32(w + 1), forward and backward (dw, the gradient of the stored w, is the same either way).
+TEST(Contract, RmsnormWeightOffsetEqualsTheShiftedWeight) {
+  const int N = 7, C = 96;
+  const auto x = random_floats(std::size_t(N) * C, 11), w = random_floats(C, 12, 0.1f),
+             dout = random_floats(x.size(), 13);
+  std::vector<float> w1(C);
+  for (int c = 0; c < C; ++c) w1[c] = w[c] + 1.0f;
+  std::vector<float> out_a(x.size()), out_b(x.size()), rstd_a(N), rstd_b(N);
+  cpu::rmsnorm_forward(out_a.data(), rstd_a.data(), x.data(), w.data(), N, C, 1e-6f, 1.0f);
+  cpu::rmsnorm_forward(out_b.data(), rstd_b.data(), x.data(), w1.data(), N, C, 1e-6f, 0.0f);
+  EXPECT_TRUE(same_bits(out_a, out_b));
+  EXPECT_TRUE(same_bits(rstd_a, rstd_b));
+  std::vector<float> dx_a(x.size(), 0.0f), dx_b(x.size(), 0.0f), dw_a(C, 0.0f), dw_b(C, 0.0f);
+  cpu::rmsnorm_backward(dx_a.data(), dw_a.data(), dout.data(), x.data(), w.data(), rstd_a.data(), N, C, 1.0f);
+  cpu::rmsnorm_backward(dx_b.data(), dw_b.data(), dout.data(), x.data(), w1.data(), rstd_b.data(), N, C,
+                        0.0f);
+  EXPECT_TRUE(same_bits(dx_a, dx_b));
+  EXPECT_TRUE(same_bits(dw_a, dw_b));
+}
+
 TEST(Contract, OutOfRangeTokensAndTargetsAreRejected) {
   const int N = 2, C = 3, V = 4;
   const std::vector<std::int32_t> bad = {1, 4};

@@ -46,13 +46,13 @@ TEST_F(CudaZeroSizes, RmsNormWithNoChannelsMatchesTheCpu) {
   cpu::rmsnorm_forward(nullptr, rstd.data(), nullptr, nullptr, N, C, 1e-5f);
   DeviceBuffer<float> d_rstd(N), d_dw(1);
   DeviceBuffer<cpu::bf16_t> d_any(1);
-  kc::rmsnorm_forward(d_any.as<bf16>(), d_rstd.get(), d_any.as<bf16>(), d_any.as<bf16>(), N, C, 1e-5f,
+  kc::rmsnorm_forward(d_any.as<bf16>(), d_rstd.get(), d_any.as<bf16>(), d_any.as<bf16>(), N, C, 1e-5f, 0.0f,
                       stream_);
   const auto got = d_rstd.download();
   for (int i = 0; i < N; ++i) EXPECT_EQ(std::isnan(got[i]), std::isnan(rstd[i])) << i;
   auto s = scratch(kc::rmsnorm_backward_scratch_bytes(N, C));
   kc::rmsnorm_backward(d_any.as<bf16>(), d_dw.get(), d_any.as<bf16>(), d_any.as<bf16>(), d_any.as<bf16>(),
-                       d_rstd.get(), N, C, s.data(), s.size(), stream_);
+                       d_rstd.get(), N, C, 0.0f, s.data(), s.size(), stream_);
   expect_clean();
 }
 
@@ -68,14 +68,21 @@ TEST_F(CudaZeroSizes, EmptyShapesLaunchNothing) {
   kc::embedding_backward(f.get(), b, tok.get(), 1, 4, 0, s.data(), s.size(), stream_);  // V = 0
   kc::swiglu_forward(b, b, b, 0, stream_);
   kc::swiglu_backward(b, b, b, b, b, 0, stream_);
+  kc::geglu_forward(b, b, b, 0, stream_);
+  kc::geglu_backward(b, b, b, b, b, 0, stream_);
+  kc::bias_forward(b, b, 0, 4, stream_);
+  kc::bias_forward(b, b, 4, 0, stream_);
+  kc::bias_backward(f.get(), b, 0, 4, s.data(), s.size(), stream_);
+  kc::bias_backward(f.get(), b, 4, 0, s.data(), s.size(), stream_);
   kc::residual_forward(b, b, b, 0, stream_);
   kc::residual_backward(b, b, b, 0, stream_);
   kc::cast_f32_to_bf16(b, f.get(), 0, stream_);
   kc::cast_bf16_to_f32(f.get(), b, 0, stream_);
   kc::scale(f.get(), 2.0f, 0, stream_);
+  kc::scale(b, 2.0f, 0, stream_);
   kc::rope_forward(b, b, f.get(), f.get(), 0, 4, 2, 8, stream_);
   kc::attention_forward(b, f.get(), b, b, b, 0, 4, 2, 2, 8, stream_);
-  kc::rmsnorm_forward(b, f.get(), b, b, 0, 8, 1e-5f, stream_);
+  kc::rmsnorm_forward(b, f.get(), b, b, 0, 8, 1e-5f, 1.0f, stream_);
   kc::squared_norm(norm.get(), f.get(), 0, s.data(), s.size(), stream_);
   EXPECT_EQ(norm.download()[0], 0.0);
   expect_clean();

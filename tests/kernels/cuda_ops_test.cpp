@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -70,15 +71,62 @@ TEST_F(CudaVsCpu, RmsNorm) {
   DeviceBuffer<float> d_rstd(N), d_dw(dw0);
   d_out.poison();
   d_rstd.poison();
-  kc::rmsnorm_forward(d_out.as<bf16>(), d_rstd.get(), d_x.as<bf16>(), d_w.as<bf16>(), N, C, eps, stream_);
+  kc::rmsnorm_forward(d_out.as<bf16>(), d_rstd.get(), d_x.as<bf16>(), d_w.as<bf16>(), N, C, eps, 0.0f,
+                      stream_);
   auto s = scratch(kc::rmsnorm_backward_scratch_bytes(N, C));
   kc::rmsnorm_backward(d_dx.as<bf16>(), d_dw.get(), d_dout.as<bf16>(), d_x.as<bf16>(), d_w.as<bf16>(),
-                       d_rstd.get(), N, C, s.data(), s.size(), stream_);
+                       d_rstd.get(), N, C, 0.0f, s.data(), s.size(), stream_);
   EXPECT_LE(rel_l2(got(d_out), out), kTol);
   EXPECT_LE(rel_l2(d_rstd.download(), rstd), kTol);
   EXPECT_LE(rel_l2(got(d_dx), dx), kTol);
   EXPECT_LE(rel_l2(d_dw.download(), dw), kTol);
 }
+
+// RMSNorm of (rows, width) with a weight offset, against the CPU: Gemma's norm (offset 1, over the model
+// width) and Qwen3's per-head q/k norm (offset 0, over N * NH rows of HD).
+struct NormCase {
+  const char* name;
+  int rows, width;
+  float w_offset, w_scale;
+};
+
+void PrintTo(const NormCase& c, std::ostream* os) {
+  *os << c.name << " (" << c.rows << " rows of " << c.width << ", w_offset " << c.w_offset << ")";
+}
+
+class CudaRmsNormShapes : public CudaVsCpu, public ::testing::WithParamInterface<NormCase> {};
+
+TEST_P(CudaRmsNormShapes, MatchesCpu) {
+  SEED_TRACE();
+  const int N = GetParam().rows, C = GetParam().width;
+  const float eps = 1e-6f, w_offset = GetParam().w_offset;
+  const auto x = inputs(std::size_t(N) * C), w = inputs(C, GetParam().w_scale), dout = inputs(x.size());
+  const auto dx0 = inputs(x.size()), dw0 = inputs(C);
+  std::vector<float> out(x.size()), rstd(N), dx = dx0, dw = dw0;
+  cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps, w_offset);
+  cpu::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C, w_offset);
+
+  DeviceBuffer<cpu::bf16_t> d_x(to_bf16(x)), d_w(to_bf16(w)), d_dout(to_bf16(dout)), d_out(x.size()),
+      d_dx(to_bf16(dx0));
+  DeviceBuffer<float> d_rstd(N), d_dw(dw0);
+  d_out.poison();
+  d_rstd.poison();
+  kc::rmsnorm_forward(d_out.as<bf16>(), d_rstd.get(), d_x.as<bf16>(), d_w.as<bf16>(), N, C, eps, w_offset,
+                      stream_);
+  auto s = scratch(kc::rmsnorm_backward_scratch_bytes(N, C));
+  kc::rmsnorm_backward(d_dx.as<bf16>(), d_dw.get(), d_dout.as<bf16>(), d_x.as<bf16>(), d_w.as<bf16>(),
+                       d_rstd.get(), N, C, w_offset, s.data(), s.size(), stream_);
+  EXPECT_LE(rel_l2(got(d_out), out), kTol);
+  EXPECT_LE(rel_l2(d_rstd.download(), rstd), kTol);
+  EXPECT_LE(rel_l2(got(d_dx), dx), kTol);
+  EXPECT_LE(rel_l2(d_dw.download(), dw), kTol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Norms, CudaRmsNormShapes,
+                         ::testing::Values(NormCase{"gemma_offset", 200, 384, 1.0f, 0.1f},
+                                           NormCase{"per_head_q", 100 * 8, 128, 0.0f, 1.0f},
+                                           NormCase{"per_head_k_offset", 100 * 2, 64, 1.0f, 0.1f}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST_F(CudaVsCpu, Linear) {
   SEED_TRACE();
@@ -203,6 +251,78 @@ TEST_F(CudaVsCpu, Residual) {
   EXPECT_LE(rel_l2(got(d_out), out), kTol);
   EXPECT_LE(rel_l2(got(d_da), da), kTol);
   EXPECT_LE(rel_l2(got(d_db), db), kTol);
+}
+
+TEST_F(CudaVsCpu, GeGlu) {
+  SEED_TRACE();
+  const std::size_t n = 100003;
+  const auto gate = inputs(n, 2.0f), up = inputs(n), dout = inputs(n);
+  std::vector<float> out(n), dgate(n), dup(n);
+  cpu::geglu_forward(out.data(), gate.data(), up.data(), n);
+  cpu::geglu_backward(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), n);
+
+  DeviceBuffer<cpu::bf16_t> d_gate(to_bf16(gate)), d_up(to_bf16(up)), d_dout(to_bf16(dout)), d_out(n),
+      d_dgate(n), d_dup(n);
+  for (auto* b : {&d_out, &d_dgate, &d_dup}) b->poison();
+  kc::geglu_forward(d_out.as<bf16>(), d_gate.as<bf16>(), d_up.as<bf16>(), n, stream_);
+  kc::geglu_backward(d_dgate.as<bf16>(), d_dup.as<bf16>(), d_dout.as<bf16>(), d_gate.as<bf16>(),
+                     d_up.as<bf16>(), n, stream_);
+  EXPECT_LE(rel_l2(got(d_out), out), kTol);
+  EXPECT_LE(rel_l2(got(d_dgate), dgate), kTol);
+  EXPECT_LE(rel_l2(got(d_dup), dup), kTol);
+}
+
+// In place (dgate == gate, dup == up), as the model's backward runs it: the bits of separate outputs.
+TEST_F(CudaVsCpu, GeGluBackwardInPlaceEqualsSeparateOutputs) {
+  SEED_TRACE();
+  const std::size_t n = 10001;
+  const auto gate = inputs(n, 2.0f), up = inputs(n), dout = inputs(n);
+  DeviceBuffer<cpu::bf16_t> d_gate(to_bf16(gate)), d_up(to_bf16(up)), d_dout(to_bf16(dout)), d_dgate(n),
+      d_dup(n);
+  kc::geglu_backward(d_dgate.as<bf16>(), d_dup.as<bf16>(), d_dout.as<bf16>(), d_gate.as<bf16>(),
+                     d_up.as<bf16>(), n, stream_);
+  kc::geglu_backward(d_gate.as<bf16>(), d_up.as<bf16>(), d_dout.as<bf16>(), d_gate.as<bf16>(),
+                     d_up.as<bf16>(), n, stream_);
+  EXPECT_EQ(d_gate.download(), d_dgate.download());
+  EXPECT_EQ(d_up.download(), d_dup.download());
+}
+
+// N and OC not multiples of the vector width or the row block, so rows wrap inside a thread's group and
+// the last row block is partial.
+TEST_F(CudaVsCpu, Bias) {
+  SEED_TRACE();
+  const int N = 301, OC = 203;
+  const auto x = inputs(std::size_t(N) * OC), b = inputs(OC), dout = inputs(x.size()), db0 = inputs(OC);
+  std::vector<float> out = x, db = db0;
+  cpu::bias_forward(out.data(), b.data(), N, OC);
+  cpu::bias_backward(db.data(), dout.data(), N, OC);
+
+  DeviceBuffer<cpu::bf16_t> d_out(to_bf16(x)), d_b(to_bf16(b)), d_dout(to_bf16(dout));
+  DeviceBuffer<float> d_db(db0);
+  kc::bias_forward(d_out.as<bf16>(), d_b.as<bf16>(), N, OC, stream_);
+  auto s = scratch(kc::bias_backward_scratch_bytes(N, OC));
+  kc::bias_backward(d_db.get(), d_dout.as<bf16>(), N, OC, s.data(), s.size(), stream_);
+  EXPECT_LE(rel_l2(got(d_out), out), kTol);
+  EXPECT_LE(rel_l2(d_db.download(), db), kTol);
+}
+
+// A bias gradient on a training shape: the same bits on every run (no atomics; a fixed summation order).
+TEST_F(CudaVsCpu, BiasBackwardIsBitIdenticalRunToRun) {
+  SEED_TRACE();
+  const int N = 4096, OC = 896;
+  const auto dout = inputs(std::size_t(N) * OC), db0 = inputs(OC);
+  DeviceBuffer<cpu::bf16_t> d_dout(to_bf16(dout));
+  auto s = scratch(kc::bias_backward_scratch_bytes(N, OC));
+  std::vector<float> first;
+  for (int run = 0; run < 3; ++run) {
+    DeviceBuffer<float> d_db(db0);
+    kc::bias_backward(d_db.get(), d_dout.as<bf16>(), N, OC, s.data(), s.size(), stream_);
+    const auto db = d_db.download();
+    if (run == 0)
+      first = db;
+    else
+      EXPECT_EQ(0, std::memcmp(db.data(), first.data(), db.size() * sizeof(float))) << "run " << run;
+  }
 }
 
 class CudaCrossEntropy : public CudaVsCpu, public ::testing::WithParamInterface<bool> {};

@@ -77,6 +77,21 @@ TEST_F(CudaHelpers, ScaleMatchesTheCpuBitForBit) {
   EXPECT_TRUE(same_bits(d_x.download(), x));
 }
 
+// bf16 (Gemma's embedding scale on the residual stream): widened, multiplied in fp32, rounded once to
+// nearest even — core/dtype.h's f32_to_bf16 of the fp32 product, bit for bit, over every finite bf16.
+TEST_F(CudaHelpers, ScaleOfBf16RoundsTheFp32ProductOnce) {
+  std::vector<std::uint16_t> x;
+  for (std::uint32_t i = 0; i < 0x10000u; ++i)
+    if ((i & 0x7F80u) != 0x7F80u) x.push_back(std::uint16_t(i));  // finite: NaN payloads may differ
+  for (float s : {0.3f, 45.254833f, 1e30f}) {  // 1e30: products past bf16's range round to infinity
+    std::vector<std::uint16_t> want(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) want[i] = cpu::f32_to_bf16(cpu::bf16_to_f32(x[i]) * s);
+    DeviceBuffer<std::uint16_t> d_x(x);
+    kc::scale(d_x.as<kc::bf16>(), s, x.size(), stream_);
+    EXPECT_TRUE(same_bits(d_x.download(), want)) << "s = " << s;
+  }
+}
+
 TEST_F(CudaHelpers, NonFiniteCheckFindsOneBadValueAnywhere) {
   const std::size_t n = 300001;
   auto x = random_floats(n, std::random_device{}());

@@ -25,13 +25,14 @@ struct OpCase {
   std::function<Outputs()> run;  // fresh outputs from fixed inputs
 };
 
-Outputs run_rmsnorm() {
+// w_offset 0: Llama's norm; 1: Gemma's.
+Outputs run_rmsnorm(float w_offset) {
   const int N = 96, C = 320;
   const auto x = random_floats(std::size_t(N) * C, 1), w = random_floats(C, 2),
              dout = random_floats(x.size(), 3);
   std::vector<float> out(x.size()), rstd(N), dx(x.size(), 0.0f), dw(C, 0.0f);
-  cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
-  cpu::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+  cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, w_offset);
+  cpu::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C, w_offset);
   return {out, rstd, dx, dw};
 }
 
@@ -90,6 +91,20 @@ Outputs run_elementwise() {
   return {out, dgate, dup, res, da, db};
 }
 
+Outputs run_geglu_bias() {
+  const std::size_t n = 200003;
+  const auto a = random_floats(n, 22, 2.0f), b = random_floats(n, 23), dout = random_floats(n, 24);
+  std::vector<float> out(n), dgate(n), dup(n);
+  cpu::geglu_forward(out.data(), a.data(), b.data(), n);
+  cpu::geglu_backward(dgate.data(), dup.data(), dout.data(), a.data(), b.data(), n);
+  const int N = 1031, OC = 700;  // many row and column blocks
+  const auto x = random_floats(std::size_t(N) * OC, 25), bias = random_floats(OC, 26);
+  std::vector<float> y = x, db(OC, 0.5f);
+  cpu::bias_forward(y.data(), bias.data(), N, OC);
+  cpu::bias_backward(db.data(), x.data(), N, OC);
+  return {out, dgate, dup, y, db};
+}
+
 Outputs run_cross_entropy() {
   const int N = 64, V = 1000;
   std::vector<std::int32_t> targets(N);
@@ -120,12 +135,14 @@ Outputs run_norm_and_adamw() {
 
 const std::vector<OpCase>& cases() {
   static const std::vector<OpCase> c = {
-      {"rmsnorm", run_rmsnorm},
+      {"rmsnorm", [] { return run_rmsnorm(0.0f); }},
+      {"rmsnorm_weight_offset", [] { return run_rmsnorm(1.0f); }},
       {"linear", run_linear},
       {"embedding", run_embedding},
       {"rope", run_rope},
       {"attention", run_attention},
       {"swiglu_residual_scale", run_elementwise},
+      {"geglu_bias", run_geglu_bias},
       {"cross_entropy", run_cross_entropy},
       {"squared_norm_adamw", run_norm_and_adamw},
   };

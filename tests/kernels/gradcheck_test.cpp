@@ -71,6 +71,25 @@ TEST(GradCheck, RmsNorm) {
   EXPECT_LE(rel_l2(added(dw, dw0), fd_grad(f, in, 1, to_double(dout))), kBackwardTol);
 }
 
+// Gemma's norm: out = x * rstd * (w + 1); dw is the gradient of the stored w.
+TEST(GradCheck, RmsNormWithWeightOffset) {
+  const int N = 4, C = 16;
+  const float eps = 1e-6f, w_offset = 1.0f;
+  const auto x = random_floats(std::size_t(N) * C, 15), w = random_floats(C, 16, 0.1f);
+  std::vector<float> out(x.size(), kNaN), rstd(N, kNaN);
+  cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps, w_offset);
+  auto f = [&](const std::vector<Vec>& in) { return ref_rmsnorm(in[0], in[1], N, C, eps, w_offset); };
+  const std::vector<Vec> in = {to_double(x), to_double(w)};
+  EXPECT_LE(rel_l2(out, f(in)), kForwardTol);
+
+  const auto dout = random_floats(x.size(), 17);
+  const auto dx0 = random_floats(x.size(), 18), dw0 = random_floats(w.size(), 19);
+  auto dx = dx0, dw = dw0;
+  cpu::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C, w_offset);
+  EXPECT_LE(rel_l2(added(dx, dx0), fd_grad(f, in, 0, to_double(dout))), kBackwardTol);
+  EXPECT_LE(rel_l2(added(dw, dw0), fd_grad(f, in, 1, to_double(dout))), kBackwardTol);
+}
+
 TEST(GradCheck, Linear) {
   const int N = 5, IC = 6, OC = 7;
   const auto x = random_floats(std::size_t(N) * IC, 20), w = random_floats(std::size_t(OC) * IC, 21);
@@ -150,6 +169,38 @@ TEST(GradCheck, SwiGlu) {
   cpu::swiglu_backward(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), n);
   EXPECT_LE(rel_l2(dgate, fd_grad(f, in, 0, to_double(dout))), kBackwardTol);
   EXPECT_LE(rel_l2(dup, fd_grad(f, in, 1, to_double(dout))), kBackwardTol);
+}
+
+TEST(GradCheck, GeGlu) {
+  const std::size_t n = 37;
+  const auto gate = random_floats(n, 53, 2.0f), up = random_floats(n, 54);
+  std::vector<float> out(n, kNaN);
+  cpu::geglu_forward(out.data(), gate.data(), up.data(), n);
+  auto f = [&](const std::vector<Vec>& in) { return ref_geglu(in[0], in[1]); };
+  const std::vector<Vec> in = {to_double(gate), to_double(up)};
+  EXPECT_LE(rel_l2(out, f(in)), kForwardTol);
+
+  const auto dout = random_floats(n, 55);
+  std::vector<float> dgate(n, kNaN), dup(n, kNaN);
+  cpu::geglu_backward(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), n);
+  EXPECT_LE(rel_l2(dgate, fd_grad(f, in, 0, to_double(dout))), kBackwardTol);
+  EXPECT_LE(rel_l2(dup, fd_grad(f, in, 1, to_double(dout))), kBackwardTol);
+}
+
+// More columns than one of the CPU's 64-column tasks, the last one partial.
+TEST(GradCheck, Bias) {
+  const int N = 9, OC = 150;
+  const auto x = random_floats(std::size_t(N) * OC, 56), b = random_floats(OC, 57);
+  std::vector<float> out = x;
+  cpu::bias_forward(out.data(), b.data(), N, OC);
+  auto f = [&](const std::vector<Vec>& in) { return ref_bias(in[0], in[1], N, OC); };
+  const std::vector<Vec> in = {to_double(x), to_double(b)};
+  EXPECT_LE(rel_l2(out, f(in)), kForwardTol);
+
+  const auto dout = random_floats(x.size(), 58), db0 = random_floats(OC, 59);
+  auto db = db0;
+  cpu::bias_backward(db.data(), dout.data(), N, OC);
+  EXPECT_LE(rel_l2(added(db, db0), fd_grad(f, in, 1, to_double(dout))), kBackwardTol);
 }
 
 TEST(GradCheck, Residual) {

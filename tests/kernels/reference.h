@@ -79,13 +79,14 @@ inline Vec fd_grad(const std::function<Vec(const std::vector<Vec>&)>& f, std::ve
 
 // ---- float64 forwards -------------------------------------------------------------------------------
 
-inline Vec ref_rmsnorm(const Vec& x, const Vec& w, int N, int C, double eps) {
+// out = x * rstd * (w + w_offset) (w_offset 1: Gemma's norm).
+inline Vec ref_rmsnorm(const Vec& x, const Vec& w, int N, int C, double eps, double w_offset = 0.0) {
   Vec out(x.size());
   for (int i = 0; i < N; ++i) {
     double ms = 0.0;
     for (int c = 0; c < C; ++c) ms += x[i * C + c] * x[i * C + c];
     const double r = 1.0 / std::sqrt(ms / C + eps);
-    for (int c = 0; c < C; ++c) out[i * C + c] = x[i * C + c] * r * w[c];
+    for (int c = 0; c < C; ++c) out[i * C + c] = x[i * C + c] * r * (w[c] + w_offset);
   }
   return out;
 }
@@ -149,6 +150,25 @@ inline Vec ref_attention(const Vec& q, const Vec& k, const Vec& v, int B, int T,
 inline Vec ref_swiglu(const Vec& gate, const Vec& up) {
   Vec out(gate.size());
   for (std::size_t i = 0; i < gate.size(); ++i) out[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+  return out;
+}
+
+// PyTorch's gelu(approximate="tanh") times up.
+inline Vec ref_geglu(const Vec& gate, const Vec& up) {
+  const double k0 = std::sqrt(2.0 / 3.14159265358979323846);
+  Vec out(gate.size());
+  for (std::size_t i = 0; i < gate.size(); ++i) {
+    const double z = gate[i];
+    out[i] = 0.5 * z * (1.0 + std::tanh(k0 * (z + 0.044715 * z * z * z))) * up[i];
+  }
+  return out;
+}
+
+// out (N,OC) = x (N,OC) + b broadcast over rows.
+inline Vec ref_bias(const Vec& x, const Vec& b, int N, int OC) {
+  Vec out(x.size());
+  for (int i = 0; i < N; ++i)
+    for (int c = 0; c < OC; ++c) out[std::size_t(i) * OC + c] = x[std::size_t(i) * OC + c] + b[c];
   return out;
 }
 

@@ -110,15 +110,19 @@ TEST(HfConfig, Llama3ScalingReadsTheSameInTheOlderAndNewerForm) {
 
 TEST(HfConfig, SettingsThisDecoderDoesNotComputeAreRefusedByName) {
   const std::pair<const char*, json> cases[] = {
-      {"attention_bias", true},
       {"mlp_bias", true},
       {"hidden_act", "gelu"},
       {"attention_dropout", 0.1},
-      {"sliding_window", 4096},
+      {"sliding_window", 4096},  // Llama has none
       {"num_local_experts", 8},
-      {"model_type", "qwen2"},
+      {"model_type", "falcon"},
       {"partial_rotary_factor", 0.5},
       {"architectures", {"MistralForCausalLM"}},
+      {"use_sliding_window", true},
+      {"layer_types", {"full_attention", "sliding_attention"}},
+      {"resid_pdrop", 0.1},
+      {"final_logit_softcapping", 30.0},
+      {"hidden_activation", "gelu"},
   };
   for (const auto& [key, value] : cases) {
     json j = hf_config();

@@ -9,8 +9,10 @@
 //   10 AdamW   every step's loss within 1e-4 relative (the differences above, carried through the updates)
 // The configurations: grouped-query attention with head_dim wider than hidden_size / heads and untied
 // embeddings, tied embeddings, rope_theta 5e5, Llama 3.1's rope scaling (the newer rope_parameters form
-// that transformers 5 writes). bf16 applies to the cuda backend's ops, which are checked against these
-// same CPU ops (tests/kernels); this machine has no GPU to run them here.
+// that transformers 5 writes), and one directory per other family (Mistral, Qwen2, Qwen3, Phi-3, Gemma:
+// Note [Model families] in model/config.h), whose norms and biases are random too. bf16 applies to the cuda
+// backend's ops, which are checked against these same CPU ops (tests/kernels); this machine has no GPU to run
+// them here.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -86,7 +88,7 @@ TEST_P(Reference, ForwardBackwardAndTenAdamWStepsMatchTransformers) {
   model.backward(ch);
   int checked = 0;
   for (const ChunkLayout& c : ch.layout().chunks())
-    for (const TensorSpec& t : c.tensors) {
+    for (const TensorSpec& t : c.stored) {  // as transformers names them (Phi-3's fused projections)
       const std::vector<float> want = read_all(ref, "grad." + t.hf_name);
       ASSERT_EQ(want.size(), t.numel) << t.hf_name;
       const float* got = ch.grads(c.id) + t.offset;
@@ -95,7 +97,10 @@ TEST_P(Reference, ForwardBackwardAndTenAdamWStepsMatchTransformers) {
       EXPECT_LE(norm(diff.data(), t.numel), 1e-4 * norm(want.data(), t.numel)) << t.hf_name;
       ++checked;
     }
-  EXPECT_EQ(checked, int(ch.layout().chunks().size() - 2) * 9 + 2 + (cfg.tie_embeddings ? 0 : 1));
+  // Every parameter transformers has was checked.
+  int theirs = 0;
+  for (const SafetensorsEntry& e : ref.entries()) theirs += e.name.rfind("grad.", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(checked, theirs);
 
   // 10 AdamW steps on the same batch from the loaded weights (torch.optim.AdamW's hyperparameters).
   InMemoryChunks fresh{ModelLayout(cfg)};
@@ -121,8 +126,38 @@ TEST_P(Reference, ForwardBackwardAndTenAdamWStepsMatchTransformers) {
   }
 }
 
+// transformers' labels = -100: its loss is the mean over the labels kept, position t scored against
+// labels[t + 1] (it shifts them inside the model). The same batch with those targets, and -100 (ignored) for
+// the rest and the last position, must give that loss.
+TEST_P(Reference, MaskedLossMatchesTransformersLabels) {
+  const std::string dir = data_dir(GetParam());
+  const nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir + "/reference.json"));
+  if (!meta.contains("masked_loss")) GTEST_SKIP() << GetParam() << " was dumped without a masked loss";
+  const HfModel hf = open_hf_model(dir);
+  InMemoryChunks ch{ModelLayout(hf.config)};
+  load_weights(hf.weights, ch);
+  const SafetensorsReader ref(dir + "/reference.safetensors");
+  const int B = meta["batch"], T = meta["seq_len"];
+  const std::vector<float> ids = read_all(ref, "input_ids"), labels = read_all(ref, "labels");  // (B, T)
+  std::vector<int32_t> in(std::size_t(B) * T), tgt(in.size(), -100);
+  int kept = 0;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      in[std::size_t(b) * T + t] = int32_t(ids[std::size_t(b) * (T + 1) + t]);
+      if (t + 1 < T) tgt[std::size_t(b) * T + t] = int32_t(labels[std::size_t(b) * T + t + 1]);
+      kept += tgt[std::size_t(b) * T + t] >= 0;
+    }
+  ASSERT_GT(kept, 0);
+  ASSERT_LT(kept, B * T - B);  // some are masked
+  kernels::cpu::set_blas_threads(1);
+  LlamaModel model(hf.config);
+  const double want = meta["masked_loss"];
+  EXPECT_NEAR(model.forward(ch, in.data(), tgt.data(), B, T), want, 1e-5 * want);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transformers, Reference,
-                         ::testing::Values("gqa_head_dim_untied", "tied", "rope_theta_5e5", "llama3_scaling"),
+                         ::testing::Values("gqa_head_dim_untied", "tied", "rope_theta_5e5", "llama3_scaling",
+                                           "mistral", "qwen2", "qwen3", "phi3", "gemma"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -15,7 +15,16 @@ For each configuration below it writes OUT_DIR/<name>/:
 
 The configurations cover what the Hugging Face path must get right: grouped-query attention with an
 explicit head_dim wider than hidden_size / heads and untied embeddings, tied embeddings, rope_theta 5e5, and
-Llama 3.1's rope scaling. The loss is transformers' own (labels = inputs shifted by one inside the model).
+Llama 3.1's rope scaling; then one directory per other family (docs/model.md, "Model families"): Mistral
+with a sliding window no shorter than the sequence, Qwen2 (q, k, v biases, tied), Qwen3 (per-head q/k norm,
+head_dim wider than hidden_size / heads, attention_bias true so that o_proj's bias is covered too), Phi-3
+(fused qkv_proj and gate_up_proj) and Gemma (norms scaling by 1 + w, embeddings times sqrt(hidden), GELU-tanh,
+tied). For those, every 1-D parameter (norm weights, biases) is also drawn at random, so that a wrong norm
+offset or a missing bias shows. The loss is cross-entropy on inputs shifted by one.
+
+Each family's reference.json also holds "masked_loss": transformers' own loss, model(input_ids=inputs,
+labels=labels), with labels (B, T) = inputs where a fixed random draw keeps them and -100 elsewhere (stored
+as "labels", F32): transformers shifts them inside the model, so position t is scored against labels[t + 1].
 """
 import json
 import os
@@ -41,18 +50,38 @@ CONFIGS = {
                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
 }
 
+# name: (config class, model class, overrides); the keys a family's config does not take are dropped.
+FAMILIES = {
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=2, sliding_window=32)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_key_value_heads=2, head_dim=32, attention_bias=True)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=2, pad_token_id=0)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(num_key_value_heads=2, head_dim=16,
+                                                      tie_word_embeddings=True)),
+}
+NOT_TAKEN = {"mistral": ("attention_bias", "mlp_bias"), "qwen2": ("attention_bias", "mlp_bias"),
+             "qwen3": ("mlp_bias",), "phi3": ("attention_bias", "mlp_bias"), "gemma": ("mlp_bias",)}
 
-def make(name, overrides, out):
+
+def make(name, overrides, out, family=None):
     kw = dict(COMMON)
     kw.update(overrides)
     torch.manual_seed(1234)
-    cfg = transformers.LlamaConfig(**kw)
-    model = transformers.LlamaForCausalLM(cfg).to(torch.float32)
+    if family is None:
+        cfg = transformers.LlamaConfig(**kw)
+        model = transformers.LlamaForCausalLM(cfg).to(torch.float32)
+    else:
+        for k in NOT_TAKEN[name]:
+            kw.pop(k, None)
+        cfg = getattr(transformers, family[0])(**kw)
+        model = getattr(transformers, family[1])(cfg).to(torch.float32)
     # Larger than the default 0.02 init, so that the logits and gradients are far from zero.
     with torch.no_grad():
-        for p in model.parameters():
+        for n, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.08)
+            elif family is not None:  # norms around their init (1, or 0 for Gemma's 1 + w), biases around 0
+                p.add_(torch.randn_like(p) * 0.1)
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
     model.save_pretrained(d, safe_serialization=True)
@@ -72,6 +101,13 @@ def make(name, overrides, out):
     for n, p in model.named_parameters():
         tensors["grad." + n] = p.grad.detach().clone().contiguous()
     first = float(loss)
+    masked = None
+    if family is not None:
+        keep = torch.rand((B, T), generator=g) < 0.5
+        labels = torch.where(keep, inputs, torch.full_like(inputs, -100))
+        with torch.no_grad():
+            masked = float(model(input_ids=inputs, labels=labels).loss)
+        tensors["labels"] = labels.to(torch.float32).contiguous()
 
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
     losses = []
@@ -88,6 +124,8 @@ def make(name, overrides, out):
             "adamw": {"lr": ADAMW["lr"], "beta1": ADAMW["betas"][0], "beta2": ADAMW["betas"][1],
                       "eps": ADAMW["eps"], "weight_decay": ADAMW["weight_decay"]},
             "torch": torch.__version__, "transformers": transformers.__version__}
+    if masked is not None:
+        meta["masked_loss"] = masked
     with open(os.path.join(d, "reference.json"), "w") as f:
         json.dump(meta, f, indent=1)
     print(f"{name}: loss {first:.6f}, after {STEPS} steps {losses[-1]:.6f} -> {d}")
@@ -98,6 +136,8 @@ def main():
     torch.set_num_threads(1)
     for name, ov in CONFIGS.items():
         make(name, ov, out)
+    for name, (cfg_cls, model_cls, ov) in FAMILIES.items():
+        make(name, ov, out, (cfg_cls, model_cls))
 
 
 if __name__ == "__main__":

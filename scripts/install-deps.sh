@@ -5,8 +5,8 @@
 # Then fetches the cuDNN frontend's C++ headers (header-only, pinned below) into deps/cudnn-frontend/ for
 # kernels/cuda/attention_cudnn.cpp; when that download fails (offline) the build goes on without the
 # cuDNN attention path (cmake/StrataCudnn.cmake says so) and attention runs on kernels/cuda's own kernel.
-# Last makes deps/pyenv/, a Python venv holding Hugging Face `tokenizers` (pinned below) for
-# scripts/tokenize_text.py (docs/train.md); offline, it warns and the script still succeeds.
+# Last makes deps/pyenv/, a Python venv holding Hugging Face `tokenizers`, `transformers` and `jinja2`
+# (pinned below) for scripts/tokenize_text.py (docs/train.md); offline, it warns and the script still succeeds.
 # Usage: scripts/install-deps.sh                    packages, the cuDNN frontend headers, the venv
 #        scripts/install-deps.sh --cudnn-frontend   only the headers (no apt, no sudo)
 #        scripts/install-deps.sh --python           only the venv (no apt, no sudo)
@@ -74,18 +74,25 @@ PY
 }
 
 # Hugging Face `tokenizers` for scripts/tokenize_text.py, in a venv of its own made with the system python3
-# (the host's Python is left alone). tests/model's tokenize test runs with this venv's python3 when it
-# exists at configure time. To move the pin, change it and run this again.
+# (the host's Python is left alone); `transformers` and `jinja2` for its --chat mode (the model's own chat
+# template, rendered by apply_chat_template). tests/model's tokenize test runs with this venv's python3 when
+# it exists at configure time. To move a pin, change it and run this again; transformers 5.24.0 requires
+# tokenizers >=0.23.1,<0.24.
 tokenizers_version=0.23.3
+transformers_version=5.24.0
+jinja2_version=3.1.6
 pyenv_dir=$root/deps/pyenv  # ignored by git (.gitignore: /deps/)
 
 # Never fails the script: on any error it says why; only scripts/tokenize_text.py and its test need the venv.
 make_pyenv() {
   local py=$pyenv_dir/bin/python3
   local have
-  have=$("$py" -c 'import tokenizers; print(tokenizers.__version__)' 2>/dev/null || true)
-  if [ "$have" = "$tokenizers_version" ]; then
-    echo "install-deps: tokenizers $tokenizers_version present in $pyenv_dir"
+  local want="$tokenizers_version $transformers_version $jinja2_version"
+  have=$("$py" -c 'import tokenizers, transformers, jinja2
+print(tokenizers.__version__, transformers.__version__, jinja2.__version__)' 2>/dev/null || true)
+  if [ "$have" = "$want" ]; then
+    echo "install-deps: tokenizers $tokenizers_version, transformers $transformers_version and jinja2" \
+         "$jinja2_version present in $pyenv_dir"
     return 0
   fi
   if ! command -v python3 >/dev/null || ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
@@ -99,13 +106,15 @@ make_pyenv() {
     rm -rf "$pyenv_dir"
     return 0
   fi
-  echo "install-deps: installing tokenizers==$tokenizers_version into $pyenv_dir"
-  if ! "$py" -m pip install --quiet --disable-pip-version-check "tokenizers==$tokenizers_version"; then
-    echo "install-deps: WARNING: pip install tokenizers==$tokenizers_version failed (offline?);" \
-         "scripts/tokenize_text.py cannot run and its test is skipped. Run $0 --python once online."
+  local pins=("tokenizers==$tokenizers_version" "transformers==$transformers_version" "jinja2==$jinja2_version")
+  echo "install-deps: installing ${pins[*]} into $pyenv_dir"
+  if ! "$py" -m pip install --quiet --disable-pip-version-check "${pins[@]}"; then
+    echo "install-deps: WARNING: pip install ${pins[*]} failed (offline?); scripts/tokenize_text.py" \
+         "cannot run (or cannot run --chat) and its test is skipped (or its --chat checks). Run $0 --python" \
+         "once online."
     return 0
   fi
-  echo "install-deps: tokenizers $tokenizers_version in $pyenv_dir (scripts/tokenize_text.py runs with $py)"
+  echo "install-deps: ${pins[*]} in $pyenv_dir (scripts/tokenize_text.py runs with $py)"
 }
 
 if [ "${1:-}" = "--cudnn-frontend" ]; then

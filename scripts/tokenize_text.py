@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Turns text into a token file for `strata train --data`, with a model's own tokenizer.json.
+"""Turns text into a token file for `strata train --data`, with a model's own tokenizer.json; with --chat,
+turns conversations into a token file and its loss mask (supervised fine-tuning).
 
 Example:
   deps/pyenv/bin/python3 scripts/tokenize_text.py --tokenizer models/Llama-3.2-1B --out train.bin \\
       corpus.jsonl notes.txt
+  deps/pyenv/bin/python3 scripts/tokenize_text.py --chat --tokenizer models/Llama-3.2-1B-Instruct \\
+      --out sft.bin conversations.jsonl        # writes sft.bin and sft.bin.mask
 
 Inputs, in the order given: a `.jsonl` file holds one document per line (a JSON object; its "text" field,
 or the --jsonl-field name; blank lines are skipped); any other file is one document. Text is UTF-8 (a
@@ -23,11 +26,49 @@ add_eos_token, where present, decide whether each is added; otherwise a token th
 Output: llm.c's .bin (model/token_file.h): 256 little-endian int32 (magic, version, token count, 0...),
 then the tokens: uint16 (magic 20240520, version 1) when the vocabulary, added tokens included, has at
 most 65536 ids, else uint32 (magic 20240801, version 7). Written to OUT.tmp, then renamed; an OUT (or
-OUT.tmp) that is one of the inputs or the tokenizer.json is refused before anything is written.
+OUT.tmp, OUT.mask, OUT.mask.tmp) that is one of the inputs or the tokenizer's files is refused before
+anything is written.
 
 Long documents are encoded in pieces of at most PIECE_CHARS characters, so memory stays bounded whatever
 the size of a document (Note [Long documents] below says where the pieces end and when their tokens are
 those of encoding the document in one call).
+
+Chat data (--chat). Every input is JSONL, one conversation a line: {"messages": [{"role": ..., "content":
+...}, ...]} as transformers and TRL write it (other keys of a message are passed to the template; blank
+lines are skipped). Each conversation's tokens are those of the model directory's own chat template,
+through transformers' AutoTokenizer.from_pretrained(MODEL_DIR).apply_chat_template(messages) (no template
+engine of ours): the template carries its special tokens, and nothing is added before, between or after
+conversations. --tokenizer must be the model directory, with a chat template (tokenizer_config.json's
+"chat_template" or chat_template.jinja). Needs `transformers` (and jinja2), imported only for --chat.
+Beside the token file, OUT.mask holds one byte per token: 1 if the token belongs to an assistant turn (it
+counts when it is a target), else 0 (Note [Assistant spans]); --train-on-prompt makes every byte 1 but a
+pad's. Conversations are packed one after another; with --pad-rows --seq-len T each fills one row of
+exactly T tokens: cut after T (counted on stderr), else padded with the pad token (pad_token, else
+eos_token) whose mask is 0. The trainer's window for row s is the T + 1 tokens from s*T: its last target is
+the next row's first token, which counts only if it is an assistant token (a template never starts with
+one; with --train-on-prompt it counts).
+
+Mask file OUT.mask (model/loss_mask.h reads it): 256 little-endian int32, [0] magic 20261127, [1] version 1,
+[2] and [3] the token count as a little-endian uint64 (low 32 bits, high 32 bits), the rest 0; then one
+byte per token of OUT. Written as OUT.mask.tmp; once both files are complete the old OUT is removed, then
+OUT.mask.tmp and OUT.tmp are renamed in that order, so that no reader pairs a token file with a mask of
+another run. A run without --chat removes a stale OUT.mask before it renames OUT.tmp.
+
+Note [Assistant spans]
+~~~~~~~~~~~~~~~~~~~~~~
+Which tokens belong to an assistant turn. A template with {% generation %} ... {% endgeneration %} blocks
+says so itself: apply_chat_template(return_dict=True, return_assistant_tokens_mask=True) returns
+"assistant_masks", 1 for every token overlapping the text a block rendered. A template without them (most
+models') is probed by rendering prefixes of the conversation: for each assistant message k, P = the tokens
+of messages[:k] with add_generation_prompt=True (the prompt up to where the model starts answering) and Q
+= the tokens of messages[:k+1]; the span is Q[len(P):] (the answer and the template's end-of-turn tokens).
+This holds only when P is a prefix of Q and Q a prefix of the whole conversation's tokens, which is
+checked: a template that renders a message differently once later ones follow (one that drops earlier
+turns' reasoning, or numbers turns from the end), or a tokenizer that merges across the place where P
+ends, fails it, and the run stops naming file:line (use a template with {% generation %} blocks there).
+An assistant message that opens the conversation has no prefix to render and is refused the same way.
+Both ways give the same mask when the generation blocks hold what follows the generation prompt up to the
+end of the turn (tested).
 
 Exit status: 0 done, 2 a usage or input error (the message says which file, and for JSONL which line).
 """
@@ -51,6 +92,8 @@ LLMC_HEADER_INTS = 256
 LLMC_U16 = (20240520, 1)  # (magic, version)
 LLMC_U32 = (20240801, 7)
 INT32_MAX = 2**31 - 1
+MASK_HEADER_INTS = 256
+MASK_MAGIC, MASK_VERSION = 20261127, 1
 
 # Fallback names, looked up in tokenizer.json's added tokens when no config names the token.
 BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>")
@@ -123,6 +166,72 @@ def llmc_header(count, width):
     if sys.byteorder == "big":
         header.byteswap()
     return header.tobytes()
+
+
+def mask_header(count):
+    """OUT.mask's 1024-byte header for `count` tokens: magic, version, the count as a uint64 (low, high)."""
+    header = array("I", [0] * MASK_HEADER_INTS)
+    header[0], header[1], header[2], header[3] = MASK_MAGIC, MASK_VERSION, count & 0xFFFFFFFF, count >> 32
+    if sys.byteorder == "big":
+        header.byteswap()
+    return header.tobytes()
+
+
+class Output:
+    """The token file OUT being written, as OUT.tmp, and with masks=True its loss mask, as OUT.mask.tmp.
+    write() appends tokens (and their mask bytes); commit() writes the counts into the headers and renames
+    the files into place (the module docstring says in which order); discard() removes what was written."""
+
+    def __init__(self, path, width, masks):
+        self.path, self.width, self.count = path, width, 0
+        self.tmp, self.mask_path, self.mask_tmp = path + ".tmp", path + ".mask", path + ".mask.tmp"
+        self.out = self.mask = None
+        try:
+            self.out = open(self.tmp, "wb")
+            self.out.write(llmc_header(0, width))  # rewritten with the count by commit()
+            if masks:
+                self.mask = open(self.mask_tmp, "wb")
+                self.mask.write(mask_header(0))
+        except BaseException:
+            self.discard()
+            raise
+
+    def write(self, tokens, mask=None):
+        """Appends `tokens` (ids, each < 2**(8 * width)) and, to the mask, `mask` (one 0/1 byte a token)."""
+        if not (isinstance(tokens, array) and tokens.typecode == "I"):
+            tokens = array("I", tokens)
+        if self.width == 2:
+            tokens = array("H", tokens)  # every id fits: width came from the vocabulary size
+        if sys.byteorder == "big":
+            tokens.byteswap()
+        self.out.write(tokens.tobytes())
+        if self.mask is not None:
+            self.mask.write(mask)
+        self.count += len(tokens)
+        if self.count > INT32_MAX:
+            raise InputError(f"more than {INT32_MAX} tokens do not fit llm.c's int32 header count; "
+                             f"split the inputs over several token files")
+
+    def commit(self):
+        for f, header in ((self.out, llmc_header(self.count, self.width)), (self.mask, mask_header(self.count))):
+            if f is not None:
+                f.seek(0)
+                f.write(header)
+                f.close()
+        if self.mask is not None:
+            if os.path.lexists(self.path):
+                os.remove(self.path)  # the old tokens never pair with the new mask
+            os.replace(self.mask_tmp, self.mask_path)
+        elif os.path.lexists(self.mask_path):
+            os.remove(self.mask_path)  # a mask of an earlier --chat run never pairs with the new tokens
+        os.replace(self.tmp, self.path)
+
+    def discard(self):
+        for f, path in ((self.out, self.tmp), (self.mask, self.mask_tmp)):
+            if f is not None:
+                f.close()
+                if os.path.exists(path):
+                    os.remove(path)
 
 
 def _read_json(path):
@@ -317,6 +426,21 @@ class Cutter:
         return len(alone) if together[:len(alone)] == alone else None
 
 
+def check_paths(args, tokenizer_files):
+    """The inputs exist, and no file this run writes or removes (OUT, OUT.tmp, OUT.mask, OUT.mask.tmp) is
+    one it reads: an input or one of tokenizer_files."""
+    for path in args.inputs:
+        if not os.path.isfile(path):
+            raise InputError(f"{path}: no such input file")
+    read = [(p, "the input") for p in args.inputs] + [(p, "the tokenizer's") for p in tokenizer_files]
+    for path, what in read:
+        for target in (args.out, args.out + ".tmp", args.out + ".mask", args.out + ".mask.tmp"):
+            if os.path.exists(target) and os.path.samefile(target, path):
+                as_tmp = "" if target == args.out else f" (written or removed as {target})"
+                raise InputError(f"--out {args.out}{as_tmp} is {what} {path}; writing it would overwrite "
+                                 f"that file: choose another --out")
+
+
 def tokenize(args):
     if tokenizers is None:
         raise InputError("the Python package `tokenizers` is not installed for " + sys.executable +
@@ -329,16 +453,7 @@ def tokenize(args):
     if not os.path.isfile(tok_path):
         raise InputError(f"{tok_path}: no such file; --tokenizer takes a model directory holding "
                          f"tokenizer.json, or the tokenizer.json itself")
-    for path in args.inputs:
-        if not os.path.isfile(path):
-            raise InputError(f"{path}: no such input file")
-    # --out (or the OUT.tmp it is written as) must not be a file this run reads: it would be overwritten.
-    for path, what in [(p, "the input") for p in args.inputs] + [(tok_path, "the tokenizer")]:
-        for target in (args.out, args.out + ".tmp"):
-            if os.path.exists(target) and os.path.samefile(target, path):
-                as_tmp = "" if target == args.out else f" (written first as {target})"
-                raise InputError(f"--out {args.out}{as_tmp} is {what} {path}; writing it would overwrite "
-                                 f"that file: choose another --out")
+    check_paths(args, [tok_path])
     try:
         tok = tokenizers.Tokenizer.from_file(tok_path)
     except Exception as e:  # the library raises plain Exception for a malformed file
@@ -366,63 +481,49 @@ def tokenize(args):
 
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
     cutter = Cutter(lambda text: tok.encode(text, add_special_tokens=False).ids)
-    tmp = args.out + ".tmp"
-    count = docs = 0
+    docs = 0
     held = collections.Counter()  # input path -> the documents it held
+    out = Output(args.out, width, masks=False)
     try:
-        with open(tmp, "wb") as out:
-            out.write(llmc_header(0, width))  # rewritten with the count at the end
+        def flush(batch):
+            if not batch:
+                return
+            tokens = array("I")
+            encodings = encode([piece.context + piece.text for piece in batch], add_special_tokens=False)
+            for piece, enc in zip(batch, encodings):
+                if piece.first:
+                    tokens.extend(prefix)
+                tokens.extend(enc.ids[piece.skip:])
+                if piece.last:
+                    tokens.extend(suffix)
+            out.write(tokens)
 
-            def flush(batch):
-                nonlocal count
-                if not batch:
-                    return
-                tokens = array("I")
-                encodings = encode([piece.context + piece.text for piece in batch], add_special_tokens=False)
-                for piece, enc in zip(batch, encodings):
-                    if piece.first:
-                        tokens.extend(prefix)
-                    tokens.extend(enc.ids[piece.skip:])
-                    if piece.last:
-                        tokens.extend(suffix)
-                if width == 2:
-                    tokens = array("H", tokens)  # every id fits: width came from the vocabulary size
-                if sys.byteorder == "big":
-                    tokens.byteswap()
-                out.write(tokens.tobytes())
-                count += len(tokens)
-                if count > INT32_MAX:
-                    raise InputError(f"more than {INT32_MAX} tokens do not fit llm.c's int32 header count; "
-                                     f"split the inputs over several token files")
-
-            batch, chars = [], 0
-            for path, where, blocks in documents(args.inputs, args.jsonl_field):
-                for piece in cutter.pieces(where, blocks):  # one piece unless the document is long
-                    if piece.first:
-                        docs += 1
-                        held[path] += 1
-                    batch.append(piece)
-                    chars += len(piece.context) + len(piece.text)
-                    if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
-                        flush(batch)
-                        batch, chars = [], 0
-            flush(batch)
-            # An input with no text adds no document (as a blank JSONL line adds none): said, not an error,
-            # unless no input held any.
-            empty = [path for path in dict.fromkeys(args.inputs) if not held[path]]
-            if count == 0:
-                why = f"; no text in {', '.join(empty)}" if empty else ""
-                raise InputError(f"the inputs hold no tokens ({docs} documents{why}); {args.out} was not written")
-            for path in empty:
-                kind = f"no line with a non-empty {args.jsonl_field!r}" if path.endswith(".jsonl") else "empty"
-                print(f"tokenize: {path}: no text ({kind}); it adds no document", file=sys.stderr)
-            out.seek(0)
-            out.write(llmc_header(count, width))
-        os.replace(tmp, args.out)
+        batch, chars = [], 0
+        for path, where, blocks in documents(args.inputs, args.jsonl_field):
+            for piece in cutter.pieces(where, blocks):  # one piece unless the document is long
+                if piece.first:
+                    docs += 1
+                    held[path] += 1
+                batch.append(piece)
+                chars += len(piece.context) + len(piece.text)
+                if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
+                    flush(batch)
+                    batch, chars = [], 0
+        flush(batch)
+        # An input with no text adds no document (as a blank JSONL line adds none): said, not an error,
+        # unless no input held any.
+        empty = [path for path in dict.fromkeys(args.inputs) if not held[path]]
+        if out.count == 0:
+            why = f"; no text in {', '.join(empty)}" if empty else ""
+            raise InputError(f"the inputs hold no tokens ({docs} documents{why}); {args.out} was not written")
+        for path in empty:
+            kind = f"no line with a non-empty {args.jsonl_field!r}" if path.endswith(".jsonl") else "empty"
+            print(f"tokenize: {path}: no text ({kind}); it adds no document", file=sys.stderr)
+        out.commit()
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        out.discard()
         raise
+    count = out.count
 
     def said(s, other_shared=False):
         if s.id is None:
@@ -437,26 +538,261 @@ def tokenize(args):
           f"{args.out}; {said(bos)}, {said(eos, shared)}")
 
 
+# How transformers decides that a template marks its assistant tokens itself (Note [Assistant spans]).
+GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
+CHAT_LINE = '{"messages": [{"role": ..., "content": ...}, ...]}'
+
+
+def _messages(where, obj):
+    """The messages of one JSONL line's object, checked: a non-empty list of objects with string role and
+    content (other keys are left for the template)."""
+    if not isinstance(obj, dict) or "messages" not in obj:
+        raise InputError(f'{where}: no "messages" field (--chat reads one conversation a line: {CHAT_LINE})')
+    messages = obj["messages"]
+    if not isinstance(messages, list) or not messages:
+        what = "an empty list" if isinstance(messages, list) else f"a {type(messages).__name__}"
+        raise InputError(f'{where}: "messages" is {what}, not a list of {{"role", "content"}} objects')
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise InputError(f'{where}: message {i} is a {type(m).__name__}, not an object with string "role" '
+                             f'and "content"')
+        for key in ("role", "content"):
+            value = m.get(key)
+            if key not in m:
+                raise InputError(f"{where}: message {i} has no {key!r} (a string)")
+            if not isinstance(value, str):
+                raise InputError(f"{where}: message {i}'s {key!r} is {json.dumps(value)[:40]}, not a string")
+            bad = SURROGATE.search(value)
+            if bad:
+                raise InputError(f"{where}: message {i}'s {key!r} is not encodable as UTF-8: it holds a lone "
+                                 f"surrogate \\u{ord(bad.group()):04x} at character {bad.start()}; fix or drop "
+                                 f"that line")
+    return messages
+
+
+def conversations(paths):
+    """Yields (where, messages) for every conversation of every input (JSONL, one a line), in order."""
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                lineno = 0
+                for line in f:
+                    lineno += 1
+                    if not line.strip():
+                        continue
+                    where = f"{path}:{lineno}"
+                    try:
+                        obj = json.loads(line)
+                    except ValueError as e:
+                        raise InputError(f"{where}: not valid JSON ({e}); --chat reads one conversation a line: "
+                                         f"{CHAT_LINE}")
+                    yield where, _messages(where, obj)
+        except UnicodeDecodeError as e:
+            raise InputError(f"{path}: not UTF-8 text ({e})")
+        except OSError as e:
+            raise InputError(f"{path}: cannot read ({e.strerror})")
+
+
+def load_chat_tokenizer(model_dir):
+    """transformers' tokenizer of model_dir and its chat template; InputError when either is missing."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found": not needed
+    try:
+        import jinja2  # noqa: F401  (transformers renders templates with it, importing it only then)
+        import transformers
+    except ImportError as e:
+        raise InputError(f"--chat needs the Python packages `transformers` and `jinja2`, not importable by "
+                         f"{sys.executable} ({e}); run `bash scripts/install-deps.sh --python` and use "
+                         f"deps/pyenv/bin/python3 (or pip install transformers jinja2)")
+    # Its warnings (a conversation longer than model_max_length, ...) do not apply: nothing is truncated.
+    transformers.logging.set_verbosity_error()
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    except Exception as e:  # whatever the loader raises for a directory it cannot read
+        raise InputError(f"{model_dir}: transformers cannot load its tokenizer ({type(e).__name__}: {e})")
+    try:
+        template = tok.get_chat_template()
+    except ValueError:  # none, or several with no "default"
+        template = None
+    if not isinstance(template, str) or not template:
+        raise InputError(f"{model_dir} has no chat template; --chat renders each conversation with the model's "
+                         f"own: add it as \"chat_template\" in {model_dir}/tokenizer_config.json or as "
+                         f"{model_dir}/chat_template.jinja (an instruct model's directory has one), or tokenize "
+                         f"plain text without --chat")
+    return tok, template
+
+
+def _chat(tok, where, messages, **kwargs):
+    """apply_chat_template's BatchEncoding of `messages` (tokens as the template renders them, with its own
+    special tokens); InputError naming `where` when the template fails on them."""
+    try:
+        return tok.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
+    except Exception as e:  # jinja2's TemplateError, a template's raise_exception("..."), ...
+        raise InputError(f"{where}: the chat template fails on this conversation ({type(e).__name__}: {e})")
+
+
+def encode_conversation(tok, where, messages, generation, train_on_prompt):
+    """(ids, mask) of one conversation: its tokens, and one byte a token, 1 for an assistant turn's
+    (Note [Assistant spans]; generation: the template has {% generation %} blocks), all 1 with
+    train_on_prompt."""
+    if generation and not train_on_prompt:
+        enc = _chat(tok, where, messages, return_assistant_tokens_mask=True)
+        return list(enc["input_ids"]), bytearray(enc["assistant_masks"])
+    ids = list(_chat(tok, where, messages)["input_ids"])
+    if train_on_prompt:
+        return ids, bytearray(b"\x01") * len(ids)
+    mask = bytearray(len(ids))
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        if k == 0:
+            raise InputError(f"{where}: message 0 is an assistant's, and its tokens are found by rendering the "
+                             f"messages before it (Note [Assistant spans] in this script); start the conversation "
+                             f"with a system or user message, or use a chat template with {{% generation %}} "
+                             f"blocks")
+        p = list(_chat(tok, where, messages[:k], add_generation_prompt=True)["input_ids"])
+        q = list(_chat(tok, where, messages[:k + 1])["input_ids"])
+        if q[:len(p)] != p or ids[:len(q)] != q:
+            what = ("the tokens of messages[:k] with the generation prompt do not begin those of messages[:k+1]"
+                    if q[:len(p)] != p else "the tokens of messages[:k+1] do not begin the whole conversation's")
+            raise InputError(f"{where}: the chat template does not render prefixes stably ({what}, k = {k}), so "
+                             f"assistant message {k}'s tokens cannot be found (Note [Assistant spans] in this "
+                             f"script); use a chat template that marks assistant turns with {{% generation %}} "
+                             f"... {{% endgeneration %}} blocks")
+        mask[len(p):len(q)] = b"\x01" * (len(q) - len(p))
+    return ids, mask
+
+
+def pad_token(tok, model_dir):
+    """(content, id, which) of the token --pad-rows pads with: pad_token, else eos_token."""
+    for which in ("pad_token", "eos_token"):
+        content, token_id = getattr(tok, which, None), getattr(tok, which + "_id", None)
+        if content is not None and token_id is not None:
+            return content, token_id, which
+    raise InputError(f"--pad-rows: the tokenizer in {model_dir} has no pad_token and no eos_token to pad rows "
+                     f"with; set \"pad_token\" in {model_dir}/tokenizer_config.json")
+
+
+def tokenize_chat(args):
+    model_dir = args.tokenizer
+    files = [os.path.join(model_dir, name) for name in ("tokenizer.json", "tokenizer_config.json",
+                                                        "chat_template.jinja", "special_tokens_map.json")]
+    if not os.path.isdir(model_dir) or not os.path.isfile(files[0]):
+        raise InputError(f"--tokenizer {model_dir}: --chat takes a model directory holding tokenizer.json and "
+                         f"the chat template (tokenizer_config.json's \"chat_template\", or chat_template.jinja), "
+                         f"as transformers reads it")
+    check_paths(args, [f for f in files if os.path.exists(f)])
+    tok, template = load_chat_tokenizer(model_dir)
+    generation = GENERATION_BLOCK.search(template) is not None
+    vocab_size = max(len(tok), max(tok.get_vocab().values(), default=-1) + 1)
+    width = token_width(vocab_size)
+    T = args.seq_len
+    pad = pad_token(tok, model_dir) if args.pad_rows else None
+
+    # conversations; counted: tokens that count; longer: than T (cut with --pad-rows); no_target: conversations
+    n = collections.Counter()
+    out = Output(args.out, width, masks=True)
+    try:
+        for where, messages in conversations(args.inputs):
+            ids, mask = encode_conversation(tok, where, messages, generation, args.train_on_prompt)
+            if ids and max(ids) >= vocab_size:  # never, for a consistent tokenizer; the file could not hold it
+                raise InputError(f"{where}: token id {max(ids)} is outside the vocabulary of {vocab_size} ids")
+            n["conversations"] += 1
+            if T is not None and len(ids) > T:
+                n["longer"] += 1
+                if args.pad_rows:
+                    ids, mask = ids[:T], mask[:T]
+            if args.pad_rows and len(ids) < T:
+                mask += bytes(T - len(ids))  # a pad never counts, --train-on-prompt or not
+                ids += [pad[1]] * (T - len(ids))
+            counted = mask.count(1)
+            n["counted"] += counted
+            n["no_target"] += counted == 0
+            out.write(ids, mask)
+        if n["conversations"] == 0:
+            raise InputError(f"the inputs hold no conversations (only blank lines); {args.out} was not written")
+        if n["counted"] == 0:
+            after = f" within its first {T} tokens (--pad-rows cut the rest)" if args.pad_rows else ""
+            raise InputError(f"no token of the output counts as a target: none of the {n['conversations']} "
+                             f"conversations has an assistant token{after}; {args.out} was not written "
+                             f"(--train-on-prompt counts every token)")
+        out.commit()
+    except BaseException:
+        out.discard()
+        raise
+
+    if args.pad_rows:
+        print(f"tokenize: {n['longer']} conversations were cut to --seq-len {T} tokens (their tails dropped); "
+              f"shorter ones padded with {pad[2]} {pad[0]}={pad[1]}, whose mask is 0", file=sys.stderr)
+    elif T is not None:
+        print(f"tokenize: {n['longer']} conversations are longer than --seq-len {T} tokens (packed, they run "
+              f"across training windows)", file=sys.stderr)
+    if n["no_target"]:
+        within = f" within their {T} tokens" if args.pad_rows else ""
+        print(f"tokenize: {n['no_target']} conversations have no token that counts (no assistant turn{within}); "
+              f"their mask is all 0", file=sys.stderr)
+    how = ("--train-on-prompt: every token but padding" if args.train_on_prompt else
+           "assistant turns, from the template's {% generation %} blocks" if generation else
+           "assistant turns, found by rendering prefixes")
+    print(f"tokenize: {n['conversations']} conversations, {out.count} tokens, {n['counted']} tokens that count "
+          f"({how}); uint{8 * width} (vocabulary {vocab_size}) -> {args.out} and {out.mask_path}", file=sys.stderr)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="scripts/tokenize_text.py",
         description="Text (.txt: one document per file; .jsonl: one per line) to an llm.c token file, "
-                    "with a model's own tokenizer.json. See docs/train.md.")
+                    "with a model's own tokenizer.json; with --chat, conversations (JSONL of "
+                    '{"messages": [...]}) to a token file and its loss mask OUT.mask, with the model\'s own '
+                    "chat template. See docs/train.md and docs/model.md.")
     p.add_argument("--tokenizer", required=True, metavar="MODEL_DIR|tokenizer.json",
-                   help="a model directory holding tokenizer.json (and tokenizer_config.json), or the file")
-    p.add_argument("--out", required=True, help="the token file to write (llm.c .bin)")
-    p.add_argument("--jsonl-field", default="text", help="the field of a .jsonl line holding the text "
-                                                         "(default: text)")
+                   help="a model directory holding tokenizer.json (and tokenizer_config.json), or the file; "
+                        "with --chat, the model directory, holding a chat template")
+    p.add_argument("--out", required=True, help="the token file to write (llm.c .bin); with --chat, its loss "
+                                                "mask goes to OUT.mask (without, a stale OUT.mask is removed)")
+    p.add_argument("--jsonl-field", default=None, help="the field of a .jsonl line holding the text "
+                                                       "(default: text; not with --chat)")
     p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
                    help="put the model's BOS before each document (default: as tokenizer_config.json's "
-                        "add_bos_token says; yes when it does not say)")
+                        "add_bos_token says; yes when it does not say; not with --chat)")
     p.add_argument("--eos", action=argparse.BooleanOptionalAction, default=None,
                    help="put the model's EOS after each document (default: as add_eos_token says; yes when "
-                        "it does not say)")
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="text files and .jsonl files, in order")
+                        "it does not say; not with --chat)")
+    chat = p.add_argument_group("chat data (supervised fine-tuning)")
+    chat.add_argument("--chat", action="store_true",
+                      help='inputs are JSONL, one {"messages": [{"role": ..., "content": ...}, ...]} a line, '
+                           "tokenized with the model's chat template (transformers' apply_chat_template); "
+                           "writes OUT.mask: 1 for an assistant turn's tokens, 0 for the rest")
+    chat.add_argument("--train-on-prompt", action="store_true",
+                      help="every token counts (mask 1), prompts included; padding still does not")
+    chat.add_argument("--seq-len", type=int, default=None, metavar="T",
+                      help="the training sequence length: reports the conversations longer than T tokens; "
+                           "with --pad-rows, the row length")
+    chat.add_argument("--pad-rows", action="store_true",
+                      help="each conversation fills one row of exactly T (--seq-len) tokens: cut after T, "
+                           "else padded with the pad token (pad_token, else eos_token), mask 0 "
+                           "(default: conversations are packed one after another)")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="text files and .jsonl files, in order "
+                                                              "(with --chat, JSONL files)")
     args = p.parse_args(argv)
+    if args.chat:
+        given = [name for name, value in (("--jsonl-field", args.jsonl_field), ("--bos/--no-bos", args.bos),
+                                          ("--eos/--no-eos", args.eos)) if value is not None]
+        if given:
+            p.error(f"{', '.join(given)}: not with --chat (the chat template decides the special tokens, and "
+                    f"the messages are in \"messages\")")
+        if args.pad_rows and args.seq_len is None:
+            p.error("--pad-rows needs --seq-len T, the row length")
+        if args.seq_len is not None and args.seq_len < 1:
+            p.error(f"--seq-len {args.seq_len}: must be at least 1")
+    else:
+        given = [name for name, value in (("--train-on-prompt", args.train_on_prompt),
+                                          ("--seq-len", args.seq_len is not None), ("--pad-rows", args.pad_rows))
+                 if value]
+        if given:
+            p.error(f"{', '.join(given)}: only with --chat")
+        args.jsonl_field = args.jsonl_field or "text"
     try:
-        tokenize(args)
+        (tokenize_chat if args.chat else tokenize)(args)
     except InputError as e:
         print(f"tokenize: error: {e}", file=sys.stderr)
         return 2

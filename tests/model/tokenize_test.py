@@ -8,6 +8,9 @@ directory under the build's test-tmp). Exit status 0 passed, 1 failed, 77 skippe
 Each check asserts the bytes of the token file: llm.c's header (magic, version, count) and the tokens,
 [BOS] + encode(document) + [EOS] per document in input order. Long documents, encoded in pieces, must give
 the tokens of encoding them in one call, with the peak RSS of the script bounded whatever their size.
+
+--chat (chat_checks) runs with a word-level tokenizer and chat templates made here, and asserts the bytes of
+the token file and its OUT.mask against ids written out by hand; skipped (said) without `transformers`.
 """
 
 import contextlib
@@ -112,6 +115,194 @@ def long_text(chars, seed):
         out.append(w + sep)
         n += len(w) + len(sep)
     return "".join(out)
+
+
+# --chat: a word-level tokenizer whose ids are written out by hand below, and a chat template in two forms
+# rendering the same text: with {% generation %} blocks (transformers' assistant mask) and without (the
+# script's prefix method).
+CHAT_SPECIALS = ["<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]  # ids 0-6
+CHAT_WORDS = ["[UNK]", "Hello", "there", "Hi", "How", "are", "you", "Fine", "Be", "brief"]  # ids 7-16
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'assistant' %}<|assistant|> "
+                 "{% generation %}{{ m.content }} <|end|>{% endgeneration %} {% else %}<|{{ m.role }}|> "
+                 "{{ m.content }} <|end|> {% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|> "
+                 "{% endif %}")
+CHAT_TEMPLATE_PLAIN = CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+# Renders the last message with a word more than the same message followed by others: not prefix-stable.
+CHAT_TEMPLATE_UNSTABLE = CHAT_TEMPLATE_PLAIN.replace("{{ m.content }} <|end|>",
+                                                     "{{ m.content }}{% if loop.last %} Fine{% endif %} <|end|>")
+CONV1 = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi"},
+         {"role": "user", "content": "How are you"}, {"role": "assistant", "content": "Fine"}]
+# <s> <|user|> Hello there <|end|> <|assistant|> Hi <|end|> <|user|> How are you <|end|> <|assistant|> Fine <|end|>
+CONV1_IDS = [0, 4, 8, 9, 6, 5, 10, 6, 4, 11, 12, 13, 6, 5, 14, 6]
+CONV1_MASK = [0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1]  # "Hi <|end|>", "Fine <|end|>"
+CONV2 = [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hello"}]  # no assistant turn
+CONV2_IDS = [0, 3, 15, 16, 6, 4, 8, 6]
+
+
+def chat_model(model_dir, config, jinja=None):
+    """The word-level tokenizer in model_dir, with tokenizer_config.json = config and, when given,
+    chat_template.jinja = jinja."""
+    from tokenizers import AddedToken
+    os.makedirs(model_dir, exist_ok=True)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(CHAT_SPECIALS + CHAT_WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in CHAT_SPECIALS])
+    tok.save(os.path.join(model_dir, "tokenizer.json"))
+    write(os.path.join(model_dir, "tokenizer_config.json"), json.dumps(config))
+    if jinja is not None:
+        write(os.path.join(model_dir, "chat_template.jinja"), jinja)
+
+
+def token_bytes(ids):
+    return struct.pack("<256i", 20240520, 1, len(ids), *([0] * 253)) + struct.pack(f"<{len(ids)}H", *ids)
+
+
+def mask_bytes(mask):
+    return struct.pack("<256i", 20261127, 1, len(mask), 0, *([0] * 252)) + bytes(mask)
+
+
+def jsonl(path, lines):
+    """Writes `lines` (objects as JSON, strings as they are) one a line."""
+    write(path, "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return path
+
+
+def chat_checks(script, tmp):
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found": not needed
+    try:
+        import jinja2  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        print(f"SKIP: the --chat checks: {e} (bash scripts/install-deps.sh --python installs transformers and "
+              f"jinja2 into deps/pyenv)")
+        return
+    spec = importlib.util.spec_from_file_location("strata_tokenize_chat", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def run_in(*args):
+        """(exit status, stderr) of the script's main(args), run in this process: transformers is imported once."""
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                rc = mod.main(list(args))
+            except SystemExit as e:  # argparse's usage errors
+                rc = e.code
+        return rc, err.getvalue()
+
+    config = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+    gen, plain = os.path.join(tmp, "chat-gen"), os.path.join(tmp, "chat-plain")
+    chat_model(gen, dict(config, chat_template=CHAT_TEMPLATE))
+    chat_model(plain, config, jinja=CHAT_TEMPLATE_PLAIN)  # the template as a file, as transformers reads it
+    convs = jsonl(os.path.join(tmp, "convs.jsonl"), [{"messages": CONV1}, "", {"messages": CONV2, "id": 3}])
+    out = os.path.join(tmp, "chat.bin")
+    want_ids, want_mask = CONV1_IDS + CONV2_IDS, CONV1_MASK + [0] * len(CONV2_IDS)
+
+    # (c1) The command as users run it, with the {% generation %} template: the template's tokens, concatenated
+    # (the blank line skipped), and OUT.mask's header and bytes.
+    r = run(script, "--chat", "--tokenizer", gen, "--out", out, convs)
+    check(r.returncode == 0 and read(out) == token_bytes(want_ids) and read(out + ".mask") == mask_bytes(want_mask),
+          f"--chat with {{% generation %}}: the template's tokens and the assistant mask ({r.stderr.strip()})")
+    check("2 conversations, 24 tokens, 4 tokens that count" in r.stderr and
+          "1 conversations have no token that counts" in r.stderr and "Traceback" not in r.stderr,
+          f"--chat reports conversations, tokens, tokens that count and those with none: {r.stderr.strip()}")
+    check(not os.path.exists(out + ".tmp") and not os.path.exists(out + ".mask.tmp"), "no .tmp file is left")
+
+    # (c2) The template without {% generation %} (the prefix method) gives the same tokens and mask.
+    rc, err = run_in("--chat", "--tokenizer", plain, "--out", out, convs)
+    check(rc == 0 and read(out) == token_bytes(want_ids) and read(out + ".mask") == mask_bytes(want_mask) and
+          "rendering prefixes" in err, f"--chat without {{% generation %}}: the same mask by prefixes ({err.strip()})")
+
+    # (c3) --train-on-prompt: every byte 1.
+    rc, err = run_in("--chat", "--train-on-prompt", "--tokenizer", plain, "--out", out, convs)
+    check(rc == 0 and read(out) == token_bytes(want_ids) and read(out + ".mask") == mask_bytes([1] * 24),
+          f"--train-on-prompt: every mask byte is 1 ({err.strip()})")
+
+    # (c4) --pad-rows --seq-len 12: CONV1 cut after 12 tokens (its second answer gone), CONV2 padded with
+    # <pad> (id 2) whose mask is 0, also with --train-on-prompt; the cut is counted.
+    for extra, conv2_mask in (([], [0] * 8), (["--train-on-prompt"], [1] * 8)):
+        rc, err = run_in("--chat", *extra, "--pad-rows", "--seq-len", "12", "--tokenizer", gen, "--out", out, convs)
+        conv1_mask = [1] * 12 if extra else CONV1_MASK[:12]
+        check(rc == 0 and read(out) == token_bytes(CONV1_IDS[:12] + CONV2_IDS + [2] * 4) and
+              read(out + ".mask") == mask_bytes(conv1_mask + conv2_mask + [0] * 4) and
+              "1 conversations were cut to --seq-len 12" in err,
+              f"--pad-rows {' '.join(extra)}: rows of 12, cut and padded with <pad> (mask 0) ({err.strip()})")
+    # Packed, --seq-len only reports the conversations longer than it.
+    rc, err = run_in("--chat", "--seq-len", "10", "--tokenizer", gen, "--out", out, convs)
+    check(rc == 0 and read(out) == token_bytes(want_ids) and "1 conversations are longer than --seq-len 10" in err,
+          f"packed --chat --seq-len reports the longer conversations ({err.strip()})")
+    # No pad_token: the eos_token pads; neither: refused.
+    no_pad = os.path.join(tmp, "chat-no-pad")
+    chat_model(no_pad, {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE})
+    rc, err = run_in("--chat", "--pad-rows", "--seq-len", "12", "--tokenizer", no_pad, "--out", out, convs)
+    check(rc == 0 and read(out)[-8:] == struct.pack("<4H", 1, 1, 1, 1),
+          f"--pad-rows pads with eos_token when there is no pad_token ({err.strip()})")
+
+    # (c5) Stale files: a failed --chat run leaves the earlier pair alone; a run without --chat on the same
+    # OUT removes OUT.mask (its text mode reads the same tokenizer.json).
+    pair = (read(out), read(out + ".mask"))
+    rc, err = run_in("--chat", "--tokenizer", gen, "--out", out, jsonl(os.path.join(tmp, "one-bad.jsonl"),
+                                                                       [{"messages": CONV1}, "{"]))
+    check(rc == 2 and (read(out), read(out + ".mask")) == pair and not os.path.exists(out + ".tmp") and
+          not os.path.exists(out + ".mask.tmp"),
+          f"a failed --chat run leaves OUT and OUT.mask as they were ({err.strip()})")
+    text = jsonl(os.path.join(tmp, "words.jsonl"), [{"text": "Hello there"}])
+    rc, err = run_in("--tokenizer", gen, "--out", out, text)
+    check(rc == 0 and read(out) == token_bytes([0, 8, 9, 1]) and not os.path.exists(out + ".mask"),
+          f"a run without --chat removes the stale OUT.mask ({err.strip()})")
+
+    # (c6) No token that counts at all: exit 2, nothing written.
+    out6 = os.path.join(tmp, "chat-none.bin")
+    none = jsonl(os.path.join(tmp, "no-assistant.jsonl"), [{"messages": CONV2}])
+    rc, err = run_in("--chat", "--tokenizer", gen, "--out", out6, none)
+    check(rc == 2 and "no token of the output counts" in err and not os.path.exists(out6) and
+          not os.path.exists(out6 + ".mask") and not os.path.exists(out6 + ".mask.tmp"),
+          f"no assistant token in the whole output exits 2, nothing written ({err.strip()})")
+
+    # (c7) Malformed lines: exit 2 naming file:line; nothing written.
+    good = {"messages": CONV1}
+    for line, says in (("{not json", "not valid JSON"), ({"text": "x"}, '"messages"'),
+                       ({"messages": "hi"}, "a str"), ({"messages": []}, "an empty list"),
+                       ({"messages": ["hi"]}, "message 0 is a str"),
+                       ({"messages": [{"role": "user"}]}, "no 'content'"),
+                       ({"messages": [{"role": "user", "content": 5}]}, "'content' is 5, not a string")):
+        bad = jsonl(os.path.join(tmp, "bad-chat.jsonl"), [good, "", line])
+        rc, err = run_in("--chat", "--tokenizer", gen, "--out", out6, bad)
+        check(rc == 2 and f"{bad}:3" in err and says in err and not os.path.exists(out6) and
+              not os.path.exists(out6 + ".mask"), f"the line {line!r} exits 2 naming file:3 ({err.strip()})")
+    # The prefix method refuses a template that does not render prefixes stably, and an assistant first.
+    unstable = os.path.join(tmp, "chat-unstable")
+    chat_model(unstable, dict(config, chat_template=CHAT_TEMPLATE_UNSTABLE))
+    rc, err = run_in("--chat", "--tokenizer", unstable, "--out", out6, convs)
+    check(rc == 2 and f"{convs}:1" in err and "does not render prefixes stably" in err and "generation" in err,
+          f"a template that does not render prefixes stably exits 2 naming file:line ({err.strip()})")
+    first = jsonl(os.path.join(tmp, "assistant-first.jsonl"), [{"messages": [{"role": "assistant", "content": "Hi"}]}])
+    rc, err = run_in("--chat", "--tokenizer", plain, "--out", out6, first)
+    check(rc == 2 and f"{first}:1" in err and "message 0" in err,
+          f"the prefix method refuses an assistant message first ({err.strip()})")
+
+    # (c8) A model directory without a chat template is refused, naming the fix; so are the text-only options.
+    no_template = os.path.join(tmp, "chat-no-template")
+    chat_model(no_template, config)
+    rc, err = run_in("--chat", "--tokenizer", no_template, "--out", out6, convs)
+    check(rc == 2 and "no chat template" in err and "chat_template.jinja" in err and not os.path.exists(out6),
+          f"a model directory without a chat template is refused ({err.strip()})")
+    rc, err = run_in("--chat", "--no-bos", "--tokenizer", gen, "--out", out6, convs)
+    check(rc == 2 and "--bos/--no-bos" in err, f"--bos/--no-bos is refused with --chat ({err.strip()})")
+    rc, err = run_in("--pad-rows", "--seq-len", "8", "--tokenizer", gen, "--out", out6, text)
+    check(rc == 2 and "only with --chat" in err, f"--pad-rows is refused without --chat ({err.strip()})")
+
+    # (c9) Without transformers (imports made to fail): text still tokenizes; --chat says what to install.
+    block = ("import runpy, sys; sys.modules['transformers'] = None; sys.argv = sys.argv[1:]; "
+             "runpy.run_path(sys.argv[0], run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", block, script, "--tokenizer", gen, "--out", out6, text],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and read(out6) == token_bytes([0, 8, 9, 1]),
+          f"without transformers the text mode runs ({r.stderr.strip()})")
+    r = subprocess.run([sys.executable, "-c", block, script, "--chat", "--tokenizer", gen, "--out", out6, convs],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "install-deps.sh --python" in r.stderr and "Traceback" not in r.stderr,
+          f"without transformers --chat exits 2 naming the fix ({r.stderr.strip()})")
 
 
 def main():
@@ -254,6 +445,8 @@ def main():
                   f"--out {out9} refused as the input {named} (rc {r.returncode}: {r.stderr.strip()})")
             check(read(named) == before, f"the input {named} is not overwritten")
 
+        chat_checks(script, tmp)
+
         # (10) Long documents are encoded in pieces (Note [Long documents] in the script): the tokens are those
         # of encoding the whole document in one call, as .txt and as one JSONL line.
         doc = long_text(2 << 20, 1)
@@ -334,7 +527,8 @@ def main():
     if failures:
         print(f"{len(failures)} check(s) failed")
         return 1
-    print("PASS: scripts/tokenize_text.py writes [BOS]+doc+[EOS] per document in llm.c's uint16/uint32 format")
+    print("PASS: scripts/tokenize_text.py writes [BOS]+doc+[EOS] per document in llm.c's uint16/uint32 format, "
+          "and with --chat the template's tokens and their loss mask (unless skipped above)")
     return 0
 
 

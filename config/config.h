@@ -182,7 +182,13 @@ struct StrataConfig {
   // sub-group updated as soon as its gradients are final, exactly as after backward. automatic: on when
   // the optimizer is offloaded to the CPU (offload_optimizer.device cpu) and the model computes on a GPU.
   enum class Overlap { automatic, on, off };  // "auto", true, false
+  // How a step's micro-batches are weighed (zero3/engine_step.cpp, Note [Loss weighting]). tokens: the
+  // step's loss is the mean over every counted target of every micro-batch on every rank (transformers'
+  // Trainer since its gradient-accumulation fix); micro_batches: the mean of the micro-batches' means
+  // (a plain DeepSpeed loop). The same whenever every micro-batch counts as many targets.
+  enum class LossWeighting { tokens, micro_batches };  // "tokens", "micro_batches"
   Backend backend = Backend::automatic;
+  LossWeighting loss_weighting = LossWeighting::tokens;
   Checkpointing checkpoint_activations = Checkpointing::automatic;
   Overlap overlap_optimizer = Overlap::automatic;
   // Attention's backward on cuda with cuDNN: its deterministic algorithm (the same bits run to run; on

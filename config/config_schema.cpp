@@ -704,6 +704,19 @@ std::vector<Option> build_options() {
        .meaning = "Device backend: cuda when a GPU is visible (auto), or host memory acting as the device.",
        .field = STRATA_FIELD(strata.backend),
        .choices = {"auto", "host", "cuda"}});
+  o.push_back(
+      {.path = "strata.loss_weighting",
+       .kind = Kind::choice,
+       .def = "tokens",
+       .meaning = "How a step's micro-batches are weighed. tokens: the step's loss (and so its gradients) is "
+                  "the mean over every target that counts, of every micro-batch on every rank, as "
+                  "transformers' Trainer computes it; micro_batches: the mean of the micro-batches' mean "
+                  "losses, as a plain DeepSpeed loop. They differ only when micro-batches count different "
+                  "numbers of targets (a loss mask, -100 labels); otherwise the two are bit-identical. "
+                  "`strata train` follows it; in Python, giving engine(...) num_items_in_batch weighs by "
+                  "tokens and leaving it out by micro-batches.",
+       .field = STRATA_FIELD(strata.loss_weighting),
+       .choices = {"tokens", "micro_batches"}});
   o.push_back({.path = "strata.checkpoint_activations",
                .kind = Kind::choice,
                .def = "auto",

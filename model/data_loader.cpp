@@ -41,7 +41,8 @@ nlohmann::json DataPosition::to_json() const {
           {"world", world},
           {"seq_len", seq_len},
           {"file_tokens", file_tokens},
-          {"file_digest", file_digest}};
+          {"file_digest", file_digest},
+          {"mask_digest", mask_digest}};
 }
 
 DataPosition DataPosition::from_json(const nlohmann::json& j) {
@@ -58,6 +59,7 @@ DataPosition DataPosition::from_json(const nlohmann::json& j) {
   p.seq_len = need("seq_len").get<int>();
   if (j.contains("file_tokens")) p.file_tokens = need("file_tokens").get<uint64_t>();  // absent: older files
   if (j.contains("file_digest")) p.file_digest = need("file_digest").get<uint64_t>();
+  if (j.contains("mask_digest")) p.mask_digest = need("mask_digest").get<uint64_t>();  // absent: no mask
   return p;
 }
 
@@ -82,6 +84,8 @@ DataLoader::DataLoader(const TokenFile& file, DataOptions opts) : file_(file), o
                                   file.at(scan.first_at_or_above), ", outside the model's vocabulary of ",
                                   opts.vocab_size, "; tokenize with a matching vocabulary"));
   digest_ = scan.digest;
+  const int64_t targets = num_samples_ * int64_t(opts.seq_len);
+  counted_targets_ = file.mask() ? int64_t(file.mask()->count(1, size_t(targets))) : targets;
   order_ = epoch_samples(0);
 }
 
@@ -157,7 +161,17 @@ Batch DataLoader::next() {
       }
     }
     std::copy(window.begin(), window.begin() + long(T), b.inputs.begin() + long(size_t(r) * T));
-    std::copy(window.begin() + 1, window.end(), b.targets.begin() + long(size_t(r) * T));
+    int32_t* targets = b.targets.data() + size_t(r) * T;
+    std::copy(window.begin() + 1, window.end(), targets);
+    if (const LossMask* mask = file_.mask()) {
+      const uint8_t* counts = mask->bytes() + size_t(s) * T + 1;  // Note [Loss mask in batches]
+      for (size_t j = 0; j < T; ++j) {
+        if (counts[j] == 0) targets[j] = kIgnoreTarget;
+        b.counted += counts[j];
+      }
+    } else {
+      b.counted += int64_t(T);
+    }
     b.sample_ids.push_back(s);
   }
   cursor_ += b.rows;
@@ -173,6 +187,7 @@ DataPosition DataLoader::position() const {
   p.seq_len = opts_.seq_len;
   p.file_tokens = file_.size();
   p.file_digest = digest_;
+  p.mask_digest = file_.mask() ? file_.mask()->digest() : 0;
   return p;
 }
 
@@ -190,6 +205,18 @@ void DataLoader::set_position(const DataPosition& pos) {
                                   ": resume on the data the checkpoint trained on (the same --data file, or "
                                   "the same --text), or start a "
                                   "new run"));
+  const LossMask* mask = file_.mask();
+  const uint64_t mask_digest = mask ? mask->digest() : 0;
+  if (pos.mask_digest != mask_digest)
+    throw ConfigError(detail::cat(
+        "data position was saved over ",
+        pos.mask_digest == 0 ? std::string("no loss mask")
+                             : detail::cat("a loss mask (digest ", pos.mask_digest, ")"),
+        "; ", name(), " has ",
+        mask ? detail::cat("the loss mask ", mask->path(), " (digest ", mask_digest, ")")
+             : std::string("no loss mask"),
+        ": resume with the mask the checkpoint trained with (scripts/tokenize_text.py writes it beside the "
+        "token file as TOKENFILE.mask), or start a new run"));
   if (pos.epoch < 0 || pos.sample < 0 || pos.sample > per_rank_)
     throw ConfigError(detail::cat("data position epoch ", pos.epoch, " sample ", pos.sample,
                                   " is outside an epoch of ", per_rank_, " samples per rank"));

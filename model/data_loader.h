@@ -6,6 +6,7 @@
 //   strata::model::DataLoader loader(file, {.batch_size = 8, .seq_len = 256, .rank = r, .world = w,
 //                                           .seed = 1234, .vocab_size = cfg.vocab_size});
 //   strata::model::Batch b = loader.next();         // b.inputs, b.targets: (b.rows, T) int32
+//   // b.counted: the targets that count (all of them unless train.bin.mask says otherwise)
 //   nlohmann::json pos = loader.position().to_json(); // into a checkpoint's meta.json
 //   loader.set_position(strata::model::DataPosition::from_json(pos));  // resume exactly there
 //
@@ -18,6 +19,11 @@
 // across ranks and exactly once when world divides N. drop_last=true instead truncates to
 // floor(N / world) * world. A rank's list is cut into batches of batch_size rows; the last batch of an
 // epoch has fewer rows unless drop_last_batch. After the last batch, next() starts the next epoch.
+//
+// Note [Loss mask in batches]: with a loss mask beside the token file (model/loss_mask.h), target j of
+// the row of sample s is token i = s*T + 1 + j; it is kIgnoreTarget (-100) when mask byte i is 0, so the
+// model leaves it out of its mean. The inputs are the tokens as they are, and the samples, their order
+// and the sharding do not depend on the mask. Batch::counted is the number of targets that count.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +53,9 @@ struct Batch {
   int rows = 0;  // <= batch_size; fewer only for the last batch of an epoch
   int seq_len = 0;
   std::vector<int32_t> inputs;      // (rows, seq_len)
-  std::vector<int32_t> targets;     // (rows, seq_len): inputs shifted left by one token
+  std::vector<int32_t> targets;     // (rows, seq_len): inputs shifted left by one token; kIgnoreTarget
+                                    // where the loss mask leaves the target out
+  int64_t counted = 0;              // targets that count: rows * seq_len without a mask
   std::vector<int64_t> sample_ids;  // (rows)
   int64_t epoch = 0;
 };
@@ -61,6 +69,9 @@ struct DataPosition {
   int seq_len = 1;
   // The token file it walks: its token count and TokenFile::scan's digest (0: not recorded).
   uint64_t file_tokens = 0, file_digest = 0;
+  // Its loss mask's digest (LossMask::digest), 0 without a mask; a position saved before masks existed
+  // reads as 0.
+  uint64_t mask_digest = 0;
 
   nlohmann::json to_json() const;
   static DataPosition from_json(const nlohmann::json& j);  // ConfigError naming a missing/bad key
@@ -85,6 +96,10 @@ class DataLoader {
   int64_t num_samples() const { return num_samples_; }    // N, in the whole file
   int64_t samples_per_rank() const { return per_rank_; }  // per epoch
   int64_t batches_per_epoch() const;
+  // The targets of the file's N samples (N * seq_len) and those of them the loss mask lets count (all
+  // without a mask): what `strata train` reports at its start.
+  int64_t sample_targets() const { return num_samples_ * int64_t(opts_.seq_len); }
+  int64_t counted_targets() const { return counted_targets_; }
   // This rank's sample ids for `epoch`, in the order they are returned.
   std::vector<int64_t> epoch_samples(int64_t epoch) const;
 
@@ -96,7 +111,8 @@ class DataLoader {
 
   DataPosition position() const;
   // Throws ConfigError when the position was saved with another seed, world or seq_len, over another
-  // token file (a different token count or contents), or is past the end of its epoch.
+  // token file (a different token count or contents) or loss mask (another one, or one and none), or is
+  // past the end of its epoch.
   void set_position(const DataPosition& pos);
 
  private:
@@ -108,6 +124,7 @@ class DataLoader {
   int64_t epoch_ = 0, cursor_ = 0;
   std::vector<int64_t> order_;  // epoch_samples(epoch_)
   uint64_t digest_ = 0;         // of the file's tokens (TokenFile::scan)
+  int64_t counted_targets_ = 0;
 };
 
 }  // namespace strata::model

@@ -35,6 +35,17 @@ void check_eval_inputs(const ModelConfig& cfg, const TokenFile& data, int seq_le
                           data.at(scan.first_at_or_above), ", outside model '", cfg.name,
                           "''s vocabulary of ", cfg.vocab_size,
                           " tokens; the file was tokenized for another model"));
+  if (const LossMask* mask = data.mask()) {
+    const std::int64_t all = eval_sequences(data.size(), seq_len);
+    const std::int64_t S =
+        max_batches > 0 ? std::min<std::int64_t>(all, max_batches * std::int64_t(batch_size)) : all;
+    const std::size_t targets = std::size_t(S) * std::size_t(seq_len);
+    if (mask->count(1, targets) == 0)
+      throw ConfigError(cat("eval data ", data.path(), ": its loss mask ", mask->path(),
+                            " counts none of the ", targets, " targets of the ", S,
+                            " sequences evaluated, so there is no loss to take; evaluate more of the file "
+                            "(--max-batches) or with another mask"));
+  }
 }
 
 EvalResult evaluate(LlamaModel& m, ChunkProvider& chunks, const TokenFile& data, int seq_len, int batch_size,
@@ -46,20 +57,36 @@ EvalResult evaluate(LlamaModel& m, ChunkProvider& chunks, const TokenFile& data,
   const std::size_t T = std::size_t(seq_len);
   // (B·T + 1) tokens: sequence r of the batch has its inputs at r·T, its targets one token later.
   std::vector<std::int32_t> window(std::size_t(batch_size) * T + 1);
-  double sum = 0;  // Σ batch mean × batch tokens
-  std::int64_t tokens = 0;
+  const LossMask* mask = data.mask();
+  std::vector<std::int32_t> targets(mask ? std::size_t(batch_size) * T : 0);  // (B, T): the masked ones
+  double sum = 0;  // Σ batch mean × batch counted targets
+  std::int64_t tokens = 0, counted = 0;
   for (std::int64_t s = 0; s < S; s += batch_size) {
     const int B = int(std::min<std::int64_t>(batch_size, S - s));
     const std::size_t n = std::size_t(B) * T;
     data.read(std::size_t(s) * T, n + 1, window.data());
-    const float mean = m.forward(chunks, window.data(), window.data() + 1, B, seq_len);
-    sum += double(mean) * double(n);
+    const std::int32_t* tgt = window.data() + 1;
+    std::size_t c = n;
+    if (mask) {
+      // Target k of the batch is token s·T + 1 + k.
+      const std::uint8_t* counts = mask->bytes() + std::size_t(s) * T + 1;
+      c = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        targets[k] = counts[k] != 0 ? tgt[k] : kIgnoreTarget;
+        c += counts[k];
+      }
+      tgt = targets.data();
+    }
+    const float mean = m.forward(chunks, window.data(), tgt, B, seq_len);
+    sum += double(mean) * double(c);
     tokens += std::int64_t(n);
+    counted += std::int64_t(c);
   }
   EvalResult r;
   r.tokens = tokens;
+  r.counted = counted;
   r.sequences = S;
-  r.loss = sum / double(tokens);
+  r.loss = sum / double(counted);
   r.ppl = std::exp(r.loss);
   return r;
 }

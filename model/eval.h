@@ -17,8 +17,13 @@
 // The tail that does not fill a sequence is not evaluated. Sequences go batch_size at a time, in file order
 // (the last batch may hold fewer).
 //
-// The loss is the token-weighted mean of the batches' mean losses (LlamaModel::forward), summed in double:
-// every sequence has T tokens, so it is the mean over all evaluated tokens. ppl = exp(loss). A batch's mean
+// With a loss mask beside the file (model/loss_mask.h), target token i is left out (given to the model as
+// kIgnoreTarget) where mask byte i is 0; the sequences are the same.
+//
+// The loss is the mean over every target that counts (all of them without a mask): the batches' mean
+// losses (LlamaModel::forward, each over its counted targets) weighted by their counted targets, summed in
+// double and divided by the counted targets of the whole evaluation — per token, not a mean of per-batch
+// means. Without a mask every sequence has T counted targets. ppl = exp(loss). A batch's mean
 // comes back from the model as fp32 (the CPU ops sum its rows in double, then round once), so the result
 // depends on batch_size only through that rounding: different batch sizes agree to about 1e-7 relative.
 //
@@ -40,6 +45,7 @@ struct EvalResult {
   double loss = 0;             // mean next-token cross-entropy (nats per token)
   double ppl = 0;              // exp(loss)
   std::int64_t tokens = 0;     // targets evaluated: sequences × seq_len
+  std::int64_t counted = 0;    // of those, the targets that count (the loss mask's ones; = tokens without)
   std::int64_t sequences = 0;  // sequences evaluated
 };
 
@@ -49,7 +55,8 @@ std::int64_t eval_sequences(std::size_t tokens, int seq_len);
 
 // The checks evaluate() makes before its first forward, each a ConfigError naming what is wrong and what to
 // change: 1 <= seq_len <= cfg.max_seq_len; batch_size >= 1; max_batches >= 0 (0: every sequence); the file
-// holds at least one whole sequence (seq_len + 1 tokens); every token of the file is below cfg.vocab_size.
+// holds at least one whole sequence (seq_len + 1 tokens); every token of the file is below cfg.vocab_size;
+// with a loss mask, at least one target of the sequences evaluated counts.
 // A caller with weights still to load calls it first, so that bad input fails before the slow part.
 void check_eval_inputs(const ModelConfig& cfg, const TokenFile& data, int seq_len, int batch_size,
                        std::int64_t max_batches);

@@ -31,6 +31,7 @@
 #include "model/dtype.h"
 #include "model/layout.h"
 #include "model/llama.h"
+#include "model/loss_mask.h"
 #include "model/profile.h"
 #include "model/safetensors.h"
 #include "model/token_file.h"

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "core/error.h"
@@ -88,6 +89,9 @@ TokenFile TokenFile::open(const std::string& path, TokenType flat_type) {
     f.count_ = f.map_bytes_ / token_bytes(flat_type);
   }
   if (f.count_ == 0) throw ConfigError(detail::cat("token file ", path, " holds no tokens"));
+  const std::string mp = mask_path(path);
+  std::error_code ec;
+  if (std::filesystem::exists(mp, ec)) f.mask_.emplace(LossMask::open(mp, path, f.count_));
   return f;
 }
 
@@ -105,6 +109,8 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
     count_ = o.count_;
     type_ = o.type_;
     header_ = o.header_;
+    mask_ = std::move(o.mask_);
+    o.mask_.reset();
     o.map_ = nullptr;
     o.tokens_ = nullptr;
     o.count_ = 0;

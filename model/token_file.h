@@ -5,6 +5,7 @@
 //   auto f = strata::model::TokenFile::open("train.bin");
 //   std::vector<int32_t> window(f.size());
 //   f.read(0, f.size(), window.data());
+//   if (const strata::model::LossMask* m = f.mask()) ...     // train.bin.mask, when it is there
 //
 // Formats accepted by open():
 //   - llm.c's .bin: a header of 256 little-endian int32 (magic, version, token count, 0...), then the
@@ -12,12 +13,16 @@
 //     (llm.c's Llama-3 files). The token count in the header must match the file size.
 //   - otherwise a flat array of little-endian uint16 or uint32 tokens, as `flat_type` says; the file size
 //     must be a multiple of the token size.
+// Beside either, an optional loss mask: TOKENFILE.mask (model/loss_mask.h), opened and checked by open().
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+
+#include "model/loss_mask.h"
 
 namespace strata::model {
 
@@ -32,7 +37,8 @@ inline constexpr size_t kLlmcHeaderInts = 256;
 class TokenFile {
  public:
   // Throws IoError (cannot open/map) or ConfigError (bad header, size not a multiple of the token size,
-  // or no tokens) naming the path.
+  // or no tokens) naming the path. When mask_path(path) exists it is opened too (LossMask::open: a
+  // ConfigError when it does not go with this file); without one the file reads as before.
   static TokenFile open(const std::string& path, TokenType flat_type = TokenType::u16);
 
   TokenFile(TokenFile&& o) noexcept;
@@ -46,6 +52,8 @@ class TokenFile {
   TokenType type() const { return type_; }
   bool has_llmc_header() const { return header_; }
   uint32_t at(size_t i) const;
+  // The loss mask beside the file (null: none, every target counts).
+  const LossMask* mask() const { return mask_ ? &*mask_ : nullptr; }
   // One pass over every token: the index of the first token >= `limit` (size() when none), and a digest
   // of the whole contents (FNV-1a over the token values), which tells one file's tokens from another's.
   struct Scan {
@@ -65,6 +73,7 @@ class TokenFile {
   size_t count_ = 0;
   TokenType type_ = TokenType::u16;
   bool header_ = false;
+  std::optional<LossMask> mask_;
 };
 
 // Writes `tokens` as `type` (u16 refuses ids above 65535), with llm.c's header by default. Written to

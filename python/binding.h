@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace strata::python {
@@ -31,7 +32,9 @@ struct TokenArray {
 TokenArray read_tokens(py::handle obj, const char* what);
 
 // A (rows, cols) int32 array the package hands out: Strata's batches. Exposes the buffer protocol, so
-// numpy.asarray reads it without a copy, and goes back into engine(...) unchanged.
+// numpy.asarray reads it without a copy, and goes back into engine(...) unchanged. A batch of a token file
+// with a loss mask also carries its labels (rows, cols): the tokens, -100 where the mask leaves the token
+// out as a target (and in column 0, never a target); engine(batch) takes them when no labels are given.
 class Tokens {
  public:
   Tokens(std::vector<std::int32_t> data, int rows, int cols)
@@ -39,10 +42,13 @@ class Tokens {
   const std::vector<std::int32_t>& data() const { return data_; }
   int rows() const { return rows_; }
   int cols() const { return cols_; }
+  const Tokens* labels() const { return labels_.get(); }  // null: no mask, the labels are the tokens
+  void set_labels(Tokens labels) { labels_ = std::make_shared<const Tokens>(std::move(labels)); }
 
  private:
   std::vector<std::int32_t> data_;  // (rows, cols)
   int rows_ = 0, cols_ = 0;
+  std::shared_ptr<const Tokens> labels_;
 };
 
 // Registration, one function per file (module.cpp calls them in this order).

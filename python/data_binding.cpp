@@ -3,11 +3,13 @@
 #include <pybind11/stl.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
 #include "model/config.h"
 #include "model/data_loader.h"
+#include "model/loss_mask.h"
 #include "model/token_file.h"
 #include "model/tokenizer.h"
 #include "python/binding.h"
@@ -33,9 +35,23 @@ Tokens TokenLoader::next() {
   for (int r = 0; r < b.rows; ++r) {
     std::copy_n(b.inputs.begin() + std::ptrdiff_t(std::size_t(r) * T), T,
                 window.begin() + std::ptrdiff_t(std::size_t(r) * W));
-    window[std::size_t(r) * W + T] = b.targets[std::size_t(r) * T + T - 1];
+    // The window's last token (read from the file: the loss mask may have made its target -100).
+    window[std::size_t(r) * W + T] =
+        std::int32_t(file_->at(std::size_t(b.sample_ids[std::size_t(r)]) * T + T));
   }
-  return Tokens(std::move(window), b.rows, int(W));
+  // A loss mask: the targets as the DataLoader masked them (Note [Loss mask in batches]), one column on.
+  std::optional<std::vector<std::int32_t>> labels;
+  if (file_->mask()) {
+    labels.emplace(window.size());
+    for (int r = 0; r < b.rows; ++r) {
+      std::int32_t* row = labels->data() + std::size_t(r) * W;
+      row[0] = model::kIgnoreTarget;
+      std::copy_n(b.targets.begin() + std::ptrdiff_t(std::size_t(r) * T), T, row + 1);
+    }
+  }
+  Tokens out(std::move(window), b.rows, int(W));
+  if (labels) out.set_labels(Tokens(std::move(*labels), b.rows, int(W)));
+  return out;
 }
 
 std::int64_t TokenLoader::batches_left_in_epoch() const {
@@ -62,6 +78,14 @@ void bind_data(py::module_& m) {
                                /*readonly=*/true);
       })
       .def_property_readonly("shape", [](const Tokens& t) { return py::make_tuple(t.rows(), t.cols()); })
+      .def_property_readonly(
+          "labels",
+          [](const Tokens& t) -> std::optional<Tokens> {
+            if (!t.labels()) return std::nullopt;
+            return *t.labels();
+          },
+          "The batch's labels when its token file has a loss mask (-100 where a token does not count), "
+          "else None; engine(batch) uses them when no labels are given")
       .def("__len__", &Tokens::rows)
       .def("tolist",
            [](const Tokens& t) {

@@ -6,7 +6,13 @@
 // first L - 1 and trains position t to predict labels[t + 1]; a negative label is ignored. The model
 // never computes the last position, whose logits Hugging Face would discard, so a window of T + 1 tokens
 // from a token file is exactly one `strata train` sample (inputs: its first T, targets: its last T), and a
-// Python loop over the same windows gives the CLI's losses bit for bit. Every row has the same L; B may be
+// Python loop over the same windows gives the CLI's losses bit for bit. A label of -100 (any negative one)
+// is left out of the loss, which is the mean over the labels that count. num_items_in_batch (transformers'
+// name) is the number of labels that count in the whole optimizer step — every micro-batch, every rank;
+// given, the micro-batch's gradients are those of its summed losses / num_items_in_batch (Engine::backward,
+// Note [Loss weighting] in zero3/engine_step.cpp), so that the step is the mean over every counted label;
+// not given, each micro-batch weighs the same (its mean / (accumulation steps x world)). The loss
+// returned stays the micro-batch's mean either way. Every row has the same L; B may be
 // below the micro-batch (a last, short batch), never above it, and L - 1 never above the seq_len the
 // device plan reserved activations for: either would allocate past the plan.
 //
@@ -30,6 +36,7 @@
 #include "core/log.h"
 #include "model/hf_dir.h"
 #include "model/llama.h"
+#include "model/loss_mask.h"
 #include "model/safetensors.h"
 #include "python/binding.h"
 #include "python/loader.h"
@@ -89,6 +96,7 @@ nlohmann::json parse_json(const std::string& text, const char* what) {
 struct ModelBatch {
   std::vector<std::int32_t> inputs, targets;
   int B = 0, T = 0;
+  std::optional<std::int64_t> step_counted;  // num_items_in_batch
 };
 
 }  // namespace
@@ -141,14 +149,16 @@ class Core {
 
   // ---- the loop ----
   // The forward of one micro-batch (Note [Batches from Python]); returns its loss. Drops a pending forward.
-  float forward(py::handle input_ids, py::handle labels) {
+  float forward(py::handle input_ids, py::handle labels, std::optional<std::int64_t> num_items_in_batch) {
     zero3::Engine& e = engine();
-    ModelBatch b = agreed_batch(input_ids, labels, "engine(input_ids, labels)");
-    return collective("engine(input_ids, labels)", [&] {
+    ModelBatch b = agreed_batch(input_ids, labels, num_items_in_batch, "engine(input_ids, labels)");
+    const float loss = collective("engine(input_ids, labels)", [&] {
       py::gil_scoped_release nogil;
       if (e.forward_pending()) e.abandon_forward();
       return e.forward(*model_, b.inputs.data(), b.targets.data(), b.B, b.T);
     });
+    step_counted_ = b.step_counted;  // for this forward's backward
+    return loss;
   }
 
   void backward() {
@@ -159,7 +169,7 @@ class Core {
             "engine.backward(loss): no forward to take the gradients of; call loss = engine(input_ids) "
             "first");
       py::gil_scoped_release nogil;
-      e.backward(*model_);
+      e.backward(*model_, step_counted_);
     });
   }
 
@@ -182,6 +192,7 @@ class Core {
     d["lr"] = r.lr;
     d["loss_scale"] = r.loss_scale;
     d["tokens"] = r.tokens;
+    d["counted"] = r.counted;
     py::dict t;
     t["forward"] = r.times.forward;
     t["backward"] = r.times.backward;
@@ -196,7 +207,7 @@ class Core {
   // model::evaluate runs it). Drops a pending forward.
   float eval_loss(py::handle input_ids, py::handle labels) {
     zero3::Engine& e = engine();
-    ModelBatch b = agreed_batch(input_ids, labels, "engine.eval_loss(input_ids, labels)");
+    ModelBatch b = agreed_batch(input_ids, labels, std::nullopt, "engine.eval_loss(input_ids, labels)");
     return collective("engine.eval_loss(input_ids, labels)", [&] {
       py::gil_scoped_release nogil;
       if (e.forward_pending()) e.abandon_forward();
@@ -355,11 +366,12 @@ class Core {
     }
   }
 
-  ModelBatch agreed_batch(py::handle input_ids, py::handle labels, const char* call) {
+  ModelBatch agreed_batch(py::handle input_ids, py::handle labels, std::optional<std::int64_t> items,
+                          const char* call) {
     std::exception_ptr refused;
     ModelBatch b;
     try {
-      b = to_model_batch(input_ids, labels, call);
+      b = to_model_batch(input_ids, labels, items, call);
     } catch (...) {
       refused = std::current_exception();
     }
@@ -379,7 +391,8 @@ class Core {
     return b;
   }
 
-  ModelBatch to_model_batch(py::handle input_ids, py::handle labels, const char* call) {
+  ModelBatch to_model_batch(py::handle input_ids, py::handle labels, std::optional<std::int64_t> items,
+                            const char* call) {
     const TokenArray ids = read_tokens(input_ids, "input_ids");
     std::optional<TokenArray> lab;
     if (!labels.is_none()) lab = read_tokens(labels, "labels");
@@ -421,8 +434,17 @@ class Core {
         const std::size_t at = std::size_t(r) * std::size_t(b.T) + std::size_t(t);
         b.inputs[at] = std::int32_t(ids.at(r, t));
         const std::int64_t l = tgt.at(r, t + 1);
-        b.targets[at] = l < 0 ? -1 : std::int32_t(l);
+        b.targets[at] = l < 0 ? model::kIgnoreTarget : std::int32_t(l);
       }
+    }
+    if (items) {
+      std::int64_t counted = 0;
+      for (const std::int32_t t : b.targets) counted += t >= 0 ? 1 : 0;
+      if (*items < counted)
+        throw ConfigError(cat(call, ": num_items_in_batch is ", *items, ", fewer than the ", counted,
+                              " labels of this micro-batch that count (those >= 0 after the shift); give the "
+                              "labels that count in every micro-batch of the optimizer step on every rank"));
+      b.step_counted = items;
     }
     return b;
   }
@@ -431,6 +453,7 @@ class Core {
   model::ModelConfig mcfg_;
   std::string source_dir_;  // a Hugging Face directory the model came from (its tokenizer files are exported)
   int seq_len_ = 0, local_rank_ = 0, rank_ = 0, world_ = 1;
+  std::optional<std::int64_t> step_counted_;  // the pending forward's num_items_in_batch
   std::unique_ptr<zero3::Engine> engine_;
   std::unique_ptr<model::LlamaModel> model_;  // runs on engine_'s device: destroyed first
 };
@@ -443,7 +466,8 @@ void bind_engine(py::module_& m) {
            py::arg("config"), py::arg("config_is_path"), py::arg("overrides"), py::arg("model"),
            py::arg("seq_len"), py::arg("backend"), py::arg("device_memory_cap"),
            py::arg("checkpoint_activations"))
-      .def("forward", &Core::forward, py::arg("input_ids"), py::arg("labels") = py::none())
+      .def("forward", &Core::forward, py::arg("input_ids"), py::arg("labels") = py::none(),
+           py::arg("num_items_in_batch") = py::none())
       .def("backward", &Core::backward)
       .def("step", &Core::step)
       .def("eval_loss", &Core::eval_loss, py::arg("input_ids"), py::arg("labels") = py::none())

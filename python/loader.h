@@ -13,7 +13,9 @@
 namespace strata::python {
 
 // model::DataLoader over a token file it owns; batches come out as windows of seq_len + 1 tokens per row
-// (inputs, then the last target), the shape engine(...) takes.
+// (inputs, then the last target), the shape engine(...) takes. Over a file with a loss mask each batch
+// carries its labels (Tokens::labels: window column k of sample s is -100 where mask byte s·T + k is 0,
+// the DataLoader's targets; column 0 is -100).
 class TokenLoader {
  public:
   // ConfigError / IoError from TokenFile::open and DataLoader (bad options, too little data, a token

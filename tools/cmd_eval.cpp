@@ -4,8 +4,10 @@
 //   strata eval --model llama-2-7b/ --data val.bin --seq-len 1024 --batch-size 4 --max-batches 50
 //   strata eval --model ckpt --data val.bin --seq-len 256              (DIR/latest, or --model ckpt/TAG)
 //
-// Prints one line on stdout, `eval loss X ppl Y tokens Z` (what it evaluated goes to stderr first). The
-// sequences are consecutive windows from the start of the file (model/eval.h has the exact definition).
+// Prints one line on stdout, `eval loss X ppl Y tokens Z` (what it evaluated goes to stderr first); over a
+// token file with a loss mask (FILE.mask), `eval loss X ppl Y tokens Z counted C`: the loss is the mean
+// over the C targets the mask lets count. The sequences are consecutive windows from the start of the file
+// (model/eval.h has the exact definition).
 // --model is a Hugging Face model directory or a safetensors file (model::open_hf_model), or a checkpoint
 // directory of `strata train --save` (read here: the model module does not know the engine's format).
 // Everything the command line can get wrong is checked before the weights are read.
@@ -55,6 +57,7 @@ int run_eval(const EvalOpts& o) {
   if (o.seq_len > cfg.max_seq_len)
     throw ConfigError(cat("--seq-len ", o.seq_len, " is longer than model '", cfg.name, "''s max_seq_len ",
                           cfg.max_seq_len));
+  cfg.check_sequence(o.seq_len, "--seq-len");
   const model::TokenFile data = model::TokenFile::open(o.data);
   model::check_eval_inputs(cfg, data, o.seq_len, o.batch_size, o.max_batches);
 
@@ -79,8 +82,15 @@ int run_eval(const EvalOpts& o) {
                "batch %d\n",
                cfg.name.c_str(), (long long)cfg.num_parameters(), weights.c_str(), dev->caps().name.c_str(),
                o.data.c_str(), (long long)S, (long long)all, o.seq_len, o.batch_size);
+  if (const model::LossMask* mask = data.mask())
+    std::fprintf(stderr, "eval: loss mask %s: %zu of %zu tokens count as targets\n", mask->path().c_str(),
+                 mask->counted(), mask->size());
   const model::EvalResult r = model::evaluate(m, chunks, data, o.seq_len, o.batch_size, o.max_batches);
-  std::printf("eval loss %.9g ppl %.9g tokens %lld\n", r.loss, r.ppl, (long long)r.tokens);
+  if (data.mask())
+    std::printf("eval loss %.9g ppl %.9g tokens %lld counted %lld\n", r.loss, r.ppl, (long long)r.tokens,
+                (long long)r.counted);
+  else
+    std::printf("eval loss %.9g ppl %.9g tokens %lld\n", r.loss, r.ppl, (long long)r.tokens);
   std::fflush(stdout);
   if (!o.logits.empty()) {
     // The first batch's logits, (B, T, vocab) little-endian fp32, for comparing with another
@@ -119,7 +129,8 @@ Command eval("eval", "Mean next-token loss and perplexity of a model over a toke
                  "Hugging Face model directory, .safetensors file (e.g. from train --export), or checkpoint "
                  "directory (DIR with `latest`, or DIR/TAG)")
       ->required();
-  sub.add_option("--data", o->data, "Token file (llm.c .bin or flat uint16)")
+  sub.add_option("--data", o->data,
+                 "Token file (llm.c .bin or flat uint16); a loss mask beside it (FILE.mask) is applied")
       ->required()
       ->check(CLI::ExistingFile);
   sub.add_option("--seq-len", o->seq_len, "Tokens per sequence, at most the model's max_seq_len")

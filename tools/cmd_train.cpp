@@ -237,7 +237,7 @@ int run_train(const TrainOpts& o) {
   if (o.model.empty() == o.init_from.empty())
     throw ConfigError(
         "give exactly one of --model PRESET_OR_JSON (fresh weights) or --init-from "
-        "MODEL_DIR_OR_SAFETENSORS (a Hugging Face Llama model's weights)");
+        "MODEL_DIR_OR_SAFETENSORS (a Hugging Face model's weights: docs/model.md lists the families)");
   if (o.data.empty() == o.text.empty())
     throw ConfigError("give exactly one of --data tokens.bin or --text file.txt");
   // The files to read, named with what to give instead (a strata::Error, as every bad argument).
@@ -302,6 +302,7 @@ int run_train(const TrainOpts& o) {
   if (seq_len > mcfg.max_seq_len)
     throw ConfigError(cat("--seq-len ", seq_len, " is longer than model '", mcfg.name, "''s max_seq_len ",
                           mcfg.max_seq_len));
+  mcfg.check_sequence(seq_len, "--seq-len");
   zero3::EngineOptions eo;
   eo.backend = o.backend;
   if (!o.device_cap.empty()) eo.device_memory_cap = parse_byte_size(o.device_cap, "--device-memory-cap");
@@ -387,6 +388,16 @@ int run_train(const TrainOpts& o) {
       zero3::offload_name(cfg.zero_optimization.offload_param.device),
       zero3::offload_name(cfg.zero_optimization.offload_optimizer.device),
       engine.device().caps().name.c_str(), format_size(engine.device().caps().capacity, 1).c_str());
+  // A loss mask (model/loss_mask.h): how many of the samples' targets count, and how steps weigh them.
+  if (const model::LossMask* mask = file.mask()) {
+    const std::int64_t all = data.sample_targets(), counted = data.counted_targets();
+    std::fprintf(out, "loss mask: %s: %lld of %lld targets count (%.1f%%); strata.loss_weighting %s\n",
+                 mask->path().c_str(), (long long)counted, (long long)all,
+                 all > 0 ? 100.0 * double(counted) / double(all) : 0.0,
+                 cfg.strata.loss_weighting == StrataConfig::LossWeighting::tokens
+                     ? "tokens (a step's loss is the mean over its counted targets)"
+                     : "micro_batches (a step's loss is the mean of its micro-batches' means)");
+  }
   const zero3::MemoryPlan& plan = engine.plan();
   std::fprintf(
       out,
@@ -445,8 +456,12 @@ int run_train(const TrainOpts& o) {
       progress.finish();
       const model::EvalResult e =
           model::evaluate(model, engine, *eval_file, seq_len, int(engine.micro_batch()), o.eval_batches);
-      std::fprintf(out, "eval step %lld loss %.9g ppl %.9g tokens %lld\n", (long long)r.step, e.loss, e.ppl,
-                   (long long)e.tokens);
+      if (eval_file->mask())
+        std::fprintf(out, "eval step %lld loss %.9g ppl %.9g tokens %lld counted %lld\n", (long long)r.step,
+                     e.loss, e.ppl, (long long)e.tokens, (long long)e.counted);
+      else
+        std::fprintf(out, "eval step %lld loss %.9g ppl %.9g tokens %lld\n", (long long)r.step, e.loss, e.ppl,
+                     (long long)e.tokens);
       std::fflush(out);
       if (csv) csv->write("Train/Samples/eval_loss", r.step * samples_per_step, e.loss);
     }
@@ -574,7 +589,8 @@ Command train(
           "--model", o->model,
           "Model preset (tiny, 10m, 125m, 350m, 1b, 3b, llama2-7b, ...) or model.json: fresh weights");
       sub.add_option("--init-from", o->init_from,
-                     "Start from a Hugging Face Llama model: its directory (config.json + safetensors) or a "
+                     "Start from a Hugging Face model (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma): its "
+                     "directory (config.json + safetensors) or a "
                      ".safetensors file");
       sub.add_option("--data", o->data, "Token file (llm.c .bin or flat uint16)");
       sub.add_option("--text", o->text, "Text file, tokenized as bytes (models with vocab_size >= 256)");

@@ -129,12 +129,16 @@ struct StepTimes {
 
 struct StepResult {
   std::int64_t step = 0;  // optimizer steps taken so far, skipped ones included (DeepSpeed's global_steps)
-  double loss = 0;        // mean of the micro-batches' losses
-  bool applied = true;    // false: skipped (fp16 overflow, or non-finite gradients)
-  double grad_norm = 0;   // global L2 norm of the unscaled gradients
-  double lr = 0;          // the rate this step used
-  double loss_scale = 1;  // the scale its gradients were computed with
-  std::int64_t tokens = 0;
+  // The step's loss over every rank's micro-batches, weighed as strata.loss_weighting says (Note [Loss
+  // weighting] in engine_step.cpp): the mean over every counted target, or the mean of the micro-batches'
+  // means.
+  double loss = 0;
+  bool applied = true;       // false: skipped (fp16 overflow, or non-finite gradients)
+  double grad_norm = 0;      // global L2 norm of the unscaled gradients
+  double lr = 0;             // the rate this step used
+  double loss_scale = 1;     // the scale its gradients were computed with
+  std::int64_t tokens = 0;   // the micro-batches' targets, every rank
+  std::int64_t counted = 0;  // of those, the ones that count (a target below 0 does not), every rank
   StepTimes times;
 };
 
@@ -216,25 +220,34 @@ class Engine final : public model::ChunkProvider {
   bool orders_grads_by_stream() const override { return true; }
 
   // ---- training ----
-  // One micro-batch: forward and backward (loss scaled by the loss scale / accumulation steps).
-  // Returns the loss.
-  float forward_backward(model::TrainableModel& model, const model::Batch& batch);
+  // One micro-batch: forward and backward, weighed as backward's `step_counted` says. Returns the loss.
+  float forward_backward(model::TrainableModel& model, const model::Batch& batch,
+                         std::optional<std::int64_t> step_counted = std::nullopt);
   // The same micro-batch in two halves, for a caller that holds the loss in between (the Python
   // binding's `loss = engine(ids)` / `engine.backward(loss)`): forward opens the pass and returns the
   // loss of inputs/targets (B, T) int32; backward adds its gradients and closes the pass. Together they
   // do exactly what forward_backward does. A forward whose backward will not run is ended by
   // abandon_forward(): its loss does not count, the prefetch trace is kept, and no gradient is touched.
   // forward while one is pending, and backward without one, are programming errors (strata::Error).
+  // The loss is the mean over the targets that count (those >= 0; n of them). backward weighs it (Note
+  // [Loss weighting] in engine_step.cpp): given `step_counted` = N, the targets that count in the whole
+  // optimizer step — every micro-batch, every rank; transformers' num_items_in_batch — its gradients are
+  // those of (the sum of its targets' losses) / N, so that a step's gradients are the mean over all N; an
+  // n of 0 adds nothing. Without it, those of the mean / (accumulation steps x world): the mean of the
+  // micro-batches' means. The two agree bit for bit when every micro-batch counts N / (accumulation steps x
+  // world). ConfigError for a step_counted below n (nothing is changed; the forward stays pending).
   float forward(model::TrainableModel& model, const std::int32_t* inputs, const std::int32_t* targets, int B,
                 int T);
-  void backward(model::TrainableModel& model);
+  void backward(model::TrainableModel& model, std::optional<std::int64_t> step_counted = std::nullopt);
   void abandon_forward();
   bool forward_pending() const;
   // Micro-batches whose backward has run since the last step() (forward_backward or backward).
   int pending_micro_steps() const;
   // The optimizer step over the gradients accumulated since the last one.
   StepResult step();
-  // gradient_accumulation_steps micro-batches from `data`, then step().
+  // gradient_accumulation_steps micro-batches from `data`, then step(). With strata.loss_weighting
+  // "tokens" it reads them all first, sums their counted targets over every rank (a collective) and passes
+  // that to each backward; with "micro_batches", none.
   StepResult train_batch(model::TrainableModel& model, model::DataLoader& data);
   // The compute interface the model must run on (its device memory counts against the cap), and the
   // ModelOptions that say so: model::LlamaModel model(mcfg, engine.model_options()).

@@ -17,6 +17,7 @@
 // (engine_checkpoint.cpp). One training thread calls every method.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -75,6 +76,15 @@ struct Engine::Impl final : EngineState {
   // The model's backward returns with its ops still running (Note [Device work in stream order]); the next
   // forward or step() waits for them first, counting the wait as backward's time (StepTimes).
   void settle_backward();
+  // Note [Loss weighting]: the step's counted targets and Σ counted × loss over every rank (a collective at
+  // several ranks), the least and most counted of a micro-batch, and whether every backward was weighed by
+  // the step's count.
+  struct StepCounts {
+    double counted_loss_sum = 0;
+    std::int64_t counted = 0, least = 0, most = 0;
+    bool weighed_by_count = false;
+  };
+  StepCounts step_counts();
 
   // ---- checkpoints (engine_checkpoint.cpp) ----
   std::string save(const std::string& dir, const nlohmann::json& client_state, const model::DataLoader* data,
@@ -94,9 +104,17 @@ struct Engine::Impl final : EngineState {
   // The step in progress.
   bool forward_open = false;  // Engine::forward ran; its backward has not (the pass is open)
   std::int64_t forward_tokens = 0;
+  std::int64_t forward_counted = 0;  // its targets that count (>= 0)
   float forward_loss = 0;
   double loss_sum = 0;
   std::int64_t tokens = 0;
+  // Note [Loss weighting] (engine_step.cpp): this rank's micro-batches since the last step —
+  // Σ counted × loss, Σ counted, the least and most counted, and whether every backward was given the
+  // step's count (weighed by tokens).
+  double counted_loss_sum = 0;
+  std::int64_t counted = 0;
+  std::int64_t counted_min = INT64_MAX, counted_max = INT64_MIN;
+  bool weighed_by_count = true;
 
   // The parts (Note [Engine parts]); the overlap last, so that its worker stops first.
   ChunkCache cache{*this, overlap};

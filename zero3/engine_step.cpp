@@ -11,11 +11,31 @@
 // Note [Optimizer overlap] (engine_overlap.cpp): with the CPU optimizer, a chunk's update may already have
 // been made during backward, assuming the step applies unclipped; step() keeps it when that held and
 // undoes it (a rollback) before updating as below when it did not.
+//
+// Note [Loss weighting]: the model's loss of a micro-batch is the mean over its n counted targets (a
+// target below 0 — the loss mask's -100 — does not count), and the reduce-scatter sums the ranks'
+// gradients. How the step's micro-batches are weighed is strata.loss_weighting's choice:
+//   tokens (the default; transformers' Trainer since its gradient-accumulation fix): the step's loss is
+//     the mean over every counted target of every micro-batch on every rank, N of them. train_batch reads
+//     the step's micro-batches first, sums their n over the ranks, and backward scales micro-batch i's
+//     gradients by loss_scale · n_i / N, computed as loss_scale / (N / n_i): when every n_i is equal,
+//     N / n_i is exactly accumulation steps × world (integers in double), so the factor is bit for bit the
+//     one below and the two weightings agree exactly. n_i = 0 adds nothing (factor 0).
+//   micro_batches (a plain DeepSpeed loop): loss_scale / (accumulation steps × world), the mean of the
+//     micro-batches' means, each micro-batch weighing the same whatever its n.
+// The step's reported loss follows: Σ n_i · loss_i / N over the ranks (each rank's terms summed in order,
+// then the ranks' in rank order, so one rank with accumulation k and k ranks with accumulation 1 sum the
+// same micro-batches in the same order) when every backward of the step on every rank was given N and the
+// n_i differ;
+// otherwise the mean of the means as before (equal n_i: the same value, computed as it always was, so
+// losses stay bit-identical to runs before the weighting existed). Engine::backward without a count (the
+// Python binding when no num_items_in_batch is given) weighs as micro_batches does.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "core/log.h"
 #include "model/dtype.h"
@@ -120,14 +140,50 @@ StepResult Engine::Impl::step() {
   const double losses = world > 1 ? comm->all_reduce_sum(loss_sum) : loss_sum;
   r.loss = micro_steps > 0 ? losses / (double(micro_steps) * world) : 0.0;
   r.tokens = world > 1 ? std::int64_t(comm->all_reduce_sum(double(tokens))) : tokens;
+  // Note [Loss weighting]: the mean over the counted targets where the backwards weighed by them.
+  const StepCounts all = step_counts();
+  r.counted = all.counted;
+  if (all.weighed_by_count && all.counted > 0 && all.least != all.most)
+    r.loss = all.counted_loss_sum / double(all.counted);
   r.times = times;
   r.times.total = times.forward + times.backward + times.optimizer;
   micro_steps = 0;
   loss_sum = 0;
   tokens = 0;
+  counted_loss_sum = 0;
+  counted = 0;
+  counted_min = INT64_MAX;
+  counted_max = INT64_MIN;
+  weighed_by_count = true;
   times = {};
   tm->set_step(global_step, tiering::Phase::idle);
   return r;
+}
+
+Engine::Impl::StepCounts Engine::Impl::step_counts() {
+  StepCounts c{.counted_loss_sum = counted_loss_sum,
+               .counted = counted,
+               .least = counted_min,
+               .most = counted_max,
+               .weighed_by_count = weighed_by_count && micro_steps > 0};
+  if (world == 1) return c;
+  // Every rank's, summed in rank order (Note [Loss weighting]).
+  struct Mine {
+    double counted_loss_sum;
+    std::int64_t counted, least, most, weighed;
+  };
+  const Mine mine{c.counted_loss_sum, c.counted, c.least, c.most, c.weighed_by_count ? 1 : 0};
+  std::vector<Mine> every(static_cast<std::size_t>(world));
+  comm->host_all_gather(&mine, every.data(), sizeof(Mine));
+  c = {.counted_loss_sum = 0, .counted = 0, .least = INT64_MAX, .most = INT64_MIN, .weighed_by_count = true};
+  for (const Mine& m : every) {
+    c.counted_loss_sum += m.counted_loss_sum;
+    c.counted += m.counted;
+    c.least = std::min(c.least, m.least);
+    c.most = std::max(c.most, m.most);
+    c.weighed_by_count = c.weighed_by_count && m.weighed != 0;
+  }
+  return c;
 }
 
 // ------------------------------------------------------------------------------------------ public API
@@ -167,12 +223,27 @@ float Engine::forward(model::TrainableModel& model, const std::int32_t* inputs, 
   }
   im.forward_open = true;
   im.forward_tokens = std::int64_t(B) * T;
+  std::int64_t n = 0;
+  if (targets != nullptr)
+    for (std::int64_t i = 0; i < im.forward_tokens; ++i) n += targets[i] >= 0 ? 1 : 0;
+  im.forward_counted = n;
   return im.forward_loss;
 }
 
-void Engine::backward(model::TrainableModel& model) {
+void Engine::backward(model::TrainableModel& model, std::optional<std::int64_t> step_counted) {
   Impl& im = *impl_;
   STRATA_CHECK(im.forward_open, "zero3: backward without a forward");
+  const std::int64_t n = im.forward_counted;
+  if (step_counted && *step_counted < n)
+    throw ConfigError(cat("backward: the step's counted targets (num_items_in_batch) are ", *step_counted,
+                          ", fewer than the ", n,
+                          " this micro-batch counts alone; give the targets that count (labels >= 0, after "
+                          "the shift) summed over every micro-batch of the optimizer step on every rank"));
+  // Note [Loss weighting]: the mean over the step's micro-batches on every rank (the reduce-scatter sums
+  // the ranks'), each weighing the same, or the one over the step's counted targets.
+  const double scale = im.scaler.scale();
+  double factor = scale / (double(im.cfg.gradient_accumulation_steps) * im.world);
+  if (step_counted) factor = n == 0 ? 0.0 : scale / (double(*step_counted) / double(n));
   im.dev->bind_thread();
   im.forward_open = false;
   im.tm->set_step(im.global_step + 1, tiering::Phase::backward);
@@ -181,8 +252,7 @@ void Engine::backward(model::TrainableModel& model) {
   try {
     const auto t0 = Clock::now();
     im.overlap.begin_backward();
-    // The mean over the step's micro-batches on every rank: the reduce-scatter sums the ranks'.
-    model.backward(*this, float(im.scaler.scale() / (double(im.cfg.gradient_accumulation_steps) * im.world)));
+    model.backward(*this, float(factor));
     // The step's last backward: what is still accumulating on the device crosses now (a chunk whose last
     // hand-off was not known to be its last: the first step's).
     if (last_micro) im.grads.flush_accumulators();
@@ -200,6 +270,11 @@ void Engine::backward(model::TrainableModel& model) {
   im.loss_sum += im.forward_loss;
   ++im.micro_steps;
   im.tokens += im.forward_tokens;
+  im.counted_loss_sum += double(im.forward_loss) * double(n);  // exact: a float times n < 2^29
+  im.counted += n;
+  im.counted_min = std::min(im.counted_min, n);
+  im.counted_max = std::max(im.counted_max, n);
+  im.weighed_by_count = im.weighed_by_count && step_counted.has_value();
 }
 
 void Engine::abandon_forward() {
@@ -223,15 +298,31 @@ int Engine::pending_micro_steps() const {
   return impl_->micro_steps;
 }
 
-float Engine::forward_backward(model::TrainableModel& model, const model::Batch& batch) {
+float Engine::forward_backward(model::TrainableModel& model, const model::Batch& batch,
+                               std::optional<std::int64_t> step_counted) {
   const float loss = forward(model, batch.inputs.data(), batch.targets.data(), batch.rows, batch.seq_len);
-  backward(model);
+  backward(model, step_counted);
   return loss;
 }
 
 StepResult Engine::train_batch(model::TrainableModel& model, model::DataLoader& data) {
-  for (std::int64_t i = 0; i < impl_->cfg.gradient_accumulation_steps; ++i)
-    forward_backward(model, data.next());
+  Impl& im = *impl_;
+  const std::int64_t accumulation = im.cfg.gradient_accumulation_steps;
+  if (im.cfg.strata.loss_weighting == StrataConfig::LossWeighting::micro_batches) {
+    for (std::int64_t i = 0; i < accumulation; ++i) forward_backward(model, data.next());
+    return step();
+  }
+  // Note [Loss weighting]: the step's counted targets on every rank, known before the first backward.
+  std::vector<model::Batch> batches;
+  batches.reserve(std::size_t(accumulation));
+  std::int64_t mine = 0;
+  for (std::int64_t i = 0; i < accumulation; ++i) {
+    batches.push_back(data.next());
+    mine += batches.back().counted;
+  }
+  const std::int64_t total =
+      im.world > 1 ? std::int64_t(im.comm->all_reduce_sum(double(mine))) : mine;  // exact below 2^53
+  for (const model::Batch& b : batches) forward_backward(model, b, total);
   return step();
 }
 

@@ -65,12 +65,15 @@ class StepInfo:
     """One optimizer step's figures (engine.last_step)."""
 
     step: int  # optimizer steps so far, skipped ones included (global_steps)
-    loss: float  # mean of the step's micro-batch losses over every rank
+    # the step's loss over every rank: the mean over its counted labels when every forward was given
+    # num_items_in_batch (and they differ per micro-batch), else the mean of the micro-batch losses
+    loss: float
     applied: bool  # False: skipped (fp16 overflow or non-finite gradients)
     grad_norm: float  # global L2 norm of the unscaled gradients
     lr: float  # the rate this step used
     loss_scale: float
     tokens: int  # tokens of the step, every rank
+    counted: int  # of those, the labels that counted (not -100), every rank
     times: dict = field(default_factory=dict)  # seconds: forward, backward, optimizer, wait, total
 
 
@@ -120,6 +123,13 @@ class LRSchedulerView:
         return f"LRSchedulerView({self._engine.config['scheduler'].get('type')}, lr={self.get_lr()[0]:g})"
 
 
+def _masked_labels(input_ids, labels):
+    """labels as given, else a token_loader batch's own (its token file's loss mask), else None."""
+    if labels is None and isinstance(input_ids, _strata.Tokens):
+        return input_ids.labels
+    return labels
+
+
 def _byte_size(value):
     """device_memory_cap as the engine takes it: bytes (int) or a size string such as "64MiB" (0: keep the
     config's)."""
@@ -150,20 +160,43 @@ class Engine:
         self._last_step = None
 
     # ---- the loop ----
-    def __call__(self, input_ids, labels=None):
-        return self.forward(input_ids, labels)
+    def __call__(self, input_ids, labels=None, num_items_in_batch=None):
+        return self.forward(input_ids, labels, num_items_in_batch)
 
-    def forward(self, input_ids, labels=None):
+    def forward(self, input_ids, labels=None, num_items_in_batch=None):
         """The forward of one micro-batch: input_ids (B, L) integers, labels (B, L) or None (= input_ids),
-        Hugging Face's causal-LM convention (position t predicts labels[:, t + 1]; negative labels are
-        ignored; the model runs over the first L - 1 tokens). Returns the mean loss as a Loss."""
+        Hugging Face's causal-LM convention: labels are not shifted by the caller — position t predicts
+        labels[:, t + 1], the model runs over the first L - 1 tokens, and a label of -100 (any negative one)
+        is left out. Returns the mean loss over the labels that count, as a Loss.
+
+        num_items_in_batch (transformers' name): the labels that count (>= 0, after the shift) in the whole
+        optimizer step — every micro-batch of the accumulation, summed over every rank. Given, backward
+        weighs this micro-batch's gradients by its share of them, so that the step's gradients and
+        last_step.loss are the mean over every counted label (strata.loss_weighting "tokens", as
+        `strata train` does by default); not given, each micro-batch weighs the same (the mean of the
+        micro-batch means, a plain DeepSpeed loop). The returned loss is the micro-batch's mean either way.
+
+        A batch of token_loader over a token file with a loss mask (TOKENFILE.mask) carries its labels
+        (batch.labels, -100 where the mask leaves a token out); with labels=None those are used."""
+        if num_items_in_batch is not None:
+            if isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, int):
+                try:
+                    num_items_in_batch = int(num_items_in_batch.item())  # a torch / numpy scalar
+                except AttributeError:
+                    raise ValueError(
+                        f"num_items_in_batch: expected an int, got {type(num_items_in_batch).__name__}") from None
+            if num_items_in_batch < 0:
+                raise ValueError(f"num_items_in_batch: {num_items_in_batch} must be at least 0")
+        labels = _masked_labels(input_ids, labels)
         with self._lock:
-            value = self._core.forward(input_ids, labels)
+            value = self._core.forward(input_ids, labels, num_items_in_batch)
             self._forward_id += 1
             return Loss(value, self._token, self._forward_id)
 
     def backward(self, loss):
-        """Adds the gradients of the last forward's loss (scaled by 1 / gradient_accumulation_steps)."""
+        """Adds the gradients of the last forward's loss: scaled by 1 / (gradient_accumulation_steps x
+        world size), or, when that forward was given num_items_in_batch, by its counted labels /
+        num_items_in_batch."""
         with self._lock:
             fid = getattr(loss, "_forward_id", None)
             if fid is None:
@@ -202,6 +235,7 @@ class Engine:
 
     def eval_loss(self, input_ids, labels=None) -> float:
         """The loss of a batch (same conventions as forward) without gradients or optimizer state."""
+        labels = _masked_labels(input_ids, labels)
         with self._lock:
             return self._core.eval_loss(input_ids, labels)
 

@@ -26,6 +26,7 @@ TEST(Defaults, MinimalConfigHasDeepSpeedDefaults) {
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
   EXPECT_EQ(c.scheduler.type, SchedulerType::none);
   EXPECT_EQ(c.strata.backend, StrataConfig::Backend::automatic);
+  EXPECT_EQ(c.strata.loss_weighting, StrataConfig::LossWeighting::tokens);
   EXPECT_EQ(c.strata.log_level, log::Level::info);
   EXPECT_TRUE(c.warnings().empty());
 }
@@ -63,6 +64,7 @@ TEST(Defaults, StrataKnobsParse) {
                               {"threads", 2},
                               {"cpu_optim", {{"simd", "avx2"}, {"pin_threads", false}}},
                               {"log_level", "debug"},
+                              {"loss_weighting", "micro_batches"},
                               {"seed", 7}}}});
   EXPECT_EQ(c.strata.backend, StrataConfig::Backend::host);
   EXPECT_EQ(c.strata.device_memory_cap, 8ull << 30);
@@ -74,6 +76,7 @@ TEST(Defaults, StrataKnobsParse) {
   EXPECT_FALSE(c.strata.cpu_optim.pin_threads);
   EXPECT_EQ(c.strata.log_level, log::Level::debug);
   EXPECT_EQ(c.strata.seed, 7);
+  EXPECT_EQ(c.strata.loss_weighting, StrataConfig::LossWeighting::micro_batches);
 }
 
 }  // namespace

@@ -3,13 +3,16 @@
 // the model from each kind of path is tested end to end with the strata binary (eval_cli_test.sh).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "model/eval.h"
+#include "model/loss_mask.h"
 #include "model/token_file.h"
 #include "model_test_util.h"
 
@@ -123,6 +126,78 @@ TEST_F(Eval, RefusesATokenOutsideTheVocabulary) {
     FAIL() << "token " << cfg.vocab_size << " was accepted";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(f.path() + ": token 20 is 256, outside model 'tiny''s vocabulary"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Over a token file with a loss mask: the loss is the mean over the counted targets, token by token — each
+// token's loss taken alone (a forward whose only counted target is that one) — not the mean of the
+// sequences' means; `counted` is the mask's ones among the evaluated targets; the sequences are the same.
+TEST_F(Eval, MaskedFileIsThePerTokenMeanOverCountedTargets) {
+  constexpr int S = 3;
+  const std::vector<uint32_t> tokens = random_tokens(S * T + 1 + 4, uint32_t(cfg.vocab_size), 8);
+  const TokenFile plain = file("sft.bin", tokens);
+  // Sequence 0 counts 1 target, sequence 1 all 16, sequence 2 every other one: far from equal.
+  std::vector<uint8_t> mask(tokens.size(), 0);
+  mask[5] = 1;
+  for (int i = T + 1; i <= 2 * T; ++i) mask[size_t(i)] = 1;
+  for (int i = 2 * T + 1; i <= 3 * T; i += 2) mask[size_t(i)] = 1;
+  mask[3 * T + 2] = 1;  // in the tail: not evaluated
+  write_mask_file(mask_path(plain.path()), mask);
+  const TokenFile masked = TokenFile::open(plain.path());
+  ASSERT_NE(masked.mask(), nullptr);
+
+  const EvalResult r = evaluate(model, chunks, masked, T, /*batch_size=*/2, 0);
+  EXPECT_EQ(r.sequences, S);
+  EXPECT_EQ(r.tokens, S * T);
+  EXPECT_EQ(r.counted, 1 + T + T / 2);
+
+  std::vector<int32_t> in(T), tgt(T);
+  double sum = 0, mean_of_means = 0;
+  for (int s = 0; s < S; ++s) {
+    for (int i = 0; i < T; ++i) in[size_t(i)] = int32_t(tokens[size_t(s * T + i)]);
+    double seq_sum = 0;
+    int seq_counted = 0;
+    for (int j = 0; j < T; ++j) {
+      const size_t at = size_t(s * T + 1 + j);
+      if (!mask[at]) continue;
+      std::fill(tgt.begin(), tgt.end(), kIgnoreTarget);
+      tgt[size_t(j)] = int32_t(tokens[at]);
+      const double loss = model.forward(chunks, in.data(), tgt.data(), 1, T);
+      sum += loss;
+      seq_sum += loss;
+      ++seq_counted;
+    }
+    mean_of_means += seq_sum / seq_counted / S;
+  }
+  const double per_token = sum / double(r.counted);
+  EXPECT_NEAR(r.loss, per_token, 1e-6 * per_token);
+  EXPECT_GT(std::abs(r.loss - mean_of_means), 1e-3 * per_token)
+      << "the mask should weigh sequences unequally";
+  EXPECT_DOUBLE_EQ(r.ppl, std::exp(r.loss));
+  // Without the mask the same file gives the unmasked result, all targets counted.
+  std::filesystem::remove(mask_path(plain.path()));
+  const TokenFile again = TokenFile::open(plain.path());
+  const EvalResult u = evaluate(model, chunks, again, T, 2, 0);
+  EXPECT_EQ(u.counted, u.tokens);
+  EXPECT_EQ(u.loss, evaluate(model, chunks, plain, T, 2, 0).loss);
+}
+
+// A mask that counts none of the evaluated targets leaves no loss to take: refused before any forward.
+TEST_F(Eval, RefusesAMaskCountingNoEvaluatedTarget) {
+  const std::vector<uint32_t> tokens = random_tokens(4 * T + 1, uint32_t(cfg.vocab_size), 9);
+  const TokenFile plain = file("none.bin", tokens);
+  std::vector<uint8_t> mask(tokens.size(), 0);
+  mask[3 * T + 1] = 1;  // sequence 3 only
+  write_mask_file(mask_path(plain.path()), mask);
+  const TokenFile masked = TokenFile::open(plain.path());
+  EXPECT_EQ(evaluate(model, chunks, masked, T, 1, 0).counted, 1);
+  try {
+    evaluate(model, chunks, masked, T, /*batch_size=*/1, /*max_batches=*/3);
+    FAIL() << "a mask counting nothing evaluated was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(masked.mask()->path() + " counts none of the 48 targets"),
               std::string::npos)
         << e.what();
   }

@@ -71,3 +71,28 @@ def test_an_exported_safetensors_file_initializes_the_same_model(config, token_f
     engine.export(str(tmp_path / "model.safetensors"))
     loaded, _, _, _ = strata.initialize(config, str(tmp_path / "model.safetensors"), seq_len=sup.SEQ_LEN)
     assert float(loaded.eval_loss(batch)) == float(engine.eval_loss(batch))
+
+
+def test_every_family_directory_initializes_to_transformers_loss(config):
+    """initialize(model=DIR) reads each family's Hugging Face directory (tests/reference/data: transformers'
+    own save_pretrained, docs/model.md "Model families"), and its loss of the dumped batch is transformers'
+    within bf16 rounding (the engine's working params are bf16)."""
+    import numpy as np
+
+    def read_f32(path, name):
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            t = json.loads(f.read(n))[name]
+            assert t["dtype"] == "F32"
+            begin, end = t["data_offsets"]
+            f.seek(8 + n + begin)
+            return np.frombuffer(f.read(end - begin), dtype="<f4")
+
+    for family in ("mistral", "qwen2", "qwen3", "phi3", "gemma"):
+        d = sup.SOURCE_DIR / "tests" / "reference" / "data" / family
+        meta = json.loads((d / "reference.json").read_text())
+        engine, _, _, _ = strata.initialize(config, str(d), seq_len=meta["seq_len"])
+        ids = read_f32(d / "reference.safetensors", "input_ids").astype(np.int32)
+        ids = ids.reshape(meta["batch"], meta["seq_len"] + 1)
+        loss = float(engine.eval_loss(ids))
+        assert abs(loss - meta["loss"]) <= 1e-2 * meta["loss"], (family, loss, meta["loss"])

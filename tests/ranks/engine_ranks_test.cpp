@@ -10,6 +10,7 @@
 
 #include "cpu_optim/cpu_optim.h"
 #include "engine_util.h"
+#include "model/loss_mask.h"
 #include "tests/ranks/ranks_env.h"
 
 namespace strata::zero3 {
@@ -103,6 +104,28 @@ TEST_P(TwoRanks, LossesAndNormsAreOneRanksWithTheSameSamplesBitForBit) {
     EXPECT_EQ(two.norms[i], ref.norms[i]) << "step " << i + 1;
   }
   EXPECT_LT(two.losses.back(), two.losses.front());
+}
+
+// A loss mask that makes samples count different numbers of targets, weighed by tokens (the default; Note
+// [Loss weighting] in zero3/engine_step.cpp): two ranks sum the step's counted targets across them and
+// give the losses and norms of one rank with the same samples, bit for bit — each micro-batch's factor is
+// the same, and the reported loss sums the same terms in the same order.
+TEST_P(TwoRanks, MaskedLossesWeighedByTokensAreOneRanksBitForBit) {
+  ScratchDir d("ranks-masked-r" + std::to_string(testing::ranks().rank()));
+  const std::string tokens = make_tokens(d);
+  const std::size_t n = model::TokenFile::open(tokens).size();
+  std::vector<std::uint8_t> mask(n);
+  for (std::size_t i = 0; i < n; ++i)  // sparse in even samples of 32, dense in odd ones
+    mask[i] = ((i * 2654435761u) >> 8) % 100 < ((i / 32) % 2 ? 80u : 15u) ? 1 : 0;
+  model::write_mask_file(model::mask_path(tokens), mask);
+  std::unique_ptr<comm::Communicator> one = comm::make_single_rank();
+  const RunResult ref = train(config(d, 2, 1), *one, tokens, 4);
+  const RunResult two = train(config(d, 1, 2), testing::ranks(), tokens, 4);
+  ASSERT_EQ(two.losses.size(), ref.losses.size());
+  for (std::size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_EQ(two.losses[i], ref.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(two.norms[i], ref.norms[i]) << "step " << i + 1;
+  }
 }
 
 // The optimizer overlapped with backward (Note [Optimizer overlap] in zero3/engine_overlap.cpp) at two

@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -205,25 +206,57 @@ double get_number(const json& obj, const char* key, const std::string& where) {
   return obj[key].get<double>();
 }
 
+std::vector<double> get_factors(const json& obj, const char* key, const std::string& where) {
+  if (!obj.contains(key) || !obj[key].is_array() || obj[key].empty() ||
+      !std::all_of(obj[key].begin(), obj[key].end(), [](const json& v) { return v.is_number() && v > 0; }))
+    throw ConfigError(detail::cat(
+        where, ": '", key, "' must be a list of positive numbers, one per rotary frequency (longrope)"));
+  return obj[key].get<std::vector<double>>();
+}
+
 // Hugging Face's rope_scaling object (or rope_parameters, which also carries rope_theta).
-RopeScaling parse_rope_scaling(const json& r, const std::string& where) {
+// `phi3`: Phi-3's config reads "yarn" as longrope too (transformers' Phi3Config).
+RopeScaling parse_rope_scaling(const json& r, const std::string& where, bool phi3) {
   RopeScaling s;
   if (r.is_null()) return s;
   if (!r.is_object()) throw ConfigError(detail::cat(where, ": expected an object or null, got ", r.dump()));
   const json* type = r.contains("rope_type") ? &r["rope_type"] : r.contains("type") ? &r["type"] : nullptr;
   if (!type || !type->is_string())
-    throw ConfigError(detail::cat(where, ": 'rope_type' must be a string (\"default\" or \"llama3\")"));
+    throw ConfigError(
+        detail::cat(where, ": 'rope_type' must be a string (\"default\", \"llama3\" or \"longrope\")"));
   s.type = type->get<std::string>();
+  if (s.type == "su" || (phi3 && s.type == "yarn")) s.type = "longrope";  // as transformers reads Phi-3's
   if (r.contains("partial_rotary_factor") &&
       !(r["partial_rotary_factor"].is_number() && r["partial_rotary_factor"] == 1))
     throw ConfigError(detail::cat(where, ": partial_rotary_factor ", r["partial_rotary_factor"].dump(),
                                   " is not implemented; the rotary embedding covers the whole head here"));
   if (s.type == "default") return s;
+  if (s.type == "longrope") {
+    s.short_factor = get_factors(r, "short_factor", where);
+    s.long_factor = get_factors(r, "long_factor", where);
+    if (r.contains("original_max_position_embeddings")) {
+      const json& o = r["original_max_position_embeddings"];
+      if (!o.is_number_integer() || o.get<int64_t>() < 1)
+        throw ConfigError(
+            detail::cat(where, ": 'original_max_position_embeddings' must be a whole number >= 1"));
+      s.original_max_position_embeddings = o.get<int64_t>();
+    } else {
+      s.original_max_position_embeddings = 0;  // the top-level key's (from_json)
+    }
+    for (const char* k : {"factor", "attention_factor"})
+      if (r.contains(k) && !r[k].is_null() && !(r[k].is_number() && r[k] > 0))
+        throw ConfigError(detail::cat(where, ": '", k, "' must be a positive number"));
+    s.factor_given = r.contains("factor") && !r["factor"].is_null();
+    s.attention_factor_given = r.contains("attention_factor") && !r["attention_factor"].is_null();
+    if (s.factor_given) s.factor = r["factor"].get<double>();
+    if (s.attention_factor_given) s.attention_factor = r["attention_factor"].get<double>();
+    return s;
+  }
   if (s.type != "llama3")
-    throw ConfigError(detail::cat(where, ": rope_type \"", s.type,
-                                  "\" is not implemented (Phi-3's longrope and su, yarn, dynamic, linear "
-                                  "among them); Strata computes \"default\" and \"llama3\" rotary "
-                                  "frequencies"));
+    throw ConfigError(
+        detail::cat(where, ": rope_type \"", s.type,
+                    "\" is not implemented (yarn, dynamic and linear among them); Strata computes "
+                    "\"default\", \"llama3\" and \"longrope\" rotary frequencies"));
   s.factor = get_number(r, "factor", where);
   s.low_freq_factor = get_number(r, "low_freq_factor", where);
   s.high_freq_factor = get_number(r, "high_freq_factor", where);
@@ -238,8 +271,44 @@ RopeScaling parse_rope_scaling(const json& r, const std::string& where) {
   return s;
 }
 
+// longrope's remaining parameters, once the model's sizes are known (transformers'
+// _compute_longrope_parameters): the original length (top-level when not in the rope object), the factors'
+// count, and the attention factor's default.
+void finish_longrope(RopeScaling& s, const json& j, int64_t max_seq_len, int64_t head_dim,
+                     const std::string& where) {
+  if (s.original_max_position_embeddings == 0) {
+    if (!j.contains("original_max_position_embeddings") ||
+        !j["original_max_position_embeddings"].is_number_integer() ||
+        j["original_max_position_embeddings"].get<int64_t>() < 1)
+      throw ConfigError(detail::cat(where,
+                                    ": longrope rope scaling needs original_max_position_embeddings "
+                                    "(in rope_scaling or at the top level), a whole number >= 1"));
+    s.original_max_position_embeddings = j["original_max_position_embeddings"].get<int64_t>();
+  }
+  for (const auto* f : {&s.short_factor, &s.long_factor})
+    if (int64_t(f->size()) != head_dim / 2)
+      throw ConfigError(detail::cat(
+          where, ": longrope's ", f == &s.short_factor ? "short_factor" : "long_factor", " holds ", f->size(),
+          " factors; head_dim ", head_dim, " has ", head_dim / 2, " rotary frequencies"));
+  if (!s.factor_given) s.factor = double(max_seq_len) / double(s.original_max_position_embeddings);
+  if (!s.attention_factor_given)
+    s.attention_factor =
+        s.factor <= 1.0
+            ? 1.0
+            : std::sqrt(1.0 + std::log(s.factor) / std::log(double(s.original_max_position_embeddings)));
+}
+
 json rope_scaling_json(const RopeScaling& s) {
   if (s.is_default()) return nullptr;
+  if (s.type == "longrope") {
+    json j{{"rope_type", "longrope"},
+           {"short_factor", s.short_factor},
+           {"long_factor", s.long_factor},
+           {"original_max_position_embeddings", s.original_max_position_embeddings}};
+    if (s.factor_given) j["factor"] = s.factor;
+    if (s.attention_factor_given) j["attention_factor"] = s.attention_factor;
+    return j;
+  }
   return json{{"rope_type", s.type},
               {"factor", s.factor},
               {"low_freq_factor", s.low_freq_factor},
@@ -475,14 +544,14 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
     c.explicit_head_dim = 0;
   check_architecture(j, fam, where);
   if (j.contains("rope_scaling"))
-    c.rope_scaling = parse_rope_scaling(j["rope_scaling"], where + ": rope_scaling");
+    c.rope_scaling = parse_rope_scaling(j["rope_scaling"], where + ": rope_scaling", family == "phi3");
   if (j.contains("rope_parameters")) {
     // Newer transformers: {"rope_type", "rope_theta", scaling keys}; the same as the older top-level keys.
     const json& rp = j["rope_parameters"];
     const std::string at = where + ": rope_parameters";
     if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
       throw ConfigError(detail::cat(where, ": both 'rope_scaling' and 'rope_parameters' are set; keep one"));
-    c.rope_scaling = parse_rope_scaling(rp, at);
+    c.rope_scaling = parse_rope_scaling(rp, at, family == "phi3");
     if (rp.is_object() && rp.contains("rope_theta")) {
       const float theta = get_float(rp["rope_theta"], "rope_theta", at);
       if (j.contains("rope_theta") && get_float(j["rope_theta"], "rope_theta", where) != theta)
@@ -491,6 +560,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
       c.rope_theta = theta;
     }
   }
+  if (c.rope_scaling.type == "longrope" && c.n_heads > 0)
+    finish_longrope(c.rope_scaling, j, c.max_seq_len, c.head_dim(), where + ": rope_scaling");
   // The config says what it was trained at; Llama 3's scaled frequencies assume at least the original.
   if (c.rope_scaling.type == "llama3" && c.rope_scaling.original_max_position_embeddings > c.max_seq_len &&
       c.max_seq_len > 0)
@@ -562,6 +633,8 @@ json ModelConfig::to_hf_json() const {
     j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
   if (family == "qwen2" || family == "qwen3") j["use_sliding_window"] = false;
   if (family == "phi3") j["resid_pdrop"] = 0.0, j["embd_pdrop"] = 0.0;
+  if (rope_scaling.type == "longrope")
+    j["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
   j["pad_token_id"] = pad_token_id >= 0 ? json(pad_token_id) : json(nullptr);
   return j;
 }

@@ -22,7 +22,9 @@
 //   head_dim        [head_dim]                 width of a head, even; default d_model / n_heads
 //   rope_scaling    [rope_scaling]             null / {"rope_type": "default"} or Llama 3's
 //                                              {"rope_type": "llama3", "factor", "low_freq_factor",
-//                                              "high_freq_factor", "original_max_position_embeddings"}
+//                                              "high_freq_factor", "original_max_position_embeddings"}, or
+//                                              Phi-3's {"rope_type": "longrope", "short_factor",
+//                                              "long_factor"} (RopeScaling)
 //   family          [model_type]               llama (default), mistral, qwen2, qwen3, phi3, gemma
 //                                              (Note [Model families] below)
 //   attention_bias  [attention_bias]           bias on the q, k, v and o projections (llama, mistral,
@@ -41,7 +43,7 @@
 // the value that means "off": mlp_bias true, a hidden_act other than the family's, a non-zero dropout
 // (attention_dropout, resid_pdrop, embd_pdrop), sliding-window layers (use_sliding_window true, layer_types
 // other than "full_attention"), mixture-of-experts keys, a model_type outside the families, rope scaling
-// other than "default" and "llama3", partial_rotary_factor below 1, logit soft-capping.
+// other than "default", "llama3" and "longrope", partial_rotary_factor below 1, logit soft-capping.
 //
 // Note [Model families]: one decoder computes every family; a family is a row of differences from Llama
 // (kFamilies in config.cpp), never a copy of the decoder:
@@ -63,14 +65,22 @@
 
 namespace strata::model {
 
-// Rotary embedding frequency scaling (Hugging Face's rope_scaling). "default": none; "llama3": Llama 3.1's
-// (model/rope.h has the formula).
+// Rotary embedding frequency scaling (Hugging Face's rope_scaling). "default": none; "llama3": Llama 3.1's;
+// "longrope": Phi-3's (the older "su" reads as it); model/rope.h has the formulas.
 struct RopeScaling {
   std::string type = "default";
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  // longrope: one factor per frequency (head_dim / 2), the short ones for sequences up to
+  // original_max_position_embeddings, the long ones past it; cos and sin are multiplied by
+  // attention_factor (given, or transformers' default from factor, itself max_position_embeddings /
+  // original_max_position_embeddings unless given). `given` keeps which of factor / attention_factor the
+  // config set, so that it is written back as read.
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
+  bool factor_given = false, attention_factor_given = false;
   bool is_default() const { return type == "default"; }
 };
 

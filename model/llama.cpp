@@ -203,7 +203,12 @@ void LlamaModel::ensure_buffers(int B, int T) {
   };
   each_buffer(cfg_, B, T, opts_.checkpoint_activations, act_, as, this, fit);
   if (rope_T_ != T) {
-    ops_->rope_cache(rope_cos_.t, rope_sin_.t, T, int(cfg_.head_dim()), rope_inv_freq(cfg_));
+    ops_->rope_cache(rope_cos_.t, rope_sin_.t, T, int(cfg_.head_dim()), rope_inv_freq(cfg_, T));
+    if (const float a = rope_attention_factor(cfg_);
+        a != 1.0f) {  // longrope: as transformers, after cos / sin
+      ops_->scale(rope_cos_.t, a);
+      ops_->scale(rope_sin_.t, a);
+    }
     rope_T_ = T;
   }
 }

@@ -8,14 +8,25 @@
 
 namespace strata::model {
 
-std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
+float rope_attention_factor(const ModelConfig& cfg) {
+  return cfg.rope_scaling.type == "longrope" ? float(cfg.rope_scaling.attention_factor) : 1.0f;
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& cfg, int T) {
   const int HD = int(cfg.head_dim());
   std::vector<float> f(std::size_t(HD / 2));
-  kernels::cpu::rope_inv_freq(f.data(), HD, cfg.rope_theta);
   const RopeScaling& r = cfg.rope_scaling;
+  if (r.type == "longrope") {
+    const std::vector<double>& e = T > r.original_max_position_embeddings ? r.long_factor : r.short_factor;
+    STRATA_CHECK(e.size() == f.size(), "longrope factors: ", e.size(), " for ", f.size(), " frequencies");
+    for (std::size_t i = 0; i < f.size(); ++i)
+      f[i] = 1.0f / (float(e[i]) * std::pow(cfg.rope_theta, float(2 * i) / float(HD)));
+    return f;
+  }
+  kernels::cpu::rope_inv_freq(f.data(), HD, cfg.rope_theta);
   if (r.is_default()) return f;
   STRATA_CHECK(r.type == "llama3", "rope scaling \"", r.type,
-               "\" (the config parser admits default and llama3)");
+               "\" (the config parser admits default, llama3 and longrope)");
   // Python scalars meet fp32 tensors as fp32 values; a / t is t.reciprocal() * a (torch's __rtruediv__).
   const float factor = float(r.factor), low = float(r.low_freq_factor);
   const float old_len = float(r.original_max_position_embeddings);

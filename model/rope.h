@@ -12,6 +12,10 @@
 //   wavelen_i < L / h (high frequencies):  inv_freq_i
 //   otherwise, with a = (L / wavelen_i - l) / (h - l):  (1 - a) · inv_freq_i / s + a · inv_freq_i
 // each operation rounded to fp32 as transformers' tensor arithmetic does.
+// "longrope" (Phi-3; one factor e_i per frequency, the short ones for a sequence of T tokens up to the
+// original context L, the long ones past it, as transformers' longrope_frequency_update picks them):
+//   inv_freq_i = 1 / (e_i · fp32(theta)^(fp32(2i) / HD)), in fp32; and cos, sin times attention_factor
+//   (rope_attention_factor).
 #pragma once
 
 #include <vector>
@@ -20,6 +24,9 @@
 
 namespace strata::model {
 
-std::vector<float> rope_inv_freq(const ModelConfig& cfg);
+// For sequences of T tokens (longrope chooses its factors by T; the other forms do not depend on it).
+std::vector<float> rope_inv_freq(const ModelConfig& cfg, int T);
+// What cos and sin are multiplied by (longrope's attention factor, rounded to fp32; 1 otherwise).
+float rope_attention_factor(const ModelConfig& cfg);
 
 }  // namespace strata::model

@@ -154,6 +154,25 @@ TEST(Families, PhiThreeStoresItsProjectionsFusedOverContiguousParts) {
   EXPECT_EQ(layout.find_hf("model.layers.0.self_attn.q_proj.weight"), nullptr);
 }
 
+// Phi-3's longrope as its 128k checkpoints write it (top-level original_max_position_embeddings, the older
+// "su" name), written back and read again to the same config; the attention factor is transformers' default.
+TEST(Families, PhiThreeLongropeReadsAsTransformersDoes) {
+  json j = config_of("phi3");
+  j.erase("rope_parameters");
+  j["max_position_embeddings"] = 64;
+  j["original_max_position_embeddings"] = 16;
+  const std::vector<double> s = {1, 1, 1, 1, 2, 2, 2, 2}, l = {1, 2, 3, 4, 5, 6, 7, 8};
+  j["rope_scaling"] = {{"type", "su"}, {"short_factor", s}, {"long_factor", l}};
+  const ModelConfig c = ModelConfig::from_json(j);
+  EXPECT_EQ(c.rope_scaling.type, "longrope");
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 16);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.attention_factor, std::sqrt(1 + std::log(4.0) / std::log(16.0)));
+  EXPECT_EQ(ModelConfig::from_json(c.to_hf_json()), c);
+  EXPECT_EQ(ModelConfig::from_json(c.to_json()), c);
+  j["rope_scaling"]["long_factor"] = {1.0};
+  EXPECT_NE(error_of(j).find("long_factor holds 1 factors"), std::string::npos) << error_of(j);
+}
+
 TEST(Families, SlidingWindowIsRefusedOnlyWhereItWouldChangeAttention) {
   json j = config_of("mistral");
   j["sliding_window"] = 16;
@@ -179,6 +198,7 @@ TEST(Families, SlidingWindowIsRefusedOnlyWhereItWouldChangeAttention) {
 TEST(Families, SettingsNoFamilyComputesAreRefusedByName) {
   const std::pair<const char*, std::pair<const char*, json>> cases[] = {
       {"phi3", {"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}}}},
+      {"mistral", {"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}}}},
       {"phi3", {"partial_rotary_factor", 0.75}},
       {"phi3", {"embd_pdrop", 0.1}},
       {"qwen2", {"use_sliding_window", true}},
@@ -190,6 +210,7 @@ TEST(Families, SettingsNoFamilyComputesAreRefusedByName) {
   };
   for (const auto& [family, kv] : cases) {
     json j = config_of(family);
+    if (std::string(kv.first) == "rope_scaling") j.erase("rope_parameters");  // one of the two forms
     j[kv.first] = kv.second;
     const std::string m = error_of(j);
     const std::string want =

@@ -157,15 +157,15 @@ TEST(RopeInvFreq, Llama3ScalesLowFrequenciesAndKeepsHighOnes) {
   ModelConfig c = ModelConfig::preset("tiny");
   c.explicit_head_dim = 128;
   c.rope_theta = 500000.0f;
-  c.rope_scaling = {.type = "llama3",
-                    .factor = 8.0,
-                    .low_freq_factor = 1.0,
-                    .high_freq_factor = 4.0,
-                    .original_max_position_embeddings = 8192};
-  const std::vector<float> f = rope_inv_freq(c);
+  c.rope_scaling.type = "llama3";
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.low_freq_factor = 1.0;
+  c.rope_scaling.high_freq_factor = 4.0;
+  c.rope_scaling.original_max_position_embeddings = 8192;
+  const std::vector<float> f = rope_inv_freq(c, 64);
   ModelConfig plain = c;
   plain.rope_scaling = {};
-  const std::vector<float> base = rope_inv_freq(plain);
+  const std::vector<float> base = rope_inv_freq(plain, 64);
   ASSERT_EQ(f.size(), 64u);
   int low = 0, high = 0, medium = 0;
   for (std::size_t i = 0; i < f.size(); ++i) {

@@ -10,7 +10,8 @@
 // The configurations: grouped-query attention with head_dim wider than hidden_size / heads and untied
 // embeddings, tied embeddings, rope_theta 5e5, Llama 3.1's rope scaling (the newer rope_parameters form
 // that transformers 5 writes), and one directory per other family (Mistral, Qwen2, Qwen3, Phi-3, Gemma:
-// Note [Model families] in model/config.h), whose norms and biases are random too. bf16 applies to the cuda
+// Note [Model families] in model/config.h), whose norms and biases are random too, and Phi-3's longrope
+// past its original length (the long factors) and within it (the short ones). bf16 applies to the cuda
 // backend's ops, which are checked against these same CPU ops (tests/kernels); this machine has no GPU to run
 // them here.
 #include <gtest/gtest.h>
@@ -157,7 +158,8 @@ TEST_P(Reference, MaskedLossMatchesTransformersLabels) {
 
 INSTANTIATE_TEST_SUITE_P(Transformers, Reference,
                          ::testing::Values("gqa_head_dim_untied", "tied", "rope_theta_5e5", "llama3_scaling",
-                                           "mistral", "qwen2", "qwen3", "phi3", "gemma"),
+                                           "mistral", "qwen2", "qwen3", "phi3", "phi3_longrope",
+                                           "phi3_longrope_short", "gemma"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

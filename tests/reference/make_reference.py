@@ -18,7 +18,7 @@ explicit head_dim wider than hidden_size / heads and untied embeddings, tied emb
 Llama 3.1's rope scaling; then one directory per other family (docs/model.md, "Model families"): Mistral
 with a sliding window no shorter than the sequence, Qwen2 (q, k, v biases, tied), Qwen3 (per-head q/k norm,
 head_dim wider than hidden_size / heads, attention_bias true so that o_proj's bias is covered too), Phi-3
-(fused qkv_proj and gate_up_proj) and Gemma (norms scaling by 1 + w, embeddings times sqrt(hidden), GELU-tanh,
+(fused qkv_proj and gate_up_proj; and with longrope, its long factors and its short ones) and Gemma (norms scaling by 1 + w, embeddings times sqrt(hidden), GELU-tanh,
 tied). For those, every 1-D parameter (norm weights, biases) is also drawn at random, so that a wrong norm
 offset or a missing bias shows. The loss is cross-entropy on inputs shifted by one.
 
@@ -56,11 +56,22 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_key_value_heads=2, head_dim=32, attention_bias=True)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=2, pad_token_id=0)),
+    # Phi-3's longrope (the 128k models' scaling): past the original length the long factors (T = 24 > 16),
+    # within it the short ones (24 <= 32); cos and sin times the attention factor in both.
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM", dict(
+        num_key_value_heads=2, pad_token_id=0, original_max_position_embeddings=16,
+        rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                      "long_factor": [1.2, 1.5, 2.1, 2.9, 4.0, 5.5, 7.4, 9.9]})),
+    "phi3_longrope_short": ("Phi3Config", "Phi3ForCausalLM", dict(
+        num_key_value_heads=2, pad_token_id=0, original_max_position_embeddings=32,
+        rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                      "long_factor": [1.2, 1.5, 2.1, 2.9, 4.0, 5.5, 7.4, 9.9]})),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(num_key_value_heads=2, head_dim=16,
                                                       tie_word_embeddings=True)),
 }
 NOT_TAKEN = {"mistral": ("attention_bias", "mlp_bias"), "qwen2": ("attention_bias", "mlp_bias"),
-             "qwen3": ("mlp_bias",), "phi3": ("attention_bias", "mlp_bias"), "gemma": ("mlp_bias",)}
+             "qwen3": ("mlp_bias",), "phi3": ("attention_bias", "mlp_bias"), "gemma": ("mlp_bias",),
+             "phi3_longrope": ("attention_bias", "mlp_bias"), "phi3_longrope_short": ("attention_bias", "mlp_bias")}
 
 
 def make(name, overrides, out, family=None):

@@ -321,8 +321,9 @@ void LlamaModel::block_forward(const ChunkView& p, Tensor x_in, Tensor x_out, Bl
   const int B = B_, T = T_, N = B * T, C = int(cfg_.d_model), F = int(cfg_.ffn_dim);
   const int NH = int(cfg_.n_heads), NKV = int(cfg_.n_kv_heads), D = int(cfg_.head_dim());
   const int Q = NH * D, KV = NKV * D;
-  const float eps = cfg_.norm_eps, w_off = cfg_.traits().norm_offset;
-  const bool qkn = cfg_.traits().qk_norm;
+  const Family& fam = cfg_.traits();  // one lookup per block
+  const float eps = cfg_.norm_eps, w_off = fam.norm_offset;
+  const bool qkn = fam.qk_norm;
   kernels::Ops& o = *ops_;
 
   timed("attn_norm", phase, 0,
@@ -350,7 +351,7 @@ void LlamaModel::block_forward(const ChunkView& p, Tensor x_in, Tensor x_out, Bl
         [&] { o.rmsnorm_forward(a.xn2.t, a.rstd2.t, a.x_mid.t, weight(p, kFfnNorm), N, C, eps, w_off); });
   project(p, a.gate.t, a.xn2.t, kWGate, -1, N, C, F, "gate_proj", phase);
   project(p, a.up.t, a.xn2.t, kWUp, -1, N, C, F, "up_proj", phase);
-  if (cfg_.traits().act == MlpActivation::gelu_tanh)
+  if (fam.act == MlpActivation::gelu_tanh)
     timed("geglu", phase, 0, [&] { o.geglu_forward(a.h.t, a.gate.t, a.up.t); });
   else
     timed("swiglu", phase, 0, [&] { o.swiglu_forward(a.h.t, a.gate.t, a.up.t); });
@@ -367,7 +368,8 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
   kernels::Ops& o = *ops_;
   auto dw = [&](int i) { return grad(p, g, i); };
   auto has = [&](int i) { return p.layout->has(i); };
-  const float w_off = cfg_.traits().norm_offset;
+  const Family& fam = cfg_.traits();  // one lookup per block
+  const float w_off = fam.norm_offset;
   const BackwardScratch sc = backward_scratch(size_t(N), size_t(F), size_t(Q), size_t(KV));
   const Tensor dh = dblock_.t.slice(sc.dh, size_t(N) * F), dy = dblock_.t.slice(sc.dy, size_t(N) * Q);
   const Tensor dq = dblock_.t.slice(sc.dq, size_t(N) * Q), dk = dblock_.t.slice(sc.dk, size_t(N) * KV);
@@ -380,7 +382,7 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
       [&] { o.linear_backward(dh, dw(kWDown), dresid_.t, a.h.t, weight(p, kWDown), N, F, C); }, N, F, C);
   // In place: each element's gate and up are read before its dgate and dup are written, and nothing
   // after this reads the saved gate or up (a checkpointed block recomputes them).
-  if (cfg_.traits().act == MlpActivation::gelu_tanh)
+  if (fam.act == MlpActivation::gelu_tanh)
     timed("geglu", ph, 0, [&] { o.geglu_backward(a.gate.t, a.up.t, dh, a.gate.t, a.up.t); });
   else
     timed("swiglu", ph, 0, [&] { o.swiglu_backward(a.gate.t, a.up.t, dh, a.gate.t, a.up.t); });
@@ -412,7 +414,7 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
   // The per-head norm's backward takes dq, dk to the projections' outputs. Its dx accumulates, so it goes
   // to zeroed buffers no longer read: y (o_proj's backward is done) and v (attention's is).
   Tensor dq_proj = dq, dk_proj = dk;
-  if (cfg_.traits().qk_norm) {
+  if (fam.qk_norm) {
     dq_proj = a.y.t.slice(0, size_t(N) * Q), dk_proj = a.v.t.slice(0, size_t(N) * KV);
     o.zero(dq_proj), o.zero(dk_proj);
     timed("qk_norm", ph, 0, [&] {

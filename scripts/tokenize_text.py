@@ -321,6 +321,30 @@ def _text_blocks(path):
         raise InputError(f"{path}: cannot read ({e.strerror})")
 
 
+def jsonl_objects(path, hint=""):
+    """Yields (where, obj) for every non-blank line of a JSONL file, where = "path:line"; InputError naming
+    where for a line that is not JSON (`hint` follows the message), a file that is not UTF-8 or cannot be
+    read. Reads one line at a time."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lineno = 0
+            for line in f:  # not enumerate(f): its tuple would keep the line alive until the next one
+                lineno += 1
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    obj = json.loads(line)
+                except ValueError as e:
+                    raise InputError(f"{where}: not valid JSON ({e}){hint}")
+                del line  # a long line's text is held once, in obj, while it is encoded
+                yield where, obj
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text ({e})")
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror})")
+
+
 def documents(paths, field):
     """Yields (path, where, blocks) for every document of every input, in order: blocks iterates over the
     document's text in pieces (a text file's, read as it goes; a JSONL line's, decoded whole). Reads one
@@ -329,35 +353,19 @@ def documents(paths, field):
         if not path.endswith(".jsonl"):
             yield path, path, _text_blocks(path)
             continue
-        try:
-            with open(path, encoding="utf-8") as f:
-                lineno = 0
-                for line in f:  # not enumerate(f): its tuple would keep the line alive until the next one
-                    lineno += 1
-                    if not line.strip():
-                        continue
-                    where = f"{path}:{lineno}"
-                    try:
-                        obj = json.loads(line)
-                    except ValueError as e:
-                        raise InputError(f"{where}: not valid JSON ({e})")
-                    del line  # a long line's text is held once, in obj, while it is encoded
-                    if not isinstance(obj, dict) or field not in obj:
-                        raise InputError(f"{where}: no {field!r} field (set the field with --jsonl-field)")
-                    text = obj[field]
-                    if not isinstance(text, str):
-                        raise InputError(f"{where}: the {field!r} field is a {type(text).__name__}, "
-                                         f"not a string")
-                    bad = SURROGATE.search(text)
-                    if bad:
-                        raise InputError(f"{where}: the {field!r} field is not encodable as UTF-8: it holds a "
-                                         f"lone surrogate \\u{ord(bad.group()):04x} at character {bad.start()} "
-                                         f"(a JSON \\u escape of half a UTF-16 pair); fix or drop that line")
-                    yield path, where, (text,)
-        except UnicodeDecodeError as e:
-            raise InputError(f"{path}: not UTF-8 text ({e})")
-        except OSError as e:
-            raise InputError(f"{path}: cannot read ({e.strerror})")
+        for where, obj in jsonl_objects(path):
+            if not isinstance(obj, dict) or field not in obj:
+                raise InputError(f"{where}: no {field!r} field (set the field with --jsonl-field)")
+            text = obj[field]
+            del obj
+            if not isinstance(text, str):
+                raise InputError(f"{where}: the {field!r} field is a {type(text).__name__}, not a string")
+            bad = SURROGATE.search(text)
+            if bad:
+                raise InputError(f"{where}: the {field!r} field is not encodable as UTF-8: it holds a "
+                                 f"lone surrogate \\u{ord(bad.group()):04x} at character {bad.start()} "
+                                 f"(a JSON \\u escape of half a UTF-16 pair); fix or drop that line")
+            yield path, where, (text,)
 
 
 # Part of a document, encoded as one text of a batch: the tokens of context + text with the first `skip`
@@ -573,24 +581,8 @@ def _messages(where, obj):
 def conversations(paths):
     """Yields (where, messages) for every conversation of every input (JSONL, one a line), in order."""
     for path in paths:
-        try:
-            with open(path, encoding="utf-8") as f:
-                lineno = 0
-                for line in f:
-                    lineno += 1
-                    if not line.strip():
-                        continue
-                    where = f"{path}:{lineno}"
-                    try:
-                        obj = json.loads(line)
-                    except ValueError as e:
-                        raise InputError(f"{where}: not valid JSON ({e}); --chat reads one conversation a line: "
-                                         f"{CHAT_LINE}")
-                    yield where, _messages(where, obj)
-        except UnicodeDecodeError as e:
-            raise InputError(f"{path}: not UTF-8 text ({e})")
-        except OSError as e:
-            raise InputError(f"{path}: cannot read ({e.strerror})")
+        for where, obj in jsonl_objects(path, f"; --chat reads one conversation a line: {CHAT_LINE}"):
+            yield where, _messages(where, obj)
 
 
 def load_chat_tokenizer(model_dir):

@@ -196,6 +196,11 @@ struct StrataConfig {
   // faster one, whose gradients vary in the last bits run to run (kernels/cuda/attention_cudnn.cpp, Note
   // [cuDNN attention determinism]). The host backend is deterministic either way.
   bool deterministic_attention = true;
+  // With offload_optimizer.device nvme, the fp32 gradient shards live on NVMe beside the optimizer states:
+  // written through a small pinned window as each is final and read back with the states by the swap
+  // pipeline (zero3/engine_grads.cpp, Note [Gradients through NVMe]). false keeps them in pinned host
+  // memory (4 bytes a parameter of RAM, no gradient I/O). The same losses either way.
+  bool nvme_gradients = true;
   std::int64_t device = 0;
   std::uint64_t device_memory_cap = 0;  // bytes; 0 = the whole device
   Aio aio;

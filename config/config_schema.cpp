@@ -746,6 +746,16 @@ std::vector<Option> build_options() {
                           "in the device plan, and is slower); false takes the faster one, whose gradients "
                           "vary in the last bits from run to run. The host backend is deterministic always.",
                .field = STRATA_FIELD(strata.deterministic_attention)});
+  o.push_back({.path = "strata.nvme_gradients",
+               .kind = Kind::boolean,
+               .def = true,
+               .meaning =
+                   "With zero_optimization.offload_optimizer.device nvme: the fp32 gradients go to NVMe "
+                   "with the optimizer states (written as each chunk's are final, read back by the "
+                   "swap pipeline), so host memory holds buffers only (true); false keeps them in "
+                   "pinned host memory, 4 bytes a parameter, with no gradient I/O. The same losses "
+                   "either way. No effect with other offload settings.",
+               .field = STRATA_FIELD(strata.nvme_gradients)});
   o.push_back({.path = "strata.device",
                .kind = Kind::integer,
                .def = 0,

@@ -107,7 +107,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
                           "train_micro_batch_size_per_gpu x gradient_accumulation_steps x ranks)"));
   wd = cfg.bf16.enabled ? DType::bf16 : cfg.fp16.enabled ? DType::fp16 : DType::fp32;
   const auto& z = cfg.zero_optimization;
-  homes = shard_homes(z);
+  homes = shard_homes(cfg);
   n_states = cfg.optimizer.type == OptimizerType::Adam || cfg.optimizer.type == OptimizerType::AdamW ? 2 : 1;
   by_ops = !dev->caps().host_addressable || opts.device_state_by_ops;
   // The device optimizer is the compute interface's AdamW; the others run on the CPU only.
@@ -424,14 +424,18 @@ void Engine::Impl::check_fits() const {
                       z.offload_param.buffer_count, " read buffers holds ", largest,
                       " elements (docs/train.md, \"Where the state lives\")");
   }
-  if (homes.master == Tier::nvme && z.offload_optimizer.buffer_count < 1 + n_states)
-    throw ConfigError(
-        cat("zero_optimization.offload_optimizer.buffer_count: ", z.offload_optimizer.buffer_count,
-            " is fewer than the ", 1 + n_states,
-            " tensors per parameter the optimizer swaps "
-            "(fp32 master and ",
-            n_states, " state", n_states > 1 ? "s" : "", "); raise it to at least ", 1 + n_states, " (",
-            3 * (1 + n_states), " lets reads, updates and writes of three sub-groups overlap)"));
+  const int swapped = 1 + n_states + (homes.grad == Tier::nvme ? 1 : 0);
+  if (homes.master == Tier::nvme && z.offload_optimizer.buffer_count < swapped)
+    throw ConfigError(cat(
+        "zero_optimization.offload_optimizer.buffer_count: ", z.offload_optimizer.buffer_count,
+        " is fewer than the ", swapped,
+        " tensors per parameter the optimizer swaps "
+        "(fp32 master, ",
+        n_states, " state", n_states > 1 ? "s" : "", homes.grad == Tier::nvme ? " and the gradients" : "",
+        "); raise it to at least ", swapped, " (", 2 * swapped,
+        " lets the reads of one sub-group overlap the update of another)",
+        homes.grad == Tier::nvme ? ", or set strata.nvme_gradients to false (gradients in pinned host memory)"
+                                 : ""));
 
   const DeviceCaps& caps = dev->caps();
   const std::uint64_t need = plan.device_need();
@@ -503,9 +507,13 @@ void Engine::Impl::open_tiers() {
       what =
           cat(format_size(plan.nvme_params), " of ", dtype_name(wd), " working parameters (offload_param)");
     if (plan.nvme_state > plan.nvme_params)
-      what += cat(what.empty() ? "" : " and ", format_size(plan.nvme_state - plan.nvme_params),
-                  " of fp32 master weights and ", n_states, " optimizer state", n_states > 1 ? "s" : "",
-                  " (offload_optimizer, ", 4 * (1 + n_states), " bytes a parameter)");
+      what += cat(
+          what.empty() ? "" : " and ", format_size(plan.nvme_state - plan.nvme_params),
+          " of fp32 master weights, ", n_states, " optimizer state", n_states > 1 ? "s" : "",
+          homes.grad == Tier::nvme ? " and gradients" : "", " (offload_optimizer, ",
+          4 * (1 + n_states + (homes.grad == Tier::nvme ? 1 : 0)), " bytes a parameter",
+          homes.grad == Tier::nvme ? "; strata.nvme_gradients false keeps the gradients in host memory" : "",
+          ")");
     so.capacity_why =
         cat(what, world > 1 ? cat(" for this rank's shard (rank ", comm->rank(), " of ", world, ")") : "",
             ", plus ", format_size(plan.nvme_budget - plan.nvme_state),
@@ -591,7 +599,7 @@ void Engine::Impl::init_chunks() {
     zeros.assign(n, 0.0f);
     for (tiering::TensorId st : optimizer_tensors(s))
       if (st != s.t.master) writes.push_back(put(st, s.h.optim, zeros.data(), n * 4));
-    tm->allocate(s.t.grad, s.h.grad);
+    if (s.h.grad != Tier::nvme) tm->allocate(s.t.grad, s.h.grad);  // NVMe: written by the first hand-off
     // Tensors at home on the device or in pinned memory stay there (their addresses are used directly);
     // NVMe-resident ones come and go through pinned memory.
     for (tiering::TensorId id : {s.t.param, s.t.grad, s.t.master, s.t.exp_avg, s.t.exp_avg_sq}) {
@@ -599,7 +607,7 @@ void Engine::Impl::init_chunks() {
       if (info.desc.home != Tier::nvme && info.allocated) tm->pin(id);
     }
     if (homes.param != Tier::nvme) s.param_home = tm->data(s.t.param, homes.param);
-    s.grad = static_cast<float*>(tm->data(s.t.grad, s.h.grad));
+    if (s.h.grad != Tier::nvme) s.grad = static_cast<float*>(tm->data(s.t.grad, s.h.grad));
     if (s.h.master != Tier::nvme) {
       s.master = static_cast<float*>(tm->data(s.t.master, s.h.master));
       if (cfg.optimizer.type != OptimizerType::Adagrad)

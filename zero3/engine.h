@@ -19,8 +19,9 @@
 // Where each tensor of a chunk's shard lives (DESIGN.md §2), from zero_optimization:
 //   working params  offload_param none: device | cpu: pinned host | nvme: NVMe (up to max_in_cpu elements
 //                   cached in pinned host memory)
-//   fp32 gradient   offload_optimizer none: device | cpu, nvme: pinned host (summed on the device across a
-//                   step's micro-batches where the plan has room: MemoryPlan.device_accumulators)
+//   fp32 gradient   offload_optimizer none: device | cpu: pinned host | nvme: NVMe, through a pinned window
+//                   (strata.nvme_gradients false: pinned host) — summed on the device across a step's
+//                   micro-batches where the plan has room (MemoryPlan.device_accumulators)
 //   fp32 master, optimizer states   offload_optimizer none: device | cpu: pinned host | nvme: NVMe
 // The working dtype is bf16 (bf16.enabled), fp16 (fp16.enabled) or fp32 (neither).
 //
@@ -160,6 +161,14 @@ struct TransferStats {
   // one a hand-off, or one a step for a stage-1 chunk summed locally (Note [Stage 1 accumulates locally]).
   std::uint64_t grad_reductions = 0;
   std::uint64_t grad_reduction_bytes = 0;
+  // COUNT and SUM of fp32 gradient shards written to NVMe (gradients through NVMe: one a crossing to the
+  // host), and read back to accumulate into (a hand-off to a shard that already holds gradients this step);
+  // the swap pipeline's reads of them with the optimizer states are not counted here (Note [Gradients
+  // through NVMe] in zero3/engine_grads.cpp).
+  std::uint64_t grad_nvme_writes = 0;
+  std::uint64_t grad_nvme_write_bytes = 0;
+  std::uint64_t grad_nvme_reads = 0;
+  std::uint64_t grad_nvme_read_bytes = 0;
 };
 
 // Who stepped the chunks after backward: COUNT of chunk updates since construction, by the optimizer that

@@ -33,6 +33,25 @@
 // (each rank's micro-batches first, then the ranks), so stage 1 and 2 agree to rounding, not bit for bit,
 // when accumulating.
 //
+// Note [Gradients through NVMe]: with offload_optimizer nvme (and strata.nvme_gradients, the default) the
+// fp32 gradient shard's home is NVMe, as ZeRO-Infinity swaps gradients with the optimizer state, so that no
+// host buffer grows with the model. What would reach the pinned shard — a hand-off, or a device
+// accumulator's crossing — is copied off the device into pinned staging (one shard), and a host function
+// on the gradient stream (to_nvme) takes it on: into a pinned block of the tier manager's pool (copied
+// when the shard is empty this step; else the NVMe copy is read back into the block and the staged
+// gradients added, the same one fp32 add per element as the pinned shard's). The training thread has
+// already asked the tier manager for the block (and the read) and for its write to NVMe, gated on the
+// gradient stream's event after that host function, which frees the block when done: the host function
+// touches memory only, since the tier manager may wait for the stream's events under its mutex. At most
+// kNvmeGradWindow shards are on their way at once (the oldest write is waited for first), and a chunk's own
+// earlier write before its shard is touched again. In the step's last backward the block's squared norm,
+// finiteness and (N ranks) per-block partial sums are taken before the write, so stats() needs no second
+// read; a chunk without them (a step that came before its configured micro-batches) is read back once there.
+// The swap pipeline reads the gradients with the sub-group's master and states (engine_update.cpp, Note [NVMe
+// swap pipeline]) and drops the copy after the update. The arithmetic is the pinned shard's, so the same
+// losses bit for bit. Gradient accumulation over micro-batches reads and writes each shard once a
+// micro-batch where the plan gives no device accumulator; with one, the shard crosses once a step.
+//
 #include "zero3/engine_grads.h"
 
 #include <algorithm>
@@ -43,6 +62,9 @@
 #include "zero3/engine_overlap.h"
 
 namespace strata::zero3 {
+
+using detail::cat;
+
 namespace {
 
 // dst += src, one fp32 add per element (Ops::add's arithmetic, on the host).
@@ -57,8 +79,9 @@ void GradientPath::open() {
   expected_.assign(C, 0);
   seen_.assign(C, 0);
   if (std::any_of(e_.slots.begin(), e_.slots.end(),
-                  [](const ChunkSlot& s) { return s.h.grad == Tier::pinned; }))
+                  [](const ChunkSlot& s) { return s.h.grad == Tier::pinned || s.h.grad == Tier::nvme; }))
     staging_ = PinnedBuffer(*e_.dev, e_.largest_shard * sizeof(float));
+  out_stats_.assign(C, HostStats{});
   if (e_.by_ops && std::any_of(e_.slots.begin(), e_.slots.end(),
                                [](const ChunkSlot& s) { return s.h.grad == Tier::device; })) {
     stats_id_ = e_.tm->register_tensor({.name = "zero3.grad_stats",
@@ -185,6 +208,8 @@ void GradientPath::hand_to_shard(ChunkSlot& s, const float* src, tiering::Tensor
         e_.grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, n}, from);
       }
       if (final) flush_accumulator(s);
+    } else if (s.route.grads_nvme) {  // Note [Gradients through NVMe]
+      stage_for_nvme(s, src, fresh, last_micro_);
     } else {
       // The gradient stream copies the buffer off the device: straight into the pinned shard when it is
       // empty this step, else into pinned staging and adds it on the host on the CPU optimizer's threads
@@ -208,13 +233,108 @@ void GradientPath::hand_to_shard(ChunkSlot& s, const float* src, tiering::Tensor
 
 void GradientPath::flush_accumulator(ChunkSlot& s) {
   const std::size_t n = s.shard.numel;
-  e_.grad_stream->copy_async(s.grad, s.acc, n * sizeof(float), CopyKind::device_to_host);
+  if (s.route.grads_nvme) {
+    // The step's sum: crossing at the final hand-off, when the last backward ends, or when step() comes.
+    stage_for_nvme(s, s.acc, true, true);
+  } else {
+    e_.grad_stream->copy_async(s.grad, s.acc, n * sizeof(float), CopyKind::device_to_host);
+    ++e_.transfers.grad_offloads;
+    e_.transfers.grad_offload_bytes += n * sizeof(float);
+  }
   if (!s.handed_off) s.handed_off = e_.dev->create_event();
   e_.grad_stream->record(*s.handed_off);
   e_.tm->evict(s.accbuf, Tier::device, Tier::pinned, s.handed_off.get());  // frees the block after the copy
   s.acc = nullptr;
+}
+
+void GradientPath::stage_for_nvme(ChunkSlot& s, const float* src, bool fresh, bool with_stats) {
+  tiering::TierManager& tm = *e_.tm;
+  const std::size_t n = s.shard.numel;
+  // The window, and this chunk's own earlier write done before its shard is touched again.
+  auto own_write = [&] {
+    return std::any_of(nvme_writes_.begin(), nvme_writes_.end(),
+                       [&](const NvmeWrite& w) { return w.chunk == s.id; });
+  };
+  if (!nvme_writes_.empty() && (nvme_writes_.size() >= kNvmeGradWindow || own_write())) {
+    const WaitTimer tw(*e_.compute_stream);
+    while (!nvme_writes_.empty() && (nvme_writes_.size() >= kNvmeGradWindow || own_write())) {
+      const tiering::Move m = nvme_writes_.front().move;
+      nvme_writes_.pop_front();
+      m.wait();
+    }
+    e_.times.wait += tw.idle_seconds();
+  }
+  // The shard's pinned block: empty this step, or the NVMe copy read back into it to add to.
+  tm.pin(s.t.grad);
+  tiering::Move read;
+  float* dst = nullptr;
+  if (fresh) {
+    dst = static_cast<float*>(tm.allocate(s.t.grad, Tier::pinned));
+  } else {
+    read = tm.fetch(s.t.grad, Tier::pinned);
+    dst = static_cast<float*>(tm.data(s.t.grad, Tier::pinned));
+  }
+  // The gradient stream copies the gradients off the device into staging and (to_nvme) into the block. The
+  // stream runs in order: the next copy into staging_ waits for this host function to have read it. The
+  // host function touches memory only: the tier manager may wait for this stream's events under its
+  // mutex, so nothing on the stream may take it.
+  float* staged = static_cast<float*>(staging_.data());
+  e_.grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
+  e_.grad_stream->host_fn([this, &s, dst, staged, fresh, with_stats, read] {
+    read.wait();  // the NVMe copy is in the block (raises a failed read)
+    to_nvme(s, dst, staged, fresh, with_stats);
+  });
+  if (!s.handed_off) s.handed_off = e_.dev->create_event();
+  e_.grad_stream->record(*s.handed_off);
+  // The write to NVMe, gated by the tier manager on that event; the block is freed once written.
+  try {
+    tm.mark_written(s.t.grad, Tier::pinned);
+    tm.unpin(s.t.grad);
+    nvme_writes_.push_back({s.id, tm.evict(s.t.grad, Tier::pinned, Tier::nvme, s.handed_off.get())});
+  } catch (const OutOfMemory& err) {
+    throw OutOfMemory(cat("writing the fp32 gradients of chunk ", s.name, " (", n * sizeof(float),
+                          " bytes) to NVMe: ", err.what()));
+  }
   ++e_.transfers.grad_offloads;
   e_.transfers.grad_offload_bytes += n * sizeof(float);
+  ++e_.transfers.grad_nvme_writes;
+  e_.transfers.grad_nvme_write_bytes += n * sizeof(float);
+  if (!fresh) {
+    ++e_.transfers.grad_nvme_reads;
+    e_.transfers.grad_nvme_read_bytes += n * sizeof(float);
+  }
+}
+
+void GradientPath::to_nvme(ChunkSlot& s, float* dst, const float* staged, bool fresh, bool with_stats) {
+  const std::size_t n = s.shard.numel;
+  if (fresh)
+    e_.opt->for_each_range(n, [dst, staged](std::size_t i0, std::size_t i1) {
+      std::memcpy(dst + i0, staged + i0, (i1 - i0) * sizeof(float));
+    });
+  else
+    add_on_host(dst, staged, n);
+  out_stats_[std::size_t(s.id)] = with_stats ? host_stats(dst, n) : HostStats{};
+}
+
+GradientPath::HostStats GradientPath::host_stats(const float* g, std::size_t n) const {
+  HostStats st;
+  st.valid = true;
+  if (e_.world > 1) {
+    st.blocks = e_.opt->grad_block_sums(g, DType::fp32, n, 1.0f);
+    return st;
+  }
+  const cpu_optim::GradStats r = e_.opt->grad_stats(g, DType::fp32, n, 1.0f);
+  st.sum_sq = r.sum_sq;
+  st.finite = r.finite;
+  return st;
+}
+
+void GradientPath::drain_nvme_writes() {
+  while (!nvme_writes_.empty()) {
+    const tiering::Move m = nvme_writes_.front().move;
+    nvme_writes_.pop_front();
+    m.wait();
+  }
 }
 
 void GradientPath::flush_accumulators() {
@@ -234,6 +354,7 @@ void GradientPath::sync() {
   const WaitTimer t0(*e_.compute_stream);
   e_.compute_stream->synchronize();  // gradients at home on the device are added there
   e_.grad_stream->synchronize();     // raises a failed copy or add of the gradient stream
+  drain_nvme_writes();               // raises a failed write
   e_.times.wait += t0.idle_seconds();
 }
 
@@ -244,11 +365,36 @@ void GradientPath::stats(double& sum_sq, bool& finite) {
   auto on_device = [&](const ChunkSlot& s) { return s.route.stepper == UpdateRoute::Stepper::device_ops; };
   // Taken by the overlap's worker from the final gradients (Note [Optimizer overlap]).
   auto early = [&](std::size_t i) { return overlap_.early_stats(i); };
+  // Gradients on NVMe: taken on the way out (Note [Gradients through NVMe]), else read back once here.
+  for (std::size_t i = 0; i < e_.slots.size(); ++i) {
+    ChunkSlot& s = e_.slots[i];
+    if (!s.route.grads_nvme) continue;
+    if (s.grads_fresh) {  // no gradients reached this chunk this step: zeros for the update
+      tiering::TierManager& tm = *e_.tm;
+      tm.pin(s.t.grad);
+      float* g = static_cast<float*>(tm.allocate(s.t.grad, Tier::pinned));
+      std::memset(g, 0, s.shard.numel * sizeof(float));
+      out_stats_[i] = host_stats(g, s.shard.numel);
+      tm.mark_written(s.t.grad, Tier::pinned);
+      tm.unpin(s.t.grad);
+      tm.evict(s.t.grad, Tier::pinned, Tier::nvme).wait();
+    } else if (!out_stats_[i].valid) {
+      e_.with_host_copy(s.t.grad, [&](const void* g) {
+        out_stats_[i] = host_stats(static_cast<const float*>(g), s.shard.numel);
+      });
+    }
+  }
   bool any_device = false, any_host = false;
   for (std::size_t i = 0; i < e_.slots.size(); ++i) {
     ChunkSlot& s = e_.slots[i];
     const Tensor g{s.grad, DType::fp32, s.shard.numel};
     (on_device(s) ? any_device : any_host) = true;
+    if (s.route.grads_nvme) {
+      if (e_.world > 1) continue;  // below, from the blocks
+      sum_sq += out_stats_[i].sum_sq;
+      finite = finite && out_stats_[i].finite;
+      continue;
+    }
     if (s.grads_fresh) {  // no gradients reached this chunk this step
       if (on_device(s))
         e_.ops->zero(g);
@@ -281,6 +427,11 @@ void GradientPath::stats(double& sum_sq, bool& finite) {
     std::vector<double> mine(e_.slots.size() * per_shard, 0.0);
     for (std::size_t i = 0; i < e_.slots.size(); ++i) {
       ChunkSlot& s = e_.slots[i];
+      if (s.route.grads_nvme) {  // taken on the way out, or read back above (zeros: all partials 0)
+        std::copy(out_stats_[i].blocks.begin(), out_stats_[i].blocks.end(),
+                  mine.begin() + std::ptrdiff_t(i * per_shard));
+        continue;
+      }
       if (s.grads_fresh || on_device(s)) continue;  // zeroed above (its partials are 0), or reduced there
       const std::vector<double> b =
           early(i) ? early(i)->blocks : e_.opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
@@ -289,7 +440,7 @@ void GradientPath::stats(double& sum_sq, bool& finite) {
     std::vector<double> all(mine.size() * std::size_t(e_.world));
     e_.comm->host_all_gather(mine.data(), all.data(), mine.size() * sizeof(double));  // host memory
     for (std::size_t i = 0; i < e_.slots.size(); ++i) {
-      if (e_.slots[i].grads_fresh || on_device(e_.slots[i])) continue;
+      if ((e_.slots[i].grads_fresh && !e_.slots[i].route.grads_nvme) || on_device(e_.slots[i])) continue;
       const std::size_t blocks =
           (e_.slots[i].shard.numel + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
       double chunk = 0.0;
@@ -322,6 +473,7 @@ void GradientPath::stats(double& sum_sq, bool& finite) {
     finite = finite && dev_finite;
   }
   for (ChunkSlot& s : e_.slots) s.grads_fresh = false;
+  for (HostStats& st : out_stats_) st = HostStats{};
 }
 
 }  // namespace strata::zero3

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <deque>
 #include <vector>
 
 #include "zero3/engine_state.h"
@@ -57,6 +58,21 @@ class GradientPath {
   // dst += src (fp32, one add per element) on the CPU optimizer's threads: the gradient stream's add of a
   // staged gradient into a pinned shard.
   void add_on_host(float* dst, const float* src, std::size_t n);
+  // Note [Gradients through NVMe]: chunk `s`'s fp32 gradients at device address `src` to its NVMe shard,
+  // through staging_ and a pinned block (`fresh`: the shard is empty this step; `with_stats`: take its
+  // statistics on the way). to_nvme is the gradient stream's part: staged into the block, and the stats.
+  void stage_for_nvme(ChunkSlot& s, const float* src, bool fresh, bool with_stats);
+  void to_nvme(ChunkSlot& s, float* dst, const float* staged, bool fresh, bool with_stats);
+  // The squared norm, finiteness and (N ranks) per-block partial sums of a host-readable gradient shard.
+  struct HostStats {
+    bool valid = false;
+    double sum_sq = 0;
+    bool finite = true;
+    std::vector<double> blocks;
+  };
+  HostStats host_stats(const float* g, std::size_t n) const;
+  // Waits for the NVMe gradient writes still in flight (raising a failed one).
+  void drain_nvme_writes();
 
   EngineState& e_;
   ChunkCache& cache_;
@@ -67,6 +83,16 @@ class GradientPath {
   // Pinned staging for a gradient buffer on its way to a pinned shard that already holds gradients
   // (accumulation): copied off the device here, then added on the host. (largest shard)
   PinnedBuffer staging_;
+  // Note [Gradients through NVMe]: the writes of gradient shards to NVMe in flight, oldest first, with
+  // their chunks (touched by the gradient stream's host functions, and by the training thread only after
+  // that stream is synchronised); and each chunk's statistics taken on the way out in the step's last
+  // backward (valid until stats() reads them).
+  struct NvmeWrite {
+    int chunk = 0;
+    tiering::Move move;
+  };
+  std::deque<NvmeWrite> nvme_writes_;
+  std::vector<HostStats> out_stats_;
   // by_ops: the per-chunk gradient statistics on the device (16 bytes a chunk: the fp64 squared norm and the
   // int32 non-finite flag), a tensor of the device state.
   tiering::TensorId stats_id_ = 0;

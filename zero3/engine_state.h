@@ -69,7 +69,8 @@ struct ChunkSlot {
   // Stable addresses of the tensors whose home is the device or pinned host memory (pinned in the tier
   // manager, so never moved); null for NVMe-resident ones.
   void* param_home = nullptr;  // (shard.numel) working dtype
-  float* grad = nullptr;       // (shard.numel) fp32 accumulator
+  float* grad = nullptr;       // (shard.numel) fp32 accumulator; NVMe home: the pinned copy while the
+                               // swap pipeline holds it for the update, else null
   float* master = nullptr;     // (shard.numel) fp32
   float* exp_avg = nullptr;    // (shard.numel) fp32
   float* exp_avg_sq = nullptr;

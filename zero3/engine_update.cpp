@@ -7,6 +7,9 @@
 // issues the reads of sub-group i + 1 before updating i; pipeline_write lets the writes of i run while
 // i + 1 is updated (otherwise each write is waited for). At most `group_window` = buffer_count / (tensors
 // per parameter) sub-groups hold pinned buffers at once; the oldest write is waited for to make room.
+// With the gradients on NVMe too (Note [Gradients through NVMe] in engine_grads.cpp) each chunk's gradient
+// shard is read with its states (a tensor per parameter more in the window), read by the update through
+// ChunkSlot.grad, and dropped after it: its NVMe copy stays valid and is overwritten by the next step's.
 #include "zero3/engine_update.h"
 
 #include <algorithm>
@@ -252,11 +255,17 @@ void Updater::update_through_nvme(double lr, float factor, std::int64_t step_no)
   std::vector<bool> issued(G, false);
   std::size_t oldest = 0;  // the oldest sub-group whose writes have not been waited for
   auto read = [&](std::size_t i) {
-    for (int c : *swapped[i])
-      for (tiering::TensorId id : e_.optimizer_tensors(e_.slots[std::size_t(c)])) {
+    for (int c : *swapped[i]) {
+      const ChunkSlot& s = e_.slots[std::size_t(c)];
+      for (tiering::TensorId id : e_.optimizer_tensors(s)) {
         e_.tm->pin(id);
         reads[i].push_back(e_.tm->fetch(id, Tier::pinned));
       }
+      if (s.route.grads_nvme) {
+        e_.tm->pin(s.t.grad);
+        reads[i].push_back(e_.tm->fetch(s.t.grad, Tier::pinned));
+      }
+    }
     issued[i] = true;
   };
   for (std::size_t i = 0; i < G; ++i) {
@@ -267,14 +276,25 @@ void Updater::update_through_nvme(double lr, float factor, std::int64_t step_no)
       if (i + 2 - oldest <= e_.group_window) read(i + 1);
     }
     wait_all(reads[i]);
+    for (int c : *swapped[i]) {
+      ChunkSlot& s = e_.slots[std::size_t(c)];
+      if (s.route.grads_nvme) s.grad = static_cast<float*>(e_.tm->data(s.t.grad, Tier::pinned));
+    }
     std::vector<tiering::Move> param_writes;
     update_group(*swapped[i], lr, factor, step_no, param_writes);
-    for (int c : *swapped[i])
-      for (tiering::TensorId id : e_.optimizer_tensors(e_.slots[std::size_t(c)])) {
+    for (int c : *swapped[i]) {
+      ChunkSlot& s = e_.slots[std::size_t(c)];
+      for (tiering::TensorId id : e_.optimizer_tensors(s)) {
         e_.tm->mark_written(id, Tier::pinned);
         e_.tm->unpin(id);
         writes[i].push_back(e_.tm->evict(id, Tier::pinned, Tier::nvme));
       }
+      if (s.route.grads_nvme) {  // read, not written: the pinned copy is dropped
+        s.grad = nullptr;
+        e_.tm->unpin(s.t.grad);
+        e_.tm->evict(s.t.grad, Tier::pinned, Tier::nvme);
+      }
+    }
     for (tiering::Move& m : param_writes) writes[i].push_back(std::move(m));
     if (!oo.pipeline_write) {
       while (oldest <= i) wait_all(writes[oldest++]);

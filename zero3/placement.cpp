@@ -30,11 +30,14 @@ const char* offload_name(Tier home) {
   return offload_device_name(offload_of(home));
 }
 
-tiering::ShardHomes shard_homes(const ZeroConfig& z) {
+tiering::ShardHomes shard_homes(const Config& cfg) {
+  const ZeroConfig& z = cfg.zero_optimization;
   tiering::ShardHomes h;
   h.param = home_of(z.offload_param.device);
   h.master = h.optim = home_of(z.offload_optimizer.device);
-  h.grad = h.optim == Tier::device ? Tier::device : Tier::pinned;
+  h.grad = h.optim == Tier::device                              ? Tier::device
+           : h.optim == Tier::nvme && cfg.strata.nvme_gradients ? Tier::nvme
+                                                                : Tier::pinned;
   return h;
 }
 
@@ -65,7 +68,7 @@ PlanInput plan_input(const Config& cfg, const std::vector<ChunkSize>& chunks, in
   const ZeroConfig& z = cfg.zero_optimization;
   const bool replicated = world > 1 && z.stage < 3;  // stages 1 and 2: every rank holds all working params
   PlanInput in;
-  in.homes = shard_homes(z);
+  in.homes = shard_homes(cfg);
   in.optimizer_states =
       cfg.optimizer.type == OptimizerType::Adam || cfg.optimizer.type == OptimizerType::AdamW ? 2 : 1;
   in.working = cfg.bf16.enabled ? DType::bf16 : cfg.fp16.enabled ? DType::fp16 : DType::fp32;
@@ -117,8 +120,10 @@ PlanInput plan_input(const Config& cfg, const model::ModelLayout& layout, bool t
 // (zero3/engine_grads.cpp), updater (engine_update.cpp) and overlap (engine_overlap.cpp) read. The routes:
 //
 //   gradients   device_shard        offload_optimizer none, or a sub-group the ratio keeps on the device
-//               pinned_shard        offload_optimizer cpu / nvme (the shard is pinned; NVMe states swap)
-//               device_accumulator  pinned shard, gradient_accumulation_steps > 1 and room on the device
+//               pinned_shard        offload_optimizer cpu / nvme: copied off the device at each hand-off
+//                                   into the host shard (pinned; or, grads_nvme, through a pinned block to
+//                                   NVMe, read back with the states: strata.nvme_gradients)
+//               device_accumulator  host shard, gradient_accumulation_steps > 1 and room on the device
 //               local_accumulator   stage 1 at N ranks with room: the whole chunk, reduced once a step
 //   reduced     none (one rank) | every_handoff (reduce-scatter) | once_a_step (the local accumulator's)
 //   stepped by  cpu_optimizer       master in addressable memory (pinned; the host backend's device)
@@ -142,6 +147,7 @@ UpdateRoute route_of(const PlanInput& in, std::size_t c, bool accumulate) {
     r.grads = R::Grads::device_shard;
   else
     r.grads = accumulate ? R::Grads::device_accumulator : R::Grads::pinned_shard;
+  r.grads_nvme = h.grad == Tier::nvme;
   r.reduce = in.world == 1                            ? R::Reduce::none
              : r.grads == R::Grads::local_accumulator ? R::Reduce::once_a_step
                                                       : R::Reduce::every_handoff;
@@ -176,6 +182,10 @@ std::string describe(const UpdateRoute& r) {
       "; CPU optimizer", "; CPU optimizer through the NVMe swap pipeline",
       "; device optimizer (compute stream)", "; device optimizer (the model's cpus)"};
   std::string s = grads[int(r.grads)];
+  if (r.grads_nvme) {  // the host shard is on NVMe
+    const std::string pinned = "the pinned shard";
+    s.replace(s.find(pinned), pinned.size(), "NVMe");
+  }
   s += reduce[int(r.reduce)];
   s += stepper[int(r.stepper)];
   if (r.params == R::Params::staged) s += ", params staged to the device";
@@ -294,7 +304,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
                                              : m.nvme_state;
     sum += t == Tier::device ? block(shard_bytes) : shard_bytes;
   };
-  bool grads_on_device = false, grads_pinned = false, stepped_on_host = false;
+  bool grads_on_device = false, grads_pinned = false, grads_nvme = false, stepped_on_host = false;
   for (const PlannedChunk& c : in.chunks) {
     const std::uint64_t n = c.shard.numel;
     const tiering::ShardHomes h = in.homes_of(c);
@@ -307,6 +317,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
     for (int i = 0; i < in.optimizer_states; ++i) add(h.optim, n * 4);
     grads_on_device = grads_on_device || h.grad == Tier::device;
     grads_pinned = grads_pinned || h.grad == Tier::pinned;
+    grads_nvme = grads_nvme || h.grad == Tier::nvme;
     stepped_on_host = stepped_on_host || h.master != Tier::device;
   }
   m.optimizer_groups = int(in.groups.size());
@@ -362,10 +373,13 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
     staging += std::min<std::uint64_t>(z.offload_param.max_in_cpu, total) * wd;
   }
   if (homes.master == Tier::nvme) {
-    p.group_window = std::max<std::size_t>(
-        1, std::size_t(z.offload_optimizer.buffer_count) / std::size_t(1 + in.optimizer_states));
-    staging += p.group_window * largest_group * 4 * std::uint64_t(1 + in.optimizer_states);
+    // Each swapped sub-group holds its master, states and (on NVMe) gradients in pinned buffers.
+    const std::size_t swapped = std::size_t(1 + in.optimizer_states + (grads_nvme ? 1 : 0));
+    p.group_window = std::max<std::size_t>(1, std::size_t(z.offload_optimizer.buffer_count) / swapped);
+    staging += p.group_window * largest_group * 4 * swapped;
   }
+  // Gradient shards on their way to NVMe (Note [Gradients through NVMe]).
+  if (grads_nvme) staging += kNvmeGradWindow * p.largest_shard * sizeof(float);
   if (homes.param != Tier::pinned && homes.master != Tier::device)
     staging += largest_group * wd;  // new working params on their way home
   m.pinned_staging = staging;
@@ -374,7 +388,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   // The gradient staging buffer (accumulation into a pinned shard) is pinned memory of the engine's own,
   // outside the tier manager's budget; so is the parameter staging of device-home params stepped on the
   // host.
-  if (grads_pinned) m.pinned_staging += p.largest_shard * sizeof(float);
+  if (grads_pinned || grads_nvme) m.pinned_staging += p.largest_shard * sizeof(float);
   if (in.device_state_by_ops && homes.param == Tier::device && stepped_on_host)
     m.pinned_staging += p.largest_shard * wd;
   if (m.nvme_state > 0) m.nvme_budget = m.nvme_state + m.nvme_state / 16 + (64ull << 20);

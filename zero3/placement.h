@@ -31,10 +31,16 @@ const char* offload_name(OffloadDevice d);
 const char* offload_name(tiering::Tier home);
 
 // The homes of a shard's five tensors (DESIGN.md §2): the working params where offload_param says; the
-// fp32 master and optimizer states where offload_optimizer says; the fp32 gradient accumulator follows
-// the optimizer — on the device without optimizer offload, in pinned host memory with it (NVMe: written
-// out with the states by the optimizer pipeline).
-tiering::ShardHomes shard_homes(const ZeroConfig& z);
+// fp32 master and optimizer states where offload_optimizer says; the fp32 gradient shard follows the
+// optimizer — on the device without optimizer offload, in pinned host memory with cpu, on NVMe with nvme
+// (written through a pinned window as it is final, read back with the states by the swap pipeline;
+// strata.nvme_gradients false keeps it in pinned memory).
+tiering::ShardHomes shard_homes(const Config& cfg);
+
+// Gradient shards on their way to NVMe at once (pinned blocks of the tier manager's pool, each a shard):
+// one being filled while the one before it is written (Note [Gradients through NVMe] in
+// zero3/engine_grads.cpp).
+inline constexpr std::size_t kNvmeGradWindow = 2;
 
 // The homes of a chunk whose sub-group offload_optimizer.ratio keeps on the device: master, optimizer
 // states and the gradient accumulator there, the working params where `offloaded` (shard_homes) says.
@@ -146,6 +152,10 @@ struct UpdateRoute {
   // reached by stream work only, or through a pinned copy to NVMe.
   enum class Params : std::uint8_t { home, staged, nvme };
   Grads grads = Grads::pinned_shard;
+  // The step's fp32 gradient shard is on NVMe: what reaches the host (a hand-off, or a device
+  // accumulator's crossing) goes through a pinned block to NVMe, and the swap pipeline reads it back with
+  // the optimizer states (Note [Gradients through NVMe] in zero3/engine_grads.cpp).
+  bool grads_nvme = false;
   Reduce reduce = Reduce::none;
   Stepper stepper = Stepper::cpu_optimizer;
   Params params = Params::home;

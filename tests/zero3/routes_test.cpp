@@ -47,7 +47,10 @@ TEST(UpdateRoutes, FollowTheOffloadTargets) {
       {cpu, cpu, false, {.grads = G::pinned_shard, .stepper = S::cpu_optimizer}},
       {none, cpu, true, {.grads = G::pinned_shard, .stepper = S::cpu_optimizer, .params = P::staged}},
       {none, cpu, false, {.grads = G::pinned_shard, .stepper = S::cpu_optimizer}},
-      {nvme, nvme, false, {.grads = G::pinned_shard, .stepper = S::nvme_pipeline, .params = P::nvme}},
+      {nvme,
+       nvme,
+       false,
+       {.grads = G::pinned_shard, .grads_nvme = true, .stepper = S::nvme_pipeline, .params = P::nvme}},
       {cpu, none, true, {.grads = G::device_shard, .stepper = S::device_ops}},
   };
   for (const Case& c : cases) {
@@ -181,6 +184,16 @@ TEST(UpdateRoutes, TheConfigAloneDecidesTheStepperAndTheHomes) {
   ASSERT_EQ(all.size(), 1u);
   EXPECT_EQ(all[0].route.stepper, S::nvme_pipeline);
   EXPECT_EQ(all[0].route.params, P::nvme);
+  EXPECT_TRUE(all[0].route.grads_nvme);
+  EXPECT_EQ(describe(all[0].route),
+            "gradients summed on the device, to NVMe once a step; CPU optimizer through the NVMe swap "
+            "pipeline, params written to NVMe");
+  // strata.nvme_gradients false keeps them in pinned memory.
+  const std::vector<ConfigRoute> pinned =
+      config_routes(make_config(OffloadDevice::nvme, OffloadDevice::nvme, "/tmp",
+                                {{"strata", {{"nvme_gradients", false}}}}),
+                    true);
+  EXPECT_FALSE(pinned[0].route.grads_nvme);
 }
 
 // The engine steps each chunk by its route: the update counters add up to the routes' steppers.

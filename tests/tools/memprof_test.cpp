@@ -223,13 +223,14 @@ TEST(MemprofEstimate, OursIsTheEnginesPlan) {
   // of one shard (4 B x M).
   EXPECT_EQ(rows[2].device, 600'000'000u);
   EXPECT_EQ(rows[2].host, 18'000'000'000u + 400'000'000u);
-  // Both on NVMe: params and optimizer state there; pinned: the fp32 gradients (4 B/param), the gradient
-  // staging, the parameter read buffers (5 of 1e8 bf16 elements) and cache (max_in_cpu 1e9 elements),
-  // one optimizer sub-group of the whole shard in flight (buffer_count 4 / 3 tensors: master and two
-  // states, 12 B x 1e9) and the new working params on their way home (2 B x 1e9).
-  EXPECT_EQ(rows[6].nvme, 14'000'000'000u);
-  EXPECT_EQ(rows[6].host, 4'000'000'000ull + 400'000'000ull + 1'000'000'000ull + 2'000'000'000ull +
-                              12'000'000'000ull + 2'000'000'000ull);
+  // Both on NVMe: params, optimizer state and fp32 gradients there (18 B/param); pinned: buffers only —
+  // the gradient staging (4 B x M), the parameter read buffers (5 of 1e8 bf16 elements) and cache
+  // (max_in_cpu 1e9 elements), one optimizer sub-group of the whole shard in flight (buffer_count 4 / 4
+  // tensors: master, two states and the gradients, 16 B x 1e9), the new working params on their way home
+  // (2 B x 1e9) and the window of two gradient shards on their way to NVMe (2 x 4 B x M).
+  EXPECT_EQ(rows[6].nvme, 18'000'000'000u);
+  EXPECT_EQ(rows[6].host, 400'000'000ull + 1'000'000'000ull + 2'000'000'000ull + 16'000'000'000ull +
+                              2'000'000'000ull + 800'000'000ull);
   // On the host backend chunks are gathered in fp32: 8 B x M of working set.
   in.backend = "host";
   EXPECT_EQ(estimate(in)[2].device, 800'000'000u);

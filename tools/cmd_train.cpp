@@ -417,15 +417,16 @@ int run_train(const TrainOpts& o) {
           : "");
   // Host memory: what the state keeps pinned and the buffers the config asks for (NVMe swap buffers, the
   // gradient window and staging); with both offloads on NVMe, only buffers (Note [Gradients through NVMe]).
+  const tiering::Tier grad_home = zero3::shard_homes(cfg).grad;
   std::fprintf(out,
                "host plan%s: pinned state %s + buffers %s (pinned pool budget %s), NVMe state %s; fp32 "
                "gradients %s\n",
                world > 1 ? " (each rank)" : "", format_size(plan.pinned_state, 1).c_str(),
                format_size(plan.pinned_staging, 1).c_str(), format_size(plan.pinned_budget, 1).c_str(),
                format_size(plan.nvme_state, 1).c_str(),
-               zero3::shard_homes(cfg).grad == tiering::Tier::nvme     ? "on NVMe"
-               : zero3::shard_homes(cfg).grad == tiering::Tier::pinned ? "in pinned host memory"
-                                                                       : "on the device");
+               grad_home == tiering::Tier::nvme     ? "on NVMe"
+               : grad_home == tiering::Tier::pinned ? "in pinned host memory"
+                                                    : "on the device");
   // How each chunk is updated (Note [Update routes] in zero3/placement.cpp), in runs of equal routes.
   std::fprintf(out, "update routes%s:\n%s\n", world > 1 ? " (each rank)" : "",
                zero3::describe(engine.update_routes(), "  ").c_str());

@@ -181,11 +181,12 @@ std::string describe(const UpdateRoute& r) {
   static constexpr const char* stepper[] = {
       "; CPU optimizer", "; CPU optimizer through the NVMe swap pipeline",
       "; device optimizer (compute stream)", "; device optimizer (the model's cpus)"};
-  std::string s = grads[int(r.grads)];
-  if (r.grads_nvme) {  // the host shard is on NVMe
-    const std::string pinned = "the pinned shard";
-    s.replace(s.find(pinned), pinned.size(), "NVMe");
-  }
+  // The same where the host shard is on NVMe (never the device's routes; NVMe needs stage 3, so never
+  // stage 1's local accumulator).
+  static constexpr const char* grads_nvme[] = {
+      nullptr, "gradients to NVMe", "gradients summed on the device, to NVMe once a step", nullptr};
+  const int g = int(r.grads);
+  std::string s = r.grads_nvme && grads_nvme[g] ? grads_nvme[g] : grads[g];
   s += reduce[int(r.reduce)];
   s += stepper[int(r.stepper)];
   if (r.params == R::Params::staged) s += ", params staged to the device";

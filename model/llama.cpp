@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -47,29 +48,56 @@ class ChunkTimer {
   Clock::time_point t0_;
 };
 
-// Acquire/release pairs that also release when an op throws.
+// Acquire/release pairs that also release when an op throws. A release does work that can fail (a
+// gradient hand-off writes to NVMe): on the way out of the scope its error propagates; while another
+// error unwinds the scope, the release still runs and its own error is dropped, the first one is reported.
+class Release {
+ public:
+  Release() : unwinding_(std::uncaught_exceptions()) {}
+  template <class F>
+  void run(F&& release) const {
+    if (std::uncaught_exceptions() == unwinding_) {
+      release();
+      return;
+    }
+    try {
+      release();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the error already unwinding is the one reported
+    }
+  }
+
+ private:
+  int unwinding_;
+};
+
 class Held {
  public:
   Held(ChunkProvider& c, int id) : c_(c), id_(id), view_(c.acquire(id)) {}
-  ~Held() { c_.release(id_); }
+  ~Held() noexcept(false) {
+    rel_.run([&] { c_.release(id_); });
+  }
   const ChunkView& view() const { return view_; }
 
  private:
   ChunkProvider& c_;
   int id_;
   ChunkView view_;
+  Release rel_;
 };
 
 class HeldGrads {
  public:
   HeldGrads(ChunkProvider& c, int id) : c_(c), id_(id), g_(c.acquire_grads(id)) {}
-  ~HeldGrads() { c_.release_grads(id_); }
+  ~HeldGrads() noexcept(false) {
+    rel_.run([&] { c_.release_grads(id_); });
+  }
   float* data() const { return g_; }
 
  private:
   ChunkProvider& c_;
   int id_;
   float* g_;
+  Release rel_;
 };
 
 }  // namespace

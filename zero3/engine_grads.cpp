@@ -257,11 +257,8 @@ void GradientPath::stage_for_nvme(ChunkSlot& s, const float* src, bool fresh, bo
   };
   if (!nvme_writes_.empty() && (nvme_writes_.size() >= kNvmeGradWindow || own_write())) {
     const WaitTimer tw(*e_.compute_stream);
-    while (!nvme_writes_.empty() && (nvme_writes_.size() >= kNvmeGradWindow || own_write())) {
-      const tiering::Move m = nvme_writes_.front().move;
-      nvme_writes_.pop_front();
-      m.wait();
-    }
+    while (!nvme_writes_.empty() && (nvme_writes_.size() >= kNvmeGradWindow || own_write()))
+      finish_oldest_write();
     e_.times.wait += tw.idle_seconds();
   }
   // The shard's pinned block: empty this step, or the NVMe copy read back into it to add to.
@@ -292,8 +289,7 @@ void GradientPath::stage_for_nvme(ChunkSlot& s, const float* src, bool fresh, bo
     tm.unpin(s.t.grad);
     nvme_writes_.push_back({s.id, tm.evict(s.t.grad, Tier::pinned, Tier::nvme, s.handed_off.get())});
   } catch (const OutOfMemory& err) {
-    throw OutOfMemory(cat("writing the fp32 gradients of chunk ", s.name, " (", n * sizeof(float),
-                          " bytes) to NVMe: ", err.what()));
+    throw OutOfMemory(write_context(s.id) + err.what());
   }
   ++e_.transfers.grad_offloads;
   e_.transfers.grad_offload_bytes += n * sizeof(float);
@@ -330,11 +326,25 @@ GradientPath::HostStats GradientPath::host_stats(const float* g, std::size_t n) 
 }
 
 void GradientPath::drain_nvme_writes() {
-  while (!nvme_writes_.empty()) {
-    const tiering::Move m = nvme_writes_.front().move;
-    nvme_writes_.pop_front();
-    m.wait();
+  while (!nvme_writes_.empty()) finish_oldest_write();
+}
+
+void GradientPath::finish_oldest_write() {
+  const NvmeWrite w = nvme_writes_.front();
+  nvme_writes_.pop_front();
+  try {
+    w.move.wait();
+  } catch (const OutOfMemory& err) {
+    throw OutOfMemory(write_context(w.chunk) + err.what());
+  } catch (const IoError& err) {  // a full disk without preallocation fails here (ENOSPC, EFBIG)
+    throw IoError(write_context(w.chunk) + err.what());
   }
+}
+
+std::string GradientPath::write_context(int chunk) const {
+  const ChunkSlot& s = e_.slots[std::size_t(chunk)];
+  return cat("writing the fp32 gradients of chunk ", s.name, " (", s.shard.numel * sizeof(float),
+             " bytes) to NVMe: ");
 }
 
 void GradientPath::flush_accumulators() {

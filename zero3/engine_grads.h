@@ -73,6 +73,10 @@ class GradientPath {
   HostStats host_stats(const float* g, std::size_t n) const;
   // Waits for the NVMe gradient writes still in flight (raising a failed one).
   void drain_nvme_writes();
+  // Waits for the oldest write in flight; a failed one raises its error with the chunk and the bytes.
+  void finish_oldest_write();
+  // "writing the fp32 gradients of chunk block.3 (N bytes) to NVMe: "
+  std::string write_context(int chunk) const;
 
   EngineState& e_;
   ChunkCache& cache_;

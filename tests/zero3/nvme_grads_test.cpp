@@ -5,6 +5,8 @@
 // kill -9 during the writes loses no checkpoint.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -193,6 +195,38 @@ TEST(NvmeGradients, AKillDuringGradientWritesLosesNoCheckpoint) {
     }
   }
   EXPECT_EQ(resumed, straight);
+}
+
+// A full disk while a step's gradients are written: the swap file may grow no further than the bytes of
+// the state written at the start (RLIMIT_FSIZE in a forked child stands for the disk; the writes fail as
+// they do on a file system that cannot preallocate, where a full disk shows). The step stops with an error
+// naming the gradients, their bytes and the path, and the engine tears down cleanly.
+TEST(NvmeGradients, AFullDiskDuringGradientWritesStopsNamingThePathAndTheBytes) {
+  ScratchDir d("nvme-grads-enospc");
+  const std::string tokens = make_tokens(d);
+  const Config cfg = config(OffloadDevice::nvme, d.path(), true);
+  const nvme::test::ChildResult r = nvme::test::run_in_child([&] {
+    Training t(cfg, tokens, 0);
+    const std::uint64_t limit = t.engine.tiers().pool_stats(tiering::Tier::nvme).reserved.current;
+    std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of death
+    const rlimit rl{limit, limit};
+    if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) return nvme::test::kChildSkip;
+    try {
+      t.engine.train_batch(t.m, t.data);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 0;
+    }
+    std::fprintf(stderr, "the step went through a disk that was full\n");
+    return 1;
+  });
+  if (r.code == nvme::test::kChildSkip) GTEST_SKIP() << "setrlimit(RLIMIT_FSIZE) refused: " << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::size_t at = r.output.rfind("writing the fp32 gradients of chunk");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string error = r.output.substr(at);
+  for (const char* must : {" bytes) to NVMe: ", "File too large", d.path().c_str()})
+    EXPECT_NE(error.find(must), std::string::npos) << "names no '" << must << "': " << error;
 }
 
 }  // namespace

@@ -174,6 +174,7 @@ IoHandle AioEngine::Impl::submit(detail::Op op, const File& file, char* buf, std
     std::lock_guard<std::mutex> lock(mu);
     pending.emplace(req->id, req);
   }
+  started();
   IoHandle h{req->id};
   if (bytes == 0) {
     req->parts_left.store(1);
@@ -205,7 +206,18 @@ IoHandle AioEngine::Impl::submit(detail::Op op, const File& file, char* buf, std
   return h;
 }
 
+void AioEngine::Impl::started() {
+  std::lock_guard<std::mutex> lock(busy_mu);
+  if (in_flight++ == 0) busy_since = std::chrono::steady_clock::now();
+}
+
+void AioEngine::Impl::finished() {
+  std::lock_guard<std::mutex> lock(busy_mu);
+  if (--in_flight == 0) busy += std::chrono::steady_clock::now() - busy_since;
+}
+
 void AioEngine::Impl::complete(Request& r) {
+  finished();
   if (r.failed.load(std::memory_order_acquire)) {
     counters.failed_requests.fetch_add(1, std::memory_order_relaxed);
   } else if (r.op == detail::Op::read) {
@@ -345,6 +357,12 @@ IoStats AioEngine::stats() const {
   s.fixed_pieces = c.fixed_pieces.load();
   s.retries = c.retries.load();
   s.short_transfers = c.short_transfers.load();
+  {
+    std::lock_guard<std::mutex> lock(impl_->busy_mu);
+    std::chrono::steady_clock::duration busy = impl_->busy;
+    if (impl_->in_flight > 0) busy += std::chrono::steady_clock::now() - impl_->busy_since;
+    s.busy_seconds = std::chrono::duration<double>(busy).count();
+  }
   std::lock_guard<std::mutex> lock(impl_->mu);
   s.pending = impl_->pending.size();
   return s;

@@ -62,6 +62,9 @@ struct IoStats {
   std::uint64_t retries = 0;          // EINTR / EAGAIN resubmissions
   std::uint64_t short_transfers = 0;  // short reads or writes resubmitted for the rest
   std::uint64_t pending = 0;          // CURRENT: requests submitted and not yet collected
+  // Seconds during which at least one request was between submission and completion: the disk's busy
+  // time as this engine sees it (bytes over it: the rate achieved while there was work for the drive).
+  double busy_seconds = 0;
 };
 
 class AioEngine {

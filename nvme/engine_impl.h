@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -136,6 +137,14 @@ struct AioEngine::Impl {
   std::atomic<std::uint32_t> next_worker{0};
   mutable std::mutex mu;  // guards pending
   std::unordered_map<std::uint64_t, std::shared_ptr<Request>> pending;
+  // Busy time (IoStats::busy_seconds): requests between submission and completion, since when there
+  // have been any, and the closed busy intervals' sum.
+  mutable std::mutex busy_mu;
+  std::uint64_t in_flight = 0;
+  std::chrono::steady_clock::time_point busy_since;
+  std::chrono::steady_clock::duration busy{};
+  void started();
+  void finished();
 
   IoHandle submit(detail::Op op, const File& file, char* buf, std::size_t bytes, std::uint64_t offset);
   std::shared_ptr<Request> find(IoHandle h, const char* what) const;

@@ -138,6 +138,17 @@ struct TempTokens {
   }
 };
 
+// The swap files' I/O summed over the training steps: bytes each way and the drive's busy seconds.
+struct NvmeSteps {
+  std::uint64_t read = 0, written = 0;
+  double busy = 0;
+  void add(const nvme::IoStats& before, const nvme::IoStats& after) {
+    read += after.bytes_read - before.bytes_read;
+    written += after.bytes_written - before.bytes_written;
+    busy += after.busy_seconds - before.busy_seconds;
+  }
+};
+
 // Bytes in use per tier, from the tier manager's accounting.
 struct TierBytes {
   std::uint64_t device = 0, pinned = 0, nvme = 0;
@@ -446,6 +457,7 @@ int run_train(const TrainOpts& o) {
   zero3::StepTimes sum;
   std::int64_t tokens_seen = 0, skipped = 0;
   TierBytes peak;
+  NvmeSteps io;
   std::string saved;
   // What `strata export` of a checkpoint needs to know besides the weights: where the tokenizer files are.
   nlohmann::json client_state = {{"source", "strata train"}};
@@ -453,7 +465,9 @@ int run_train(const TrainOpts& o) {
   const auto t0 = Clock::now();
   int stopped_by = 0;
   for (std::int64_t i = 0; i < o.steps; ++i) {
+    const nvme::IoStats io0 = engine.nvme_stats();
     const zero3::StepResult r = engine.train_batch(model, data);
+    io.add(io0, engine.nvme_stats());
     losses.push_back(r.loss);
     sum.forward += r.times.forward, sum.backward += r.times.backward, sum.optimizer += r.times.optimizer;
     sum.wait += r.times.wait, sum.total += r.times.total;
@@ -573,6 +587,17 @@ int run_train(const TrainOpts& o) {
       std::fprintf(out, " %s %s;", tiering::direction_name(d),
                    format_size(snap.moves[std::size_t(d)].bytes, 1).c_str());
   std::fprintf(out, "\n");
+  // The swap files' I/O during the steps (not setup, evaluation or checkpoints): what a step reads and
+  // writes, and the rate while the drive had work (bench/RESULTS.md compares it with fio's).
+  if (n > 0 && io.read + io.written > 0) {
+    const double per = 1.0 / double(n);
+    std::fprintf(out,
+                 "  nvme        %sper step: read %s, written %s; the drive busy %.3fs of the step's %.3fs, "
+                 "%.2f GB/s while busy\n",
+                 world > 1 ? "rank 0's " : "", format_size(std::uint64_t(double(io.read) * per), 1).c_str(),
+                 format_size(std::uint64_t(double(io.written) * per), 1).c_str(), io.busy * per,
+                 sum.total * per, io.busy > 0 ? double(io.read + io.written) / io.busy / 1e9 : 0.0);
+  }
   if (!saved.empty()) std::fprintf(out, "  checkpoint  %s\n", saved.c_str());
   if (csv)
     std::fprintf(out, "  metrics     %s (csv_monitor)\n",

@@ -759,6 +759,9 @@ const prefetch::PrefetchStats& Engine::prefetch_stats() const {
 const TransferStats& Engine::transfer_stats() const {
   return impl_->transfers;
 }
+nvme::IoStats Engine::nvme_stats() const {
+  return impl_->aio ? impl_->aio->stats() : nvme::IoStats{};
+}
 const OverlapStats& Engine::overlap_stats() const {
   return impl_->overlap.stats();
 }

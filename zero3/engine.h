@@ -300,6 +300,8 @@ class Engine final : public model::ChunkProvider {
   std::uint64_t checkpoint_bytes() const;
   const prefetch::PrefetchStats& prefetch_stats() const;
   const TransferStats& transfer_stats() const;
+  // The NVMe I/O of the swap files (bytes, busy time) since the engine started; zero without NVMe.
+  nvme::IoStats nvme_stats() const;
   const OverlapStats& overlap_stats() const;
   const UpdateStats& update_stats() const;
   tiering::TierManager& tiers();

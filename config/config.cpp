@@ -393,7 +393,8 @@ struct ConfigParser {
   void check_cross_keys();
   void check_offload_ratio();
   void warn_no_effect();
-  void check_nvme_path(const char* device_key, const char* path_key, const std::string& path);
+  void check_nvme_path(const char* device_key, const char* path_key, const std::vector<std::string>& paths);
+  void check_nvme_dir(const std::string& key, const std::string& path);
 };
 
 // DeepSpeed's _set_batch_related_parameters and _batch_assertion: any two of train, micro and
@@ -457,13 +458,19 @@ void ConfigParser::infer_batch() {
   }
 }
 
-void ConfigParser::check_nvme_path(const char* device_key, const char* path_key, const std::string& path) {
+void ConfigParser::check_nvme_path(const char* device_key, const char* path_key,
+                                   const std::vector<std::string>& paths) {
   std::string key = shown_key(path_key);
-  if (path.empty()) {
-    error(detail::cat(key, ": required when ", device_key,
-                      " is \"nvme\"; set it to a directory on an NVMe drive"));
+  if (paths.empty()) {
+    error(detail::cat(
+        key, ": required when ", device_key,
+        " is \"nvme\"; set it to a directory on an NVMe drive (or a list of them, one per drive)"));
     return;
   }
+  for (const std::string& path : paths) check_nvme_dir(key, path);
+}
+
+void ConfigParser::check_nvme_dir(const std::string& key, const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     int err = errno;
@@ -500,10 +507,10 @@ void ConfigParser::check_cross_keys() {
   check_offload_ratio();
   if (z.offload_param.device == OffloadDevice::nvme)
     check_nvme_path("zero_optimization.offload_param.device", "zero_optimization.offload_param.nvme_path",
-                    z.offload_param.nvme_path);
+                    z.offload_param.nvme_paths);
   if (z.offload_optimizer.device == OffloadDevice::nvme)
     check_nvme_path("zero_optimization.offload_optimizer.device",
-                    "zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_path);
+                    "zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_paths);
 
   const auto& s = cfg.scheduler;
   if (s.type == SchedulerType::WarmupDecayLR && s.total_num_steps > 0 &&

@@ -80,7 +80,9 @@ struct Bf16Config {
 
 struct OffloadParamConfig {
   OffloadDevice device = OffloadDevice::none;
-  std::string nvme_path;  // "" when unset; must be a writable directory when device is nvme
+  // nvme_path: one directory, or several (one per drive; swap files striped over them). Empty when
+  // unset; each must be a writable directory when device is nvme.
+  std::vector<std::string> nvme_paths;
   bool pin_memory = false;
   std::int64_t buffer_count = 5;
   std::uint64_t buffer_size = 100000000;  // elements per buffer
@@ -89,7 +91,7 @@ struct OffloadParamConfig {
 
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::none;
-  std::string nvme_path;
+  std::vector<std::string> nvme_paths;  // as OffloadParamConfig's
   bool pin_memory = false;
   std::int64_t buffer_count = 4;
   bool pipeline_read = false;

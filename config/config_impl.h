@@ -27,6 +27,7 @@ enum class Kind {
   real,       // any finite number within the range
   choice,     // one string out of `choices`
   path,       // a filesystem path (null or "" = unset)
+  paths,      // one filesystem path, or a list of them (null or "" = unset)
   real_pair,  // [a, b], each within the range (betas)
 };
 
@@ -38,7 +39,7 @@ struct EnumRef {
   void (*set)(void*, int);
 };
 using FieldRef = std::variant<bool*, std::int64_t*, std::uint64_t*, double*, std::string*,
-                              std::array<double, 2>*, EnumRef>;
+                              std::array<double, 2>*, EnumRef, std::vector<std::string>*>;
 
 template <class E>
 EnumRef enum_ref(E& e) {

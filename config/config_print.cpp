@@ -149,7 +149,8 @@ std::string config_reference_markdown() {
   md +=
       "- **NVMe.** When `offload_param` or `offload_optimizer` has `device: \"nvme\"`, its `nvme_path` must "
       "be an\n"
-      "  existing, writable directory when the config is loaded.\n";
+      "  existing, writable directory when the config is loaded, or a list of such directories, one per\n"
+      "  drive: the swap files are then striped over all of them (a RAID 0 of Strata's own; docs/nvme.md).\n";
   md +=
       "- **Accepted; no effect.** Some DeepSpeed keys choose among ways of working that Strata has one\n"
       "  of (each collective moves a whole chunk, on a stream of its own): they are read and checked,\n"

@@ -34,6 +34,9 @@ FieldRef ref(std::string& v) {
 FieldRef ref(std::array<double, 2>& v) {
   return &v;
 }
+FieldRef ref(std::vector<std::string>& v) {
+  return &v;
+}
 template <class E>
 requires std::is_enum_v<E> FieldRef ref(E& e) {
   return enum_ref(e);
@@ -407,12 +410,13 @@ std::vector<Option> build_options() {
        .field = STRATA_FIELD(zero_optimization.offload_param.device),
        .choices = kDevices,
        .unsupported = {"hpu"}});
-  o.push_back(
-      {.path = "zero_optimization.offload_param.nvme_path",
-       .kind = Kind::path,
-       .def = nullptr,
-       .meaning = "Directory for parameter swap files; must exist and be writable when device is nvme.",
-       .field = STRATA_FIELD(zero_optimization.offload_param.nvme_path)});
+  o.push_back({.path = "zero_optimization.offload_param.nvme_path",
+               .kind = Kind::paths,
+               .def = nullptr,
+               .meaning =
+                   "Directory for parameter swap files, or a list of them, one per drive (each swap file "
+                   "striped over all); each must exist and be writable when device is nvme.",
+               .field = STRATA_FIELD(zero_optimization.offload_param.nvme_paths)});
   o.push_back({.path = "zero_optimization.offload_param.pin_memory",
                .kind = Kind::boolean,
                .def = false,
@@ -442,12 +446,13 @@ std::vector<Option> build_options() {
                .field = STRATA_FIELD(zero_optimization.offload_optimizer.device),
                .choices = kDevices,
                .unsupported = {"hpu"}});
-  o.push_back(
-      {.path = "zero_optimization.offload_optimizer.nvme_path",
-       .kind = Kind::path,
-       .def = nullptr,
-       .meaning = "Directory for optimizer-state swap files; must exist and be writable when device is nvme.",
-       .field = STRATA_FIELD(zero_optimization.offload_optimizer.nvme_path)});
+  o.push_back({.path = "zero_optimization.offload_optimizer.nvme_path",
+               .kind = Kind::paths,
+               .def = nullptr,
+               .meaning =
+                   "Directory for optimizer-state swap files, or a list of them, one per drive (each swap "
+                   "file striped over all); each must exist and be writable when device is nvme.",
+               .field = STRATA_FIELD(zero_optimization.offload_optimizer.nvme_paths)});
   o.push_back({.path = "zero_optimization.offload_optimizer.pin_memory",
                .kind = Kind::boolean,
                .def = false,

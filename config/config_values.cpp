@@ -110,6 +110,8 @@ std::string kind_name(Kind k) {
       return "string";
     case Kind::path:
       return "path";
+    case Kind::paths:
+      return "path or [paths]";
     case Kind::real_pair:
       return "[number, number]";
   }
@@ -155,6 +157,8 @@ std::string allowed_text(const Option& o) {
       return detail::cat("a number", range_text(o));
     case Kind::path:
       return "a path (string)";
+    case Kind::paths:
+      return "a path (string) or a list of distinct paths";
     case Kind::real_pair:
       return detail::cat("a pair [a, b] of numbers", range_text(o));
     case Kind::choice: {
@@ -329,6 +333,24 @@ void store(const Option& o, Config& cfg, const nlohmann::json& v, std::string_vi
       if (!v.is_string()) fail_allowed(key, v, "is not a string", o);
       *std::get<std::string*>(f) = v.get<std::string>();
       return;
+    case Kind::paths: {
+      std::vector<std::string>& out = *std::get<std::vector<std::string>*>(f);
+      out.clear();
+      if (v.is_null() || (v.is_string() && v.get<std::string>().empty())) return;
+      if (v.is_string()) {
+        out.push_back(v.get<std::string>());
+        return;
+      }
+      if (!v.is_array() || v.empty()) fail_allowed(key, v, "is neither a string nor a list of them", o);
+      for (const nlohmann::json& e : v) {
+        if (!e.is_string() || e.get<std::string>().empty())
+          fail_allowed(key, v, detail::cat("has an entry ", show(e), " that is not a non-empty string"), o);
+        if (std::find(out.begin(), out.end(), e.get<std::string>()) != out.end())
+          fail_allowed(key, v, detail::cat("lists \"", e.get<std::string>(), "\" twice"), o);
+        out.push_back(e.get<std::string>());
+      }
+      return;
+    }
     case Kind::real_pair: {
       if (!v.is_array() || v.size() != 2) fail_allowed(key, v, "is not a pair", o);
       std::array<double, 2> p{};
@@ -360,6 +382,11 @@ nlohmann::json read(const Option& o, Config& cfg) {
     case Kind::path: {
       const std::string& s = *std::get<std::string*>(f);
       return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s);
+    }
+    case Kind::paths: {
+      const std::vector<std::string>& s = *std::get<std::vector<std::string>*>(f);
+      if (s.empty()) return nullptr;
+      return s.size() == 1 ? nlohmann::json(s[0]) : nlohmann::json(s);  // DeepSpeed's string when one
     }
     case Kind::real_pair: {
       const auto& p = *std::get<std::array<double, 2>*>(f);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -147,28 +148,42 @@ EngineCaps AioEngine::caps() const {
 }
 
 IoHandle AioEngine::submit_read(const File& file, void* dst, std::size_t bytes, std::uint64_t offset) {
-  return impl_->submit(detail::Op::read, file, static_cast<char*>(dst), bytes, offset);
+  const Segment s{&file, offset, bytes, dst};
+  return impl_->submit(detail::Op::read, {&s, 1});
 }
 
 IoHandle AioEngine::submit_write(const File& file, const void* src, std::size_t bytes, std::uint64_t offset) {
-  return impl_->submit(detail::Op::write, file, static_cast<char*>(const_cast<void*>(src)), bytes, offset);
+  const Segment s{&file, offset, bytes, const_cast<void*>(src)};
+  return impl_->submit(detail::Op::write, {&s, 1});
 }
 
-IoHandle AioEngine::Impl::submit(detail::Op op, const File& file, char* buf, std::size_t bytes,
-                                 std::uint64_t offset) {
+IoHandle AioEngine::submit_read(std::span<const Segment> segments) {
+  return impl_->submit(detail::Op::read, segments);
+}
+
+IoHandle AioEngine::submit_write(std::span<const Segment> segments) {
+  return impl_->submit(detail::Op::write, segments);
+}
+
+IoHandle AioEngine::Impl::submit(detail::Op op, std::span<const Segment> segments) {
   const char* verb = op == detail::Op::read ? "read" : "write";
-  STRATA_CHECK(file.is_open(), verb, " of ", bytes, " bytes at offset ", offset, ": the file is not open");
-  STRATA_CHECK(buf != nullptr || bytes == 0, verb, " of ", bytes, " bytes at offset ", offset, " in ",
-               file.path(), ": null buffer");
-  STRATA_CHECK(offset + bytes >= offset, verb, " in ", file.path(), ": offset ", offset, " + ", bytes,
-               " bytes overflows");
+  std::size_t total = 0;
+  for (const Segment& s : segments) {
+    STRATA_CHECK(s.file != nullptr, verb, " of ", s.bytes, " bytes at offset ", s.offset, ": no file given");
+    STRATA_CHECK(s.file->is_open(), verb, " of ", s.bytes, " bytes at offset ", s.offset,
+                 ": the file is not open");
+    STRATA_CHECK(s.buf != nullptr || s.bytes == 0, verb, " of ", s.bytes, " bytes at offset ", s.offset,
+                 " in ", s.file->path(), ": null buffer");
+    STRATA_CHECK(s.offset + s.bytes >= s.offset, verb, " in ", s.file->path(), ": offset ", s.offset, " + ",
+                 s.bytes, " bytes overflows");
+    total += s.bytes;
+  }
   auto req = std::make_shared<Request>();
   req->id = next_id.fetch_add(1, std::memory_order_relaxed);
   req->op = op;
-  req->file = &file;
-  req->buf = buf;
-  req->off = offset;
-  req->len = bytes;
+  req->files.reserve(segments.size());
+  for (const Segment& s : segments) req->files.push_back(s.file);
+  req->len = total;
   counters.requests.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -176,33 +191,45 @@ IoHandle AioEngine::Impl::submit(detail::Op op, const File& file, char* buf, std
   }
   started();
   IoHandle h{req->id};
-  if (bytes == 0) {
+  if (total == 0) {
     req->parts_left.store(1);
     complete(*req);
     return h;
   }
 
-  // Split into up to one part per worker at multiples of the block size (whole pages at least), so
-  // that every part starts where a piece would have started anyway.
+  // Split every segment into up to one part per worker at multiples of the block size (whole pages at
+  // least), so that every part starts where a piece would have started anyway; deal the parts of all
+  // segments out to the workers in turn, each worker's parts handed over together.
   const std::size_t n = workers.size();
-  std::uint64_t unit = opts.block_size;
-  if (file.direct() && unit % file.page_align() != 0) unit = file.page_align();
-  std::vector<std::uint64_t> cuts{offset};
-  for (std::size_t k = 1; k < n; ++k) {
-    std::uint64_t c = round_down(offset + bytes * k / n, unit);
-    if (c > cuts.back() && c < offset + bytes) cuts.push_back(c);
+  std::vector<std::unique_ptr<Part>> parts;
+  for (const Segment& s : segments) {
+    if (s.bytes == 0) continue;
+    const File& file = *s.file;
+    std::uint64_t unit = opts.block_size;
+    if (file.direct() && unit % file.page_align() != 0) unit = file.page_align();
+    std::vector<std::uint64_t> cuts{s.offset};
+    for (std::size_t k = 1; k < n; ++k) {
+      std::uint64_t c = round_down(s.offset + s.bytes * k / n, unit);
+      if (c > cuts.back() && c < s.offset + s.bytes) cuts.push_back(c);
+    }
+    cuts.push_back(s.offset + s.bytes);
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      auto p = std::make_unique<Part>();
+      p->req = req;
+      p->file = &file;
+      p->buf = static_cast<char*>(s.buf);
+      p->seg_off = s.offset;
+      p->seg_len = s.bytes;
+      p->pos = cuts[i];
+      p->end = cuts[i + 1];
+      parts.push_back(std::move(p));
+    }
   }
-  cuts.push_back(offset + bytes);
-  const std::size_t parts = cuts.size() - 1;
-  req->parts_left.store(std::uint32_t(parts), std::memory_order_relaxed);
-  std::uint32_t first = next_worker.fetch_add(1, std::memory_order_relaxed);
-  for (std::size_t i = 0; i < parts; ++i) {
-    auto p = std::make_unique<Part>();
-    p->req = req;
-    p->pos = cuts[i];
-    p->end = cuts[i + 1];
-    workers[(first + i) % n]->enqueue(std::move(p));
-  }
+  req->parts_left.store(std::uint32_t(parts.size()), std::memory_order_relaxed);
+  const std::size_t first = next_worker.fetch_add(1, std::memory_order_relaxed);
+  std::vector<std::vector<std::unique_ptr<Part>>> dealt(std::min(n, parts.size()));
+  for (std::size_t i = 0; i < parts.size(); ++i) dealt[i % dealt.size()].push_back(std::move(parts[i]));
+  for (std::size_t w = 0; w < dealt.size(); ++w) workers[(first + w) % n]->enqueue(std::move(dealt[w]));
   return h;
 }
 
@@ -279,7 +306,7 @@ void AioEngine::drain(const File& file) {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     for (auto& [id, r] : impl_->pending)
-      if (r->file == &file) on_file.push_back(r);
+      if (std::find(r->files.begin(), r->files.end(), &file) != r->files.end()) on_file.push_back(r);
   }
   for (auto& r : on_file)
     while (r->done.load(std::memory_order_acquire) == 0) r->done.wait(0, std::memory_order_acquire);

@@ -8,12 +8,18 @@
 //   strata::nvme::IoHandle w = engine.submit_write(f, src, bytes, 0);
 //   strata::nvme::IoHandle r = engine.submit_read(f, dst, bytes, 1 << 20);
 //   engine.wait(w);                                      // IoError naming file, offset, length, errno
+//   strata::nvme::Segment s[] = {{&f, 0, half, dst}, {&g, 0, bytes - half, dst + half}};
+//   engine.wait(engine.submit_read(s));                  // one request over two files (two drives)
 //   if (engine.poll(r)) ...;                             // non-blocking
 //   engine.wait_all();
 //
 // How a request runs: it is split into aio.intra_op_parallelism contiguous parts, one per worker thread;
 // each worker cuts its part into aio.block_size pieces and keeps aio.queue_depth of them in flight on its
-// own ring or context (pieces of later requests fill the queue as earlier ones drain). Pieces that come
+// own ring or context (pieces of later requests fill the queue as earlier ones drain). A request over
+// several segments (the stripes of a swap extent, one file per drive) splits every segment that way and
+// deals all the parts out to the workers in turn; a worker holding several parts of one request takes
+// their pieces in turn, so that every drive has pieces in flight at once (Note [parts in turn] in
+// worker.cpp). Pieces that come
 // back short are resubmitted for the rest, EINTR and EAGAIN are retried, and any other failure fails the
 // request; wait() raises only after every piece of the request has come back, so the buffer is free
 // again when the exception arrives. O_DIRECT alignment is handled per piece: see nvme/file.h.
@@ -26,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "core/error.h"
@@ -39,6 +46,14 @@ struct IoHandle {
   std::uint64_t id = 0;
   explicit operator bool() const { return id != 0; }
   friend bool operator==(IoHandle a, IoHandle b) { return a.id == b.id; }
+};
+
+// One piece of a request spanning several files: `bytes` at `offset` of `file`, to or from `buf`.
+struct Segment {
+  const File* file = nullptr;
+  std::uint64_t offset = 0;
+  std::size_t bytes = 0;
+  void* buf = nullptr;  // (bytes) bytes, caller-owned; read from (never written) by submit_write
 };
 
 // What the chosen backend can do (optional parts default to false).
@@ -86,6 +101,13 @@ class AioEngine {
   IoHandle submit_read(const File& file, void* dst, std::size_t bytes, std::uint64_t offset);
   // Writes `bytes` from `src` at file offset `offset`; the file grows as needed.
   IoHandle submit_write(const File& file, const void* src, std::size_t bytes, std::uint64_t offset);
+  // One request over several segments (several files, e.g. the stripes of a swap extent): one handle,
+  // done when every segment is; wait() raises the first failure, naming its file, offset, length and
+  // errno. Segments are checked as the single-file forms check their arguments (strata::Error); empty
+  // ones move nothing, and a request whose segments are all empty completes at once. The byte counters
+  // count the request's total. Segments must not overlap in memory (reads) or in a file.
+  IoHandle submit_read(std::span<const Segment> segments);
+  IoHandle submit_write(std::span<const Segment> segments);
 
   // Blocks until the request is done and collects it; raises IoError if it failed. A handle that is
   // unknown (already collected, or from another engine) raises strata::Error.
@@ -96,8 +118,8 @@ class AioEngine {
   // after all of them are done.
   void wait_all();
 
-  // Blocks until no request on `file` is still running; collects nothing (the handles stay valid for
-  // wait()). For an owner about to close a file whose requests other code collects.
+  // Blocks until no request on `file` (in any of its segments) is still running; collects nothing (the
+  // handles stay valid for wait()). For an owner about to close a file whose requests other code collects.
   void drain(const File& file);
 
   // Synchronous forms: submit and wait.

@@ -20,14 +20,13 @@
 
 namespace strata::nvme {
 
-// One submitted read or write. Shared by the engine's table (until collected) and by its parts.
+// One submitted read or write, over one or more segments. Shared by the engine's table (until
+// collected) and by its parts.
 struct Request {
   std::uint64_t id = 0;
   detail::Op op = detail::Op::read;
-  const File* file = nullptr;
-  char* buf = nullptr;  // (len) bytes, caller-owned
-  std::uint64_t off = 0;
-  std::size_t len = 0;
+  std::vector<const File*> files;  // every segment's file, for drain()
+  std::size_t len = 0;             // bytes over all segments
   std::atomic<std::uint32_t> parts_left{0};
   std::atomic<std::uint32_t> done{0};  // 0 while pending; 1 once every part finished (waitable)
   std::atomic<bool> failed{false};
@@ -37,9 +36,14 @@ struct Request {
   void fail(const std::string& msg);
 };
 
-// The slice [pos, end) of a request that one worker performs.
+// The slice [pos, end) of one segment of a request that one worker performs.
 struct Part {
   std::shared_ptr<Request> req;
+  // The segment this slice belongs to: file offset seg_off of `file` is buf[0]; seg_len for messages.
+  const File* file = nullptr;
+  char* buf = nullptr;  // (seg_len) bytes, caller-owned
+  std::uint64_t seg_off = 0;
+  std::size_t seg_len = 0;
   std::uint64_t pos = 0;  // next file offset to issue
   std::uint64_t end = 0;
   std::uint32_t in_flight = 0;  // pieces issued and not yet completed
@@ -73,7 +77,8 @@ class Worker {
  public:
   Worker(AioEngine::Impl& engine, std::unique_ptr<detail::Queue> queue, const AioOptions& opts);
   ~Worker();  // stops and joins
-  void enqueue(std::unique_ptr<Part> part);
+  // Hands the worker its parts of one request, all at once (Note [parts in turn] in worker.cpp).
+  void enqueue(std::vector<std::unique_ptr<Part>> parts);
   detail::Queue& queue() { return *queue_; }
 
  private:
@@ -91,6 +96,7 @@ class Worker {
   void run();
   void loop();
   void take_incoming();
+  std::list<Part>::iterator next_turn();
   bool cut_piece(std::uint32_t slot);
   void stage(std::uint32_t slot);
   void handle(const detail::Completion& c);
@@ -116,6 +122,7 @@ class Worker {
   // Worker-thread state.
   std::list<Part> parts_;             // in arrival order; finished parts are erased
   std::list<Part>::iterator cursor_;  // first part with pieces left to issue (or end)
+  std::list<Part>::iterator turn_;    // where the search for the next piece starts (Note [parts in turn])
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_slots_;
   std::uint32_t in_flight_ = 0;
@@ -146,7 +153,7 @@ struct AioEngine::Impl {
   void started();
   void finished();
 
-  IoHandle submit(detail::Op op, const File& file, char* buf, std::size_t bytes, std::uint64_t offset);
+  IoHandle submit(detail::Op op, std::span<const Segment> segments);
   std::shared_ptr<Request> find(IoHandle h, const char* what) const;
   void collect(std::uint64_t id);
   // Called by the worker that finished a request's last part.

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <limits>
 #include <system_error>
 
 #include "core/error.h"
@@ -49,6 +50,19 @@ std::string nvme_path_hint() {
   return "zero_optimization.offload_optimizer.nvme_path (or offload_param.nvme_path)";
 }
 
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
+  return out;
+}
+
+// The room of each of n files holding `capacity` together (Note [striping]): ceil(capacity / n) plus
+// one alignment unit, so that an extent of the whole capacity fits; n = 1: the capacity itself.
+std::uint64_t file_capacity(std::uint64_t capacity, std::uint64_t n, std::uint64_t align) {
+  if (n == 1 || capacity == 0) return capacity;
+  return capacity / n + (capacity % n != 0) + align;
+}
+
 }  // namespace
 
 LeftoverReport SwapStore::remove_leftovers(const std::string& nvme_path) {
@@ -86,83 +100,179 @@ SwapStore::SwapStore(AioEngine& engine, SwapOptions opts)
     : engine_(engine), opts_(std::move(opts)), alloc_(4096, 0) {
   if (opts_.nvme_path.empty())
     throw ConfigError(cat(nvme_path_hint(), " is empty: set it to a directory on the NVMe drive"));
-  struct stat st {};
-  if (::stat(opts_.nvme_path.c_str(), &st) != 0) {
-    int err = errno;
-    throw IoError(cat("nvme_path ", opts_.nvme_path, ": ", errno_text(err), ". Create the directory, or set ",
-                      nvme_path_hint(), " to an existing one."));
+  std::vector<std::string> dirs{opts_.nvme_path};
+  dirs.insert(dirs.end(), opts_.stripe_paths.begin(), opts_.stripe_paths.end());
+  std::vector<ino_t> inodes;
+  stripes_.resize(dirs.size());
+  for (std::size_t k = 0; k < dirs.size(); ++k) {
+    const std::string& dir = dirs[k];
+    if (dir.empty())
+      throw ConfigError(cat(nvme_path_hint(), " lists an empty directory name (entry ", k + 1, " of ",
+                            dirs.size(), "): give one directory per NVMe drive"));
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) {
+      int err = errno;
+      throw IoError(cat("nvme_path ", dir, ": ", errno_text(err), ". Create the directory, or set ",
+                        nvme_path_hint(), " to an existing one."));
+    }
+    if (!S_ISDIR(st.st_mode))
+      throw IoError(cat("nvme_path ", dir, " is not a directory; set ", nvme_path_hint(),
+                        " to a directory on the NVMe drive"));
+    for (std::size_t j = 0; j < k; ++j)
+      if (stripes_[j].dev == std::uint64_t(st.st_dev) && inodes[j] == st.st_ino)
+        throw ConfigError(cat(nvme_path_hint(), " lists the directory ", dir, " twice",
+                              dir == dirs[j] ? std::string() : cat(" (as ", dirs[j], " and ", dir, ")"),
+                              ": each entry must be a directory of its own, one per NVMe drive. Remove the "
+                              "repeated entry."));
+    stripes_[k].dir = dir;
+    stripes_[k].dev = std::uint64_t(st.st_dev);
+    inodes.push_back(st.st_ino);
   }
-  if (!S_ISDIR(st.st_mode))
-    throw IoError(cat("nvme_path ", opts_.nvme_path, " is not a directory; set ", nvme_path_hint(),
-                      " to a directory on the NVMe drive"));
 
-  remove_leftovers(opts_.nvme_path);
+  for (const Stripe& s : stripes_) remove_leftovers(s.dir);
+  check_free_space();
 
-  const std::uint64_t avail = free_disk_bytes(opts_.nvme_path).value_or(0);
-  if (opts_.capacity > avail)
-    throw OutOfMemory(cat(
-        "NVMe swap at ", opts_.nvme_path, ": the offload config needs ", format_bytes(opts_.capacity),
-        opts_.capacity_why.empty() ? std::string() : cat(" (", opts_.capacity_why, ")"),
-        " here but the file system has only ", format_bytes(avail), " free. Free space on it, point ",
-        nvme_path_hint(), " at a larger drive, or keep more state in host memory (offload device \"cpu\")."));
+  try {
+    for (Stripe& s : stripes_) open_stripe(s);
+    std::uint64_t align = 4096;
+    for (const Stripe& s : stripes_) align = std::max<std::uint64_t>(align, s.file.page_align());
+    alloc_ = ExtentAllocator(align, file_capacity(opts_.capacity, stripes_.size(), align));
+  } catch (...) {
+    close_stripes();
+    throw;
+  }
+  std::vector<std::string> runs;
+  for (const Stripe& s : stripes_) {
+    file_paths_.push_back(s.file.path());
+    runs.push_back(s.run_dir);
+  }
+  STRATA_LOG_DEBUG("swap store ", join(runs, ", "), ": capacity ",
+                   opts_.capacity ? format_bytes(opts_.capacity) : "unlimited", ", alignment ",
+                   alloc_.alignment(), stripes_.front().file.direct() ? ", O_DIRECT" : ", buffered");
+}
 
-  // The run directory: a fresh name per store, then the lock, taken before it gets the name that
-  // remove_leftovers looks for.
+// The up-front check (Note [striping]): each directory must hold its file's share of the capacity, and
+// directories on one file system (one st_dev) need their shares there together. The alignment is not
+// known before the files are open; the check takes the usual 4 KiB.
+void SwapStore::check_free_space() const {
+  const std::size_t n = stripes_.size();
+  if (n == 1) {
+    const std::uint64_t avail = free_disk_bytes(opts_.nvme_path).value_or(0);
+    if (opts_.capacity > avail)
+      throw OutOfMemory(
+          cat("NVMe swap at ", opts_.nvme_path, ": the offload config needs ", format_bytes(opts_.capacity),
+              why(), " here but the file system has only ", format_bytes(avail),
+              " free. Free space on it, point ", nvme_path_hint(),
+              " at a larger drive, or keep more state in host memory (offload device \"cpu\")."));
+    return;
+  }
+  const std::uint64_t share = file_capacity(opts_.capacity, n, 4096);
+  std::vector<std::string> short_of;
+  std::vector<bool> seen(n, false);
+  for (std::size_t k = 0; k < n; ++k) {
+    if (seen[k]) continue;
+    std::vector<std::string> group;
+    for (std::size_t j = k; j < n; ++j)
+      if (stripes_[j].dev == stripes_[k].dev) {
+        seen[j] = true;
+        group.push_back(stripes_[j].dir);
+      }
+    const std::uint64_t need = share * group.size();
+    const std::uint64_t avail = free_disk_bytes(stripes_[k].dir).value_or(0);
+    if (need <= avail) continue;
+    if (group.size() == 1)
+      short_of.push_back(cat(group[0], " has only ", format_bytes(avail), " free"));
+    else
+      short_of.push_back(cat(join(group, " and "), " are on one file system, which needs ",
+                             format_bytes(need), " for their ", group.size(), " shares but has only ",
+                             format_bytes(avail), " free"));
+  }
+  if (short_of.empty()) return;
+  throw OutOfMemory(cat("NVMe swap striped over ", n, " directories (", join(dirs(), ", "),
+                        "): the offload config needs ", format_bytes(opts_.capacity), why(), " in all, ",
+                        format_bytes(share), " on each drive, but ", join(short_of, "; "),
+                        ". Free space there, point ", nvme_path_hint(),
+                        " at larger drives (or list more of them), or keep more state in host memory "
+                        "(offload device \"cpu\")."));
+}
+
+std::string SwapStore::why() const {
+  return opts_.capacity_why.empty() ? std::string() : cat(" (", opts_.capacity_why, ")");
+}
+
+std::vector<std::string> SwapStore::dirs() const {
+  std::vector<std::string> d;
+  for (const Stripe& s : stripes_) d.push_back(s.dir);
+  return d;
+}
+
+// The run directory: a fresh name per store, then the lock, taken before it gets the name that
+// remove_leftovers looks for; then the swap file.
+void SwapStore::open_stripe(Stripe& s) {
   static std::atomic<unsigned> counter{0};
   const std::string stem = cat(kRunDirPrefix, host_name(), "-", ::getpid(), "-");
   for (;;) {
-    run_dir_ = (fs::path(opts_.nvme_path) / cat(stem, counter.fetch_add(1))).string();
-    if (::mkdir(run_dir_.c_str(), 0700) == 0) break;
+    std::string run_dir = (fs::path(s.dir) / cat(stem, counter.fetch_add(1))).string();
+    if (::mkdir(run_dir.c_str(), 0700) == 0) {
+      s.run_dir = std::move(run_dir);
+      break;
+    }
     int err = errno;
     if (err != EEXIST)
-      throw IoError(cat("cannot create the swap directory ", run_dir_, ": ", errno_text(err),
+      throw IoError(cat("cannot create the swap directory ", run_dir, ": ", errno_text(err),
                         ". Make nvme_path writable by this user, or set ", nvme_path_hint(), " elsewhere."));
   }
-  try {
-    const std::string tmp = (fs::path(run_dir_) / ".lock.tmp").string();
-    lock_path_ = (fs::path(run_dir_) / kLockName).string();
-    lock_fd_ = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    STRATA_SYS_CHECK(lock_fd_ >= 0, "create ", tmp);
-    STRATA_SYS_CHECK(::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0, "lock ", tmp);
-    STRATA_SYS_CHECK(::rename(tmp.c_str(), lock_path_.c_str()) == 0, "rename ", tmp, " to ", lock_path_);
-    file_ = File::open((fs::path(run_dir_) / (opts_.name + ".bin")).string(), OpenMode::create,
-                       engine_.options().use_direct);
-    alloc_ = ExtentAllocator(std::max<std::uint64_t>(file_.page_align(), 4096), opts_.capacity);
-  } catch (...) {
-    file_.close();
-    std::error_code ec;
-    fs::remove_all(run_dir_, ec);
-    if (lock_fd_ >= 0) ::close(lock_fd_);
-    throw;
+  const std::string tmp = (fs::path(s.run_dir) / ".lock.tmp").string();
+  s.lock_path = (fs::path(s.run_dir) / kLockName).string();
+  s.lock_fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  STRATA_SYS_CHECK(s.lock_fd >= 0, "create ", tmp);
+  STRATA_SYS_CHECK(::flock(s.lock_fd, LOCK_EX | LOCK_NB) == 0, "lock ", tmp);
+  STRATA_SYS_CHECK(::rename(tmp.c_str(), s.lock_path.c_str()) == 0, "rename ", tmp, " to ", s.lock_path);
+  s.file = File::open((fs::path(s.run_dir) / (opts_.name + ".bin")).string(), OpenMode::create,
+                      engine_.options().use_direct);
+}
+
+// Waits for I/O still running on each file, closes it and removes its run directory (the lock last).
+void SwapStore::close_stripes() {
+  for (Stripe& s : stripes_) {
+    if (s.file.is_open()) engine_.drain(s.file);
+    s.file.close();
+    if (!s.run_dir.empty()) {
+      std::error_code ec;
+      fs::remove_all(s.run_dir, ec);
+      if (ec)
+        STRATA_LOG_WARN("could not remove the swap directory ", s.run_dir, ": ", ec.message(),
+                        "; the next run under this nvme_path will remove it");
+    }
+    if (s.lock_fd >= 0) ::close(s.lock_fd);
+    s.lock_fd = -1;
   }
-  STRATA_LOG_DEBUG("swap store ", run_dir_, ": capacity ",
-                   opts_.capacity ? format_bytes(opts_.capacity) : "unlimited", ", alignment ",
-                   alloc_.alignment(), file_.direct() ? ", O_DIRECT" : ", buffered");
 }
 
 SwapStore::~SwapStore() {
-  engine_.drain(file_);
-  file_.close();
-  std::error_code ec;
-  fs::remove_all(run_dir_, ec);
-  if (ec)
-    STRATA_LOG_WARN("could not remove the swap directory ", run_dir_, ": ", ec.message(),
-                    "; the next run under this nvme_path will remove it");
-  if (lock_fd_ >= 0) ::close(lock_fd_);
+  close_stripes();
+}
+
+std::string SwapStore::where() const {
+  if (stripes_.size() == 1) return cat("NVMe swap at ", stripes_.front().run_dir);
+  std::vector<std::string> runs;
+  for (const Stripe& s : stripes_) runs.push_back(s.run_dir);
+  return cat("NVMe swap striped over ", stripes_.size(), " drives (", join(runs, ", "), ")");
 }
 
 SwapExtent SwapStore::allocate(std::uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::optional<std::uint64_t> off = alloc_.allocate(bytes);
+  const std::uint64_t n = stripes_.size();
+  std::optional<std::uint64_t> off = alloc_.allocate(n == 1 ? bytes : share(bytes));
   if (!off) {
     AllocatorStats s = alloc_.stats();
-    throw OutOfMemory(cat("NVMe swap at ", run_dir_, " cannot hold ", format_bytes(bytes), " more: capacity ",
-                          format_bytes(s.capacity), ", in use ", format_bytes(s.reserved_bytes.current),
-                          " in ", s.extents.current, " extents, free below the high-water mark ",
-                          format_bytes(s.hole_bytes), " (largest piece ", format_bytes(s.largest_hole),
-                          ", fragmentation ", int(s.fragmentation() * 100),
-                          "%). Raise the NVMe capacity the offload config reserves, or "
-                          "keep more state in host memory."));
+    throw OutOfMemory(
+        cat(where(), " cannot hold ", format_bytes(bytes), " more: capacity ", format_bytes(n * s.capacity),
+            ", in use ", format_bytes(n * s.reserved_bytes.current), " in ", s.extents.current,
+            " extents, free below the high-water mark ", format_bytes(n * s.hole_bytes), " (largest piece ",
+            format_bytes(n * s.largest_hole), ", fragmentation ", int(s.fragmentation() * 100),
+            "%). Raise the NVMe capacity the offload config reserves, or "
+            "keep more state in host memory."));
   }
   try {
     grow_to(alloc_.end());
@@ -176,85 +286,119 @@ SwapExtent SwapStore::allocate(std::uint64_t bytes) {
   return e;
 }
 
+std::uint64_t SwapStore::share(std::uint64_t bytes) const {
+  const std::uint64_t n = stripes_.size(), a = alloc_.alignment();
+  return (bytes / n + (bytes % n != 0) + a - 1) / a * a;
+}
+
+// Every file grows alike, so that each holds [0, file_bytes_).
 void SwapStore::grow_to(std::uint64_t end) {
   if (end <= file_bytes_) return;
-  if (opts_.grow_bytes == 0) {  // writes extend the file
+  if (opts_.grow_bytes == 0) {  // writes extend the files
     file_bytes_ = end;
     return;
   }
   const std::uint64_t a = alloc_.alignment();
   std::uint64_t target = std::max(end, file_bytes_ + opts_.grow_bytes);
-  if (opts_.capacity) target = std::min(target, std::max(opts_.capacity, end));
+  if (alloc_.capacity()) target = std::min(target, std::max(alloc_.capacity(), end));
   target = (target + a - 1) / a * a;
-  int err = file_.preallocate(file_bytes_, target - file_bytes_);
-  if (err != 0 && target > end && (err == ENOSPC || err == EDQUOT || err == EFBIG)) {
-    target = end;  // the step did not fit: take exactly what this extent needs
-    err = file_.preallocate(file_bytes_, target - file_bytes_);
+  for (Stripe& s : stripes_) {
+    int err = s.file.preallocate(file_bytes_, target - file_bytes_);
+    if (err != 0 && target > end && (err == ENOSPC || err == EDQUOT || err == EFBIG)) {
+      target = end;  // the step did not fit: take exactly what this extent needs (here and further on)
+      err = s.file.preallocate(file_bytes_, target - file_bytes_);
+    }
+    if (err == 0) continue;
+    if (err == EOPNOTSUPP) {
+      STRATA_LOG_INFO("swap file ", s.file.path(),
+                      ": the file system cannot preallocate; writes will extend ",
+                      stripes_.size() == 1 ? "it" : "the swap files");
+      opts_.grow_bytes = 0;
+      file_bytes_ = end;
+      return;
+    }
+    std::string what = cat("could not extend the swap file ", s.file.path(), " from ", file_bytes_, " to ",
+                           target, " bytes: ", errno_text(err));
+    if (err == ENOSPC || err == EDQUOT || err == EFBIG)
+      throw OutOfMemory(cat("NVMe swap is full: ", what, ". Free space under ", s.dir, ", point ",
+                            nvme_path_hint(), " at a larger drive, or keep more state in host memory."));
+    throw IoError(what);
   }
-  if (err == 0) {
-    file_bytes_ = target;
-    return;
-  }
-  if (err == EOPNOTSUPP) {
-    STRATA_LOG_INFO("swap file ", file_.path(),
-                    ": the file system cannot preallocate; writes will extend it");
-    opts_.grow_bytes = 0;
-    file_bytes_ = end;
-    return;
-  }
-  std::string what = cat("could not extend the swap file ", file_.path(), " from ", file_bytes_, " to ",
-                         target, " bytes: ", errno_text(err));
-  if (err == ENOSPC || err == EDQUOT || err == EFBIG)
-    throw OutOfMemory(cat("NVMe swap is full: ", what, ". Free space under ", opts_.nvme_path, ", point ",
-                          nvme_path_hint(), " at a larger drive, or keep more state in host memory."));
-  throw IoError(what);
+  file_bytes_ = target;
 }
 
 void SwapStore::free(const SwapExtent& e) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(e.id);
   STRATA_CHECK(it != live_.end() && it->second.offset == e.offset, "free of swap extent ", e.id, " (offset ",
-               e.offset, ") in ", run_dir_, ": not a live extent of this store (freed twice?)");
+               e.offset, ") in ", run_dir(), ": not a live extent of this store (freed twice?)");
   alloc_.free(e.offset);
   bytes_.sub(it->second.bytes);
   live_.erase(it);
 }
 
-void SwapStore::check(const SwapExtent& e, std::uint64_t bytes, std::uint64_t offset,
-                      const char* what) const {
+std::uint64_t SwapStore::check(const SwapExtent& e, std::uint64_t bytes, std::uint64_t offset,
+                               const char* what) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(e.id);
   STRATA_CHECK(it != live_.end() && it->second.offset == e.offset, what, " on swap extent ", e.id, " in ",
-               run_dir_, ": not a live extent of this store (freed, or from another store)");
+               run_dir(), ": not a live extent of this store (freed, or from another store)");
   STRATA_CHECK(offset <= it->second.bytes && bytes <= it->second.bytes - offset, what, " of ", bytes,
                " bytes at offset ", offset, " runs past the end of swap extent ", e.id, " (",
                it->second.bytes, " bytes)");
+  return it->second.bytes;
+}
+
+// One request over the stripes that [offset, offset + bytes) of the extent touches (Note [striping]).
+IoHandle SwapStore::transfer(bool write, const SwapExtent& e, char* buf, std::uint64_t bytes,
+                             std::uint64_t offset) {
+  const std::uint64_t size = check(e, bytes, offset, write ? "write" : "read");
+  std::vector<Segment> segs;
+  if (bytes == 0) {
+    segs.push_back({&stripes_.front().file, e.offset + offset, 0, buf});
+  } else {
+    const std::uint64_t n = stripes_.size(), sh = share(size);
+    for (std::uint64_t k = offset / sh; k < n && k * sh < offset + bytes; ++k) {
+      const std::uint64_t lo = std::max(offset, k * sh), hi = std::min(offset + bytes, (k + 1) * sh);
+      segs.push_back(
+          {&stripes_[k].file, e.offset + (lo - k * sh), std::size_t(hi - lo), buf + (lo - offset)});
+    }
+  }
+  return write ? engine_.submit_write(segs) : engine_.submit_read(segs);
 }
 
 IoHandle SwapStore::write(const SwapExtent& e, const void* src, std::uint64_t bytes, std::uint64_t offset) {
-  check(e, bytes, offset, "write");
-  return engine_.submit_write(file_, src, bytes, e.offset + offset);
+  return transfer(true, e, static_cast<char*>(const_cast<void*>(src)), bytes, offset);
 }
 
 IoHandle SwapStore::read(const SwapExtent& e, void* dst, std::uint64_t bytes, std::uint64_t offset) {
-  check(e, bytes, offset, "read");
-  return engine_.submit_read(file_, dst, bytes, e.offset + offset);
+  return transfer(false, e, static_cast<char*>(dst), bytes, offset);
 }
 
 SwapStats SwapStore::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   AllocatorStats a = alloc_.stats();
+  const std::uint64_t n = stripes_.size();
   SwapStats s;
   s.bytes = bytes_;
   s.extents = a.extents;
-  s.reserved_bytes = a.reserved_bytes.current;
-  s.capacity_bytes = a.capacity;
+  s.reserved_bytes = n * a.reserved_bytes.current;
+  s.capacity_bytes = n * a.capacity;
   s.file_bytes = file_bytes_;
-  s.free_bytes = a.capacity ? a.capacity - std::min(a.capacity, a.reserved_bytes.current)
-                            : free_disk_bytes(run_dir_).value_or(0) + a.hole_bytes +
-                                  (file_bytes_ - std::min(file_bytes_, a.end));
-  s.hole_bytes = a.hole_bytes;
-  s.largest_hole_bytes = a.largest_hole;
+  if (a.capacity) {
+    s.free_bytes = n * (a.capacity - std::min(a.capacity, a.reserved_bytes.current));
+  } else {
+    // Unlimited: what every file can still grow by alike (files on one file system share its space).
+    std::uint64_t grow = std::numeric_limits<std::uint64_t>::max();
+    for (const Stripe& k : stripes_) {
+      const auto on_dev =
+          std::count_if(stripes_.begin(), stripes_.end(), [&](const Stripe& o) { return o.dev == k.dev; });
+      grow = std::min(grow, free_disk_bytes(k.run_dir).value_or(0) / std::uint64_t(on_dev));
+    }
+    s.free_bytes = n * (grow + a.hole_bytes + (file_bytes_ - std::min(file_bytes_, a.end)));
+  }
+  s.hole_bytes = n * a.hole_bytes;
+  s.largest_hole_bytes = n * a.largest_hole;
   s.fragmentation = a.fragmentation();
   s.reused = a.reused;
   return s;

@@ -57,7 +57,7 @@ Worker::Worker(AioEngine::Impl& engine, std::unique_ptr<detail::Queue> queue, co
   fixed_ = queue_->caps().fixed_buffers;
   slots_.resize(depth_);
   for (std::uint32_t i = depth_; i-- > 0;) free_slots_.push_back(i);
-  cursor_ = parts_.end();
+  cursor_ = turn_ = parts_.end();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -71,16 +71,19 @@ Worker::~Worker() {
   for (Slot& s : slots_) std::free(s.bounce_buf);
 }
 
-void Worker::enqueue(std::unique_ptr<Part> part) {
+void Worker::enqueue(std::vector<std::unique_ptr<Part>> parts) {
   std::unique_lock<std::mutex> lock(mu_);
   if (broken_) {
-    std::shared_ptr<Request> r = part->req;
-    r->fail(broken_why_);
+    const std::string why = broken_why_;
     lock.unlock();
-    if (r->parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) engine_.complete(*r);
+    for (auto& part : parts) {
+      std::shared_ptr<Request> r = part->req;
+      r->fail(why);
+      if (r->parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) engine_.complete(*r);
+    }
     return;
   }
-  incoming_.push_back(std::move(part));
+  for (auto& part : parts) incoming_.push_back(std::move(part));
   if (idle_) {
     lock.unlock();
     cv_.notify_one();
@@ -154,6 +157,22 @@ void Worker::loop() {
   }
 }
 
+// Note [parts in turn]: a request over several segments (a swap extent striped over several drives)
+// gives a worker one part per segment, each on its own file. Taken one after another, the parts would
+// keep one drive busy at a time (all of a worker's queue_depth pieces on the first segment's file); so
+// the next piece comes from the part after the one that gave the last piece, among the parts of the
+// request at the cursor, and every file has pieces in flight at once. A worker's parts of one request
+// arrive in one enqueue(), so that it does not start on the first file before it knows of the others.
+// Parts of different requests are never interleaved: an earlier request still finishes first. A
+// request with one part per worker (any single-file request) goes as before: the search always ends
+// at the cursor.
+std::list<Part>::iterator Worker::next_turn() {
+  const Request* r = cursor_->req.get();
+  for (auto it = turn_; it != parts_.end() && it->req.get() == r; ++it)
+    if (it->pos < it->end) return it;
+  return cursor_;  // from the top: the cursor's part has pieces left
+}
+
 bool Worker::cut_piece(std::uint32_t s) {
   while (cursor_ != parts_.end()) {
     Part& p = *cursor_;
@@ -164,9 +183,11 @@ bool Worker::cut_piece(std::uint32_t s) {
   }
   if (cursor_ == parts_.end()) return false;
 
-  Part& p = *cursor_;
+  const std::list<Part>::iterator at = next_turn();
+  turn_ = std::next(at);
+  Part& p = *at;
   Request& r = *p.req;
-  const File& f = *r.file;
+  const File& f = *p.file;
   const std::uint64_t pos = p.pos, end = p.end;
   std::uint64_t stop;
   bool direct = false;
@@ -188,8 +209,8 @@ bool Worker::cut_piece(std::uint32_t s) {
   }
 
   Slot& sl = slots_[s];
-  sl.part = cursor_;
-  sl.user = r.buf + (pos - r.off);
+  sl.part = at;
+  sl.user = p.buf + (pos - p.seg_off);
   sl.piece_off = pos;
   sl.piece_len = std::size_t(stop - pos);
   sl.retries = 0;
@@ -229,7 +250,7 @@ void Worker::stage(std::uint32_t s) {
   queue_->prepare(s, sl.desc);
   EngineCounters& c = engine_.counters;
   c.pieces.fetch_add(1, std::memory_order_relaxed);
-  if (sl.desc.fd == sl.part->req->file->direct_fd()) c.direct_pieces.fetch_add(1, std::memory_order_relaxed);
+  if (sl.desc.fd == sl.part->file->direct_fd()) c.direct_pieces.fetch_add(1, std::memory_order_relaxed);
   if (sl.desc.buf_index >= 0) c.fixed_pieces.fetch_add(1, std::memory_order_relaxed);
   if (single_submit_)
     queue_->submit();
@@ -251,15 +272,16 @@ void Worker::handle(const Completion& c) {
     return;
   }
   const char* verb = r.op == Op::read ? "read" : "write";
-  const bool direct = d.fd == r.file->direct_fd();
+  const File& f = *p.file;
+  const bool direct = d.fd == f.direct_fd();
   auto context = [&] {
-    return cat(" (piece ", sl.piece_off, "+", sl.piece_len, " of a ", r.len, "-byte ", verb, " at offset ",
-               r.off, ", ", direct ? "O_DIRECT" : "buffered", ")");
+    return cat(" (piece ", sl.piece_off, "+", sl.piece_len, " of a ", p.seg_len, "-byte ", verb,
+               " at offset ", p.seg_off, ", ", direct ? "O_DIRECT" : "buffered", ")");
   };
   if (res < 0) {
     int err = int(-res);
-    r.fail(cat(verb, " of ", d.len, " bytes at offset ", d.off, " in ", r.file->path(),
-               " failed: ", strata::detail::errno_text(err), hint(err, direct, *r.file), context()));
+    r.fail(cat(verb, " of ", d.len, " bytes at offset ", d.off, " in ", f.path(),
+               " failed: ", strata::detail::errno_text(err), hint(err, direct, f), context()));
     p.pos = p.end;
     release(c.slot);
     return;
@@ -267,9 +289,9 @@ void Worker::handle(const Completion& c) {
   const std::size_t got = std::size_t(res);
   if (got < d.len) {
     if (got == 0) {
-      r.fail(r.op == Op::read ? cat("read of ", d.len, " bytes at offset ", d.off, " in ", r.file->path(),
-                                    " reached the end of the file (", r.file->size(), " bytes)", context())
-                              : cat("write of ", d.len, " bytes at offset ", d.off, " in ", r.file->path(),
+      r.fail(r.op == Op::read ? cat("read of ", d.len, " bytes at offset ", d.off, " in ", f.path(),
+                                    " reached the end of the file (", f.size(), " bytes)", context())
+                              : cat("write of ", d.len, " bytes at offset ", d.off, " in ", f.path(),
                                     " wrote nothing and reported no error", context()));
       p.pos = p.end;
       release(c.slot);
@@ -280,7 +302,6 @@ void Worker::handle(const Completion& c) {
     d.buf += got;
     d.off += got;
     d.len -= got;
-    const File& f = *r.file;
     if (direct && (d.off % f.offset_align() != 0 || d.len % f.offset_align() != 0 ||
                    reinterpret_cast<std::uintptr_t>(d.buf) % f.mem_align() != 0))
       d.fd = f.buffered_fd();
@@ -303,6 +324,7 @@ void Worker::release(std::uint32_t s) {
 
 void Worker::finish_part(std::list<Part>::iterator it) {
   if (it == cursor_) ++cursor_;
+  if (it == turn_) ++turn_;
   std::shared_ptr<Request> r = std::move(it->req);
   parts_.erase(it);
   if (r->parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) finished_.push_back(std::move(r));
@@ -332,7 +354,7 @@ void Worker::fail_everything(const std::string& why) {
     if (p.req->parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) engine_.complete(*p.req);
   }
   parts_.clear();
-  cursor_ = parts_.end();
+  cursor_ = turn_ = parts_.end();
   in_flight_ = 0;
 }
 

@@ -1,5 +1,8 @@
-// `strata nvme-tune --path DIR`: DeepSpeed's ds_nvme_tune. Sweeps backend, block size, queue depth and
-// threads on DIR, prints GB/s per point and the best `aio` settings as JSON to paste into a config.
+// `strata nvme-tune --path DIR [DIR...]`: DeepSpeed's ds_nvme_tune. Sweeps backend, block size, queue depth
+// and threads on each DIR (one per drive, as a list-valued nvme_path stripes over them), prints GB/s per
+// point and drive and the best `aio` settings as JSON to paste into a config. With several drives the
+// best setting is the one whose slowest drive is fastest: a striped request ends with its slowest stripe.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -16,7 +19,7 @@ namespace {
 using detail::cat;
 
 struct TuneArgs {
-  std::string path;
+  std::vector<std::string> paths;
   std::string file_size = "1G";
   double seconds = 1.0;
   std::vector<std::string> backends;
@@ -80,9 +83,32 @@ void print_point(const nvme::TunePoint& p) {
   std::fflush(stdout);
 }
 
+bool same_setting(const nvme::AioOptions& a, const nvme::AioOptions& b) {
+  return a.backend == b.backend && a.block_size == b.block_size && a.queue_depth == b.queue_depth &&
+         a.intra_op_parallelism == b.intra_op_parallelism && a.single_submit == b.single_submit &&
+         a.overlap_events == b.overlap_events;
+}
+
+// Several drives: per setting measured on all of them, the slowest drive's combined rate; the setting
+// where that is highest. `rate` is set to it (the stripe set moves about drives x rate).
+const nvme::TunePoint* best_for_stripes(const std::vector<nvme::TuneResult>& per_drive, double* rate) {
+  const nvme::TunePoint* best = nullptr;
+  *rate = 0;
+  for (const nvme::TunePoint& p : per_drive.front().points) {
+    double slowest = p.combined_gbps();
+    for (std::size_t d = 1; d < per_drive.size(); ++d) {
+      const auto& pts = per_drive[d].points;
+      auto it = std::find_if(pts.begin(), pts.end(),
+                             [&](const nvme::TunePoint& q) { return same_setting(p.opts, q.opts); });
+      slowest = it == pts.end() ? 0 : std::min(slowest, it->combined_gbps());
+    }
+    if (slowest > *rate) *rate = slowest, best = &p;
+  }
+  return best;
+}
+
 int run_tune(const TuneArgs& a) {
   nvme::TuneOptions t;
-  t.dir = a.path;
   t.file_bytes = parse_size(a.file_size, "--file-size");
   t.seconds = a.seconds;
   t.direct = !a.buffered;
@@ -108,9 +134,12 @@ int run_tune(const TuneArgs& a) {
 
   // Checked before the banner, so that a wrong path is the only thing printed.
   std::error_code ec;
-  if (!std::filesystem::is_directory(a.path, ec))
-    throw IoError(cat("nvme-tune --path ", a.path,
-                      ": not a directory (or not reachable); give a directory on the drive to measure"));
+  for (const std::string& path : a.paths)
+    if (!std::filesystem::is_directory(path, ec))
+      throw IoError(cat("nvme-tune --path ", path,
+                        ": not a directory (or not reachable); give a directory on the drive to measure"));
+  std::string all_paths;
+  for (const std::string& path : a.paths) all_paths += (all_paths.empty() ? "" : ", ") + path;
 
   std::size_t per_backend = t.block_sizes.size() * t.queue_depths.size() * t.threads.size() *
                             t.single_submit.size() * t.overlap_events.size();
@@ -122,28 +151,44 @@ int run_tune(const TuneArgs& a) {
       "GB. SSDs "
       "wear out with writes (rated in TBW / drive writes per day): run this once per machine, not in a "
       "loop.\n\n",
-      per_backend, a.path.c_str(), t.seconds, t.seconds, a.file_size.c_str(), t.seconds);
-  std::printf("  %-9s %6s %6s %7s %6s %7s %9s %9s %9s\n", "backend", "block", "depth", "threads", "single",
-              "overlap", "read GB/s", "write GB/s", "combined");
-  std::vector<std::string> skipped;
-  nvme::TuneResult r = nvme::tune(t, &skipped);
-  for (const std::string& s : skipped) std::printf("  skipped %s\n", s.c_str());
-
+      per_backend, all_paths.c_str(), t.seconds, t.seconds, a.file_size.c_str(), t.seconds);
   auto line = [](const char* what, const nvme::TunePoint& p) {
     std::printf("%-14s %s, block %s, depth %d, threads %d: read %.3f GB/s, write %.3f GB/s\n", what,
                 nvme::to_string(p.opts.backend), format_size(p.opts.block_size, 0).c_str(),
                 p.opts.queue_depth, p.opts.intra_op_parallelism, p.read_gbps, p.write_gbps);
   };
-  std::printf("\n");
-  line("best read:", r.best_read);
-  line("best write:", r.best_write);
-  line("best overall:", r.best);
-  std::printf("\nwrote %.2f GB to %s during the sweep (removed).\n", double(r.bytes_written) / 1e9,
-              a.path.c_str());
+  std::vector<nvme::TuneResult> per_drive;
+  for (const std::string& path : a.paths) {  // one drive at a time: each measured alone
+    if (a.paths.size() > 1) std::printf("%s\n", path.c_str());
+    std::printf("  %-9s %6s %6s %7s %6s %7s %9s %9s %9s\n", "backend", "block", "depth", "threads", "single",
+                "overlap", "read GB/s", "write GB/s", "combined");
+    t.dir = path;
+    std::vector<std::string> skipped;
+    per_drive.push_back(nvme::tune(t, &skipped));
+    const nvme::TuneResult& r = per_drive.back();
+    for (const std::string& s : skipped) std::printf("  skipped %s\n", s.c_str());
+    std::printf("\n");
+    line("best read:", r.best_read);
+    line("best write:", r.best_write);
+    line("best overall:", r.best);
+    std::printf("\nwrote %.2f GB to %s during the sweep (removed).\n\n", double(r.bytes_written) / 1e9,
+                path.c_str());
+  }
+  const nvme::TunePoint* best = &per_drive.front().best;
+  if (per_drive.size() > 1) {
+    double rate = 0;
+    best = best_for_stripes(per_drive, &rate);
+    if (!best) throw IoError(cat("nvme-tune: no setting worked on every drive of ", all_paths));
+    std::printf(
+        "Striped over the %zu drives, a request ends with its slowest stripe: the setting whose slowest "
+        "drive "
+        "is fastest moves about %.3f GB/s combined per drive, %.3f GB/s in all.\n",
+        per_drive.size(), rate, rate * double(per_drive.size()));
+  }
   std::printf(
-      "\nBest aio config (read and write weighted equally, as optimizer swap uses them); paste into your "
+      "Best aio config (read and write weighted equally, as optimizer swap uses them); paste into your "
       "ds_config.json:\n%s\n",
-      r.best.opts.to_config_json().c_str());
+      best->opts.to_config_json().c_str());
   return 0;
 }
 
@@ -151,7 +196,9 @@ Command nvme_tune(
     "nvme-tune", "Measure NVMe throughput on a directory and print the best aio settings (ds_nvme_tune)",
     [](CLI::App& sub) {
       auto a = std::make_shared<TuneArgs>();
-      sub.add_option("--path", a->path, "Directory on the NVMe drive (a scratch file is created there)")
+      sub.add_option("--path", a->paths,
+                     "Directory on the NVMe drive (a scratch file is created there); several: one per drive, "
+                     "each measured")
           ->required();
       sub.add_option("--file-size", a->file_size, "Scratch file size (e.g. 1G)")->capture_default_str();
       sub.add_option("--seconds", a->seconds, "Seconds per point and direction")->capture_default_str();

@@ -52,6 +52,12 @@ DeviceOptions device_options(const Config& cfg, const EngineOptions& opts) {
   return d;
 }
 
+std::string join_paths(const std::vector<std::string>& paths) {
+  std::string s;
+  for (const std::string& p : paths) s += (s.empty() ? "" : ", ") + p;
+  return s;
+}
+
 nvme::AioOptions aio_options(const Config& cfg) {
   nvme::AioOptions a;
   switch (cfg.strata.aio.backend) {
@@ -489,17 +495,19 @@ void Engine::Impl::check_fits() const {
 void Engine::Impl::open_tiers() {
   const auto& z = cfg.zero_optimization;
   if (plan.nvme_state > 0) {
-    const std::string& path = z.offload_optimizer.device == OffloadDevice::nvme
-                                  ? z.offload_optimizer.nvme_path
-                                  : z.offload_param.nvme_path;
+    // One store for both: its swap files striped over every directory listed (one per drive).
+    const std::vector<std::string>& paths = z.offload_optimizer.device == OffloadDevice::nvme
+                                                ? z.offload_optimizer.nvme_paths
+                                                : z.offload_param.nvme_paths;
     if (z.offload_optimizer.device == OffloadDevice::nvme && z.offload_param.device == OffloadDevice::nvme &&
-        z.offload_param.nvme_path != z.offload_optimizer.nvme_path)
-      STRATA_WARN_ONCE("offload_param.nvme_path (", z.offload_param.nvme_path,
-                       ") differs from offload_optimizer.nvme_path (", z.offload_optimizer.nvme_path,
+        z.offload_param.nvme_paths != z.offload_optimizer.nvme_paths)
+      STRATA_WARN_ONCE("offload_param.nvme_path (", join_paths(z.offload_param.nvme_paths),
+                       ") differs from offload_optimizer.nvme_path (", join_paths(z.offload_optimizer.nvme_paths),
                        "); both parameters and optimizer states are swapped under the latter");
     aio = std::make_unique<nvme::AioEngine>(aio_options(cfg));
     nvme::SwapOptions so;
-    so.nvme_path = path;
+    so.nvme_path = paths.front();
+    so.stripe_paths.assign(paths.begin() + 1, paths.end());
     so.capacity = plan.nvme_budget;
     // What the bytes are, so that the free-space refusal shows which setting moves them.
     std::string what;

@@ -49,7 +49,7 @@ TEST(Fixtures, Zero3NvmeOffloadParsesWithAnExistingSwapDirectory) {
   Config c = Config::parse(doc);
   EXPECT_EQ(c.train_batch_size, 4);  // 1 × 4 × world 1
   EXPECT_EQ(c.zero_optimization.offload_param.device, OffloadDevice::nvme);
-  EXPECT_EQ(c.zero_optimization.offload_param.nvme_path, swap);
+  EXPECT_EQ(c.zero_optimization.offload_param.nvme_paths, std::vector<std::string>{swap});
   EXPECT_EQ(c.zero_optimization.offload_param.buffer_size, 100000000u);
   EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::nvme);
   EXPECT_TRUE(c.zero_optimization.offload_optimizer.pipeline_read);

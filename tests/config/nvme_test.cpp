@@ -1,4 +1,5 @@
-// An nvme offload needs an existing, writable nvme_path; both offloads are checked the same way.
+// An nvme offload needs an existing, writable nvme_path (one directory, or a list of them, one per drive);
+// both offloads are checked the same way.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,15 +17,48 @@ class NvmePath : public ::testing::TestWithParam<const char*> {
     return {{"train_batch_size", 8}, {"zero_optimization", {{"stage", 3}, {GetParam(), off}}}};
   }
   std::string key() const { return std::string("zero_optimization.") + GetParam() + ".nvme_path"; }
+  std::vector<std::string> paths(const Config& c) const {
+    return std::string(GetParam()) == "offload_param" ? c.zero_optimization.offload_param.nvme_paths
+                                                      : c.zero_optimization.offload_optimizer.nvme_paths;
+  }
 };
 
 TEST_P(NvmePath, WritableDirectoryIsAccepted) {
   test::ScratchDir scratch("config");
   const std::string& dir = scratch.path();
   Config c = Config::parse(doc(dir));
-  EXPECT_EQ(std::string(GetParam()) == "offload_param" ? c.zero_optimization.offload_param.nvme_path
-                                                       : c.zero_optimization.offload_optimizer.nvme_path,
-            dir);
+  EXPECT_EQ(paths(c), std::vector<std::string>{dir});
+}
+
+TEST_P(NvmePath, AListOfDirectoriesIsKeptInOrderAndPrintedBack) {
+  test::ScratchDir a("config-a"), b("config-b");
+  Config c = Config::parse(doc(nlohmann::json::array({b.path(), a.path()})));
+  EXPECT_EQ(paths(c), (std::vector<std::string>{b.path(), a.path()}));
+  EXPECT_EQ(c.to_json()["zero_optimization"][GetParam()]["nvme_path"],
+            nlohmann::json::array({b.path(), a.path()}));
+  Config one = Config::parse(doc(a.path()));
+  EXPECT_EQ(one.to_json()["zero_optimization"][GetParam()]["nvme_path"], a.path());  // DeepSpeed's string
+}
+
+TEST_P(NvmePath, EveryDirectoryOfAListIsChecked) {
+  test::ScratchDir scratch("config");
+  const std::string missing = scratch.file("not/here");
+  std::string msg = testing::parse_error(doc(nlohmann::json::array({scratch.path(), missing})));
+  EXPECT_TRUE(testing::contains(msg, key() + ": \"" + missing + "\" does not exist")) << msg;
+}
+
+TEST_P(NvmePath, ADirectoryListedTwiceIsRefused) {
+  test::ScratchDir scratch("config");
+  std::string msg = testing::parse_error(doc(nlohmann::json::array({scratch.path(), scratch.path()})));
+  EXPECT_TRUE(testing::contains(msg, key())) << msg;
+  EXPECT_TRUE(testing::contains(msg, "lists \"" + scratch.path() + "\" twice")) << msg;
+}
+
+TEST_P(NvmePath, AnEmptyListOrEntryIsRefused) {
+  test::ScratchDir scratch("config");
+  EXPECT_TRUE(testing::contains(testing::parse_error(doc(nlohmann::json::array())), key())) << key();
+  std::string msg = testing::parse_error(doc(nlohmann::json::array({scratch.path(), ""})));
+  EXPECT_TRUE(testing::contains(msg, "not a non-empty string")) << msg;
 }
 
 TEST_P(NvmePath, MissingKeyIsRequired) {

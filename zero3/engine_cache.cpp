@@ -18,7 +18,9 @@
 //   1. room for the fp32 copy (Note [Device room]);
 //   2. the source: the params at home on the device or in pinned memory, or — at home on NVMe — their
 //      pinned copy, read by the tier manager (one of offload_param.buffer_count reads in flight; kept as a
-//      cache afterwards while the cached elements stay within offload_param.max_in_cpu);
+//      cache afterwards while the cached elements stay within the plan's param_cache:
+//      offload_param.max_in_cpu, or none when pinned memory holds buffers only, Note [Host memory bounded by
+//      buffers]);
 //   3. on the gather stream: a host function waits for that read (NVMe only), then the compute
 //      interface casts the source into the gathered block in the ops' activation dtype, and the stream
 //      records the chunk's `ready` event.
@@ -213,7 +215,7 @@ void ChunkCache::finish_fetch(ChunkSlot& s) {
   if (s.pins_param) {
     e_.tm->unpin(s.t.param);
     s.pins_param = false;
-    // The pinned copy stays as a cache, least recently used first out, within max_in_cpu elements.
+    // The pinned copy stays as a cache, least recently used first out, within plan.param_cache elements.
     auto it = std::find(param_cache_.begin(), param_cache_.end(), s.id);
     if (it == param_cache_.end())
       param_cache_numel_ += s.shard.numel;
@@ -231,7 +233,7 @@ void ChunkCache::finish_fetch(ChunkSlot& s) {
 }
 
 void ChunkCache::trim_param_cache() {
-  const std::uint64_t limit = e_.cfg.zero_optimization.offload_param.max_in_cpu;
+  const std::uint64_t limit = e_.plan.param_cache;
   while (param_cache_numel_ > limit && !param_cache_.empty()) {
     ChunkSlot& old = e_.slots[std::size_t(param_cache_.front())];
     if (old.pins_param) break;  // its gather is still reading the pinned copy
@@ -288,7 +290,7 @@ void ChunkCache::params_written(ChunkSlot& s, std::vector<tiering::Move>& writes
   const bool cached = it != param_cache_.end();
   if (cached) param_cache_.erase(it);
   const std::uint64_t others = param_cache_numel_ - (cached ? s.shard.numel : 0);
-  if (others + s.shard.numel <= e_.cfg.zero_optimization.offload_param.max_in_cpu) {
+  if (others + s.shard.numel <= e_.plan.param_cache) {
     writes.push_back(e_.tm->fetch(s.t.param, Tier::nvme));  // write through; the pinned copy stays a cache
     param_cache_.push_back(s.id);
     param_cache_numel_ = others + s.shard.numel;

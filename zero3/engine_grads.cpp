@@ -79,8 +79,17 @@ void GradientPath::open() {
   expected_.assign(C, 0);
   seen_.assign(C, 0);
   if (std::any_of(e_.slots.begin(), e_.slots.end(),
-                  [](const ChunkSlot& s) { return s.h.grad == Tier::pinned || s.h.grad == Tier::nvme; }))
+                  [](const ChunkSlot& s) { return s.h.grad == Tier::pinned; }))
     staging_ = PinnedBuffer(*e_.dev, e_.largest_shard * sizeof(float));
+  if (std::any_of(e_.slots.begin(), e_.slots.end(),
+                  [](const ChunkSlot& s) { return s.h.grad == Tier::nvme; }))
+    nvme_staging_id_ = e_.tm->register_tensor({.name = "zero3.grad_staging",
+                                               .kind = tiering::Kind::staging,
+                                               .dtype = DType::fp32,
+                                               .bytes = e_.largest_shard * sizeof(float),
+                                               .home = Tier::pinned,
+                                               .chunk = -1,
+                                               .shard = -1});
   out_stats_.assign(C, HostStats{});
   if (e_.by_ops && std::any_of(e_.slots.begin(), e_.slots.end(),
                                [](const ChunkSlot& s) { return s.h.grad == Tier::device; })) {
@@ -272,10 +281,10 @@ void GradientPath::stage_for_nvme(ChunkSlot& s, const float* src, bool fresh, bo
     dst = static_cast<float*>(tm.data(s.t.grad, Tier::pinned));
   }
   // The gradient stream copies the gradients off the device into staging and (to_nvme) into the block. The
-  // stream runs in order: the next copy into staging_ waits for this host function to have read it. The
+  // stream runs in order: the next copy into staging waits for this host function to have read it. The
   // host function touches memory only: the tier manager may wait for this stream's events under its
   // mutex, so nothing on the stream may take it.
-  float* staged = static_cast<float*>(staging_.data());
+  float* staged = nvme_staging();
   e_.grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
   e_.grad_stream->host_fn([this, &s, dst, staged, fresh, with_stats, read] {
     read.wait();  // the NVMe copy is in the block (raises a failed read)
@@ -329,6 +338,23 @@ void GradientPath::drain_nvme_writes() {
   while (!nvme_writes_.empty()) finish_oldest_write();
 }
 
+float* GradientPath::nvme_staging() {
+  if (!nvme_staged_) {
+    nvme_staged_ = static_cast<float*>(e_.tm->allocate(nvme_staging_id_, Tier::pinned));
+    e_.tm->pin(nvme_staging_id_);
+  }
+  return nvme_staged_;
+}
+
+void GradientPath::release_nvme_staging() {
+  if (!nvme_staged_) return;
+  // Never marked written: the evict frees the block without a copy. The gradient stream, its last
+  // reader, is synchronised.
+  e_.tm->unpin(nvme_staging_id_);
+  e_.tm->evict(nvme_staging_id_, Tier::pinned, Tier::nvme);
+  nvme_staged_ = nullptr;
+}
+
 void GradientPath::finish_oldest_write() {
   const NvmeWrite w = nvme_writes_.front();
   nvme_writes_.pop_front();
@@ -365,6 +391,7 @@ void GradientPath::sync() {
   e_.compute_stream->synchronize();  // gradients at home on the device are added there
   e_.grad_stream->synchronize();     // raises a failed copy or add of the gradient stream
   drain_nvme_writes();               // raises a failed write
+  release_nvme_staging();
   e_.times.wait += t0.idle_seconds();
 }
 

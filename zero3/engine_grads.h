@@ -59,9 +59,15 @@ class GradientPath {
   // staged gradient into a pinned shard.
   void add_on_host(float* dst, const float* src, std::size_t n);
   // Note [Gradients through NVMe]: chunk `s`'s fp32 gradients at device address `src` to its NVMe shard,
-  // through staging_ and a pinned block (`fresh`: the shard is empty this step; `with_stats`: take its
-  // statistics on the way). to_nvme is the gradient stream's part: staged into the block, and the stats.
+  // through the pool's staging block and a pinned block (`fresh`: the shard is empty this step;
+  // `with_stats`: take its statistics on the way). to_nvme is the gradient stream's part: staged into the
+  // block, and the stats.
   void stage_for_nvme(ChunkSlot& s, const float* src, bool fresh, bool with_stats);
+  // The staging block of gradients on their way to NVMe: taken from the tier manager's pinned pool at the
+  // first crossing of a step, given back once the step's writes are drained (sync), so that it shares the
+  // pool's room with the optimizer's window (Note [Host memory bounded by buffers] in placement.cpp).
+  float* nvme_staging();
+  void release_nvme_staging();
   void to_nvme(ChunkSlot& s, float* dst, const float* staged, bool fresh, bool with_stats);
   // The squared norm, finiteness and (N ranks) per-block partial sums of a host-readable gradient shard.
   struct HostStats {
@@ -87,6 +93,9 @@ class GradientPath {
   // Pinned staging for a gradient buffer on its way to a pinned shard that already holds gradients
   // (accumulation): copied off the device here, then added on the host. (largest shard)
   PinnedBuffer staging_;
+  // The same for shards on NVMe, a tensor of the tier manager's (nvme_staging); its block while held.
+  tiering::TensorId nvme_staging_id_ = 0;
+  float* nvme_staged_ = nullptr;
   // Note [Gradients through NVMe]: the writes of gradient shards to NVMe in flight, oldest first, with
   // their chunks (touched by the gradient stream's host functions, and by the training thread only after
   // that stream is synchronised); and each chunk's statistics taken on the way out in the step's last

@@ -367,29 +367,44 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   }
   m.device_cache = room - m.device_accumulator_bytes;
 
-  std::uint64_t staging = 0;
+  // Note [Host memory bounded by buffers]: the pinned pool's buffers, by when they are in use.
+  //   reads     parameter reads from NVMe in flight (forward, backward, and the next forward's prefetch)
+  //   cache     pinned copies kept after a read, up to offload_param.max_in_cpu elements
+  //   grads     gradient shards on their way to NVMe, and their staging (backward; drained before the step)
+  //   optimizer the swap pipeline's sub-group window, with the new working params on their way home (step)
+  // With the params and the optimizer on NVMe and the gradients too, the optimizer runs after backward
+  // (plan_overlap: no early updates, nothing deferred), so the gradient window and the optimizer's are
+  // never in use at once and share their room; and the cache is not kept, so that pinned memory is the
+  // buffers' and nothing grows with the model or with max_in_cpu. Elsewhere the windows add up, and the
+  // cache too.
+  std::uint64_t reads = 0, grad_window = 0, optimizer = 0;
   if (homes.param == Tier::nvme) {
     // A read buffer holds one whole chunk, whatever buffer_size says (Engine::check_fits warns).
-    staging += std::uint64_t(std::max<std::int64_t>(1, z.offload_param.buffer_count)) * largest * wd;
-    staging += std::min<std::uint64_t>(z.offload_param.max_in_cpu, total) * wd;
+    reads = std::uint64_t(std::max<std::int64_t>(1, z.offload_param.buffer_count)) * largest * wd;
+    m.param_cache = std::min<std::uint64_t>(z.offload_param.max_in_cpu, total);
   }
   if (homes.master == Tier::nvme) {
     // Each swapped sub-group holds its master, states and (on NVMe) gradients in pinned buffers.
     const std::size_t swapped = std::size_t(1 + in.optimizer_states + (grads_nvme ? 1 : 0));
     p.group_window = std::max<std::size_t>(1, std::size_t(z.offload_optimizer.buffer_count) / swapped);
-    staging += p.group_window * largest_group * 4 * swapped;
+    optimizer = p.group_window * largest_group * 4 * swapped;
   }
-  // Gradient shards on their way to NVMe (Note [Gradients through NVMe]).
-  if (grads_nvme) staging += kNvmeGradWindow * p.largest_shard * sizeof(float);
+  // Gradient shards on their way to NVMe and their staging block (Note [Gradients through NVMe]).
+  if (grads_nvme) grad_window = (kNvmeGradWindow + 1) * p.largest_shard * sizeof(float);
   if (homes.param != Tier::pinned && homes.master != Tier::device)
-    staging += largest_group * wd;  // new working params on their way home
+    optimizer += largest_group * wd;  // new working params on their way home
+  const bool buffers_only = homes.param == Tier::nvme && homes.master == Tier::nvme && grads_nvme;
+  if (buffers_only) m.param_cache = 0;
+  const std::uint64_t cache = m.param_cache * wd;
+  std::uint64_t staging =
+      reads + cache + (buffers_only ? std::max(grad_window, optimizer) : grad_window + optimizer);
   m.pinned_staging = staging;
   const std::uint64_t slab = 64ull << 20;
   m.pinned_budget = m.pinned_state + staging + 2 * slab + (staging + m.pinned_state) / 16;
   // The gradient staging buffer (accumulation into a pinned shard) is pinned memory of the engine's own,
   // outside the tier manager's budget; so is the parameter staging of device-home params stepped on the
   // host.
-  if (grads_pinned || grads_nvme) m.pinned_staging += p.largest_shard * sizeof(float);
+  if (grads_pinned) m.pinned_staging += p.largest_shard * sizeof(float);
   if (in.device_state_by_ops && homes.param == Tier::device && stepped_on_host)
     m.pinned_staging += p.largest_shard * wd;
   if (m.nvme_state > 0) m.nvme_budget = m.nvme_state + m.nvme_state / 16 + (64ull << 20);

@@ -77,6 +77,9 @@ struct MemoryPlan {
   std::uint64_t device_activations_checkpointed = 0, device_activations_all = 0;
   std::uint64_t pinned_staging = 0;  // NVMe swap buffers (params, optimizer sub-groups), gradient staging
   std::uint64_t pinned_budget = 0;   // what the tier manager's pinned pool may take
+  // Working-param elements whose pinned copies are kept as a cache after a read from NVMe: min(max_in_cpu,
+  // the params); 0 when pinned memory holds buffers only (Note [Host memory bounded by buffers]).
+  std::uint64_t param_cache = 0;
   // The NVMe swap file's capacity: the state plus room for the extents' alignment and reuse
   // (nvme_state / 16 + 64 MiB); what the free-space check at start-up asks of nvme_path.
   std::uint64_t nvme_budget = 0;

@@ -9,6 +9,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -156,6 +157,35 @@ TEST(NvmeGradients, PinnedMemoryDoesNotGrowWithTheModel) {
   const Result small_pinned = run(off, tokens, 0, 4), big_pinned = run(off, tokens, 0, 8);
   EXPECT_GT(big_pinned.plan.pinned_state, small_pinned.plan.pinned_state);
   EXPECT_GT(big_pinned.pinned_peak, big.pinned_peak);
+}
+
+// nvme_path as a list (one directory per drive): the swap files are striped over both directories, each
+// holding its share, and training gives the losses and norms of one directory bit for bit.
+TEST(NvmeGradients, StripedOverTwoDirectoriesTrainsBitIdentically) {
+  ScratchDir d("nvme-grads-stripe"), a("nvme-grads-stripe-a"), b("nvme-grads-stripe-b");
+  const std::string tokens = make_tokens(d);
+  const nlohmann::json both = nlohmann::json::array({a.path(), b.path()});
+  const nlohmann::json striped = {
+      {"zero_optimization",
+       {{"offload_param", {{"nvme_path", both}}}, {"offload_optimizer", {{"nvme_path", both}}}}}};
+  const Result one = run(config(OffloadDevice::nvme, d.path(), true), tokens, 0);
+  Training t(config(OffloadDevice::nvme, d.path(), true, striped), tokens, 0);
+  std::vector<double> losses, norms;
+  for (int i = 0; i < kSteps; ++i) {
+    const StepResult s = t.engine.train_batch(t.m, t.data);
+    losses.push_back(s.loss);
+    norms.push_back(s.grad_norm);
+  }
+  EXPECT_EQ(losses, one.losses);
+  EXPECT_EQ(norms, one.norms);
+  // Each directory holds a swap file of the same size, which is about half of the state.
+  std::vector<std::uintmax_t> sizes;
+  for (const ScratchDir* dir : {&a, &b})
+    for (const auto& f : std::filesystem::recursive_directory_iterator(dir->path()))
+      if (f.is_regular_file() && f.path().extension() == ".bin") sizes.push_back(f.file_size());
+  ASSERT_EQ(sizes.size(), 2u);
+  EXPECT_EQ(sizes[0], sizes[1]);
+  EXPECT_GE(2 * sizes[0], t.engine.plan().nvme_state);
 }
 
 // kill -9 while a step's gradients are being written to NVMe: the checkpoint saved before it loads, and

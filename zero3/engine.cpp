@@ -502,7 +502,8 @@ void Engine::Impl::open_tiers() {
     if (z.offload_optimizer.device == OffloadDevice::nvme && z.offload_param.device == OffloadDevice::nvme &&
         z.offload_param.nvme_paths != z.offload_optimizer.nvme_paths)
       STRATA_WARN_ONCE("offload_param.nvme_path (", join_paths(z.offload_param.nvme_paths),
-                       ") differs from offload_optimizer.nvme_path (", join_paths(z.offload_optimizer.nvme_paths),
+                       ") differs from offload_optimizer.nvme_path (",
+                       join_paths(z.offload_optimizer.nvme_paths),
                        "); both parameters and optimizer states are swapped under the latter");
     aio = std::make_unique<nvme::AioEngine>(aio_options(cfg));
     nvme::SwapOptions so;

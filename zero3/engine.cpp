@@ -477,19 +477,47 @@ void Engine::Impl::check_fits() const {
   // On the host backend the device is host memory too.
   const std::uint64_t ram = physical_memory();
   const std::uint64_t host = host_need_here;
-  if (ram && host > ram / 10 * 9)
+  if (ram && host > ram / 10 * 9) {
+    // What the buffers are made of, each with the setting that sizes it; the advice names the largest.
+    struct Part {
+      std::uint64_t bytes;
+      std::string what, advice;
+    };
+    const std::vector<Part> parts = {
+        {plan.pinned_state, "state in pinned host memory",
+         "set zero_optimization.offload_optimizer.device (and offload_param.device) to \"nvme\""},
+        {plan.pinned_reads,
+         cat("parameter read buffers (offload_param.buffer_count ", z.offload_param.buffer_count,
+             " x the largest chunk)"),
+         "lower zero_optimization.offload_param.buffer_count"},
+        {plan.pinned_cache,
+         cat("parameter cache (offload_param.max_in_cpu ", z.offload_param.max_in_cpu, ")"),
+         "lower zero_optimization.offload_param.max_in_cpu"},
+        {plan.pinned_optimizer,
+         cat("optimizer sub-group window (offload_optimizer.buffer_count ", z.offload_optimizer.buffer_count,
+             " tensors of the largest sub-group, sub_group_size ", z.sub_group_size, ")"),
+         "lower zero_optimization.sub_group_size (or offload_optimizer.buffer_count)"},
+        {plan.pinned_grad_window, "gradient window (shards of the largest chunk on their way to NVMe)",
+         "train on more ranks (each holds 1/N of a chunk's gradients)"}};
+    std::string made_of;
+    const Part* largest = &parts.front();
+    for (const Part& p : parts) {
+      if (p.bytes == 0) continue;
+      made_of += cat(made_of.empty() ? "" : ", ", format_size(p.bytes), " of ", p.what);
+      if (p.bytes > largest->bytes) largest = &p;
+    }
     throw OutOfMemory(cat(
-        "the model does not fit host memory: ", format_size(plan.pinned_state),
-        " of state in pinned host memory (offload_param.device = ", offload_name(z.offload_param.device),
-        ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), ") plus ",
-        format_size(plan.pinned_staging), " of NVMe staging buffers",
-        caps.backend == BackendKind::host ? " and the host device" : "", " need ", format_size(host_need()),
+        "the model does not fit host memory: ", made_of,
+        plan.buffers_only ? " (the gradient and optimizer windows share one room: the larger counts)" : "",
+        caps.backend == BackendKind::host ? ", and the host device," : "", " need ", format_size(host_need()),
         ranks_here > 1
             ? cat(" per rank, ", format_size(host), " for the ", ranks_here, " ranks on this machine")
             : std::string(),
         "; this machine has ", format_size(ram),
-        ". Set zero_optimization.offload_optimizer.device (and offload_param.device) to \"nvme\", "
-        "or lower sub_group_size / offload_param.max_in_cpu"));
+        " (offload_param.device = ", offload_name(z.offload_param.device),
+        ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), "). The largest is the ",
+        largest->what, ": ", largest->advice, " (docs/train.md, \"Where the state lives\")"));
+  }
 }
 
 void Engine::Impl::open_tiers() {

@@ -399,6 +399,8 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   std::uint64_t staging =
       reads + cache + (buffers_only ? std::max(grad_window, optimizer) : grad_window + optimizer);
   m.pinned_staging = staging;
+  m.pinned_reads = reads, m.pinned_cache = cache, m.pinned_optimizer = optimizer;
+  m.pinned_grad_window = grad_window, m.buffers_only = buffers_only;
   const std::uint64_t slab = 64ull << 20;
   m.pinned_budget = m.pinned_state + staging + 2 * slab + (staging + m.pinned_state) / 16;
   // The gradient staging buffer (accumulation into a pinned shard) is pinned memory of the engine's own,

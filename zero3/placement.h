@@ -77,6 +77,13 @@ struct MemoryPlan {
   std::uint64_t device_activations_checkpointed = 0, device_activations_all = 0;
   std::uint64_t pinned_staging = 0;  // NVMe swap buffers (params, optimizer sub-groups), gradient staging
   std::uint64_t pinned_budget = 0;   // what the tier manager's pinned pool may take
+  // pinned_staging's buffers in the pool, by the setting that sizes each (Note [Host memory bounded by
+  // buffers]): parameter reads (offload_param.buffer_count chunks), the parameter cache (max_in_cpu), the
+  // optimizer's sub-group window with the new working params (offload_optimizer.buffer_count,
+  // sub_group_size), the gradient window (kNvmeGradWindow shards and their staging). buffers_only: the
+  // last two share one room (the larger counts).
+  std::uint64_t pinned_reads = 0, pinned_cache = 0, pinned_optimizer = 0, pinned_grad_window = 0;
+  bool buffers_only = false;
   // Working-param elements whose pinned copies are kept as a cache after a read from NVMe: min(max_in_cpu,
   // the params); 0 when pinned memory holds buffers only (Note [Host memory bounded by buffers]).
   std::uint64_t param_cache = 0;

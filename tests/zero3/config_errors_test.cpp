@@ -26,6 +26,20 @@ TEST(EngineConfig, MissingNvmePathFailsWhenTheConfigIsRead) {
   EXPECT_NE(m.find("offload_optimizer.nvme_path"), std::string::npos) << m;
 }
 
+// Buffers that do not fit host memory are refused when the engine is built, naming what they are made of
+// and the setting that sizes the largest: here offload_param.buffer_count.
+TEST(EngineConfig, BuffersBeyondHostMemoryAreRefusedNamingTheSetting) {
+  ScratchDir d("cfg-buffers-ram");
+  const auto mcfg = model::ModelConfig::preset("tiny");
+  const Config c =
+      make_config(OffloadDevice::nvme, OffloadDevice::nvme, d.path(),
+                  {{"zero_optimization", {{"offload_param", {{"buffer_count", 1'000'000'000'000}}}}}});
+  const std::string m = error_of<OutOfMemory>([&] { Engine e(c, mcfg); });
+  for (const char* must : {"does not fit host memory", "parameter read buffers (offload_param.buffer_count",
+                           "lower zero_optimization.offload_param.buffer_count"})
+    EXPECT_NE(m.find(must), std::string::npos) << "names no '" << must << "': " << m;
+}
+
 // DeepSpeed's buffer_size counts elements of one tensor; Strata reads whole chunks, so a config whose
 // buffer_size is below the largest chunk trains as if it were the chunk's size: the same plan, the same
 // losses.

@@ -436,7 +436,9 @@ std::vector<Option> build_options() {
   o.push_back({.path = "zero_optimization.offload_param.max_in_cpu",
                .kind = Kind::count,
                .def = 1000000000u,
-               .meaning = "Parameter elements kept in host memory when parameters live on NVMe.",
+               .meaning =
+                   "Parameter elements kept in host memory when parameters live on NVMe (none when the "
+                   "optimizer and the gradients are on NVMe too: pinned memory then holds buffers only).",
                .field = STRATA_FIELD(zero_optimization.offload_param.max_in_cpu)});
   o.push_back({.path = "zero_optimization.offload_optimizer.device",
                .kind = Kind::choice,

@@ -84,11 +84,7 @@ const Ignored* find_ignored(std::string_view path) {
   return nullptr;
 }
 
-std::string join(const std::vector<std::string>& v, std::string_view sep = ", ") {
-  std::string s;
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? std::string(sep) : "") + v[i];
-  return s;
-}
+using detail::join;
 
 }  // namespace
 

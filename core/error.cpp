@@ -8,6 +8,15 @@
 namespace strata {
 namespace detail {
 
+std::string join(const std::vector<std::string>& parts, std::string_view sep) {
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (i) out += sep;
+    out += parts[i];
+  }
+  return out;
+}
+
 std::string check_message(const char* file, int line, const char* stmt, std::string_view detail) {
   std::string msg = cat(file, ":", line, ": `", stmt, "` failed");
   if (!detail.empty()) msg += cat(": ", detail);

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace strata {
 
@@ -57,6 +58,9 @@ std::string cat(const Args&... args) {
   (os << ... << args);
   return os.str();
 }
+
+// The strings of `parts` with `sep` between them, for lists in messages ("a, b, c").
+std::string join(const std::vector<std::string>& parts, std::string_view sep = ", ");
 
 // "file.cpp:42: `stmt` failed: detail" — the shape of every check failure.
 std::string check_message(const char* file, int line, const char* stmt, std::string_view detail);

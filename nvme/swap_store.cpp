@@ -50,11 +50,7 @@ std::string nvme_path_hint() {
   return "zero_optimization.offload_optimizer.nvme_path (or offload_param.nvme_path)";
 }
 
-std::string join(const std::vector<std::string>& parts, const char* sep) {
-  std::string out;
-  for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
-  return out;
-}
+using strata::detail::join;
 
 // The room of each of n files holding `capacity` together (Note [striping]): ceil(capacity / n) plus
 // one alignment unit, so that an extent of the whole capacity fits; n = 1: the capacity itself.

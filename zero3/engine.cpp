@@ -52,12 +52,6 @@ DeviceOptions device_options(const Config& cfg, const EngineOptions& opts) {
   return d;
 }
 
-std::string join_paths(const std::vector<std::string>& paths) {
-  std::string s;
-  for (const std::string& p : paths) s += (s.empty() ? "" : ", ") + p;
-  return s;
-}
-
 nvme::AioOptions aio_options(const Config& cfg) {
   nvme::AioOptions a;
   switch (cfg.strata.aio.backend) {
@@ -529,9 +523,9 @@ void Engine::Impl::open_tiers() {
                                                 : z.offload_param.nvme_paths;
     if (z.offload_optimizer.device == OffloadDevice::nvme && z.offload_param.device == OffloadDevice::nvme &&
         z.offload_param.nvme_paths != z.offload_optimizer.nvme_paths)
-      STRATA_WARN_ONCE("offload_param.nvme_path (", join_paths(z.offload_param.nvme_paths),
+      STRATA_WARN_ONCE("offload_param.nvme_path (", strata::detail::join(z.offload_param.nvme_paths),
                        ") differs from offload_optimizer.nvme_path (",
-                       join_paths(z.offload_optimizer.nvme_paths),
+                       strata::detail::join(z.offload_optimizer.nvme_paths),
                        "); both parameters and optimizer states are swapped under the latter");
     aio = std::make_unique<nvme::AioEngine>(aio_options(cfg));
     nvme::SwapOptions so;

@@ -1,0 +1,496 @@
+// strata/kernels/cpu/attention_fused.cpp: causal grouped-query attention on bf16 tensors in blocks, with an
+// online softmax, so that no (T, T) buffer exists (attention_fused.h). attention.cpp's fp32 functions stay
+// the oracle; attention_bf16.cpp is the unfused bf16-product path this one replaces for long sequences.
+//
+// Note [Fused attention on the CPU]: query rows and key rows are cut into blocks of kBlock (128) rows; the
+// blocks are square, so only the diagonal block (i, i) is cut by the causal mask, and only the last block
+// (T % 128 rows) is short. Per (query block i, key block j <= i) of one head:
+//   forward:  S = q_i k_j^T (bf16 operands, fp32 sums), scaled by 1/sqrt(HD) in fp32 and masked; the online
+//             softmax keeps each row's running max m and sum l in fp32 and rescales the row's fp32 sums acc
+//             by e^(m_old - m_new) when the max grows; P = e^(S - m) is rounded to bf16 for acc += P v_j.
+//             At the end out = bf16(acc / l), and saved keeps lse = m + ln l per row.
+//   backward: S and dP = dout_i v_j^T again (fp32 sums), P = e^(S - lse) (normalised: no second pass),
+//             dS = P (dP - D) / sqrt(HD) with D = rowsum(dout * out); then dv_j += P^T dout_i,
+//             dk_j += dS^T q_i, dq_i += dS k_j with P and dS rounded to bf16 as the products' operands.
+// Rounding points: q, k, v, dout arrive in bf16; P and dS are rounded to bf16 only as product operands
+// (l sums the unrounded P, as flash attention does); every sum is fp32; out, dq, dk, dv are each rounded to
+// bf16 once, from their complete fp32 sums. Those are attention_bf16.cpp's rounding points except for where
+// the 1/l normalisation falls (after the product, not before rounding P).
+//
+// Tasks (Note [deterministic CPU ops] in parallel_impl.h): the forward runs one oneTBB task per (batch,
+// head, query block) — its rows are written by it alone. The backward runs one task per (batch, key/value
+// head): dk and dv sum over the group's query heads and over every query block, so one task adds them in a
+// fixed order (heads, then query blocks, then key blocks) into fp32 sums kept in `scratch`, (T, HD) twice
+// per task, rounded once at the end. Those sums span the sequence, so they live in the caller's scratch
+// (planned with the other activations) rather than in thread-local buffers that would grow with T unseen;
+// what each thread keeps is O(128 x 128 + 128 x HD). dq's sums are per (head, query block), inside the task.
+// Each product is a single-threaded oneDNN matmul on strided views of the heads (Note [Concurrent
+// products] in bf16_impl.h, Note [Row blocks] in linear_bf16.cpp), so nothing depends on the thread count.
+//
+// D: rowsum(dout * out) equals rowsum(P * dP) up to out's rounding; computing it from P would take a
+// second pass over the key blocks (two more products per block), so the forward keeps a bf16 copy of out
+// in `saved` (kernels/ops.h does not hand out to the backward; the cuDNN path does the same: Note [cuDNN
+// attention saved state]). saved is then B*NH*T*(4 + 2*HD) bytes instead of the unfused B*NH*T*T*4.
+//
+// Why 128: each product (128 x 128 x HD) is large enough that oneDNN's per-call cost (memory objects, an
+// argument map, a stream wait) stays small against it, while S, dP (64 KiB of fp32 each), P, dS and an
+// output block stay in L2. Measured at B 4, T 1024, NH 12, HD 64 on 2 threads: 128 takes 0.8x the time
+// of 64 (forward and backward alike), 256 no less than 128. The cost: the masked half of each diagonal
+// block is computed and thrown away, about 128/T of the products (12% at T 1024).
+//
+// Row passes: once the products are oneDNN's, the per-element work between them (e^x, maxima, sums,
+// rounding to bf16) is the rest of the time, so it is compiled for AVX2 and AVX-512 besides x86-64's
+// baseline and chosen at run time (row_passes; STYLE's runtime dispatch, without -march=native). The
+// targets give the same bits (tests check each one this CPU has), so a run does not depend on the
+// machine.
+#include "kernels/cpu/attention_fused.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cpu/bf16_impl.h"
+#include "kernels/cpu/parallel_impl.h"
+
+namespace strata::kernels::cpu {
+namespace {
+
+constexpr int kBlock = 128;  // rows of a query block and of a key block (Note [Fused attention on the CPU])
+
+void check_heads(const char* op, int B, int T, int NH, int NKV, int HD) {
+  STRATA_CHECK(B >= 0 && T >= 0, op, ": batch ", B, " and sequence length ", T, " must not be negative");
+  STRATA_CHECK(NKV > 0 && NH > 0 && NH % NKV == 0, op, ": n_heads ", NH,
+               " must be a positive multiple of n_kv_heads ", NKV);
+  STRATA_CHECK(HD > 0, op, ": head width ", HD, " must be positive");
+}
+
+struct Dims {
+  int B, T, NH, NKV, HD;
+  std::size_t group() const { return std::size_t(NH / NKV); }  // query heads per key/value head
+  std::size_t ldq() const { return std::size_t(NH) * HD; }     // row stride of q, dout, out
+  std::size_t ldkv() const { return std::size_t(NKV) * HD; }   // row stride of k, v
+  std::size_t blocks() const { return (std::size_t(T) + kBlock - 1) / kBlock; }
+  int rows(std::size_t block) const { return std::min(kBlock, T - int(block) * kBlock); }
+  std::size_t q_numel() const { return std::size_t(B) * T * NH * HD; }
+  std::size_t lse_numel() const { return std::size_t(B) * NH * T; }
+  // Element offsets: row t of head h of q / dout / out, of head g of k / v, and (b, h, t)'s lse.
+  std::size_t q_at(std::size_t b, std::size_t t, std::size_t h) const { return (b * T + t) * ldq() + h * HD; }
+  std::size_t kv_at(std::size_t b, std::size_t t, std::size_t g) const {
+    return (b * T + t) * ldkv() + g * HD;
+  }
+  std::size_t lse_at(std::size_t b, std::size_t h, std::size_t t) const { return (b * NH + h) * T + t; }
+};
+
+// ---- the row passes' arithmetic ------------------------------------------------------------------------
+
+// e^x in fp32 as plain arithmetic the compiler vectorises: without -ffast-math std::exp stays a scalar libm
+// call per element, and the row passes would take longer than the products. Cephes' expf: x = n ln2 + r,
+// |r| <= ln2 / 2, a degree-6 polynomial for e^r, 2^n built in the exponent bits (n read from the bits of
+// the rounding sum, so no float-to-int conversion). Within 1.5 ulp of e^x for x <= 88; 0 below
+// ln(2^-126), where e^x would be subnormal (a weight under 1e-38 next to the row's max of 1), and for
+// -inf; NaN stays NaN. The file is built with -fno-trapping-math (kernels/CMakeLists.txt): without it GCC
+// keeps the clamps' compares as branches and vectorises none of these loops; it changes no value.
+[[gnu::always_inline]] inline float exp_f32(float x) {
+  constexpr float kMin = -87.336544f;    // ln(2^-126)
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: in xc log2(e) + kRound the low bits hold round(n)
+  float xc = x < kMin ? kMin : x;        // written so that NaN passes through
+  xc = xc > 88.0f ? 88.0f : xc;
+  const float sum = xc * 1.44269504f + kRound;
+  const float n = sum - kRound;
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 in two parts: r exact enough
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const std::uint32_t two_n = (std::bit_cast<std::uint32_t>(sum) - 0x4B400000u + 127u) << 23;
+  return x < kMin ? 0.0f : p * std::bit_cast<float>(two_n);
+}
+
+// Reductions over a row in a fixed order — 8 interleaved partial results, then the tail — which the
+// compiler can vectorise (a plain running sum it may not reorder) and which no thread count changes.
+constexpr int kLanes = 8;
+
+[[gnu::always_inline]] inline float max_row(const float* x, int n, float init) {
+  float lane[kLanes];
+  for (float& l : lane) l = init;
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+  float m = init;
+  for (float l : lane) m = l > m ? l : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+[[gnu::always_inline]] inline float sum_row(const float* x, int n) {
+  float lane[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lane[j] += x[i + j];
+  float s = 0.0f;
+  for (float l : lane) s += l;
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+[[gnu::always_inline]] inline float dot_bf16(const bf16_t* a, const bf16_t* b, int n) {
+  float lane[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lane[j] += bf16_to_f32(a[i + j]) * bf16_to_f32(b[i + j]);
+  float s = 0.0f;
+  for (float l : lane) s += l;
+  for (; i < n; ++i) s += bf16_to_f32(a[i]) * bf16_to_f32(b[i]);
+  return s;
+}
+
+// ---- the row passes of a block, compiled for each SIMD target ------------------------------------------
+
+// Forward, on a (rows, cols) block of raw scores: scale, mask, fold into each row's running max m and sum
+// l, P = e^(s - m) (left in s) rounded to bf16 into p with exact zeros where masked (so the product adds
+// nothing from there), and acc's row rescaled by e^(m_old - m_new) when the max grew.
+struct ForwardBlock {
+  float* s;        // (rows, cols; ld kBlock)
+  bf16_t* p;       // (rows, cols; ld kBlock)
+  float *m, *l;    // (rows)
+  float* acc;      // (rows, HD)
+  int rows, cols;  // on the diagonal block (cols == rows), query r sees keys 0..r
+  bool diagonal;
+  float scale;
+  int HD;
+};
+
+[[gnu::always_inline]] inline void forward_rows(const ForwardBlock& f) {
+  const std::size_t hd = std::size_t(f.HD);
+  for (int r = 0; r < f.rows; ++r) {
+    const int n = f.diagonal ? r + 1 : f.cols;
+    float* s = f.s + std::size_t(r) * kBlock;
+    bf16_t* p = f.p + std::size_t(r) * kBlock;
+    for (int c = 0; c < n; ++c) s[c] *= f.scale;
+    const float mx = max_row(s, n, f.m[r]);
+    const float alpha = exp_f32(f.m[r] - mx);  // 0 on the first block (m = -inf)
+    for (int c = 0; c < n; ++c) s[c] = exp_f32(s[c] - mx);
+    f.l[r] = f.l[r] * alpha + sum_row(s, n);
+    f.m[r] = mx;
+    for (int c = 0; c < n; ++c) p[c] = f32_to_bf16(s[c]);
+    for (int c = n; c < f.cols; ++c) p[c] = 0;
+    if (alpha != 1.0f)
+      for (std::size_t e = 0; e < hd; ++e) f.acc[r * hd + e] *= alpha;
+  }
+}
+
+// Backward, on a (rows, cols) block of raw scores s and the gradient dp of P: P = e^(scale s - lse) into
+// p, dS = P (dp - D) scale into ds, both rounded to bf16, exact zeros where masked.
+struct BackwardBlock {
+  float* s;              // (rows, cols; ld kBlock)
+  const float* dp;       // (rows, cols; ld kBlock)
+  bf16_t *p, *ds;        // (rows, cols; ld kBlock)
+  const float *lse, *D;  // (rows)
+  int rows, cols;
+  bool diagonal;
+  float scale;
+};
+
+[[gnu::always_inline]] inline void backward_rows(const BackwardBlock& b) {
+  for (int r = 0; r < b.rows; ++r) {
+    const int n = b.diagonal ? r + 1 : b.cols;
+    const std::size_t at = std::size_t(r) * kBlock;
+    float* s = b.s + at;
+    const float* dp = b.dp + at;
+    bf16_t *p = b.p + at, *ds = b.ds + at;
+    const float lse = b.lse[r], D = b.D[r];
+    for (int c = 0; c < n; ++c) s[c] = exp_f32(s[c] * b.scale - lse);
+    for (int c = 0; c < n; ++c) {
+      p[c] = f32_to_bf16(s[c]);
+      ds[c] = f32_to_bf16(s[c] * (dp[c] - D) * b.scale);
+    }
+    for (int c = n; c < b.cols; ++c) p[c] = ds[c] = 0;
+  }
+}
+
+// One copy of each pass per target: the bodies are inlined and vectorised with that target's registers.
+// Every target computes the same bits: the file is built with -ffp-contract=off (no FMA), and each sum
+// runs in the order the source gives (kLanes partial sums), whatever the vector width.
+struct RowPasses {
+  void (*forward)(const ForwardBlock&);
+  void (*backward)(const BackwardBlock&);
+};
+void forward_rows_baseline(const ForwardBlock& f) {
+  forward_rows(f);
+}
+void backward_rows_baseline(const BackwardBlock& b) {
+  backward_rows(b);
+}
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define STRATA_FUSED_X86 1
+[[gnu::target("avx2")]] void forward_rows_avx2(const ForwardBlock& f) {
+  forward_rows(f);
+}
+[[gnu::target("avx2")]] void backward_rows_avx2(const BackwardBlock& b) {
+  backward_rows(b);
+}
+[[gnu::target("avx512f,avx512bw,avx512vl")]] void forward_rows_avx512(const ForwardBlock& f) {
+  forward_rows(f);
+}
+[[gnu::target("avx512f,avx512bw,avx512vl")]] void backward_rows_avx512(const BackwardBlock& b) {
+  backward_rows(b);
+}
+#endif
+
+RowPasses row_passes(FusedRows rows) {
+  switch (attention_fused_rows(rows)) {
+#ifdef STRATA_FUSED_X86
+    case FusedRows::avx512:
+      return {forward_rows_avx512, backward_rows_avx512};
+    case FusedRows::avx2:
+      return {forward_rows_avx2, backward_rows_avx2};
+#endif
+    default:
+      return {forward_rows_baseline, backward_rows_baseline};
+  }
+}
+
+// ---- the block products --------------------------------------------------------------------------------
+
+// The three products of a (rows, cols) block of scores — rows query rows, cols keys, both <= kBlock —
+// on bf16 operands with fp32 sums; a and b point at the block's first row of a head (strided views):
+//   scores: s (rows, cols; ld kBlock)  = a (rows, HD; ld NH*HD) b^T, b (cols, HD; ld NKV*HD)   S, dP
+//   right:  c (rows, HD; ld HD)       += p (rows, cols; ld kBlock) b (cols, HD; ld NKV*HD)     P v, dS k
+//   left:   c (cols, HD; ld HD)       += p^T b, p (rows, cols; ld kBlock), b (rows, HD; ld NH*HD)
+//                                                                                 P^T dout, dS^T q
+class Products {
+ public:
+  Products(const Dims& d, FusedProducts which) : d_(d) {
+#ifdef STRATA_WITH_DNNL
+    if (which == FusedProducts::loops || bf16_matmul_impl().empty()) return;
+    using dt = dnnl::memory::data_type;
+    using dim = dnnl::memory::dim;
+    const auto view = [](dim rows, dim cols, dim row_stride, dim col_stride, dt type) {
+      return dnnl::memory::desc({rows, cols}, type, dnnl::memory::dims{row_stride, col_stride});
+    };
+    const dim hd = d.HD, ldq = dim(d.ldq()), ldkv = dim(d.ldkv()), ld = kBlock, tail = d.T % kBlock;
+    try {
+      for (int rt = 0; rt < 2; ++rt)
+        for (int ct = 0; ct < 2; ++ct) {
+          const dim rows = rt ? tail : kBlock, cols = ct ? tail : kBlock;
+          if (rows == 0 || cols == 0 || rows > d.T || (ct && !rt)) continue;  // a block shape never met
+          Set& s = sets_[rt][ct].emplace(
+              Set{impl::Product(view(rows, hd, ldq, 1, dt::bf16), view(hd, cols, 1, ldkv, dt::bf16),
+                                view(rows, cols, ld, 1, dt::f32), false),
+                  impl::Product(view(rows, cols, ld, 1, dt::bf16), view(cols, hd, ldkv, 1, dt::bf16),
+                                view(rows, hd, hd, 1, dt::f32), true),
+                  impl::Product(view(cols, rows, 1, ld, dt::bf16), view(rows, hd, ldq, 1, dt::bf16),
+                                view(cols, hd, hd, 1, dt::f32), true)});
+          if (!s.scores.native() || !s.right.native() || !s.left.native()) return;
+        }
+    } catch (const dnnl::error&) {
+      return;  // no such matmul here: the loops run
+    }
+    dnnl_ = true;
+#else
+    (void)which;
+#endif
+  }
+
+  void scores(float* s, const bf16_t* a, const bf16_t* b, int rows, int cols) const {
+#ifdef STRATA_WITH_DNNL
+    if (dnnl_) return set(rows, cols).scores.run(a, b, s);
+#endif
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c)
+        s[std::size_t(r) * kBlock + c] = dot_bf16(a + r * d_.ldq(), b + c * d_.ldkv(), d_.HD);
+  }
+
+  void right(float* c, const bf16_t* p, const bf16_t* b, int rows, int cols) const {
+#ifdef STRATA_WITH_DNNL
+    if (dnnl_) return set(rows, cols).right.run(p, b, c);
+#endif
+    const std::size_t hd = std::size_t(d_.HD);
+    for (int r = 0; r < rows; ++r)
+      for (int k = 0; k < cols; ++k) {
+        const float pv = bf16_to_f32(p[std::size_t(r) * kBlock + k]);
+        const bf16_t* bk = b + k * d_.ldkv();
+        for (std::size_t e = 0; e < hd; ++e) c[r * hd + e] += pv * bf16_to_f32(bk[e]);
+      }
+  }
+
+  void left(float* c, const bf16_t* p, const bf16_t* b, int rows, int cols) const {
+#ifdef STRATA_WITH_DNNL
+    if (dnnl_) return set(rows, cols).left.run(p, b, c);
+#endif
+    const std::size_t hd = std::size_t(d_.HD);
+    for (int k = 0; k < cols; ++k)
+      for (int r = 0; r < rows; ++r) {
+        const float pv = bf16_to_f32(p[std::size_t(r) * kBlock + k]);
+        const bf16_t* br = b + r * d_.ldq();
+        for (std::size_t e = 0; e < hd; ++e) c[k * hd + e] += pv * bf16_to_f32(br[e]);
+      }
+  }
+
+ private:
+  Dims d_;
+#ifdef STRATA_WITH_DNNL
+  struct Set {
+    impl::Product scores, right, left;
+  };
+  // [rows < kBlock][cols < kBlock]: a block is full or the sequence's tail. Only the last query block has
+  // tail rows and only its diagonal block tail columns, so [0][1] never occurs.
+  std::optional<Set> sets_[2][2];
+  bool dnnl_ = false;
+  const Set& set(int rows, int cols) const {
+    return *sets_[rows < kBlock][cols < kBlock];
+  }
+#endif
+};
+
+// One thread's block buffers, reused by its tasks. A task runs nothing on oneTBB (its products are
+// single-threaded oneDNN or loops), so a thread never starts another task while one is using them.
+struct Work {
+  std::vector<float> s, dp;      // (kBlock, kBlock): scores, then P; the gradient of P
+  std::vector<bf16_t> p, ds;     // (kBlock, kBlock): P and dS as product operands
+  std::vector<float> acc;        // (kBlock, HD): an output block's fp32 sums (out or dq)
+  std::vector<bf16_t> row;       // (HD): one row of the saved copy of out
+  float m[kBlock], l[kBlock];    // forward: running max and sum per row
+  float lse[kBlock], D[kBlock];  // backward: log-sum-exp and rowsum(dout * out) per row
+};
+
+Work& work(int HD) {
+  thread_local Work w;
+  const std::size_t sq = std::size_t(kBlock) * kBlock;
+  w.s.resize(sq);
+  w.dp.resize(sq);
+  w.p.resize(sq);
+  w.ds.resize(sq);
+  w.acc.resize(std::size_t(kBlock) * HD);
+  w.row.resize(std::size_t(HD));
+  return w;
+}
+
+}  // namespace
+
+std::size_t attention_fused_saved(int B, int T, int NH, int HD) {
+  const std::size_t lse = std::size_t(B) * NH * T, out = std::size_t(B) * T * NH * HD;
+  return lse + (out + 1) / 2;  // out's copy: two bf16 values per fp32 element
+}
+
+std::size_t attention_fused_scratch(int B, int T, int NKV, int HD) {
+  return std::size_t(B) * NKV * 2 * T * HD;
+}
+
+FusedRows attention_fused_rows(FusedRows rows) {
+#ifdef STRATA_FUSED_X86
+  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl");
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (rows == FusedRows::best || rows == FusedRows::avx512)
+    rows = avx512 ? FusedRows::avx512 : FusedRows::avx2;
+  if (rows == FusedRows::avx2 && !avx2) rows = FusedRows::baseline;
+  return rows;
+#else
+  (void)rows;
+  return FusedRows::baseline;
+#endif
+}
+
+void attention_fused_forward(bf16_t* out, float* saved, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                             int B, int T, int NH, int NKV, int HD, const FusedPaths& paths) {
+  check_heads("attention_fused_forward", B, T, NH, NKV, HD);
+  const Dims d{B, T, NH, NKV, HD};
+  if (d.q_numel() == 0) return;
+  const Products prod(d, paths.products);
+  const RowPasses pass = row_passes(paths.rows);
+  const float scale = float(1.0 / std::sqrt(double(HD)));
+  const std::size_t nb = d.blocks(), hd = std::size_t(HD);
+  // The copy of out is bf16 inside an fp32 buffer: written bytewise (memcpy), never through a float*.
+  char* out_copy = reinterpret_cast<char*>(saved + d.lse_numel());
+  impl::parallel_for_each_index(std::size_t(B) * NH * nb, 1, [&](std::size_t task) {
+    const std::size_t i = task % nb, h = task / nb % std::size_t(NH), b = task / nb / std::size_t(NH);
+    const std::size_t g = h / d.group(), t0 = i * kBlock;
+    const int rows = d.rows(i);
+    Work& w = work(HD);
+    std::fill(w.acc.begin(), w.acc.begin() + std::ptrdiff_t(rows * hd), 0.0f);
+    std::fill(w.m, w.m + rows, -INFINITY);
+    std::fill(w.l, w.l + rows, 0.0f);
+    const bf16_t* qi = q + d.q_at(b, t0, h);
+    for (std::size_t j = 0; j <= i; ++j) {
+      const std::size_t s0 = j * kBlock;
+      const int cols = d.rows(j);
+      prod.scores(w.s.data(), qi, k + d.kv_at(b, s0, g), rows, cols);
+      pass.forward({w.s.data(), w.p.data(), w.m, w.l, w.acc.data(), rows, cols, j == i, scale, HD});
+      prod.right(w.acc.data(), w.p.data(), v + d.kv_at(b, s0, g), rows, cols);
+    }
+    for (int r = 0; r < rows; ++r) {
+      const std::size_t t = t0 + std::size_t(r), at = d.q_at(b, t, h);
+      for (std::size_t e = 0; e < hd; ++e) out[at + e] = f32_to_bf16(w.acc[r * hd + e] / w.l[r]);
+      std::memcpy(out_copy + at * sizeof(bf16_t), out + at, hd * sizeof(bf16_t));
+      saved[d.lse_at(b, h, t)] = w.m[r] + std::log(w.l[r]);
+    }
+  });
+}
+
+void attention_fused_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* scratch, const bf16_t* dout,
+                              const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* saved, int B,
+                              int T, int NH, int NKV, int HD, const FusedPaths& paths) {
+  check_heads("attention_fused_backward", B, T, NH, NKV, HD);
+  const Dims d{B, T, NH, NKV, HD};
+  if (d.q_numel() == 0) return;
+  const Products prod(d, paths.products);
+  const RowPasses pass = row_passes(paths.rows);
+  const float scale = float(1.0 / std::sqrt(double(HD)));
+  const std::size_t nb = d.blocks(), hd = std::size_t(HD), G = d.group();
+  const char* out_copy = reinterpret_cast<const char*>(saved + d.lse_numel());
+  impl::parallel_for_each_index(std::size_t(B) * NKV, 1, [&](std::size_t task) {
+    const std::size_t b = task / std::size_t(NKV), g = task % std::size_t(NKV);
+    // This task's fp32 sums of dk_g and dv_g, (T, HD) each (Note [Fused attention on the CPU]).
+    float* dk_sum = scratch + task * 2 * std::size_t(T) * hd;
+    float* dv_sum = dk_sum + std::size_t(T) * hd;
+    std::fill(dk_sum, dk_sum + 2 * std::size_t(T) * hd, 0.0f);
+    Work& w = work(HD);
+    for (std::size_t h = g * G; h < (g + 1) * G; ++h)
+      for (std::size_t i = 0; i < nb; ++i) {
+        const std::size_t t0 = i * kBlock;
+        const int rows = d.rows(i);
+        const bf16_t* qi = q + d.q_at(b, t0, h);
+        const bf16_t* dout_i = dout + d.q_at(b, t0, h);
+        for (int r = 0; r < rows; ++r) {
+          const std::size_t t = t0 + std::size_t(r);
+          w.lse[r] = saved[d.lse_at(b, h, t)];
+          std::memcpy(w.row.data(), out_copy + d.q_at(b, t, h) * sizeof(bf16_t), hd * sizeof(bf16_t));
+          w.D[r] = dot_bf16(dout_i + r * d.ldq(), w.row.data(), HD);
+        }
+        std::fill(w.acc.begin(), w.acc.begin() + std::ptrdiff_t(rows * hd), 0.0f);
+        for (std::size_t j = 0; j <= i; ++j) {
+          const std::size_t s0 = j * kBlock;
+          const int cols = d.rows(j);
+          const bf16_t* kj = k + d.kv_at(b, s0, g);
+          prod.scores(w.s.data(), qi, kj, rows, cols);
+          prod.scores(w.dp.data(), dout_i, v + d.kv_at(b, s0, g), rows, cols);
+          pass.backward(
+              {w.s.data(), w.dp.data(), w.p.data(), w.ds.data(), w.lse, w.D, rows, cols, j == i, scale});
+          prod.left(dv_sum + s0 * hd, w.p.data(), dout_i, rows, cols);
+          prod.left(dk_sum + s0 * hd, w.ds.data(), qi, rows, cols);
+          prod.right(w.acc.data(), w.ds.data(), kj, rows, cols);
+        }
+        for (int r = 0; r < rows; ++r) {
+          bf16_t* dst = dq + d.q_at(b, t0 + std::size_t(r), h);
+          for (std::size_t e = 0; e < hd; ++e) dst[e] = f32_to_bf16(w.acc[r * hd + e]);
+        }
+      }
+    for (std::size_t t = 0; t < std::size_t(T); ++t)
+      for (std::size_t e = 0; e < hd; ++e) {
+        dk[d.kv_at(b, t, g) + e] = f32_to_bf16(dk_sum[t * hd + e]);
+        dv[d.kv_at(b, t, g) + e] = f32_to_bf16(dv_sum[t * hd + e]);
+      }
+  });
+}
+
+}  // namespace strata::kernels::cpu

@@ -55,8 +55,8 @@ struct Product {
   }
   // Not oneDNN's reference implementation (slower than the OpenBLAS fallback).
   bool native() const { return std::strncmp(pd.impl_info_str(), "ref", 3) != 0; }
-  // Runs on the calling thread; returns when C is written.
-  void run(const bf16_t* a, const bf16_t* b, float* c) const {
+  // Runs on the calling thread; returns when C is written. c: fp32 or bf16, as the product's C was described.
+  void run(const bf16_t* a, const bf16_t* b, void* c) const {
     omp_set_num_threads(1);
     thread_local dnnl::stream s(dnnl_engine());
     thread_local std::vector<char> pad;

@@ -1,12 +1,13 @@
 // strata/kernels/ops.h: the compute interface — every op the model and the engine run on the device,
 // over dtype-tagged device buffers, in the order of one Stream, with a capability struct saying what an
-// implementation computes in. Two implementations: kernels/cpu (fp32, the oracle; the host backend) and
-// kernels/cuda (bf16 storage, fp32 accumulation, cuBLASLt). make_ops() is the one place that chooses
-// between them, by the device's backend; nothing else tests for cuda.
+// implementation computes in. Two implementations: kernels/cpu (the host backend: fp32, the oracle, or
+// with OpsOptions.matmul = bf16 bf16 activations as on cuda) and kernels/cuda (bf16 storage, fp32
+// accumulation, cuBLASLt). make_ops() is the one place that chooses between them, by the device's
+// backend; nothing else tests for cuda.
 //
 // Example (one RMSNorm + linear, forward and backward, and the loss back on the host):
 //   std::unique_ptr<strata::kernels::Ops> ops = strata::kernels::make_ops(dev, compute_stream);
-//   const strata::DType A = ops->caps().activation;       // fp32 (cpu) or bf16 (cuda)
+//   const strata::DType A = ops->caps().activation;       // fp32 (cpu) or bf16 (cuda; cpu with bf16)
 //   strata::DeviceBuffer xb(dev, N * C * dtype_bytes(A)), ...;
 //   Tensor x{xb.data(), A, N * C}, xn{...}, rstd{..., DType::fp32, N}, w{...}, out{...};
 //   ops->rmsnorm_forward(xn, rstd, x, w_norm, N, C, 1e-5f);
@@ -74,7 +75,7 @@ struct Tensor {
 
 struct OpsCaps {
   BackendKind backend = BackendKind::host;
-  std::string name;                // "cpu: fp32, OpenBLAS", "cuda: bf16 storage, cuBLASLt"
+  std::string name;                // "cpu: fp32, OpenBLAS ...", "cpu: bf16 activations, ...", "cuda: ..."
   DType activation = DType::fp32;  // activations, weights, activation gradients
   bool fused_attention = false;    // attention without a (B, NH, T, T) probability matrix
   bool bit_reproducible = true;    // same inputs and thread count: the same bits, run to run
@@ -261,9 +262,12 @@ class Ops {
 
 // What a caller asks of the implementation beyond the backend.
 struct OpsOptions {
-  // The precision of the matrix products' inputs (linear ops). fp32: the CPU's fp32 oracle. bf16: the CPU
-  // rounds both operands to bf16 and accumulates in fp32 (kernels/cpu/linear_bf16.cpp), as the cuda path
-  // always does — what bf16 training asks for. cuda computes in bf16 whatever this says.
+  // The precision the CPU computes in. fp32 (the default): the fp32 oracle, caps().activation fp32. bf16:
+  // bf16 activations, as the cuda path always has — what bf16 training asks for: caps().activation is
+  // bf16; activations, weights and activation gradients are bf16, parameter gradients and saved
+  // statistics fp32; the matrix products take bf16 operands and accumulate in fp32 (oneDNN), the other ops
+  // compute in fp32, and each bf16 output is rounded once (kernels/cpu/ops.h, "bf16 activations"). cuda
+  // computes in bf16 whatever this says.
   DType matmul = DType::fp32;
   // The cpus the CPU ops compute on (host backend; strata.cpu_optim.cores keeps the optimizer's apart):
   // each op runs in a oneTBB arena of that many threads pinned to them. Empty: oneTBB's default arena,

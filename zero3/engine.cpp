@@ -134,9 +134,9 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
     gather_comm = comm->dup();
     grad_comm = comm->dup();
   }
-  // bf16 training multiplies bf16 operands with fp32 accumulation on every backend (cuda always does; the
-  // CPU ops round their operands: kernels/cpu/linear_bf16.cpp). fp16 and fp32 training use fp32 products
-  // on the CPU.
+  // bf16 training has bf16 activations on every backend (cuda always does; the CPU ops with matmul bf16:
+  // kernels/cpu/ops.h, "bf16 activations"), the products taking bf16 operands with fp32 accumulation.
+  // fp16 and fp32 training compute in fp32 on the CPU.
   plan_cores();
   ops = kernels::make_ops(*dev, *compute_stream,
                           {.matmul = cfg.bf16.enabled ? DType::bf16 : DType::fp32,

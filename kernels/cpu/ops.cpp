@@ -1,4 +1,7 @@
-// The compute interface on the CPU: kernels/cpu's fp32 ops behind kernels/ops.h.
+// The compute interface on the CPU: kernels/cpu's ops behind kernels/ops.h — the fp32 ones (the oracle),
+// or with OpsOptions.matmul = bf16 their variants on bf16 activations (kernels/cpu/ops.h, "bf16
+// activations"): bf16 activations, weights and activation gradients, fp32 parameter gradients and
+// statistics, each bf16 output rounded once from fp32 — the dtypes and rounding points of the cuda path.
 //
 // Note [CPU ops on the stream]: on the host backend a Stream is a worker thread. Each op checks its
 // operands on the calling thread, then is enqueued on the stream as a host function: it runs after the
@@ -23,22 +26,61 @@ namespace {
 
 namespace kc = kernels::cpu;
 
+// The matrix products by activation type: fp32 (OpenBLAS) or bf16 (oneDNN; linear_bf16.cpp and
+// attention_bf16.cpp).
+namespace products {
+
+void linear_forward(float* out, const float* x, const float* w, int N, int IC, int OC) {
+  kc::linear_forward(out, x, w, N, IC, OC);
+}
+void linear_forward(kc::bf16_t* out, const kc::bf16_t* x, const kc::bf16_t* w, int N, int IC, int OC) {
+  kc::linear_forward_bf16(out, x, w, N, IC, OC);
+}
+void linear_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, int N, int IC,
+                     int OC) {
+  kc::linear_backward(dx, dw, dout, x, w, N, IC, OC);
+}
+void linear_backward(kc::bf16_t* dx, float* dw, const kc::bf16_t* dout, const kc::bf16_t* x,
+                     const kc::bf16_t* w, int N, int IC, int OC) {
+  kc::linear_backward_bf16(dx, dw, dout, x, w, N, IC, OC);
+}
+void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
+                       int NH, int NKV, int HD) {
+  kc::attention_forward(out, att, q, k, v, B, T, NH, NKV, HD);
+}
+void attention_forward(kc::bf16_t* out, float* att, const kc::bf16_t* q, const kc::bf16_t* k,
+                       const kc::bf16_t* v, int B, int T, int NH, int NKV, int HD) {
+  kc::attention_forward_bf16(out, att, q, k, v, B, T, NH, NKV, HD);
+}
+void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
+                        const float* k, const float* v, const float* att, int B, int T, int NH, int NKV,
+                        int HD) {
+  kc::attention_backward(dq, dk, dv, scratch, dout, q, k, v, att, B, T, NH, NKV, HD);
+}
+void attention_backward(kc::bf16_t* dq, kc::bf16_t* dk, kc::bf16_t* dv, float* scratch,
+                        const kc::bf16_t* dout, const kc::bf16_t* q, const kc::bf16_t* k, const kc::bf16_t* v,
+                        const float* att, int B, int T, int NH, int NKV, int HD) {
+  kc::attention_backward_bf16(dq, dk, dv, scratch, dout, q, k, v, att, B, T, NH, NKV, HD);
+}
+
+}  // namespace products
+
 class CpuOps final : public Ops {
  public:
-  CpuOps(Device& dev, Stream& s, OpsOptions opts)
-      : Ops(s, opts.role), bf16_matmul_(opts.matmul == DType::bf16) {
+  CpuOps(Device& dev, Stream& s, OpsOptions opts) : Ops(s, opts.role), bf16_(opts.matmul == DType::bf16) {
     STRATA_CHECK(dev.caps().host_addressable, "kernels: the CPU ops need host-addressable device memory");
     STRATA_CHECK(opts.matmul == DType::fp32 || opts.matmul == DType::bf16, "kernels: CPU matrix products in ",
                  dtype_name(opts.matmul), " are not implemented (fp32 or bf16)");
     caps_.backend = dev.caps().backend;
-    if (!bf16_matmul_) {
+    if (!bf16_) {
       caps_.name = "cpu: fp32, OpenBLAS matrix products, oneTBB loops";
     } else {
       const std::string impl = kc::bf16_matmul_impl();
-      caps_.name = "cpu: fp32 storage, bf16 matrix products (" +
-                   (impl.empty() ? std::string("bf16-rounded through OpenBLAS") : impl) + "), oneTBB loops";
+      caps_.name = "cpu: bf16 activations, fp32 accumulation, bf16 matrix products (" +
+                   (impl.empty() ? std::string("widened to fp32 through OpenBLAS") : impl) +
+                   "), oneTBB loops";
     }
-    caps_.activation = DType::fp32;
+    caps_.activation = bf16_ ? DType::bf16 : DType::fp32;
     if (!opts.cpus.empty()) arena_ = std::make_shared<PinnedArena>(opts.cpus);
     // A stand-in for a library workspace (OpsOptions.workspace_bytes): taken from the device, never used.
     if (opts.role == OpsRole::model && opts.workspace_bytes.value_or(0) > 0)
@@ -55,51 +97,54 @@ class CpuOps final : public Ops {
   const OpsCaps& caps() const override { return caps_; }
   std::size_t device_bytes() const override { return workspace_.size(); }
   std::string attention_path(int, int, int, int, int) const override {
-    return bf16_matmul_ ? "kernels/cpu attention, bf16 products (B,NH,T,T) fp32 probabilities"
-                        : "kernels/cpu attention, fp32 (B,NH,T,T) probabilities";
+    if (!bf16_) return "kernels/cpu attention, fp32, (B,NH,T,T) fp32 probabilities";
+    const char* products =
+        kc::bf16_matmul_impl().empty() ? "widened to fp32 (no native bf16 matmul)" : "oneDNN bf16 products";
+    return std::string("kernels/cpu attention, bf16 activations, ") + products +
+           ", (B,NH,T,T) fp32 probabilities";
   }
 
+  // Each model op is the kernels/cpu function for the activation type A (float or bf16_t).
   void do_embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int V) override {
-    enqueue(
-        [=] { kc::embedding_forward(out.as<float>(), tokens.as<std::int32_t>(), wte.as<float>(), N, C, V); });
+    enqueue_typed([=]<typename A>(A*) {
+      kc::embedding_forward(out.as<A>(), tokens.as<std::int32_t>(), wte.as<A>(), N, C, V);
+    });
   }
   void do_embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int V) override {
-    enqueue([=] {
-      kc::embedding_backward(dwte.as<float>(), dout.as<float>(), tokens.as<std::int32_t>(), N, C, V);
+    enqueue_typed([=]<typename A>(A*) {
+      kc::embedding_backward(dwte.as<float>(), dout.as<A>(), tokens.as<std::int32_t>(), N, C, V);
     });
   }
 
   void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int N, int C, float eps,
                           float w_offset) override {
-    enqueue([=] {
-      kc::rmsnorm_forward(out.as<float>(), rstd.as<float>(), x.as<float>(), w.as<float>(), N, C, eps,
-                          w_offset);
+    enqueue_typed([=]<typename A>(A*) {
+      kc::rmsnorm_forward(out.as<A>(), rstd.as<float>(), x.as<A>(), w.as<A>(), N, C, eps, w_offset);
     });
   }
   void do_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N, int C,
                            float w_offset) override {
-    enqueue([=] {
-      kc::rmsnorm_backward(dx.as<float>(), dw.as<float>(), dout.as<float>(), x.as<float>(), w.as<float>(),
-                           rstd.as<float>(), N, C, w_offset);
+    enqueue_typed([=]<typename A>(A*) {
+      kc::rmsnorm_backward(dx.as<A>(), dw.as<float>(), dout.as<A>(), x.as<A>(), w.as<A>(), rstd.as<float>(),
+                           N, C, w_offset);
     });
   }
   void do_bias_forward(Tensor out, Tensor b, int N, int OC) override {
-    enqueue([=] { kc::bias_forward(out.as<float>(), b.as<float>(), N, OC); });
+    enqueue_typed([=]<typename A>(A*) { kc::bias_forward(out.as<A>(), b.as<A>(), N, OC); });
   }
   void do_bias_backward(Tensor db, Tensor dout, int N, int OC) override {
-    enqueue([=] { kc::bias_backward(db.as<float>(), dout.as<float>(), N, OC); });
+    enqueue_typed([=]<typename A>(A*) { kc::bias_backward(db.as<float>(), dout.as<A>(), N, OC); });
   }
 
   void do_linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) override {
-    const auto f = bf16_matmul_ ? kc::linear_forward_bf16 : kc::linear_forward;
-    enqueue([=] { f(out.as<float>(), x.as<float>(), w.as<float>(), N, IC, OC); });
+    enqueue_typed(
+        [=]<typename A>(A*) { products::linear_forward(out.as<A>(), x.as<A>(), w.as<A>(), N, IC, OC); });
   }
   void do_linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
                           int OC) override {
-    const auto f = bf16_matmul_ ? kc::linear_backward_bf16 : kc::linear_backward;
-    enqueue([=] {
-      f(dx ? dx.as<float>() : nullptr, dw.as<float>(), dout.as<float>(), x.as<float>(), w.as<float>(), N, IC,
-        OC);
+    enqueue_typed([=]<typename A>(A*) {
+      products::linear_backward(dx ? dx.as<A>() : nullptr, dw.as<float>(), dout.as<A>(), x.as<A>(), w.as<A>(),
+                                N, IC, OC);
     });
   }
 
@@ -108,73 +153,69 @@ class CpuOps final : public Ops {
         [=, f = std::move(inv_freq)] { kc::rope_cache(cos.as<float>(), sin.as<float>(), T, HD, f.data()); });
   }
   void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) override {
-    enqueue([=] {
-      kc::rope_forward(out.as<float>(), x.as<float>(), cos.as<float>(), sin.as<float>(), B, T, H, HD);
+    enqueue_typed([=]<typename A>(A*) {
+      kc::rope_forward(out.as<A>(), x.as<A>(), cos.as<float>(), sin.as<float>(), B, T, H, HD);
     });
   }
   void do_rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H,
                         int HD) override {
-    enqueue([=] {
-      kc::rope_backward(dx.as<float>(), dout.as<float>(), cos.as<float>(), sin.as<float>(), B, T, H, HD);
+    enqueue_typed([=]<typename A>(A*) {
+      kc::rope_backward(dx.as<A>(), dout.as<A>(), cos.as<float>(), sin.as<float>(), B, T, H, HD);
     });
   }
 
   void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
                             int NKV, int HD) override {
-    const auto f = bf16_matmul_ ? kc::attention_forward_bf16 : kc::attention_forward;
-    enqueue([=] {
-      f(out.as<float>(), saved.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(), B, T, NH, NKV, HD);
+    enqueue_typed([=]<typename A>(A*) {
+      products::attention_forward(out.as<A>(), saved.as<float>(), q.as<A>(), k.as<A>(), v.as<A>(), B, T, NH,
+                                  NKV, HD);
     });
   }
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
                              Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD) override {
-    const auto f = bf16_matmul_ ? kc::attention_backward_bf16 : kc::attention_backward;
-    enqueue([=] {
-      f(dq.as<float>(), dk.as<float>(), dv.as<float>(), scratch.as<float>(), dout.as<float>(), q.as<float>(),
-        k.as<float>(), v.as<float>(), saved.as<float>(), B, T, NH, NKV, HD);
+    enqueue_typed([=]<typename A>(A*) {
+      products::attention_backward(dq.as<A>(), dk.as<A>(), dv.as<A>(), scratch.as<float>(), dout.as<A>(),
+                                   q.as<A>(), k.as<A>(), v.as<A>(), saved.as<float>(), B, T, NH, NKV, HD);
     });
   }
 
   void do_swiglu_forward(Tensor out, Tensor gate, Tensor up) override {
     const std::size_t n = out.numel;
-    enqueue([=] { kc::swiglu_forward(out.as<float>(), gate.as<float>(), up.as<float>(), n); });
+    enqueue_typed([=]<typename A>(A*) { kc::swiglu_forward(out.as<A>(), gate.as<A>(), up.as<A>(), n); });
   }
   void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) override {
     const std::size_t n = dout.numel;
-    enqueue([=] {
-      kc::swiglu_backward(dgate.as<float>(), dup.as<float>(), dout.as<float>(), gate.as<float>(),
-                          up.as<float>(), n);
+    enqueue_typed([=]<typename A>(A*) {
+      kc::swiglu_backward(dgate.as<A>(), dup.as<A>(), dout.as<A>(), gate.as<A>(), up.as<A>(), n);
     });
   }
   void do_geglu_forward(Tensor out, Tensor gate, Tensor up) override {
     const std::size_t n = out.numel;
-    enqueue([=] { kc::geglu_forward(out.as<float>(), gate.as<float>(), up.as<float>(), n); });
+    enqueue_typed([=]<typename A>(A*) { kc::geglu_forward(out.as<A>(), gate.as<A>(), up.as<A>(), n); });
   }
   void do_geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) override {
     const std::size_t n = dout.numel;
-    enqueue([=] {
-      kc::geglu_backward(dgate.as<float>(), dup.as<float>(), dout.as<float>(), gate.as<float>(),
-                         up.as<float>(), n);
+    enqueue_typed([=]<typename A>(A*) {
+      kc::geglu_backward(dgate.as<A>(), dup.as<A>(), dout.as<A>(), gate.as<A>(), up.as<A>(), n);
     });
   }
   void do_residual_forward(Tensor out, Tensor a, Tensor b) override {
     const std::size_t n = out.numel;
-    enqueue([=] { kc::residual_forward(out.as<float>(), a.as<float>(), b.as<float>(), n); });
+    enqueue_typed([=]<typename A>(A*) { kc::residual_forward(out.as<A>(), a.as<A>(), b.as<A>(), n); });
   }
   void do_residual_backward(Tensor da, Tensor db, Tensor dout) override {
     const std::size_t n = dout.numel;
-    enqueue([=] {
-      kc::residual_backward(da ? da.as<float>() : nullptr, db ? db.as<float>() : nullptr, dout.as<float>(),
-                            n);
+    enqueue_typed([=]<typename A>(A*) {
+      kc::residual_backward(da ? da.as<A>() : nullptr, db ? db.as<A>() : nullptr, dout.as<A>(), n);
     });
   }
 
   void do_cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits, Tensor targets, int N,
                         int V, float grad_scale) override {
-    enqueue([=] {
-      mean_loss.as<float>()[0] = kc::cross_entropy_forward_backward(
-          dlogits ? dlogits.as<float>() : nullptr, losses.as<float>(), logits.as<float>(),
-          targets.as<std::int32_t>(), N, V, grad_scale);
+    enqueue_typed([=]<typename A>(A*) {
+      mean_loss.as<float>()[0] =
+          kc::cross_entropy_forward_backward(dlogits ? dlogits.as<A>() : nullptr, losses.as<float>(),
+                                             logits.as<A>(), targets.as<std::int32_t>(), N, V, grad_scale);
     });
   }
 
@@ -216,8 +257,12 @@ class CpuOps final : public Ops {
       for (std::size_t i = 0; i < src.numel; ++i) d[i] += s[i];
     });
   }
+  // x is fp32, or bf16 in the activation dtype (Ops::scale): rounded once to it.
   void do_scale(Tensor x, float s) override {
-    enqueue([=] { kc::scale(x.as<float>(), s, x.numel); });
+    if (x.dtype == DType::bf16)
+      enqueue([=] { kc::scale(x.as<kc::bf16_t>(), s, x.numel); });
+    else
+      enqueue([=] { kc::scale(x.as<float>(), s, x.numel); });
   }
   void do_squared_norm(Tensor out, Tensor x) override {
     enqueue([=] {
@@ -254,8 +299,17 @@ class CpuOps final : public Ops {
     // The op's loops in the compute arena (its cpus); the arena outlives every op that reaches the stream.
     stream().host_fn([a = arena_, f = std::forward<Fn>(fn)]() mutable { a->arena.execute(f); });
   }
+  // Enqueues fn(static_cast<A*>(nullptr)) with A the activation type: float, or bf16_t with bf16
+  // activations.
+  template <typename Fn>
+  void enqueue_typed(Fn&& fn) {
+    if (bf16_)
+      enqueue([f = std::forward<Fn>(fn)] { f(static_cast<kc::bf16_t*>(nullptr)); });
+    else
+      enqueue([f = std::forward<Fn>(fn)] { f(static_cast<float*>(nullptr)); });
+  }
 
-  bool bf16_matmul_ = false;  // linear ops through kernels/cpu/linear_bf16.cpp
+  bool bf16_ = false;  // bf16 activations (OpsOptions.matmul == bf16): kernels/cpu's bf16 variants
   OpsCaps caps_;
   DeviceBuffer workspace_;  // OpsOptions.workspace_bytes (model role), or empty
   // OpsOptions.cpus: an arena of that many threads pinned to them (null: oneTBB's default arena).

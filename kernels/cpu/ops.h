@@ -1,5 +1,6 @@
-// strata/kernels/cpu/ops.h: every compute op of the Llama-style decoder on the CPU, fp32. These are the
-// host backend's compute and the oracle every CUDA kernel (kernels/cuda/ops.h) is tested against.
+// strata/kernels/cpu/ops.h: every compute op of the Llama-style decoder on the CPU, fp32, and its variant
+// on bf16 activations (section "bf16 activations"). These are the host backend's compute; the fp32 ones
+// are the oracle every CUDA kernel (kernels/cuda/ops.h) and every bf16 variant is tested against.
 //
 // Example (one decoder block, forward then backward; B batch, T sequence, C model width, NH query heads,
 // NKV key/value heads, HD = C / NH head width, F feed-forward width; N = B * T rows):
@@ -101,6 +102,14 @@ void linear_forward_bf16(float* out /*(N,OC)*/, const float* x /*(N,IC)*/, const
                          int IC, int OC);
 void linear_backward_bf16(float* dx /*(N,IC) += or null*/, float* dw /*(OC,IC) +=*/, const float* dout,
                           const float* x, const float* w, int N, int IC, int OC);
+// The same products on bf16 activations and weights, as the cuda path runs them (the host backend's ops
+// with bf16 activations): fp32 accumulation, out and dx rounded to bf16 once (dx = bf16(dx + dout W), as
+// a product with beta 1 into a bf16 matrix), dw accumulated in fp32. No operand is rounded: they are bf16.
+void linear_forward_bf16(bf16_t* out /*(N,OC)*/, const bf16_t* x /*(N,IC)*/, const bf16_t* w /*(OC,IC)*/,
+                         int N, int IC, int OC);
+void linear_backward_bf16(bf16_t* dx /*(N,IC) += or null*/, float* dw /*(OC,IC) fp32 +=*/,
+                          const bf16_t* dout /*(N,OC)*/, const bf16_t* x /*(N,IC)*/,
+                          const bf16_t* w /*(OC,IC)*/, int N, int IC, int OC);
 // The oneDNN implementation the bf16 products get on this CPU ("oneDNN brg:avx512_core_amx_bf16": AMX
 // tiles; "...avx512_core_bf16": AVX-512 BF16 dot products), or "" when they go through the OpenBLAS
 // fallback (no oneDNN in the build, or only its reference implementation here).
@@ -149,6 +158,16 @@ void attention_forward_bf16(float* out, float* att, const float* q, const float*
 void attention_backward_bf16(float* dq, float* dk, float* dv, float* scratch, const float* dout,
                              const float* q, const float* k, const float* v, const float* att, int B, int T,
                              int NH, int NKV, int HD);
+// The same two on bf16 activations (the host backend's ops with bf16 activations, as the cuda path runs
+// them): q, k, v, dout bf16 (not rounded again), out, dq, dk, dv bf16, each rounded once from its fp32
+// value; att and scratch fp32 as above. The probabilities and score gradients are rounded to bf16 for the
+// products that read them; dk and dv, sums over a group's heads, are summed in fp32 and rounded at the end.
+// Without a native bf16 matmul: the fp32 functions above on the widened operands, outputs rounded once.
+void attention_forward_bf16(bf16_t* out /*(B,T,NH,HD)*/, float* att /*(B,NH,T,T)*/, const bf16_t* q,
+                            const bf16_t* k, const bf16_t* v, int B, int T, int NH, int NKV, int HD);
+void attention_backward_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* scratch /*(B,NH,T,T)*/,
+                             const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                             const float* att, int B, int T, int NH, int NKV, int HD);
 
 // ---- SwiGLU: out = silu(gate) * up, silu(z) = z / (1 + exp(-z)) ------------------------------------
 
@@ -183,6 +202,50 @@ void residual_backward(float* da /*(n) +=*/, float* db /*(n) +=*/, const float* 
 float cross_entropy_forward_backward(float* dlogits /*(N,V) or nullptr*/, float* losses /*(N) or nullptr*/,
                                      const float* logits /*(N,V)*/, const std::int32_t* targets /*(N)*/,
                                      int N, int V, float grad_scale);
+
+// ---- bf16 activations (bf16_ops.cpp) -------------------------------------------------------------------
+// The ops above on bf16 activations, weights (the embedding table, norm weights, biases) and activation
+// gradients, as the cuda path stores them: the host backend's ops with bf16 activations run these (with
+// linear_*_bf16 and attention_*_bf16 on bf16_t above). Same arguments and contracts (aliasing included)
+// as the fp32 function of the same name; parameter gradients, rstd, losses and the rope tables stay fp32.
+// Rounding points: each computes exactly what the fp32 function computes from its bf16 inputs widened to
+// fp32 (exact), and rounds each bf16 output once (f32_to_bf16); an accumulated bf16 output (dx +=, da +=)
+// is widened, added to in fp32 and rounded once. fp32 outputs (rstd, dw, db, dwte, losses, the mean) are
+// the fp32 function's bits. So each equals "widen, call the fp32 function, round", bit for bit, and is as
+// deterministic whatever the oneTBB thread count. They run over fixed blocks of rows or elements, each
+// widened into a small per-thread fp32 buffer: no fp32 copy of a whole tensor is made.
+
+// A copy of the rows (a bf16 value widened and rounded again is itself).
+void embedding_forward(bf16_t* out /*(N,C)*/, const std::int32_t* tokens /*(N)*/, const bf16_t* wte /*(V,C)*/,
+                       int N, int C, int V);
+void embedding_backward(float* dwte /*(V,C) fp32 +=*/, const bf16_t* dout /*(N,C)*/,
+                        const std::int32_t* tokens /*(N)*/, int N, int C, int V);
+void rmsnorm_forward(bf16_t* out /*(N,C)*/, float* rstd /*(N) fp32*/, const bf16_t* x /*(N,C)*/,
+                     const bf16_t* w /*(C)*/, int N, int C, float eps, float w_offset = 0.0f);
+void rmsnorm_backward(bf16_t* dx /*(N,C) +=*/, float* dw /*(C) fp32 +=*/, const bf16_t* dout /*(N,C)*/,
+                      const bf16_t* x /*(N,C)*/, const bf16_t* w /*(C)*/, const float* rstd /*(N) fp32*/,
+                      int N, int C, float w_offset = 0.0f);
+void bias_forward(bf16_t* out /*(N,OC) +=*/, const bf16_t* b /*(OC)*/, int N, int OC);
+void bias_backward(float* db /*(OC) fp32 +=*/, const bf16_t* dout /*(N,OC)*/, int N, int OC);
+void rope_forward(bf16_t* out /*(B,T,H,HD)*/, const bf16_t* x /*(B,T,H,HD)*/, const float* cos /*(T,HD/2)*/,
+                  const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD);
+void rope_backward(bf16_t* dx /*(B,T,H,HD)*/, const bf16_t* dout /*(B,T,H,HD)*/, const float* cos,
+                   const float* sin, int B, int T, int H, int HD);
+void swiglu_forward(bf16_t* out /*(n)*/, const bf16_t* gate /*(n)*/, const bf16_t* up /*(n)*/, std::size_t n);
+void swiglu_backward(bf16_t* dgate /*(n)*/, bf16_t* dup /*(n)*/, const bf16_t* dout /*(n)*/,
+                     const bf16_t* gate /*(n)*/, const bf16_t* up /*(n)*/, std::size_t n);
+void geglu_forward(bf16_t* out /*(n)*/, const bf16_t* gate /*(n)*/, const bf16_t* up /*(n)*/, std::size_t n);
+void geglu_backward(bf16_t* dgate /*(n)*/, bf16_t* dup /*(n)*/, const bf16_t* dout /*(n)*/,
+                    const bf16_t* gate /*(n)*/, const bf16_t* up /*(n)*/, std::size_t n);
+void residual_forward(bf16_t* out /*(n)*/, const bf16_t* a /*(n)*/, const bf16_t* b /*(n)*/, std::size_t n);
+void residual_backward(bf16_t* da /*(n) += or null*/, bf16_t* db /*(n) += or null*/,
+                       const bf16_t* dout /*(n)*/, std::size_t n);
+// dlogits (bf16, may alias logits) rounded once from the fp32 gradient; losses and the mean fp32.
+float cross_entropy_forward_backward(bf16_t* dlogits /*(N,V) or nullptr*/, float* losses /*(N) or nullptr*/,
+                                     const bf16_t* logits /*(N,V)*/, const std::int32_t* targets /*(N)*/,
+                                     int N, int V, float grad_scale);
+// x = bf16(x * s).
+void scale(bf16_t* x /*(n)*/, float s, std::size_t n);
 
 // ---- runtime helpers ------------------------------------------------------------------------------------
 

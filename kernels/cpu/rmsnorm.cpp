@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops_impl.h"
 #include "kernels/cpu/parallel_impl.h"
 
 namespace strata::kernels::cpu {
@@ -25,17 +26,18 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
 
 // With r = rstd: out_c = x_c r w_c and dr/dx_k = -r^3 x_k / C, so
 //   dx_k = r (dout_k w_k - x_k r^2 (1/C) sum_c dout_c w_c x_c).
+void impl::rmsnorm_backward_row(float* dxi, const float* gi, const float* xi, const float* w, float r, int C,
+                                float w_offset) {
+  double dot = 0.0;
+  for (int c = 0; c < C; ++c) dot += double(gi[c]) * (w[c] + w_offset) * xi[c];
+  const float k = float(dot / C) * r * r;
+  for (int c = 0; c < C; ++c) dxi[c] += r * (gi[c] * (w[c] + w_offset) - xi[c] * k);
+}
+
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
                       const float* rstd, int N, int C, float w_offset) {
   impl::parallel_for_each_index(std::size_t(N), 8, [&](std::size_t i) {
-    const float* xi = x + i * C;
-    const float* gi = dout + i * C;
-    const float r = rstd[i];
-    double dot = 0.0;
-    for (int c = 0; c < C; ++c) dot += double(gi[c]) * (w[c] + w_offset) * xi[c];
-    const float k = float(dot / C) * r * r;
-    float* dxi = dx + i * C;
-    for (int c = 0; c < C; ++c) dxi[c] += r * (gi[c] * (w[c] + w_offset) - xi[c] * k);
+    impl::rmsnorm_backward_row(dx + i * C, dout + i * C, x + i * C, w, rstd[i], C, w_offset);
   });
   // dw: one task per block of channels, rows summed in order (Note [deterministic CPU ops]).
   constexpr int kBlock = 64;

@@ -34,8 +34,11 @@ Result run(const Shape& s, bool bf16, int threads) {
   tbb::global_control allow(tbb::global_control::max_allowed_parallelism, std::size_t(threads));
   tbb::task_arena arena(threads);
   arena.execute([&] {
-    const auto fwd = bf16 ? cpu::attention_forward_bf16 : cpu::attention_forward;
-    const auto bwd = bf16 ? cpu::attention_backward_bf16 : cpu::attention_backward;
+    using Fwd = void (*)(float*, float*, const float*, const float*, const float*, int, int, int, int, int);
+    using Bwd = void (*)(float*, float*, float*, float*, const float*, const float*, const float*,
+                         const float*, const float*, int, int, int, int, int);
+    const Fwd fwd = bf16 ? Fwd(cpu::attention_forward_bf16) : Fwd(cpu::attention_forward);
+    const Bwd bwd = bf16 ? Bwd(cpu::attention_backward_bf16) : Bwd(cpu::attention_backward);
     fwd(r.out.data(), r.att.data(), q.data(), k.data(), v.data(), s.B, s.T, s.NH, s.NKV, s.HD);
     bwd(r.dq.data(), r.dk.data(), r.dv.data(), scratch.data(), dout.data(), q.data(), k.data(), v.data(),
         r.att.data(), s.B, s.T, s.NH, s.NKV, s.HD);

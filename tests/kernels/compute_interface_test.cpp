@@ -1,5 +1,6 @@
 // The compute interface (kernels/ops.h) on every backend against kernels/cpu called directly: on the host
-// backend bit for bit (it is those functions), on cuda within a bf16 bound per op (skipped without a GPU).
+// backend bit for bit (it is those functions); with bf16 activations — cuda (skipped without a GPU), and
+// the host backend with OpsOptions.matmul = bf16 ("host_bf16") — within the same bf16 bound per op.
 // Also: make_ops picks the backend's implementation, ops run in stream order, misuse is refused by name.
 #include <gtest/gtest.h>
 
@@ -29,9 +30,9 @@ class Compute : public strata::testing::DeviceTest {
   void SetUp() override {
     DeviceTest::SetUp();
     if (IsSkipped()) return;
-    dev = open();
+    dev = host_bf16() ? open_device({.backend = "host", .ordinal = 0, .memory_cap = 0}) : open();
     stream = dev->create_stream("compute-test");
-    ops = make_ops(*dev, *stream);
+    ops = make_ops(*dev, *stream, {.matmul = host_bf16() ? DType::bf16 : DType::fp32});
     A = ops->caps().activation;
   }
   // Work still queued (a memset of a buffer never read) must end before the buffers go.
@@ -39,6 +40,8 @@ class Compute : public strata::testing::DeviceTest {
     if (stream) stream->synchronize();
   }
 
+  // The host backend with bf16 activations (OpsOptions.matmul = bf16).
+  bool host_bf16() const { return GetParam() == "host_bf16"; }
   // Values as the activation dtype holds them (so the reference sees the device's inputs).
   std::vector<float> act(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
     std::vector<float> v = random_floats(n, seed, scale);
@@ -78,7 +81,7 @@ class Compute : public strata::testing::DeviceTest {
       ADD_FAILURE() << "get() of " << dtype_name(x.dtype);
     return test::widen(raw.data(), x.dtype, x.numel);
   }
-  // Host: the same bits as kernels/cpu. cuda: relative L2 error under `bound`.
+  // Host: the same bits as kernels/cpu. cuda and host_bf16: relative L2 error under `bound`.
   void expect_matches(const std::vector<float>& got, const std::vector<float>& want, const char* what,
                       double bound = 2e-2) {
     ASSERT_EQ(got.size(), want.size()) << what;
@@ -499,7 +502,8 @@ TEST_P(Compute, AWrongDtypeOrATooSmallBufferIsRefusedNamingTheOperand) {
   EXPECT_THROW(ops->add(y, big), Error);
 }
 
-STRATA_INSTANTIATE_BACKENDS(Compute);
+INSTANTIATE_TEST_SUITE_P(Backends, Compute, ::testing::Values("host", "host_bf16", "cuda"),
+                         ::strata::testing::backend_name);
 
 // OpsOptions.workspace_bytes on the CPU: device memory taken as a library's workspace would be, so that a
 // plan that counts device_bytes() is checked without a GPU.
@@ -521,6 +525,15 @@ TEST(ComputeFactory, TheHostBackendGetsTheCpuOpsInFp32) {
   auto s = dev->create_stream("s");
   auto ops = make_ops(*dev, *s);
   EXPECT_EQ(ops->caps().activation, DType::fp32);
+  EXPECT_TRUE(ops->caps().bit_reproducible);
+}
+
+TEST(ComputeFactory, Bf16MatrixProductsOnTheHostBackendMeanBf16Activations) {
+  auto dev = open_device({.backend = "host", .ordinal = 0, .memory_cap = 0});
+  auto s = dev->create_stream("s");
+  auto ops = make_ops(*dev, *s, {.matmul = DType::bf16});
+  EXPECT_EQ(ops->caps().activation, DType::bf16);
+  EXPECT_NE(ops->caps().name.find("bf16 activations"), std::string::npos) << ops->caps().name;
   EXPECT_TRUE(ops->caps().bit_reproducible);
 }
 

@@ -43,7 +43,8 @@ TEST_F(CudaZeroSizes, LinearWithNoInputChannelsWritesZeros) {
 TEST_F(CudaZeroSizes, RmsNormWithNoChannelsMatchesTheCpu) {
   const int N = 3, C = 0;
   std::vector<float> rstd(N);
-  cpu::rmsnorm_forward(nullptr, rstd.data(), nullptr, nullptr, N, C, 1e-5f);
+  const float* none = nullptr;  // the fp32 oracle (not its bf16 overload)
+  cpu::rmsnorm_forward(nullptr, rstd.data(), none, none, N, C, 1e-5f);
   DeviceBuffer<float> d_rstd(N), d_dw(1);
   DeviceBuffer<cpu::bf16_t> d_any(1);
   kc::rmsnorm_forward(d_any.as<bf16>(), d_rstd.get(), d_any.as<bf16>(), d_any.as<bf16>(), N, C, 1e-5f, 0.0f,

@@ -235,8 +235,13 @@ TEST(MemprofEstimate, OursIsTheEnginesPlan) {
   EXPECT_EQ(rows[6].nvme, 18'000'000'000u);
   EXPECT_EQ(rows[6].host,
             1'000'000'000ull + std::max(1'200'000'000ull, 16'000'000'000ull + 2'000'000'000ull));
-  // On the host backend chunks are gathered in fp32: 8 B x M of working set.
+  // On the host backend chunks are gathered in its compute dtype: bf16 with bf16 training (6 B x M of
+  // working set), fp32 without (8 B x M).
   in.backend = "host";
+  EXPECT_EQ(estimate(in)[2].device, 600'000'000u);
+  in.config = Config::parse(nlohmann::json{{"train_micro_batch_size_per_gpu", 1},
+                                           {"optimizer", {{"type", "AdamW"}}},
+                                           {"zero_optimization", {{"stage", 3}}}});
   EXPECT_EQ(estimate(in)[2].device, 800'000'000u);
 }
 

@@ -7,7 +7,8 @@
 // (sub_group_size, the NVMe buffers, the optimizer, bf16), chunks of the model's layout (--model) or, from
 // --params and --largest-layer, chunks of the largest layer's size:
 //   device   the state at home there (allocator blocks) + the working set: the largest chunk gathered in
-//            the compute dtype (bf16 on cuda, fp32 on host) with its fp32 gradient buffer — exactly what
+//            the compute dtype (bf16 on cuda; on host bf16 with bf16 enabled, else fp32: the activation
+//            dtype of the engine's compute ops) with its fp32 gradient buffer — exactly what
 //            the step peaks at with no room for a chunk cache; the activations come on top
 //            (docs/train.md, "Device memory")
 //   host     pinned state + pinned staging (NVMe swap buffers, gradient staging), x GPUs per node
@@ -74,7 +75,9 @@ std::vector<EstimateRow> estimate(const EstimateInput& in) {
                                                          {"zero_optimization", {{"stage", 3}}}},
                                           {}, in.world);
   if (!in.config) base.zero_optimization.sub_group_size = in.sub_group_size;
-  const DType act = in.backend == "host" ? DType::fp32 : DType::bf16;
+  // The engine's compute dtype: bf16 on cuda; on the host backend bf16 activations with bf16 training,
+  // else fp32 (zero3/engine.cpp's OpsOptions.matmul).
+  const DType act = in.backend == "host" && !base.bf16.enabled ? DType::fp32 : DType::bf16;
   const double P = double(params), M = double(largest_layer);
   const double W = in.world, gpn = double(in.world / in.nodes), gf = 1.0 / in.nodes, bf = in.buffer_factor;
 

@@ -108,7 +108,8 @@ int main(int argc, char** argv) {
   l_opt->needs(p_opt);
   est->add_option("--config", config,
                   "DeepSpeed config whose knobs to use (sub_group_size, NVMe buffers, ...)");
-  est->add_option("--backend", in.backend, "cuda (chunks gathered in bf16) or host (fp32)")
+  est->add_option("--backend", in.backend,
+                  "cuda (chunks gathered in bf16) or host (bf16 with bf16 enabled, else fp32)")
       ->capture_default_str();
   est->add_option("--world", in.world, "GPUs in all")->capture_default_str();
   est->add_option("--nodes", in.nodes, "nodes (GPUs per node = world / nodes)")->capture_default_str();

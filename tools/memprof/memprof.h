@@ -106,7 +106,7 @@ struct EstimateInput {
   int nodes = 1;                              // nodes (world / nodes GPUs each)
   double buffer_factor = 1.5;                 // DeepSpeed's additional_buffer_factor
   std::uint64_t sub_group_size = 1000000000;  // zero_optimization.sub_group_size (when no `config`)
-  std::string backend = "cuda";               // cuda: chunks gathered in bf16; host: fp32
+  std::string backend = "cuda";  // cuda: chunks gathered in bf16; host: bf16 with bf16 enabled, else fp32
   std::optional<model::ModelConfig> model = {};  // its real chunk layout instead of params / largest_layer
   std::optional<Config> config = {};             // knobs (sub-groups, NVMe buffers, optimizer, dtypes)
 };

@@ -2,6 +2,7 @@
 // or with OpsOptions.matmul = bf16 their variants on bf16 activations (kernels/cpu/ops.h, "bf16
 // activations"): bf16 activations, weights and activation gradients, fp32 parameter gradients and
 // statistics, each bf16 output rounded once from fp32 — the dtypes and rounding points of the cuda path.
+// Attention on bf16 is the fused one (attention_fused.h): no (B,NH,T,T) buffer, as cuDNN's on cuda.
 //
 // Note [CPU ops on the stream]: on the host backend a Stream is a worker thread. Each op checks its
 // operands on the calling thread, then is enqueued on the stream as a host function: it runs after the
@@ -18,6 +19,7 @@
 
 #include "core/arena_pin.h"
 #include "core/error.h"
+#include "kernels/cpu/attention_fused.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
 
@@ -48,9 +50,10 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
                        int NH, int NKV, int HD) {
   kc::attention_forward(out, att, q, k, v, B, T, NH, NKV, HD);
 }
-void attention_forward(kc::bf16_t* out, float* att, const kc::bf16_t* q, const kc::bf16_t* k,
+// bf16: the fused attention (attention_fused.h): `saved` holds its row statistics and a copy of out.
+void attention_forward(kc::bf16_t* out, float* saved, const kc::bf16_t* q, const kc::bf16_t* k,
                        const kc::bf16_t* v, int B, int T, int NH, int NKV, int HD) {
-  kc::attention_forward_bf16(out, att, q, k, v, B, T, NH, NKV, HD);
+  kc::attention_fused_forward(out, saved, q, k, v, B, T, NH, NKV, HD);
 }
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
                         const float* k, const float* v, const float* att, int B, int T, int NH, int NKV,
@@ -59,8 +62,8 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
 }
 void attention_backward(kc::bf16_t* dq, kc::bf16_t* dk, kc::bf16_t* dv, float* scratch,
                         const kc::bf16_t* dout, const kc::bf16_t* q, const kc::bf16_t* k, const kc::bf16_t* v,
-                        const float* att, int B, int T, int NH, int NKV, int HD) {
-  kc::attention_backward_bf16(dq, dk, dv, scratch, dout, q, k, v, att, B, T, NH, NKV, HD);
+                        const float* saved, int B, int T, int NH, int NKV, int HD) {
+  kc::attention_fused_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD);
 }
 
 }  // namespace products
@@ -81,6 +84,7 @@ class CpuOps final : public Ops {
                    "), oneTBB loops";
     }
     caps_.activation = bf16_ ? DType::bf16 : DType::fp32;
+    caps_.fused_attention = bf16_;  // attention_fused.h on bf16 activations
     if (!opts.cpus.empty()) arena_ = std::make_shared<PinnedArena>(opts.cpus);
     // A stand-in for a library workspace (OpsOptions.workspace_bytes): taken from the device, never used.
     if (opts.role == OpsRole::model && opts.workspace_bytes.value_or(0) > 0)
@@ -98,10 +102,16 @@ class CpuOps final : public Ops {
   std::size_t device_bytes() const override { return workspace_.size(); }
   std::string attention_path(int, int, int, int, int) const override {
     if (!bf16_) return "kernels/cpu attention, fp32, (B,NH,T,T) fp32 probabilities";
-    const char* products =
-        kc::bf16_matmul_impl().empty() ? "widened to fp32 (no native bf16 matmul)" : "oneDNN bf16 products";
-    return std::string("kernels/cpu attention, bf16 activations, ") + products +
-           ", (B,NH,T,T) fp32 probabilities";
+    const char* products = kc::bf16_matmul_impl().empty()
+                               ? "fp32 loops over bf16 values (no native bf16 matmul)"
+                               : "oneDNN bf16 products";
+    return std::string("kernels/cpu fused attention, bf16 activations, ") + products +
+           ", no (B,NH,T,T) buffer";
+  }
+  // bf16: the fused attention's row statistics and out (saved), and its fp32 dk, dv sums (scratch).
+  AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD) const override {
+    if (!bf16_) return Ops::attention_sizes(B, T, NH, NKV, HD);
+    return {kc::attention_fused_saved(B, T, NH, HD), kc::attention_fused_scratch(B, T, NKV, HD)};
   }
 
   // Each model op is the kernels/cpu function for the activation type A (float or bf16_t).

@@ -537,5 +537,17 @@ TEST(ComputeFactory, Bf16MatrixProductsOnTheHostBackendMeanBf16Activations) {
   EXPECT_TRUE(ops->caps().bit_reproducible);
 }
 
+// With bf16 activations attention is the fused one: its saved state grows with T, not T^2.
+TEST(ComputeFactory, Bf16AttentionOnTheHostBackendKeepsNoProbabilityMatrix) {
+  auto dev = open_device({.backend = "host", .ordinal = 0, .memory_cap = 0});
+  auto s = dev->create_stream("s");
+  auto ops = make_ops(*dev, *s, {.matmul = DType::bf16});
+  EXPECT_TRUE(ops->caps().fused_attention);
+  const int B = 2, T = 1024, NH = 8, NKV = 4, HD = 64;
+  const AttentionSizes as = ops->attention_sizes(B, T, NH, NKV, HD);
+  EXPECT_LT(as.saved + as.scratch, std::size_t(B) * NH * T * T / 8);
+  EXPECT_NE(ops->attention_path(B, T, NH, NKV, HD).find("fused"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace strata::kernels

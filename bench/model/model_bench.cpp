@@ -29,6 +29,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
 #include "model/chunk.h"
+#include "model/device_chunks.h"
 #include "model/llama.h"
 #include "model/profile.h"
 
@@ -105,14 +106,19 @@ int main(int argc, char** argv) {
                   (long long)ModelConfig::preset(name).num_parameters());
 
     ModelConfig cfg = config_path.empty() ? ModelConfig::preset(preset) : ModelConfig::from_file(config_path);
-    InMemoryChunks chunks{ModelLayout(cfg)};
-    chunks.init(1);
+    InMemoryChunks host{ModelLayout(cfg)};
+    host.init(1);
     // The host backend's device and compute stream, with the CPU ops bf16 training uses when --bf16.
     std::unique_ptr<strata::Device> dev = strata::open_device({.backend = "host"});
     std::unique_ptr<strata::Stream> stream = dev->create_stream("model-bench");
     std::unique_ptr<strata::kernels::Ops> kops = strata::kernels::make_ops(
         *dev, *stream, {.matmul = bf16 ? strata::DType::bf16 : strata::DType::fp32});
     std::printf("ops: %s\n", kops->caps().name.c_str());
+    // The chunks on the device in the ops' activation dtype (bf16 with --bf16), as the engine gathers them.
+    DeviceChunks chunks(*dev, *kops, host);
+    auto zero_grads = [&] {
+      for (int c = 0; c < chunks.layout().num_chunks(); ++c) kops->zero(chunks.grad_tensor(c));
+    };
     LlamaModel model(cfg, {.checkpoint_activations = checkpoint, .device = dev.get(), .ops = kops.get()});
     std::vector<int32_t> in(size_t(B) * T), tgt(size_t(B) * T);
     std::mt19937 rng(7);
@@ -123,14 +129,14 @@ int main(int argc, char** argv) {
     const double ceil_s = sgemm_seconds(2048, 2048, 2048);
     const double ceil_gflops = 2.0 * 2048.0 * 2048.0 * 2048.0 / ceil_s / 1e9;
 
-    chunks.zero_grads();
+    zero_grads();
     model.forward(chunks, in.data(), tgt.data(), B, T);  // warm-up step: buffers, page faults
     model.backward(chunks);
     Profile prof;
     model.set_profile(&prof);
     double fwd_s = 0, bwd_s = 0;
     for (int s = 0; s < steps; ++s) {
-      chunks.zero_grads();
+      zero_grads();
       double t0 = now_s();
       model.forward(chunks, in.data(), tgt.data(), B, T);
       double t1 = now_s();

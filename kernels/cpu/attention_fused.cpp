@@ -57,6 +57,7 @@
 #include "core/error.h"
 #include "kernels/cpu/bf16_impl.h"
 #include "kernels/cpu/parallel_impl.h"
+#include "kernels/cpu/simd_impl.h"
 
 namespace strata::kernels::cpu {
 namespace {
@@ -89,58 +90,11 @@ struct Dims {
 
 // ---- the row passes' arithmetic ------------------------------------------------------------------------
 
-// e^x in fp32 as plain arithmetic the compiler vectorises: without -ffast-math std::exp stays a scalar libm
-// call per element, and the row passes would take longer than the products. Cephes' expf: x = n ln2 + r,
-// |r| <= ln2 / 2, a degree-6 polynomial for e^r, 2^n built in the exponent bits (n read from the bits of
-// the rounding sum, so no float-to-int conversion). Within 1.5 ulp of e^x for x <= 88; 0 below
-// ln(2^-126), where e^x would be subnormal (a weight under 1e-38 next to the row's max of 1), and for
-// -inf; NaN stays NaN. The file is built with -fno-trapping-math (kernels/CMakeLists.txt): without it GCC
-// keeps the clamps' compares as branches and vectorises none of these loops; it changes no value.
-[[gnu::always_inline]] inline float exp_f32(float x) {
-  constexpr float kMin = -87.336544f;    // ln(2^-126)
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: in xc log2(e) + kRound the low bits hold round(n)
-  float xc = x < kMin ? kMin : x;        // written so that NaN passes through
-  xc = xc > 88.0f ? 88.0f : xc;
-  const float sum = xc * 1.44269504f + kRound;
-  const float n = sum - kRound;
-  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 in two parts: r exact enough
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const std::uint32_t two_n = (std::bit_cast<std::uint32_t>(sum) - 0x4B400000u + 127u) << 23;
-  return x < kMin ? 0.0f : p * std::bit_cast<float>(two_n);
-}
-
-// Reductions over a row in a fixed order — 8 interleaved partial results, then the tail — which the
-// compiler can vectorise (a plain running sum it may not reorder) and which no thread count changes.
-constexpr int kLanes = 8;
-
-[[gnu::always_inline]] inline float max_row(const float* x, int n, float init) {
-  float lane[kLanes];
-  for (float& l : lane) l = init;
-  int i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
-  float m = init;
-  for (float l : lane) m = l > m ? l : m;
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
-}
-
-[[gnu::always_inline]] inline float sum_row(const float* x, int n) {
-  float lane[kLanes] = {};
-  int i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) lane[j] += x[i + j];
-  float s = 0.0f;
-  for (float l : lane) s += l;
-  for (; i < n; ++i) s += x[i];
-  return s;
-}
+// e^x, row maxima and sums: simd_impl.h's, vectorised (Note [SIMD row passes]).
+using impl::exp_f32;
+using impl::kLanes;
+using impl::max_row;
+using impl::sum_row;
 
 [[gnu::always_inline]] inline float dot_bf16(const bf16_t* a, const bf16_t* b, int n) {
   float lane[kLanes] = {};

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ops_impl.h"
+#include "kernels/cpu/simd_impl.h"
 
 namespace strata::kernels::cpu {
 
@@ -21,27 +22,72 @@ int cross_entropy_valid_rows(const std::int32_t* targets, int N, int V) {
   return n_valid;
 }
 
-double cross_entropy_row(float* di, const float* li, int target, int V, float gscale) {
-  float maxv = -INFINITY;
-  for (int j = 0; j < V; ++j) maxv = li[j] > maxv ? li[j] : maxv;
+namespace {
+
+// The row's passes (Note [SIMD row passes] in simd_impl.h): its max in kLanes lanes, e^(l - max) by
+// exp_f32 summed in kLanes double lanes, then the tail.
+[[gnu::always_inline]] inline double row_body(float* di, const float* li, int target, int V, float gscale) {
+  const float maxv = max_row(li, V, -INFINITY);
   const float target_logit = target >= 0 ? li[target] : 0.0f;
   // di may alias li: each li[j] is read once, before di[j] receives its exponential.
+  double lane[kLanes] = {};
+  int j = 0;
+  if (di != nullptr) {
+    for (; j + kLanes <= V; j += kLanes)
+      for (int k = 0; k < kLanes; ++k) {
+        const float e = exp_f32(li[j + k] - maxv);
+        lane[k] += double(e);
+        di[j + k] = e;
+      }
+  } else {
+    for (; j + kLanes <= V; j += kLanes)
+      for (int k = 0; k < kLanes; ++k) lane[k] += double(exp_f32(li[j + k] - maxv));
+  }
   double sum = 0.0;
-  for (int j = 0; j < V; ++j) {
-    const float e = std::exp(li[j] - maxv);
-    sum += e;
+  for (double l : lane) sum += l;
+  for (; j < V; ++j) {
+    const float e = exp_f32(li[j] - maxv);
+    sum += double(e);
     if (di != nullptr) di[j] = e;
   }
   const double loss = target >= 0 ? std::log(sum) - (double(target_logit) - maxv) : 0.0;
   if (di == nullptr) return loss;
   if (target < 0) {
-    for (int j = 0; j < V; ++j) di[j] = 0.0f;
+    for (int c = 0; c < V; ++c) di[c] = 0.0f;
     return loss;
   }
   const float inv_sum = float(1.0 / sum);
-  for (int j = 0; j < V; ++j) di[j] = gscale * (di[j] * inv_sum);
+  for (int c = 0; c < V; ++c) di[c] = gscale * (di[c] * inv_sum);
   di[target] -= gscale;
   return loss;
+}
+
+double row_baseline(float* di, const float* li, int target, int V, float gscale) {
+  return row_body(di, li, target, V, gscale);
+}
+#if STRATA_SIMD_X86
+[[gnu::target("avx2")]] double row_avx2(float* di, const float* li, int target, int V, float gscale) {
+  return row_body(di, li, target, V, gscale);
+}
+[[gnu::target("avx512f,avx512bw,avx512vl")]] double row_avx512(float* di, const float* li, int target, int V,
+                                                               float gscale) {
+  return row_body(di, li, target, V, gscale);
+}
+#endif
+
+}  // namespace
+
+double cross_entropy_row_on(SimdTarget t, float* di, const float* li, int target, int V, float gscale) {
+#if STRATA_SIMD_X86
+  if (t == SimdTarget::avx512) return row_avx512(di, li, target, V, gscale);
+  if (t == SimdTarget::avx2) return row_avx2(di, li, target, V, gscale);
+#endif
+  (void)t;
+  return row_baseline(di, li, target, V, gscale);
+}
+
+double cross_entropy_row(float* di, const float* li, int target, int V, float gscale) {
+  return cross_entropy_row_on(simd_target(), di, li, target, V, gscale);
 }
 
 }  // namespace impl

@@ -2,14 +2,12 @@
 #include <cmath>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops_impl.h"
 #include "kernels/cpu/parallel_impl.h"
+#include "kernels/cpu/simd_impl.h"
 
 namespace strata::kernels::cpu {
 namespace {
-
-float sigmoid(float z) {
-  return 1.0f / (1.0f + std::exp(-z));
-}
 
 // PyTorch's gelu(approximate="tanh") in float: 0.5 z (1 + tanh(k0 (z + k1 z^3))).
 constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -69,21 +67,93 @@ void bias_backward(float* db, const float* dout, int N, int OC) {
   });
 }
 
-void swiglu_forward(float* out, const float* gate, const float* up, std::size_t n) {
-  impl::parallel_for_range(n, impl::kElementGrain, [&](std::size_t i0, std::size_t i1) {
-    for (std::size_t i = i0; i < i1; ++i) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
-  });
+// SwiGLU's passes, compiled for each SIMD target (Note [SIMD row passes] in simd_impl.h): e^x is
+// impl::exp_f32, so all targets give the same bits.
+namespace {
+
+[[gnu::always_inline]] inline float silu_sigmoid(float z) {
+  return 1.0f / (1.0f + impl::exp_f32(-z));
+}
+
+[[gnu::always_inline]] inline void swiglu_forward_body(float* out, const float* gate, const float* up,
+                                                       std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = gate[i] * silu_sigmoid(gate[i]) * up[i];
 }
 
 // d silu(z)/dz = sig(z) (1 + z (1 - sig(z))).
+[[gnu::always_inline]] inline void swiglu_backward_body(float* dgate, float* dup, const float* dout,
+                                                        const float* gate, const float* up, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float z = gate[i], sg = silu_sigmoid(z), g = dout[i], u = up[i];
+    dgate[i] = g * u * sg * (1.0f + z * (1.0f - sg));
+    dup[i] = g * z * sg;
+  }
+}
+
+void swiglu_forward_baseline(float* out, const float* gate, const float* up, std::size_t n) {
+  swiglu_forward_body(out, gate, up, n);
+}
+void swiglu_backward_baseline(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                              std::size_t n) {
+  swiglu_backward_body(dgate, dup, dout, gate, up, n);
+}
+#if STRATA_SIMD_X86
+[[gnu::target("avx2")]] void swiglu_forward_avx2(float* out, const float* gate, const float* up,
+                                                 std::size_t n) {
+  swiglu_forward_body(out, gate, up, n);
+}
+[[gnu::target("avx2")]] void swiglu_backward_avx2(float* dgate, float* dup, const float* dout,
+                                                  const float* gate, const float* up, std::size_t n) {
+  swiglu_backward_body(dgate, dup, dout, gate, up, n);
+}
+[[gnu::target("avx512f,avx512bw,avx512vl")]] void swiglu_forward_avx512(float* out, const float* gate,
+                                                                        const float* up, std::size_t n) {
+  swiglu_forward_body(out, gate, up, n);
+}
+[[gnu::target("avx512f,avx512bw,avx512vl")]] void swiglu_backward_avx512(float* dgate, float* dup,
+                                                                         const float* dout, const float* gate,
+                                                                         const float* up, std::size_t n) {
+  swiglu_backward_body(dgate, dup, dout, gate, up, n);
+}
+#endif
+
+}  // namespace
+
+namespace impl {
+
+void swiglu_forward_on(SimdTarget t, float* out, const float* gate, const float* up, std::size_t n) {
+#if STRATA_SIMD_X86
+  if (t == SimdTarget::avx512) return swiglu_forward_avx512(out, gate, up, n);
+  if (t == SimdTarget::avx2) return swiglu_forward_avx2(out, gate, up, n);
+#endif
+  (void)t;
+  swiglu_forward_baseline(out, gate, up, n);
+}
+
+void swiglu_backward_on(SimdTarget t, float* dgate, float* dup, const float* dout, const float* gate,
+                        const float* up, std::size_t n) {
+#if STRATA_SIMD_X86
+  if (t == SimdTarget::avx512) return swiglu_backward_avx512(dgate, dup, dout, gate, up, n);
+  if (t == SimdTarget::avx2) return swiglu_backward_avx2(dgate, dup, dout, gate, up, n);
+#endif
+  (void)t;
+  swiglu_backward_baseline(dgate, dup, dout, gate, up, n);
+}
+
+}  // namespace impl
+
+void swiglu_forward(float* out, const float* gate, const float* up, std::size_t n) {
+  const impl::SimdTarget t = impl::simd_target();
+  impl::parallel_for_range(n, impl::kElementGrain, [&](std::size_t i0, std::size_t i1) {
+    impl::swiglu_forward_on(t, out + i0, gate + i0, up + i0, i1 - i0);
+  });
+}
+
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
                      std::size_t n) {
+  const impl::SimdTarget t = impl::simd_target();
   impl::parallel_for_range(n, impl::kElementGrain, [&](std::size_t i0, std::size_t i1) {
-    for (std::size_t i = i0; i < i1; ++i) {
-      const float z = gate[i], sg = sigmoid(z), g = dout[i];
-      dgate[i] = g * up[i] * sg * (1.0f + z * (1.0f - sg));
-      dup[i] = g * z * sg;
-    }
+    impl::swiglu_backward_on(t, dgate + i0, dup + i0, dout + i0, gate + i0, up + i0, i1 - i0);
   });
 }
 

@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/parallel_impl.h"
+#include "kernels/cpu/simd_impl.h"
 
 namespace strata::kernels::cpu::impl {
 
@@ -39,11 +40,21 @@ TokenGroups group_by_token(const std::int32_t* tokens, int N);
 void rmsnorm_backward_row(float* dx /*(C) +=*/, const float* dout /*(C)*/, const float* x /*(C)*/,
                           const float* w /*(C)*/, float r, int C, float w_offset);
 
+// ---- SwiGLU (elementwise.cpp) ----
+// swiglu_forward / swiglu_backward on one block, in the copy compiled for target `t` (Note [SIMD row
+// passes]): every target gives the same bits; the ops call simd_target()'s, tests each one.
+void swiglu_forward_on(SimdTarget t, float* out, const float* gate, const float* up, std::size_t n);
+void swiglu_backward_on(SimdTarget t, float* dgate, float* dup, const float* dout, const float* gate,
+                        const float* up, std::size_t n);
+
 // ---- cross-entropy (cross_entropy.cpp) ----
 // Checks the targets (strata::Error for one >= V) and returns how many are >= 0.
 int cross_entropy_valid_rows(const std::int32_t* targets, int N, int V);
 // One row: returns its loss (0 for target < 0); writes di (may alias li) if not null, scaled by gscale.
+// The exponentials and the row's max and sum run in simd_target()'s copy (Note [SIMD row passes]);
+// cross_entropy_row_on names the target (every one gives the same bits).
 double cross_entropy_row(float* di /*(V) or null*/, const float* li /*(V)*/, int target, int V, float gscale);
+double cross_entropy_row_on(SimdTarget t, float* di, const float* li, int target, int V, float gscale);
 
 // cross_entropy_forward_backward's frame: the targets checked, row(i, gscale) -> row i's loss called once
 // per row (one task per row), losses (if not null) and the mean summed in row order in double.

@@ -186,27 +186,6 @@ bool dnnl_matmul(CT*, const bf16_t*, bool, const bf16_t*, bool, int, int, int, b
 }
 #endif
 
-// C (M, N) [+]= op(A) op(B) as dnnl_matmul takes them, from fp32 operands rounded to bf16 first.
-void bf16_gemm(float* c, const float* a, bool trans_a, const float* b, bool trans_b, int M, int N, int K,
-               bool accumulate) {
-  Scratch& s = scratch();
-  const std::size_t m = std::size_t(M), n = std::size_t(N), k = std::size_t(K);
-  s.a.resize(m * k);
-  s.b.resize(k * n);
-  impl::round_to_bf16(s.a.data(), a, s.a.size());
-  impl::round_to_bf16(s.b.data(), b, s.b.size());
-  if (dnnl_matmul(c, s.a.data(), trans_a, s.b.data(), trans_b, M, N, K, accumulate)) return;
-  // Fallback: the same bf16 values, widened back to fp32 (exactly), through sgemm.
-  thread_local std::vector<float> fa, fb;
-  fa.resize(s.a.size());
-  fb.resize(s.b.size());
-  for (std::size_t i = 0; i < fa.size(); ++i) fa[i] = bf16_to_f32(s.a[i]);
-  for (std::size_t i = 0; i < fb.size(); ++i) fb[i] = bf16_to_f32(s.b[i]);
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N,
-              K, 1.0f, fa.data(), trans_a ? M : K, fb.data(), trans_b ? K : N, accumulate ? 1.0f : 0.0f, c,
-              N);
-}
-
 // C (M, N) [+]= op(A) op(B) with A and B already bf16 and C fp32 or bf16.
 template <typename CT>
 void bf16_gemm(CT* c, const bf16_t* a, bool trans_a, const bf16_t* b, bool trans_b, int M, int N, int K,
@@ -232,6 +211,17 @@ void bf16_gemm(CT* c, const bf16_t* a, bool trans_a, const bf16_t* b, bool trans
               N);
   if constexpr (std::is_same_v<CT, bf16_t>)
     for (std::size_t i = 0; i < fc.size(); ++i) c[i] = f32_to_bf16(fc[i]);
+}
+
+// C (M, N) [+]= op(A) op(B) as dnnl_matmul takes them, from fp32 operands rounded to bf16 first.
+void bf16_gemm(float* c, const float* a, bool trans_a, const float* b, bool trans_b, int M, int N, int K,
+               bool accumulate) {
+  Scratch& s = scratch();
+  s.a.resize(std::size_t(M) * std::size_t(K));
+  s.b.resize(std::size_t(K) * std::size_t(N));
+  impl::round_to_bf16(s.a.data(), a, s.a.size());
+  impl::round_to_bf16(s.b.data(), b, s.b.size());
+  bf16_gemm(c, s.a.data(), trans_a, s.b.data(), trans_b, M, N, K, accumulate);
 }
 
 }  // namespace

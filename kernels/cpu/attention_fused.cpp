@@ -1,6 +1,6 @@
 // strata/kernels/cpu/attention_fused.cpp: causal grouped-query attention on bf16 tensors in blocks, with an
 // online softmax, so that no (T, T) buffer exists (attention_fused.h). attention.cpp's fp32 functions stay
-// the oracle; attention_bf16.cpp is the unfused bf16-product path this one replaces for long sequences.
+// the oracle.
 //
 // Note [Fused attention on the CPU]: query rows and key rows are cut into blocks of kBlock (128) rows; the
 // blocks are square, so only the diagonal block (i, i) is cut by the causal mask, and only the last block
@@ -14,8 +14,9 @@
 //             dk_j += dS^T q_i, dq_i += dS k_j with P and dS rounded to bf16 as the products' operands.
 // Rounding points: q, k, v, dout arrive in bf16; P and dS are rounded to bf16 only as product operands
 // (l sums the unrounded P, as flash attention does); every sum is fp32; out, dq, dk, dv are each rounded to
-// bf16 once, from their complete fp32 sums. Those are attention_bf16.cpp's rounding points except for where
-// the 1/l normalisation falls (after the product, not before rounding P).
+// bf16 once, from their complete fp32 sums. Those are the rounding points of the unfused bf16 attention it
+// replaced (probabilities rounded for the products), except for where the 1/l normalisation falls (after
+// the product, not before rounding P).
 //
 // Tasks (Note [deterministic CPU ops] in parallel_impl.h): the forward runs one oneTBB task per (batch,
 // head, query block) — its rows are written by it alone. The backward runs one task per (batch, key/value

@@ -1,5 +1,5 @@
-// strata/kernels/cpu/attention_impl.h: the row passes of causal attention, shared by the fp32 attention
-// (attention.cpp) and the bf16-product one (attention_bf16.cpp). Internal to kernels/cpu.
+// strata/kernels/cpu/attention_impl.h: the row passes of the fp32 causal attention (attention.cpp).
+// Internal to kernels/cpu.
 #pragma once
 
 #include <cmath>

@@ -1,5 +1,5 @@
-// strata/kernels/cpu/bf16_impl.h: what the bf16-product ops (linear_bf16.cpp, attention_bf16.cpp) share:
-// rounding operands to bf16 and, with oneDNN, one engine and a product made once and run by any thread.
+// strata/kernels/cpu/bf16_impl.h: what the bf16-product ops (linear_bf16.cpp, attention_fused.cpp) share:
+// with oneDNN, one engine and a product made once and run by any thread.
 // Internal to kernels/cpu.
 #pragma once
 
@@ -18,13 +18,6 @@
 #endif
 
 namespace strata::kernels::cpu::impl {
-
-// dst = bf16(src), n elements (core's rounding: nearest, ties to even).
-inline void round_to_bf16(bf16_t* dst, const float* src, std::size_t n) {
-  parallel_for_range(n, kElementGrain, [&](std::size_t i0, std::size_t i1) {
-    for (std::size_t i = i0; i < i1; ++i) dst[i] = f32_to_bf16(src[i]);
-  });
-}
 
 #ifdef STRATA_WITH_DNNL
 inline dnnl::engine& dnnl_engine() {

@@ -1,17 +1,16 @@
 // strata/kernels/cpu/linear_bf16.cpp: y = x W^T and its gradients with bf16 inputs and fp32 accumulation —
 // the arithmetic of the cuda path's cuBLASLt products — for the host backend's bf16 training.
 //
-// Note [bf16 matrix products on the CPU]: two entry points. On bf16 tensors (the host backend's bf16
-// activations, as on cuda) the operands are used as they are, out and dx are rounded to bf16 once from
+// Note [bf16 matrix products on the CPU]: the operands are bf16 tensors (the host backend's bf16
+// activations and gathered weights, as on cuda), used as they are; out and dx are rounded to bf16 once from
 // the fp32 sums (dx = bf16(dx + dout W), a product with beta 1 into a bf16 matrix) and dw is accumulated
-// in fp32. On fp32 tensors both operands are first rounded to bf16 (core's f32_to_bf16: nearest, ties to
-// even) into scratch buffers and the result is fp32. With oneDNN (STRATA_WITH_DNNL) the products run
-// oneDNN's matmul, which uses the CPU's bf16 units — AMX tiles or AVX-512 BF16 dot products — where it
-// has them; where oneDNN has only its reference implementation for this CPU, or without oneDNN, the same
-// bf16 values, widened to fp32 (exactly), go through OpenBLAS's sgemm: the same products of bf16 values
-// summed in fp32, in another order. Either way the result is bit-identical run to run (oneDNN's for any
-// thread count, OpenBLAS's for a fixed one) and independent of where the tensors came from, so placements
-// still agree bit for bit. The fp32 functions in linear.cpp stay the oracle; tests bound the difference.
+// in fp32. With oneDNN (STRATA_WITH_DNNL) the products run oneDNN's matmul, which uses the CPU's bf16
+// units — AMX tiles or AVX-512 BF16 dot products — where it has them; where oneDNN has only its
+// reference implementation for this CPU, or without oneDNN, the bf16 values, widened to fp32 (exactly),
+// go through OpenBLAS's sgemm: the same products of bf16 values summed in fp32, in another order. Either
+// way the result is bit-identical run to run (oneDNN's for any thread count, OpenBLAS's for a fixed one)
+// and independent of where the tensors came from, so placements still agree bit for bit. The fp32
+// functions in linear.cpp stay the oracle; tests bound the difference.
 //
 // Threads: oneTBB spreads tiles of C, sized by the shape, over the runtime's threads, each a
 // single-threaded oneDNN product (Note [Row blocks], Note [Product tiles]; Note [Concurrent products] in
@@ -34,15 +33,6 @@
 
 namespace strata::kernels::cpu {
 namespace {
-
-// Per calling thread (the compute stream's worker): the bf16 copies of the two operands.
-struct Scratch {
-  std::vector<bf16_t> a, b;
-};
-Scratch& scratch() {
-  thread_local Scratch s;
-  return s;
-}
 
 // C (M, N) [+]= op(A) (M, K) op(B) (K, N), C row-major dense; A stored (M, K) row-major, or (K, M) when
 // trans_a; B stored (K, N), or (N, K) when trans_b; both dense and in bf16. Returns false when oneDNN has
@@ -213,17 +203,6 @@ void bf16_gemm(CT* c, const bf16_t* a, bool trans_a, const bf16_t* b, bool trans
     for (std::size_t i = 0; i < fc.size(); ++i) c[i] = f32_to_bf16(fc[i]);
 }
 
-// C (M, N) [+]= op(A) op(B) as dnnl_matmul takes them, from fp32 operands rounded to bf16 first.
-void bf16_gemm(float* c, const float* a, bool trans_a, const float* b, bool trans_b, int M, int N, int K,
-               bool accumulate) {
-  Scratch& s = scratch();
-  s.a.resize(std::size_t(M) * std::size_t(K));
-  s.b.resize(std::size_t(K) * std::size_t(N));
-  impl::round_to_bf16(s.a.data(), a, s.a.size());
-  impl::round_to_bf16(s.b.data(), b, s.b.size());
-  bf16_gemm(c, s.a.data(), trans_a, s.b.data(), trans_b, M, N, K, accumulate);
-}
-
 }  // namespace
 
 void linear_forward_bf16(bf16_t* out, const bf16_t* x, const bf16_t* w, int N, int IC, int OC) {
@@ -233,19 +212,6 @@ void linear_forward_bf16(bf16_t* out, const bf16_t* x, const bf16_t* w, int N, i
 void linear_backward_bf16(bf16_t* dx, float* dw, const bf16_t* dout, const bf16_t* x, const bf16_t* w, int N,
                           int IC, int OC) {
   if (dx != nullptr) bf16_gemm(dx, dout, false, w, false, N, IC, OC, true);
-  bf16_gemm(dw, dout, true, x, false, OC, IC, N, true);
-}
-
-void linear_forward_bf16(float* out, const float* x, const float* w, int N, int IC, int OC) {
-  // out (N, OC) = x (N, IC) w^T, w stored (OC, IC)
-  bf16_gemm(out, x, false, w, true, N, OC, IC, false);
-}
-
-void linear_backward_bf16(float* dx, float* dw, const float* dout, const float* x, const float* w, int N,
-                          int IC, int OC) {
-  // dx (N, IC) += dout (N, OC) w (OC, IC)
-  if (dx != nullptr) bf16_gemm(dx, dout, false, w, false, N, IC, OC, true);
-  // dw (OC, IC) += dout^T (OC, N) x (N, IC)
   bf16_gemm(dw, dout, true, x, false, OC, IC, N, true);
 }
 

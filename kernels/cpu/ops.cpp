@@ -29,7 +29,7 @@ namespace {
 namespace kc = kernels::cpu;
 
 // The matrix products by activation type: fp32 (OpenBLAS) or bf16 (oneDNN; linear_bf16.cpp and
-// attention_bf16.cpp).
+// attention_fused.cpp).
 namespace products {
 
 void linear_forward(float* out, const float* x, const float* w, int N, int IC, int OC) {

@@ -95,16 +95,10 @@ void linear_backward(float* dx /*(N,IC) += or nullptr*/, float* dw /*(OC,IC) +=*
                      const float* dout /*(N,OC)*/, const float* x /*(N,IC)*/, const float* w /*(OC,IC)*/,
                      int N, int IC, int OC);
 
-// The same two with bf16 inputs and fp32 accumulation (Note [bf16 matrix products on the CPU] in
-// linear_bf16.cpp): each operand is rounded to bf16 first, as the cuda path stores it. The host backend's
-// ops use them for bf16 training; the fp32 functions above stay the oracle.
-void linear_forward_bf16(float* out /*(N,OC)*/, const float* x /*(N,IC)*/, const float* w /*(OC,IC)*/, int N,
-                         int IC, int OC);
-void linear_backward_bf16(float* dx /*(N,IC) += or null*/, float* dw /*(OC,IC) +=*/, const float* dout,
-                          const float* x, const float* w, int N, int IC, int OC);
 // The same products on bf16 activations and weights, as the cuda path runs them (the host backend's ops
-// with bf16 activations): fp32 accumulation, out and dx rounded to bf16 once (dx = bf16(dx + dout W), as
-// a product with beta 1 into a bf16 matrix), dw accumulated in fp32. No operand is rounded: they are bf16.
+// with bf16 activations; Note [bf16 matrix products on the CPU] in linear_bf16.cpp): fp32 accumulation,
+// out and dx rounded to bf16 once (dx = bf16(dx + dout W), as a product with beta 1 into a bf16 matrix), dw
+// accumulated in fp32. The fp32 functions above stay the oracle.
 void linear_forward_bf16(bf16_t* out /*(N,OC)*/, const bf16_t* x /*(N,IC)*/, const bf16_t* w /*(OC,IC)*/,
                          int N, int IC, int OC);
 void linear_backward_bf16(bf16_t* dx /*(N,IC) += or null*/, float* dw /*(OC,IC) fp32 +=*/,
@@ -150,14 +144,7 @@ void attention_backward(float* dq /*(B,T,NH,HD)*/, float* dk /*(B,T,NKV,HD)*/, f
                         const float* q /*(B,T,NH,HD)*/, const float* k /*(B,T,NKV,HD)*/,
                         const float* v /*(B,T,NKV,HD)*/, const float* att /*(B,NH,T,T)*/, int B, int T,
                         int NH, int NKV, int HD);
-// The same two with the four products' operands rounded to bf16 and fp32 accumulation (attention_bf16.cpp),
-// for bf16 training; the same buffers and contract. Where oneDNN has no native bf16 matmul
-// (bf16_matmul_impl() empty), they are the fp32 functions above.
-void attention_forward_bf16(float* out, float* att, const float* q, const float* k, const float* v, int B,
-                            int T, int NH, int NKV, int HD);
-void attention_backward_bf16(float* dq, float* dk, float* dv, float* scratch, const float* dout,
-                             const float* q, const float* k, const float* v, const float* att, int B, int T,
-                             int NH, int NKV, int HD);
+// On bf16 activations the host backend runs the fused attention instead (attention_fused.h).
 // The same two on bf16 activations (the host backend's ops with bf16 activations, as the cuda path runs
 // them): q, k, v, dout bf16 (not rounded again), out, dq, dk, dv bf16, each rounded once from its fp32
 // value; att and scratch fp32 as above. The probabilities and score gradients are rounded to bf16 for the

@@ -1,7 +1,7 @@
-// strata/kernels/cpu/ops_impl.h: what the ops on bf16 activations (bf16_ops.cpp, attention_bf16.cpp)
+// strata/kernels/cpu/ops_impl.h: what the ops on bf16 activations (bf16_ops.cpp)
 // share with the fp32 ops (internal to kernels/cpu): the widening and rounding of a block, and the pieces
 // of the fp32 ops that the bf16 variants run on their own blocks, so that both compute with one
-// arithmetic. Each piece is the fp32 op's code, moved here unchanged: the fp32 ops give the same bits.
+// arithmetic. Each piece is the fp32 op's own code, which both call.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,7 @@
-// kernels/cpu's ops on bf16 activations (bf16_ops.cpp, attention_bf16.cpp): each row and elementwise op is,
-// bit for bit, the fp32 op on its inputs widened to fp32 with every bf16 output rounded once, on sizes that
-// cross the ops' blocks, and bit-identical across oneTBB thread counts; attention on bf16 tensors is within
-// bf16 rounding of the fp32 oracle and bit-identical across runs and thread counts.
+// kernels/cpu's ops on bf16 activations (bf16_ops.cpp): each row and elementwise op is, bit for bit, the
+// fp32 op on its inputs widened to fp32 with every bf16 output rounded once, on sizes that cross the ops'
+// blocks, and bit-identical across oneTBB thread counts. Attention on bf16 tensors is the fused one
+// (attention_fused_test.cpp).
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
@@ -278,76 +278,6 @@ TEST_P(Bf16Ops, BitIdenticalAcrossThreadCounts) {
 
 INSTANTIATE_TEST_SUITE_P(Ops, Bf16Ops, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<OpCase>& i) { return std::string(i.param.name); });
-
-// ---- attention on bf16 tensors ----
-
-struct Shape {
-  int B, T, NH, NKV, HD;
-};
-const Shape kShapes[] = {{2, 16, 4, 4, 8}, {1, 33, 4, 2, 16}, {2, 64, 6, 2, 32}};
-
-struct Attention {
-  Floats out, att, dq, dk, dv;
-};
-
-// Forward and backward from the same bf16 inputs: on bf16 tensors, or (fp32 = true) the fp32 oracle on
-// them widened.
-Attention attention(const Shape& s, bool fp32, int threads) {
-  const std::size_t nq = std::size_t(s.B) * s.T * s.NH * s.HD, nkv = std::size_t(s.B) * s.T * s.NKV * s.HD,
-                    natt = std::size_t(s.B) * s.NH * s.T * s.T;
-  const Bits q = random_bf16(nq, 31), k = random_bf16(nkv, 32), v = random_bf16(nkv, 33),
-             dout = random_bf16(nq, 34);
-  Attention r{Floats(nq), Floats(natt), Floats(nq), Floats(nkv), Floats(nkv)};
-  Floats scratch(natt);
-  if (fp32) {
-    const Floats qf = widen(q), kf = widen(k), vf = widen(v), df = widen(dout);
-    cpu::attention_forward(r.out.data(), r.att.data(), qf.data(), kf.data(), vf.data(), s.B, s.T, s.NH, s.NKV,
-                           s.HD);
-    cpu::attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), scratch.data(), df.data(), qf.data(),
-                            kf.data(), vf.data(), r.att.data(), s.B, s.T, s.NH, s.NKV, s.HD);
-    return r;
-  }
-  Bits out(nq), dq(nq), dk(nkv), dv(nkv);
-  with_threads(threads, [&] {
-    cpu::attention_forward_bf16(out.data(), r.att.data(), q.data(), k.data(), v.data(), s.B, s.T, s.NH, s.NKV,
-                                s.HD);
-    cpu::attention_backward_bf16(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(),
-                                 k.data(), v.data(), r.att.data(), s.B, s.T, s.NH, s.NKV, s.HD);
-  });
-  r.out = widen(out), r.dq = widen(dq), r.dk = widen(dk), r.dv = widen(dv);
-  return r;
-}
-
-class AttentionOnBf16 : public ::testing::TestWithParam<Shape> {};
-
-TEST_P(AttentionOnBf16, IsWithinBf16RoundingOfTheFp32Oracle) {
-  const Attention b = attention(GetParam(), false, 2), f = attention(GetParam(), true, 2);
-  for (auto [got, want, what] : {std::tuple{&b.out, &f.out, "out"},
-                                 {&b.att, &f.att, "att"},
-                                 {&b.dq, &f.dq, "dq"},
-                                 {&b.dk, &f.dk, "dk"},
-                                 {&b.dv, &f.dv, "dv"}})
-    EXPECT_LT(rel_l2(*got, *want), 2e-2) << what;
-}
-
-TEST_P(AttentionOnBf16, BitIdenticalAcrossRunsAndThreadCounts) {
-  const Attention a = attention(GetParam(), false, 1), b = attention(GetParam(), false, 1),
-                  c = attention(GetParam(), false, 3);
-  for (const Attention* x : {&b, &c})
-    for (auto [p, q, what] : {std::tuple{&a.out, &x->out, "out"},
-                              {&a.att, &x->att, "att"},
-                              {&a.dq, &x->dq, "dq"},
-                              {&a.dk, &x->dk, "dk"},
-                              {&a.dv, &x->dv, "dv"}})
-      EXPECT_EQ(std::memcmp(p->data(), q->data(), p->size() * sizeof(float)), 0) << what;
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionOnBf16, ::testing::ValuesIn(kShapes), [](const auto& info) {
-  const Shape& s = info.param;
-  char name[64];
-  std::snprintf(name, sizeof name, "B%dT%dH%dKV%dD%d", s.B, s.T, s.NH, s.NKV, s.HD);
-  return std::string(name);
-});
 
 }  // namespace
 }  // namespace strata::kernels::test

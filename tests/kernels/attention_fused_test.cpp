@@ -43,11 +43,6 @@ void PrintTo(const Shape& s, std::ostream* os) {
 const Shape kShapes[] = {{2, 1, 4, 2, 16},   {2, 17, 4, 4, 32},  {2, 100, 4, 1, 16}, {2, 128, 4, 2, 64},
                          {1, 129, 4, 4, 32}, {2, 130, 4, 2, 64}, {1, 257, 4, 2, 32}};
 
-std::vector<bf16_t> to_bf16(const std::vector<float>& x) {
-  std::vector<bf16_t> r(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) r[i] = kc::f32_to_bf16(x[i]);
-  return r;
-}
 std::vector<float> to_f32(const std::vector<bf16_t>& x) {
   std::vector<float> r(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) r[i] = kc::bf16_to_f32(x[i]);

@@ -26,15 +26,8 @@ using Bits = std::vector<bf16_t>;
 using Floats = std::vector<float>;
 using Outputs = std::vector<Floats>;  // every output, bf16 ones widened to fp32 (exact)
 
-Bits to_bf16(const Floats& v) {
-  Bits b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
-  return b;
-}
 Floats widen(const Bits& b) {
-  Floats v(b.size());
-  for (std::size_t i = 0; i < b.size(); ++i) v[i] = bf16_to_f32(b[i]);
-  return v;
+  return from_bf16(b);
 }
 // What a bf16 output holds: each value rounded once.
 Floats rounded(const Floats& v) {

@@ -14,6 +14,7 @@
 #include "core/device.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
+#include "tests/kernels/reference.h"  // to_bf16, from_bf16
 
 namespace strata::kernels::test {
 
@@ -65,18 +66,6 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   std::size_t n_;
 };
-
-inline std::vector<cpu::bf16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<cpu::bf16_t> out(v.size());
-  cpu::cast_f32_to_bf16(out.data(), v.data(), v.size());
-  return out;
-}
-
-inline std::vector<float> from_bf16(const std::vector<cpu::bf16_t>& v) {
-  std::vector<float> out(v.size());
-  cpu::cast_bf16_to_f32(out.data(), v.data(), v.size());
-  return out;
-}
 
 // Fresh random values already representable in bf16, so the CPU reference and the device see the same
 // inputs. The seed comes from the caller (tests draw it from std::random_device and report it).

@@ -14,18 +14,6 @@
 namespace strata::kernels::test {
 namespace {
 
-std::vector<cpu::bf16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<cpu::bf16_t> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
-  return out;
-}
-
-std::vector<float> widened(const std::vector<cpu::bf16_t>& v) {
-  std::vector<float> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
-  return out;
-}
-
 struct Shape {
   int N, IC, OC;
 };
@@ -41,7 +29,7 @@ TEST_P(LinearBf16, ForwardIsWithinBf16RoundingOfTheFp32Oracle) {
   std::vector<float> ref(out.size());
   cpu::linear_forward_bf16(out.data(), to_bf16(x).data(), to_bf16(w).data(), N, IC, OC);
   cpu::linear_forward(ref.data(), x.data(), w.data(), N, IC, OC);
-  const double err = rel_l2(widened(out), ref);
+  const double err = rel_l2(from_bf16(out), ref);
   EXPECT_LT(err, 1e-2);  // three roundings of 2^-9 relative each (x, w, out), averaged over the sums
   EXPECT_GT(err, 1e-6);  // and the operands really were rounded
 }
@@ -55,7 +43,7 @@ TEST_P(LinearBf16, BackwardIsWithinBf16RoundingOfTheFp32Oracle) {
   cpu::linear_backward_bf16(dx.data(), dw.data(), to_bf16(dout).data(), to_bf16(x).data(), to_bf16(w).data(),
                             N, IC, OC);
   cpu::linear_backward(ref_dx.data(), ref_dw.data(), dout.data(), x.data(), w.data(), N, IC, OC);
-  EXPECT_LT(rel_l2(widened(dx), ref_dx), 1e-2);
+  EXPECT_LT(rel_l2(from_bf16(dx), ref_dx), 1e-2);
   EXPECT_LT(rel_l2(dw, ref_dw), 1e-2);
   // Without dx, dw alone: the same bits.
   std::vector<float> dw_only(w.size(), 0.0f);

@@ -16,12 +16,6 @@
 namespace strata::kernels::test {
 namespace {
 
-std::vector<cpu::bf16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<cpu::bf16_t> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
-  return out;
-}
-
 // |got - want| <= the rounding of the fp32 sum of `terms` products (K * 2^-24 of their absolute sum) plus,
 // for a bf16 result, its own rounding (2^-8 of its magnitude: a half ulp is 2^-9 relative).
 void expect_within(double got, double want, double abs_terms, int K, bool bf16_result, const char* what,

@@ -40,6 +40,18 @@ inline std::vector<float> widen(const void* raw, DType dtype, std::size_t n) {
   return v;
 }
 
+// Each value rounded to bf16 (core's rounding), as bit patterns; and bf16 patterns widened to float (exact).
+inline std::vector<std::uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<std::uint16_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+  return b;
+}
+inline std::vector<float> from_bf16(const std::vector<std::uint16_t>& b) {
+  std::vector<float> v(b.size());
+  for (std::size_t i = 0; i < b.size(); ++i) v[i] = bf16_to_f32(b[i]);
+  return v;
+}
+
 inline Vec to_double(const std::vector<float>& v) {
   return Vec(v.begin(), v.end());
 }

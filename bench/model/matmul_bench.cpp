@@ -7,7 +7,7 @@
 //   forward   out (N, OC)  = x (N, IC) W^T
 //   backward  dx  (N, IC) += dout (N, OC) W        dw (OC, IC) += dout^T x (fp32)
 // Three rates per product:
-//   - strata: kernels/cpu's linear_forward_bf16 / linear_backward_bf16 on bf16 operands (what the host
+//   - strata: kernels/cpu's linear_forward / linear_backward on bf16 operands (what the host
 //     backend runs with bf16 activations), on oneTBB's threads;
 //   - onednn: the best of oneDNN's matmul over the whole product as one call on `threads` OpenMP threads,
 //     with the second operand in the plain layout and in the blocked layout oneDNN asks for (reordered
@@ -178,10 +178,9 @@ int main(int argc, char** argv) {
                    dout = random_bf16(std::size_t(N) * OC, 5);
         std::vector<kc::bf16_t> out(std::size_t(N) * OC), dx(std::size_t(N) * IC, 0);
         std::vector<float> dw(std::size_t(OC) * IC, 0.0f);
-        r.fwd_s = best_seconds([&] { kc::linear_forward_bf16(out.data(), x.data(), w.data(), N, IC, OC); });
-        r.bwd_s = best_seconds([&] {
-          kc::linear_backward_bf16(dx.data(), dw.data(), dout.data(), x.data(), w.data(), N, IC, OC);
-        });
+        r.fwd_s = best_seconds([&] { kc::linear_forward(out.data(), x.data(), w.data(), N, IC, OC); });
+        r.bwd_s = best_seconds(
+            [&] { kc::linear_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), N, IC, OC); });
       }
     }
 

@@ -185,8 +185,7 @@ void forward_rows_baseline(const ForwardBlock& f) {
 void backward_rows_baseline(const BackwardBlock& b) {
   backward_rows(b);
 }
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define STRATA_FUSED_X86 1
+#if STRATA_SIMD_X86
 [[gnu::target("avx2")]] void forward_rows_avx2(const ForwardBlock& f) {
   forward_rows(f);
 }
@@ -203,7 +202,7 @@ void backward_rows_baseline(const BackwardBlock& b) {
 
 RowPasses row_passes(FusedRows rows) {
   switch (attention_fused_rows(rows)) {
-#ifdef STRATA_FUSED_X86
+#if STRATA_SIMD_X86
     case FusedRows::avx512:
       return {forward_rows_avx512, backward_rows_avx512};
     case FusedRows::avx2:
@@ -342,18 +341,12 @@ std::size_t attention_fused_scratch(int B, int T, int NKV, int HD) {
 }
 
 FusedRows attention_fused_rows(FusedRows rows) {
-#ifdef STRATA_FUSED_X86
-  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                             __builtin_cpu_supports("avx512vl");
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  using impl::SimdTarget;
+  const SimdTarget here = impl::simd_target();
   if (rows == FusedRows::best || rows == FusedRows::avx512)
-    rows = avx512 ? FusedRows::avx512 : FusedRows::avx2;
-  if (rows == FusedRows::avx2 && !avx2) rows = FusedRows::baseline;
+    rows = here >= SimdTarget::avx512 ? FusedRows::avx512 : FusedRows::avx2;
+  if (rows == FusedRows::avx2 && here < SimdTarget::avx2) rows = FusedRows::baseline;
   return rows;
-#else
-  (void)rows;
-  return FusedRows::baseline;
-#endif
 }
 
 void attention_fused_forward(bf16_t* out, float* saved, const bf16_t* q, const bf16_t* k, const bf16_t* v,

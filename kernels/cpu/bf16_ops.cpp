@@ -8,14 +8,14 @@
 // with the inputs, so it is read, added to in fp32 and rounded once. The fp32 functions compute each
 // output element from its own row or element alone, so the block they see changes no bit: the result is
 // "widen the tensors, call the fp32 function, round", whatever the blocks and the thread count. The sums
-// across rows (RMSNorm's dw, the bias's db, the embedding's dwte, the loss) are the fp32 ops' loops, in the
-// same fixed order, on values widened as they are read. No fp32 copy of a whole tensor is made (the logits
-// alone are N x V): a buffer holds one block.
-// A task calls an fp32 function on no more rows or elements than that function runs in one task (its
-// grain), so the call runs on the task's thread and spawns no oneTBB work: a thread never starts a second
-// task, with the same buffers, while the first is waiting.
+// across rows (RMSNorm's dw, the bias's db, the embedding's dwte, the loss) are the fp32 ops' own loops,
+// templated on the element type (impl::rmsnorm_dw; embedding.cpp and elementwise.cpp hold the embedding's
+// and the bias gradient's bf16 variants), on values widened as they are read. No fp32 copy of a whole tensor
+// is made (the logits alone are N x V): a buffer holds one block. A task calls an fp32 function on no more
+// rows or elements than that function runs in one task (its grain), so the call runs on the task's thread and
+// spawns no oneTBB work: a thread never starts a second task, with the same buffers, while the first is
+// waiting.
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -97,27 +97,8 @@ void elementwise(std::size_t n, const bf16_t* const (&in)[K], bf16_t* const (&ou
 
 }  // namespace
 
-// ---- embedding ----------------------------------------------------------------------------------------
-
-void embedding_forward(bf16_t* out, const std::int32_t* tokens, const bf16_t* wte, int N, int C, int V) {
-  impl::check_tokens("embedding_forward", tokens, N, V);
-  impl::parallel_for_each_index(std::size_t(N), 16, [&](std::size_t i) {
-    std::memcpy(out + i * C, wte + std::size_t(tokens[i]) * C, sizeof(bf16_t) * C);
-  });
-}
-
-// embedding.cpp's loop: one task per token, its positions added in order.
-void embedding_backward(float* dwte, const bf16_t* dout, const std::int32_t* tokens, int N, int C, int V) {
-  impl::check_tokens("embedding_backward", tokens, N, V);
-  const impl::TokenGroups groups = impl::group_by_token(tokens, N);
-  impl::parallel_for_each_index(groups.count(), 4, [&](std::size_t g) {
-    float* row = dwte + std::size_t(tokens[groups.order[groups.start[g]]]) * C;
-    for (int j = groups.start[g]; j < groups.start[g + 1]; ++j) {
-      const bf16_t* d = dout + std::size_t(groups.order[j]) * C;
-      for (int c = 0; c < C; ++c) row[c] += bf16_to_f32(d[c]);
-    }
-  });
-}
+// The embedding's bf16 variants are embedding.cpp's, the bias gradient's elementwise.cpp's: one loop
+// each for both types.
 
 // ---- RMSNorm ------------------------------------------------------------------------------------------
 
@@ -150,21 +131,7 @@ void rmsnorm_backward(bf16_t* dx, float* dw, const bf16_t* dout, const bf16_t* x
       impl::rmsnorm_backward_row(dxf + j * c, gf + j * c, xf + j * c, wf, rstd[r0 + j], C, w_offset);
     narrow_bf16(dx + r0 * c, dxf, m);
   });
-  // dw: rmsnorm.cpp's loop — per channel, the rows summed in order from zero, then added to dw.
-  constexpr int kCols = 64;
-  const std::size_t blocks = (c + kCols - 1) / kCols;
-  impl::parallel_for_each_index(blocks, 1, [&](std::size_t b) {
-    const int c0 = int(b) * kCols;
-    const int c1 = c0 + kCols < C ? c0 + kCols : C;
-    float acc[kCols] = {};
-    for (int i = 0; i < N; ++i) {
-      const bf16_t* xi = x + std::size_t(i) * c;
-      const bf16_t* gi = dout + std::size_t(i) * c;
-      const float r = rstd[i];
-      for (int k = c0; k < c1; ++k) acc[k - c0] += bf16_to_f32(gi[k]) * bf16_to_f32(xi[k]) * r;
-    }
-    for (int k = c0; k < c1; ++k) dw[k] += acc[k - c0];
-  });
+  impl::rmsnorm_dw(dw, dout, x, rstd, N, C);
 }
 
 // ---- a projection's bias ------------------------------------------------------------------------------
@@ -179,22 +146,6 @@ void bias_forward(bf16_t* out, const bf16_t* b, int N, int OC) {
     in_pieces(r1 - r0, kNormRows,
               [&](std::size_t j0, std::size_t j1) { bias_forward(of + j0 * oc, bf, int(j1 - j0), OC); });
     narrow_bf16(out + r0 * oc, of, m);
-  });
-}
-
-// elementwise.cpp's loop: per column, the rows summed in order from zero, then added to db.
-void bias_backward(float* db, const bf16_t* dout, int N, int OC) {
-  constexpr int kCols = 64;
-  const std::size_t blocks = (std::size_t(OC) + kCols - 1) / kCols;
-  impl::parallel_for_each_index(blocks, 1, [&](std::size_t b) {
-    const int c0 = int(b) * kCols;
-    const int c1 = c0 + kCols < OC ? c0 + kCols : OC;
-    float acc[kCols] = {};
-    for (int i = 0; i < N; ++i) {
-      const bf16_t* gi = dout + std::size_t(i) * std::size_t(OC);
-      for (int c = c0; c < c1; ++c) acc[c - c0] += bf16_to_f32(gi[c]);
-    }
-    for (int c = c0; c < c1; ++c) db[c] += acc[c - c0];
   });
 }
 

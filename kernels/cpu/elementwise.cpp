@@ -51,8 +51,12 @@ void bias_forward(float* out, const float* b, int N, int OC) {
   });
 }
 
-// One task per block of columns, rows summed in order (Note [deterministic CPU ops]).
-void bias_backward(float* db, const float* dout, int N, int OC) {
+namespace {
+
+// One task per block of columns, rows summed in order (Note [deterministic CPU ops]); T = float, or bf16_t
+// widened as it is read (the bf16 variant).
+template <typename T>
+void column_sums(float* db, const T* dout, int N, int OC) {
   constexpr int kBlock = 64;
   const std::size_t blocks = (std::size_t(OC) + kBlock - 1) / kBlock;
   impl::parallel_for_each_index(blocks, 1, [&](std::size_t b) {
@@ -60,11 +64,20 @@ void bias_backward(float* db, const float* dout, int N, int OC) {
     const int c1 = c0 + kBlock < OC ? c0 + kBlock : OC;
     float acc[kBlock] = {};
     for (int i = 0; i < N; ++i) {
-      const float* gi = dout + std::size_t(i) * std::size_t(OC);
-      for (int c = c0; c < c1; ++c) acc[c - c0] += gi[c];
+      const T* gi = dout + std::size_t(i) * std::size_t(OC);
+      for (int c = c0; c < c1; ++c) acc[c - c0] += impl::to_f32(gi[c]);
     }
     for (int c = c0; c < c1; ++c) db[c] += acc[c - c0];
   });
+}
+
+}  // namespace
+
+void bias_backward(float* db, const float* dout, int N, int OC) {
+  column_sums(db, dout, N, OC);
+}
+void bias_backward(float* db, const bf16_t* dout, int N, int OC) {
+  column_sums(db, dout, N, OC);
 }
 
 // SwiGLU's passes, compiled for each SIMD target (Note [SIMD row passes] in simd_impl.h): e^x is

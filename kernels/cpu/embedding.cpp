@@ -1,4 +1,4 @@
-// strata/kernels/cpu/embedding.cpp: token embedding lookup and its gradient.
+// strata/kernels/cpu/embedding.cpp: token embedding lookup and its gradient, on fp32 and on bf16 activations.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -11,8 +11,9 @@
 
 namespace strata::kernels::cpu {
 
-namespace impl {
+namespace {
 
+// Throws strata::Error naming `op` if a token is outside [0, V).
 void check_tokens(const char* op, const std::int32_t* tokens, int N, int V) {
   for (int i = 0; i < N; ++i) {
     if (tokens[i] < 0 || tokens[i] >= V)
@@ -22,7 +23,13 @@ void check_tokens(const char* op, const std::int32_t* tokens, int N, int V) {
   }
 }
 
-// Stable: ascending position within a token.
+// The positions of each token: group g's positions are order[start[g]] .. order[start[g + 1] - 1],
+// ascending (a stable sort); groups in ascending token order; start.back() == N.
+struct TokenGroups {
+  std::vector<int> order, start;
+  std::size_t count() const { return start.size() - 1; }
+};
+
 TokenGroups group_by_token(const std::int32_t* tokens, int N) {
   TokenGroups g;
   g.order.resize(std::size_t(N));
@@ -34,26 +41,42 @@ TokenGroups group_by_token(const std::int32_t* tokens, int N) {
   return g;
 }
 
-}  // namespace impl
-
-void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, int N, int C, int V) {
-  impl::check_tokens("embedding_forward", tokens, N, V);
+// T = float, or bf16_t (the bf16 variants: a bf16 value copied is itself; widened as it is added).
+template <typename T>
+void forward(T* out, const std::int32_t* tokens, const T* wte, int N, int C, int V) {
+  check_tokens("embedding_forward", tokens, N, V);
   impl::parallel_for_each_index(std::size_t(N), 16, [&](std::size_t i) {
-    std::memcpy(out + i * C, wte + std::size_t(tokens[i]) * C, sizeof(float) * C);
+    std::memcpy(out + i * C, wte + std::size_t(tokens[i]) * C, sizeof(T) * C);
   });
 }
 
-void embedding_backward(float* dwte, const float* dout, const std::int32_t* tokens, int N, int C, int V) {
-  impl::check_tokens("embedding_backward", tokens, N, V);
+template <typename T>
+void backward(float* dwte, const T* dout, const std::int32_t* tokens, int N, int C, int V) {
+  check_tokens("embedding_backward", tokens, N, V);
   // One task owns each token's row, so the row is summed in position order whatever the thread count.
-  const impl::TokenGroups groups = impl::group_by_token(tokens, N);
+  const TokenGroups groups = group_by_token(tokens, N);
   impl::parallel_for_each_index(groups.count(), 4, [&](std::size_t g) {
     float* row = dwte + std::size_t(tokens[groups.order[groups.start[g]]]) * C;
     for (int j = groups.start[g]; j < groups.start[g + 1]; ++j) {
-      const float* d = dout + std::size_t(groups.order[j]) * C;
-      for (int c = 0; c < C; ++c) row[c] += d[c];
+      const T* d = dout + std::size_t(groups.order[j]) * C;
+      for (int c = 0; c < C; ++c) row[c] += impl::to_f32(d[c]);
     }
   });
+}
+
+}  // namespace
+
+void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, int N, int C, int V) {
+  forward(out, tokens, wte, N, C, V);
+}
+void embedding_forward(bf16_t* out, const std::int32_t* tokens, const bf16_t* wte, int N, int C, int V) {
+  forward(out, tokens, wte, N, C, V);
+}
+void embedding_backward(float* dwte, const float* dout, const std::int32_t* tokens, int N, int C, int V) {
+  backward(dwte, dout, tokens, N, C, V);
+}
+void embedding_backward(float* dwte, const bf16_t* dout, const std::int32_t* tokens, int N, int C, int V) {
+  backward(dwte, dout, tokens, N, C, V);
 }
 
 }  // namespace strata::kernels::cpu

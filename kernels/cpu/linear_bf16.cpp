@@ -34,9 +34,6 @@
 namespace strata::kernels::cpu {
 namespace {
 
-// C (M, N) [+]= op(A) (M, K) op(B) (K, N), C row-major dense; A stored (M, K) row-major, or (K, M) when
-// trans_a; B stored (K, N), or (N, K) when trans_b; both dense and in bf16. Returns false when oneDNN has
-// no native bf16 matmul for it (the caller falls back).
 #ifdef STRATA_WITH_DNNL
 // Note [Row blocks]: oneDNN's own threads are OpenMP's, whose idle workers spin and starve the runtime's
 // oneTBB and OpenBLAS threads on a small machine (measured: 1.6x slower steps on 2 cores). So oneDNN runs
@@ -113,7 +110,10 @@ void pack(const dnnl::memory::desc& plain, const dnnl::memory::desc& packed, con
   });
 }
 
-// C is fp32 (float) or bf16 (bf16_t, rounded once from the fp32 sum).
+// C (M, N) [+]= op(A) (M, K) op(B) (K, N), C row-major dense; A stored (M, K) row-major, or (K, M) when
+// trans_a; B stored (K, N), or (N, K) when trans_b; both dense and in bf16. C is fp32 (float) or bf16
+// (bf16_t, rounded once from the fp32 sum). Returns false when oneDNN has no native bf16 matmul for it (the
+// caller falls back).
 template <typename CT>
 bool dnnl_matmul(CT* c, const bf16_t* a, bool trans_a, const bf16_t* b, bool trans_b, int M, int N, int K,
                  bool accumulate) {
@@ -188,31 +188,30 @@ void bf16_gemm(CT* c, const bf16_t* a, bool trans_a, const bf16_t* b, bool trans
   thread_local std::vector<float> fa, fb, fc;
   fa.resize(m * k);
   fb.resize(k * n);
-  for (std::size_t i = 0; i < fa.size(); ++i) fa[i] = bf16_to_f32(a[i]);
-  for (std::size_t i = 0; i < fb.size(); ++i) fb[i] = bf16_to_f32(b[i]);
+  cast_bf16_to_f32(fa.data(), a, fa.size());
+  cast_bf16_to_f32(fb.data(), b, fb.size());
   float* cf = nullptr;
   if constexpr (std::is_same_v<CT, float>) {
     cf = c;
   } else {
     fc.resize(m * n);
-    for (std::size_t i = 0; i < fc.size(); ++i) fc[i] = accumulate ? bf16_to_f32(c[i]) : 0.0f;
+    if (accumulate) cast_bf16_to_f32(fc.data(), c, fc.size());  // beta 0 below ignores fc otherwise
     cf = fc.data();
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N,
               K, 1.0f, fa.data(), trans_a ? M : K, fb.data(), trans_b ? K : N, accumulate ? 1.0f : 0.0f, cf,
               N);
-  if constexpr (std::is_same_v<CT, bf16_t>)
-    for (std::size_t i = 0; i < fc.size(); ++i) c[i] = f32_to_bf16(fc[i]);
+  if constexpr (std::is_same_v<CT, bf16_t>) cast_f32_to_bf16(c, fc.data(), fc.size());
 }
 
 }  // namespace
 
-void linear_forward_bf16(bf16_t* out, const bf16_t* x, const bf16_t* w, int N, int IC, int OC) {
+void linear_forward(bf16_t* out, const bf16_t* x, const bf16_t* w, int N, int IC, int OC) {
   bf16_gemm(out, x, false, w, true, N, OC, IC, false);
 }
 
-void linear_backward_bf16(bf16_t* dx, float* dw, const bf16_t* dout, const bf16_t* x, const bf16_t* w, int N,
-                          int IC, int OC) {
+void linear_backward(bf16_t* dx, float* dw, const bf16_t* dout, const bf16_t* x, const bf16_t* w, int N,
+                     int IC, int OC) {
   if (dx != nullptr) bf16_gemm(dx, dout, false, w, false, N, IC, OC, true);
   bf16_gemm(dw, dout, true, x, false, OC, IC, N, true);
 }

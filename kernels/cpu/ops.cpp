@@ -28,24 +28,10 @@ namespace {
 
 namespace kc = kernels::cpu;
 
-// The matrix products by activation type: fp32 (OpenBLAS) or bf16 (oneDNN; linear_bf16.cpp and
-// attention_fused.cpp).
-namespace products {
+// Attention by activation type: fp32 (attention.cpp, the (B,NH,T,T) probabilities saved) or bf16 (the fused
+// one of attention_fused.h). Every other op is one kernels/cpu name overloaded on the activation type.
+namespace typed {
 
-void linear_forward(float* out, const float* x, const float* w, int N, int IC, int OC) {
-  kc::linear_forward(out, x, w, N, IC, OC);
-}
-void linear_forward(kc::bf16_t* out, const kc::bf16_t* x, const kc::bf16_t* w, int N, int IC, int OC) {
-  kc::linear_forward_bf16(out, x, w, N, IC, OC);
-}
-void linear_backward(float* dx, float* dw, const float* dout, const float* x, const float* w, int N, int IC,
-                     int OC) {
-  kc::linear_backward(dx, dw, dout, x, w, N, IC, OC);
-}
-void linear_backward(kc::bf16_t* dx, float* dw, const kc::bf16_t* dout, const kc::bf16_t* x,
-                     const kc::bf16_t* w, int N, int IC, int OC) {
-  kc::linear_backward_bf16(dx, dw, dout, x, w, N, IC, OC);
-}
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
                        int NH, int NKV, int HD) {
   kc::attention_forward(out, att, q, k, v, B, T, NH, NKV, HD);
@@ -66,7 +52,7 @@ void attention_backward(kc::bf16_t* dq, kc::bf16_t* dk, kc::bf16_t* dv, float* s
   kc::attention_fused_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD);
 }
 
-}  // namespace products
+}  // namespace typed
 
 class CpuOps final : public Ops {
  public:
@@ -147,14 +133,13 @@ class CpuOps final : public Ops {
   }
 
   void do_linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) override {
-    enqueue_typed(
-        [=]<typename A>(A*) { products::linear_forward(out.as<A>(), x.as<A>(), w.as<A>(), N, IC, OC); });
+    enqueue_typed([=]<typename A>(A*) { kc::linear_forward(out.as<A>(), x.as<A>(), w.as<A>(), N, IC, OC); });
   }
   void do_linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
                           int OC) override {
     enqueue_typed([=]<typename A>(A*) {
-      products::linear_backward(dx ? dx.as<A>() : nullptr, dw.as<float>(), dout.as<A>(), x.as<A>(), w.as<A>(),
-                                N, IC, OC);
+      kc::linear_backward(dx ? dx.as<A>() : nullptr, dw.as<float>(), dout.as<A>(), x.as<A>(), w.as<A>(), N,
+                          IC, OC);
     });
   }
 
@@ -177,15 +162,15 @@ class CpuOps final : public Ops {
   void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
                             int NKV, int HD) override {
     enqueue_typed([=]<typename A>(A*) {
-      products::attention_forward(out.as<A>(), saved.as<float>(), q.as<A>(), k.as<A>(), v.as<A>(), B, T, NH,
-                                  NKV, HD);
+      typed::attention_forward(out.as<A>(), saved.as<float>(), q.as<A>(), k.as<A>(), v.as<A>(), B, T, NH, NKV,
+                               HD);
     });
   }
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
                              Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD) override {
     enqueue_typed([=]<typename A>(A*) {
-      products::attention_backward(dq.as<A>(), dk.as<A>(), dv.as<A>(), scratch.as<float>(), dout.as<A>(),
-                                   q.as<A>(), k.as<A>(), v.as<A>(), saved.as<float>(), B, T, NH, NKV, HD);
+      typed::attention_backward(dq.as<A>(), dk.as<A>(), dv.as<A>(), scratch.as<float>(), dout.as<A>(),
+                                q.as<A>(), k.as<A>(), v.as<A>(), saved.as<float>(), B, T, NH, NKV, HD);
     });
   }
 

@@ -99,11 +99,11 @@ void linear_backward(float* dx /*(N,IC) += or nullptr*/, float* dw /*(OC,IC) +=*
 // with bf16 activations; Note [bf16 matrix products on the CPU] in linear_bf16.cpp): fp32 accumulation,
 // out and dx rounded to bf16 once (dx = bf16(dx + dout W), as a product with beta 1 into a bf16 matrix), dw
 // accumulated in fp32. The fp32 functions above stay the oracle.
-void linear_forward_bf16(bf16_t* out /*(N,OC)*/, const bf16_t* x /*(N,IC)*/, const bf16_t* w /*(OC,IC)*/,
-                         int N, int IC, int OC);
-void linear_backward_bf16(bf16_t* dx /*(N,IC) += or null*/, float* dw /*(OC,IC) fp32 +=*/,
-                          const bf16_t* dout /*(N,OC)*/, const bf16_t* x /*(N,IC)*/,
-                          const bf16_t* w /*(OC,IC)*/, int N, int IC, int OC);
+void linear_forward(bf16_t* out /*(N,OC)*/, const bf16_t* x /*(N,IC)*/, const bf16_t* w /*(OC,IC)*/, int N,
+                    int IC, int OC);
+void linear_backward(bf16_t* dx /*(N,IC) += or null*/, float* dw /*(OC,IC) fp32 +=*/,
+                     const bf16_t* dout /*(N,OC)*/, const bf16_t* x /*(N,IC)*/, const bf16_t* w /*(OC,IC)*/,
+                     int N, int IC, int OC);
 // The oneDNN implementation the bf16 products get on this CPU ("oneDNN brg:avx512_core_amx_bf16": AMX
 // tiles; "...avx512_core_bf16": AVX-512 BF16 dot products), or "" when they go through the OpenBLAS
 // fallback (no oneDNN in the build, or only its reference implementation here).
@@ -145,16 +145,6 @@ void attention_backward(float* dq /*(B,T,NH,HD)*/, float* dk /*(B,T,NKV,HD)*/, f
                         const float* v /*(B,T,NKV,HD)*/, const float* att /*(B,NH,T,T)*/, int B, int T,
                         int NH, int NKV, int HD);
 // On bf16 activations the host backend runs the fused attention instead (attention_fused.h).
-// The same two on bf16 activations (the host backend's ops with bf16 activations, as the cuda path runs
-// them): q, k, v, dout bf16 (not rounded again), out, dq, dk, dv bf16, each rounded once from its fp32
-// value; att and scratch fp32 as above. The probabilities and score gradients are rounded to bf16 for the
-// products that read them; dk and dv, sums over a group's heads, are summed in fp32 and rounded at the end.
-// Without a native bf16 matmul: the fp32 functions above on the widened operands, outputs rounded once.
-void attention_forward_bf16(bf16_t* out /*(B,T,NH,HD)*/, float* att /*(B,NH,T,T)*/, const bf16_t* q,
-                            const bf16_t* k, const bf16_t* v, int B, int T, int NH, int NKV, int HD);
-void attention_backward_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* scratch /*(B,NH,T,T)*/,
-                             const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                             const float* att, int B, int T, int NH, int NKV, int HD);
 
 // ---- SwiGLU: out = silu(gate) * up, silu(z) = z / (1 + exp(-z)) ------------------------------------
 
@@ -190,17 +180,18 @@ float cross_entropy_forward_backward(float* dlogits /*(N,V) or nullptr*/, float*
                                      const float* logits /*(N,V)*/, const std::int32_t* targets /*(N)*/,
                                      int N, int V, float grad_scale);
 
-// ---- bf16 activations (bf16_ops.cpp) -------------------------------------------------------------------
+// ---- bf16 activations (bf16_ops.cpp; the embedding's in embedding.cpp, bias_backward in elementwise.cpp)
 // The ops above on bf16 activations, weights (the embedding table, norm weights, biases) and activation
 // gradients, as the cuda path stores them: the host backend's ops with bf16 activations run these (with
-// linear_*_bf16 and attention_*_bf16 on bf16_t above). Same arguments and contracts (aliasing included)
-// as the fp32 function of the same name; parameter gradients, rstd, losses and the rope tables stay fp32.
-// Rounding points: each computes exactly what the fp32 function computes from its bf16 inputs widened to
-// fp32 (exact), and rounds each bf16 output once (f32_to_bf16); an accumulated bf16 output (dx +=, da +=)
-// is widened, added to in fp32 and rounded once. fp32 outputs (rstd, dw, db, dwte, losses, the mean) are
-// the fp32 function's bits. So each equals "widen, call the fp32 function, round", bit for bit, and is as
-// deterministic whatever the oneTBB thread count. They run over fixed blocks of rows or elements, each
-// widened into a small per-thread fp32 buffer: no fp32 copy of a whole tensor is made.
+// linear_forward / linear_backward on bf16_t above, and the fused attention of attention_fused.h). Same
+// arguments and contracts (aliasing included) as the fp32 function of the same name; parameter gradients,
+// rstd, losses and the rope tables stay fp32. Rounding points: each computes exactly what the fp32 function
+// computes from its bf16 inputs widened to fp32 (exact), and rounds each bf16 output once (f32_to_bf16); an
+// accumulated bf16 output (dx +=, da +=) is widened, added to in fp32 and rounded once. fp32 outputs (rstd,
+// dw, db, dwte, losses, the mean) are the fp32 function's bits. So each equals "widen, call the fp32
+// function, round", bit for bit, and is as deterministic whatever the oneTBB thread count. They run over
+// fixed blocks of rows or elements, each widened into a small per-thread fp32 buffer: no fp32 copy of a whole
+// tensor is made.
 
 // A copy of the rows (a bf16 value widened and rounded again is itself).
 void embedding_forward(bf16_t* out /*(N,C)*/, const std::int32_t* tokens /*(N)*/, const bf16_t* wte /*(V,C)*/,

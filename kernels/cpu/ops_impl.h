@@ -24,18 +24,19 @@ inline void narrow_bf16(bf16_t* dst, const float* src, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }
 
-// ---- embedding (embedding.cpp) ----
-// Throws strata::Error naming `op` if a token is outside [0, V).
-void check_tokens(const char* op, const std::int32_t* tokens, int N, int V);
-// The positions of each token, for embedding_backward: group g's positions are order[start[g]] ..
-// order[start[g + 1] - 1], ascending; groups in ascending token order; start.back() == N.
-struct TokenGroups {
-  std::vector<int> order, start;
-  std::size_t count() const { return start.size() - 1; }
-};
-TokenGroups group_by_token(const std::int32_t* tokens, int N);
+// An element as fp32: itself, or a bf16 value widened (exact).
+inline float to_f32(float x) {
+  return x;
+}
+inline float to_f32(bf16_t x) {
+  return bf16_to_f32(x);
+}
 
 // ---- RMSNorm (rmsnorm.cpp) ----
+// rmsnorm_backward's dw += the sum over rows of dout * x * rstd, one task per block of 64 channels, rows
+// in order (Note [deterministic CPU ops]); T = float, or bf16_t widened as it is read (the bf16 variant).
+template <typename T>
+void rmsnorm_dw(float* dw, const T* dout, const T* x, const float* rstd, int N, int C);
 // One row of rmsnorm_backward's input gradient: dx += r (dout (w + w_offset) - x r^2 (1/C) sum dout w x).
 void rmsnorm_backward_row(float* dx /*(C) +=*/, const float* dout /*(C)*/, const float* x /*(C)*/,
                           const float* w /*(C)*/, float r, int C, float w_offset);

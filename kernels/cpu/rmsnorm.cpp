@@ -39,7 +39,11 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
   impl::parallel_for_each_index(std::size_t(N), 8, [&](std::size_t i) {
     impl::rmsnorm_backward_row(dx + i * C, dout + i * C, x + i * C, w, rstd[i], C, w_offset);
   });
-  // dw: one task per block of channels, rows summed in order (Note [deterministic CPU ops]).
+  impl::rmsnorm_dw(dw, dout, x, rstd, N, C);
+}
+
+template <typename T>
+void impl::rmsnorm_dw(float* dw, const T* dout, const T* x, const float* rstd, int N, int C) {
   constexpr int kBlock = 64;
   const std::size_t blocks = (std::size_t(C) + kBlock - 1) / kBlock;
   impl::parallel_for_each_index(blocks, 1, [&](std::size_t b) {
@@ -47,13 +51,15 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
     const int c1 = c0 + kBlock < C ? c0 + kBlock : C;
     float acc[kBlock] = {};
     for (int i = 0; i < N; ++i) {
-      const float* xi = x + std::size_t(i) * C;
-      const float* gi = dout + std::size_t(i) * C;
+      const T* xi = x + std::size_t(i) * C;
+      const T* gi = dout + std::size_t(i) * C;
       const float r = rstd[i];
-      for (int c = c0; c < c1; ++c) acc[c - c0] += gi[c] * xi[c] * r;
+      for (int c = c0; c < c1; ++c) acc[c - c0] += to_f32(gi[c]) * to_f32(xi[c]) * r;
     }
     for (int c = c0; c < c1; ++c) dw[c] += acc[c - c0];
   });
 }
+template void impl::rmsnorm_dw(float*, const float*, const float*, const float*, int, int);
+template void impl::rmsnorm_dw(float*, const bf16_t*, const bf16_t*, const float*, int, int);
 
 }  // namespace strata::kernels::cpu

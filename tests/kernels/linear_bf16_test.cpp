@@ -27,7 +27,7 @@ TEST_P(LinearBf16, ForwardIsWithinBf16RoundingOfTheFp32Oracle) {
   const auto x = random_floats(std::size_t(N) * IC, 3), w = random_floats(std::size_t(OC) * IC, 4, 0.1f);
   std::vector<cpu::bf16_t> out(std::size_t(N) * OC);
   std::vector<float> ref(out.size());
-  cpu::linear_forward_bf16(out.data(), to_bf16(x).data(), to_bf16(w).data(), N, IC, OC);
+  cpu::linear_forward(out.data(), to_bf16(x).data(), to_bf16(w).data(), N, IC, OC);
   cpu::linear_forward(ref.data(), x.data(), w.data(), N, IC, OC);
   const double err = rel_l2(from_bf16(out), ref);
   EXPECT_LT(err, 1e-2);  // three roundings of 2^-9 relative each (x, w, out), averaged over the sums
@@ -40,15 +40,15 @@ TEST_P(LinearBf16, BackwardIsWithinBf16RoundingOfTheFp32Oracle) {
              dout = random_floats(std::size_t(N) * OC, 7);
   std::vector<cpu::bf16_t> dx(x.size(), 0);
   std::vector<float> dw(w.size(), 0.0f), ref_dx(x.size(), 0.0f), ref_dw(w.size(), 0.0f);
-  cpu::linear_backward_bf16(dx.data(), dw.data(), to_bf16(dout).data(), to_bf16(x).data(), to_bf16(w).data(),
-                            N, IC, OC);
+  cpu::linear_backward(dx.data(), dw.data(), to_bf16(dout).data(), to_bf16(x).data(), to_bf16(w).data(), N,
+                       IC, OC);
   cpu::linear_backward(ref_dx.data(), ref_dw.data(), dout.data(), x.data(), w.data(), N, IC, OC);
   EXPECT_LT(rel_l2(from_bf16(dx), ref_dx), 1e-2);
   EXPECT_LT(rel_l2(dw, ref_dw), 1e-2);
   // Without dx, dw alone: the same bits.
   std::vector<float> dw_only(w.size(), 0.0f);
-  cpu::linear_backward_bf16(nullptr, dw_only.data(), to_bf16(dout).data(), to_bf16(x).data(),
-                            to_bf16(w).data(), N, IC, OC);
+  cpu::linear_backward(nullptr, dw_only.data(), to_bf16(dout).data(), to_bf16(x).data(), to_bf16(w).data(), N,
+                       IC, OC);
   EXPECT_EQ(std::memcmp(dw_only.data(), dw.data(), dw.size() * sizeof(float)), 0);
 }
 
@@ -74,7 +74,7 @@ TEST(LinearBf16Ops, TheComputeInterfaceRunsTheBf16Functions) {
                       {wb.data(), DType::bf16, w.size()}, N, IC, OC);
   stream->synchronize();
   std::vector<cpu::bf16_t> direct(std::size_t(N) * OC);
-  cpu::linear_forward_bf16(direct.data(), x.data(), w.data(), N, IC, OC);
+  cpu::linear_forward(direct.data(), x.data(), w.data(), N, IC, OC);
   EXPECT_EQ(std::memcmp(ob.data(), direct.data(), direct.size() * 2), 0);
 }
 

@@ -58,7 +58,7 @@ class LinearTiles : public ::testing::TestWithParam<Shape> {
 TEST_P(LinearTiles, ForwardIsTheRoundedProductOfTheBf16Operands) {
   const auto [N, IC, OC, tiling] = GetParam();
   std::vector<cpu::bf16_t> out(std::size_t(N) * OC);
-  cpu::linear_forward_bf16(out.data(), x.data(), w.data(), N, IC, OC);
+  cpu::linear_forward(out.data(), x.data(), w.data(), N, IC, OC);
   for (int n = 0; n < N; ++n)
     for (int o = 0; o < OC; ++o) {
       double s = 0, a = 0;
@@ -72,7 +72,7 @@ TEST_P(LinearTiles, BackwardAddsToDxInBf16AndToDwInFp32) {
   const auto [N, IC, OC, tiling] = GetParam();
   std::vector<cpu::bf16_t> dx = dx0;
   std::vector<float> dw = dw0;
-  cpu::linear_backward_bf16(dx.data(), dw.data(), dout.data(), x.data(), w.data(), N, IC, OC);
+  cpu::linear_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), N, IC, OC);
   for (int n = 0; n < N; ++n)
     for (int i = 0; i < IC; ++i) {
       const std::size_t at = std::size_t(n) * IC + i;
@@ -95,8 +95,8 @@ TEST_P(LinearTiles, ResultsAreBitIdenticalAcrossThreadCounts) {
     tbb::global_control limit(tbb::global_control::max_allowed_parallelism, std::size_t(threads));
     std::vector<cpu::bf16_t> out(std::size_t(N) * OC), dx = dx0;
     std::vector<float> dw = dw0;
-    cpu::linear_forward_bf16(out.data(), x.data(), w.data(), N, IC, OC);
-    cpu::linear_backward_bf16(dx.data(), dw.data(), dout.data(), x.data(), w.data(), N, IC, OC);
+    cpu::linear_forward(out.data(), x.data(), w.data(), N, IC, OC);
+    cpu::linear_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), N, IC, OC);
     return std::make_tuple(out, dx, dw);
   };
   const auto one = run(1), two = run(2);

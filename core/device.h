@@ -134,7 +134,7 @@ class Device {
 
   // Lowers caps().capacity to at most `bytes` (never raises it), and keeps that bound through a later
   // measure_capacity(): the engine agrees one capacity over its ranks, the least, so that every rank
-  // makes the same plan (Note [Ranks agree] in zero3/engine.cpp).
+  // makes the same plan (Note [Ranks agree] in zero3/engine_plan.cpp).
   virtual void limit_capacity(std::size_t bytes) = 0;
 
   // Device memory, counted against caps().capacity; OutOfMemory names capacity, in use and requested

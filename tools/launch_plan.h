@@ -36,7 +36,7 @@ struct LaunchOptions {
   std::string backend;                     // "" | auto | host | cuda; passed on to `train --backend`
   // DeepSpeed's --bind_cores_to_rank: each rank of a host bound to its own cores, the host's cores split
   // evenly among its ranks (mpirun --map-by slot:PE=n --bind-to core); the engine then runs on those
-  // (zero3/engine.cpp, Note [Cores]). Off: ranks unbound (--bind-to none).
+  // (zero3/engine_plan.cpp, Note [Cores]). Off: ranks unbound (--bind-to none).
   bool bind_cores_to_rank = false;
   std::vector<std::string> command;   // the strata subcommand and its arguments, e.g. {"train", ...}
   std::vector<std::string> unparsed;  // what the option parser left over ("--" only, when well formed)

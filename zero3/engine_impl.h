@@ -11,10 +11,10 @@
 //   OptimizerOverlap  engine_overlap.{h,cpp}  updates during backward, rollback, deferral
 //
 // Each chunk's UpdateRoute (Note [Update routes] in placement.cpp), decided by the plan, tells the parts
-// what to do with it. Impl itself builds everything (engine.cpp: the device, the plan, the tiers, the
-// chunks), drives a step (engine_step.cpp: forward, backward, step() in the order of Note [The optimizer
-// step]), measures the offload ratio (engine_ratio.cpp) and saves and loads checkpoints
-// (engine_checkpoint.cpp). One training thread calls every method.
+// what to do with it. Impl itself builds everything (engine.cpp: the device, the tiers, the chunks;
+// engine_plan.cpp: the plan, the cores, the ranks agreeing), drives a step (engine_step.cpp: forward,
+// backward, step() in the order of Note [The optimizer step]), measures the offload ratio (engine_ratio.cpp)
+// and saves and loads checkpoints (engine_checkpoint.cpp). One training thread calls every method.
 #pragma once
 
 #include <climits>
@@ -35,7 +35,7 @@ struct Engine::Impl final : EngineState {
   Impl(const Config& cfg, const model::ModelConfig& mcfg, const EngineOptions& opts);
   ~Impl();
 
-  // ---- construction (engine.cpp) ----
+  // ---- construction (engine.cpp; the plan, cores and agreement: engine_plan.cpp) ----
   // The rank's cpus, split between the CPU optimizer and the host backend's compute (Note [Cores]).
   void plan_cores();
   // One collective on each stream's communicator, so that NCCL has made its connections (and taken their
@@ -49,7 +49,7 @@ struct Engine::Impl final : EngineState {
   // measured on `n` elements.
   double cpu_optimizer_rate(std::size_t n);
   double device_optimizer_rate(std::size_t n);
-  // Note [Ranks agree] (engine.cpp): the device capacity every rank plans with, the least over ranks.
+  // Note [Ranks agree] (engine_plan.cpp): the device capacity every rank plans with, the least over ranks.
   void agree_capacity();
   // Every rank's `mine`, in rank order (a collective): plan inputs a rank measures on its own.
   std::vector<std::uint64_t> every_ranks(std::uint64_t mine);

@@ -97,7 +97,7 @@ void OptimizerOverlap::plan(const std::function<std::uint64_t()>& room_for_copie
   const OV mode = e_.cfg.strata.overlap_optimizer;
   // "auto": where the model computes on a device and the optimizer in pinned host memory — the CPU is
   // otherwise idle during backward. On the host backend only when the optimizer has cores of its own
-  // (strata.cpu_optim.cores, Note [Cores] in engine.cpp): sharing them, the early updates slow backward
+  // (strata.cpu_optim.cores, Note [Cores] in engine_plan.cpp): sharing them, the early updates slow backward
   // as much as they save (measured: bench/RESULTS.md).
   if (mode == OV::off || (mode == OV::automatic &&
                           (e_.homes.master != Tier::pinned || (e_.dev->caps().backend == BackendKind::host &&
@@ -201,7 +201,7 @@ void OptimizerOverlap::worker() {
     std::lock_guard<std::mutex> lk(mu_);
     if (!error_) error_ = std::current_exception();
   }
-  // With cores of its own (Note [Cores] in engine.cpp) the worker's copies run there too, not on the
+  // With cores of its own (Note [Cores] in engine_plan.cpp) the worker's copies run there too, not on the
   // model's cpus.
   if (e_.cfg.strata.cpu_optim.cores > 0 && e_.cfg.strata.cpu_optim.pin_threads) {
     try {

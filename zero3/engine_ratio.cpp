@@ -159,7 +159,7 @@ int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloade
   int best = 0;
   for (int k = 1; k <= fits; ++k)
     if (cost(k) < cost(best) * (1 - 1e-3)) best = k;
-  // Each rank timed its own optimizers; rank 0's choice is every rank's (Note [Ranks agree] in engine.cpp).
+  // Each rank timed its own optimizers; rank 0's choice is every rank's (Note [Ranks agree] in engine_plan.cpp).
   if (world > 1) comm->host_broadcast(&best, sizeof best, 0);
   if (comm->rank() == 0)
     STRATA_LOG_INFO("zero3: offload_optimizer.ratio auto: ", 1.0 - double(best) / double(std::max(G, 1)),

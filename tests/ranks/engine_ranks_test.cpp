@@ -205,7 +205,7 @@ INSTANTIATE_TEST_SUITE_P(Stage3, TwoRanks,
                                   test::name(std::get<1>(info.param));
                          });
 
-// Note [Ranks agree] in zero3/engine.cpp: ranks with different device caps and different measured
+// Note [Ranks agree] in zero3/engine_plan.cpp: ranks with different device caps and different measured
 // optimizer rates plan alike — the least cap, rank 0's choice of offload_optimizer.ratio "auto" — and
 // train the losses of ranks given those same inputs, bit for bit. Rank 1's own inputs would plan
 // otherwise: more device memory, and the device optimizer measured far faster.

@@ -1,4 +1,4 @@
-// Activation checkpointing by choice (Note [Checkpointing by choice] in zero3/engine.cpp): "auto" keeps
+// Activation checkpointing by choice (Note [Checkpointing by choice] in zero3/engine_plan.cpp): "auto" keeps
 // every activation when that fits the device and checkpoints when it does not, an explicit choice stands,
 // the plan shows both sizes, and the losses are the same bit for bit either way.
 #include <gtest/gtest.h>

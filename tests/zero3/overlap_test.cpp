@@ -276,7 +276,7 @@ TEST(OverlapFallback, AutoIsOffOnTheHostBackend) {
   EXPECT_EQ(run(cfg, make_tokens(d), false, 1).plan.overlap_groups, 0);
 }
 
-// Note [Cores] in zero3/engine.cpp: strata.cpu_optim.cores keeps the rank's last cpus for the optimizer.
+// Note [Cores] in zero3/engine_plan.cpp: strata.cpu_optim.cores keeps the rank's last cpus for the optimizer.
 TEST(Cores, EveryCpuForTheOptimizerIsRefusedBeforeTraining) {
   ScratchDir d("cores-all");
   Config cfg = make_config(OffloadDevice::none, OffloadDevice::cpu, d.path());

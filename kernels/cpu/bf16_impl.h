@@ -3,13 +3,11 @@
 // Internal to kernels/cpu.
 #pragma once
 
-#include <cstddef>
 #include <cstring>
 #include <vector>
 
 #include "core/dtype.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cpu/parallel_impl.h"
 
 #ifdef STRATA_WITH_DNNL
 #include <omp.h>

@@ -5,6 +5,9 @@
 #include <cstring>
 #include <numbers>
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
 #include "core/error.h"
 
 namespace strata::model {
@@ -17,16 +20,36 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Element i of a standard normal stream keyed by `key` (counter-based: any order, any thread).
-float normal_at(uint64_t key, uint64_t i) {
-  uint64_t pair = i / 2;
+// Elements 2p and 2p + 1 of a standard normal stream keyed by `key` (counter-based: any order, any
+// thread): one Box-Muller pair, the cosine branch even, the sine branch odd.
+struct NormalPair {
+  float even, odd;
+};
+NormalPair normal_pair(uint64_t key, uint64_t pair) {
   uint64_t a = splitmix64(key ^ splitmix64(2 * pair));
   uint64_t b = splitmix64(key ^ splitmix64(2 * pair + 1));
   double u1 = (double(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
   double u2 = double(b >> 11) * 0x1.0p-53;          // [0, 1)
   double r = std::sqrt(-2.0 * std::log(u1));
   double t = 2.0 * std::numbers::pi * u2;
-  return float(i % 2 == 0 ? r * std::cos(t) : r * std::sin(t));
+  return {float(r * std::cos(t)), float(r * std::sin(t))};
+}
+
+// Note [Parallel initialisation]: element i of a tensor depends only on (key, i), so the pairs are drawn
+// in blocks on any thread (oneTBB, the calling thread's arena) and every thread count writes the same
+// bits. One pair's draw (two splitmix64 and a log, cos and sin) is ~20 ns: a 1.1B-parameter model took
+// ~28 s on one thread.
+void fill_normal(float* dst, std::size_t numel, uint64_t key, float scale) {
+  constexpr std::size_t kPairsPerTask = std::size_t(1) << 14;
+  const std::size_t pairs = (numel + 1) / 2;
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, pairs, kPairsPerTask),
+                    [&](const tbb::blocked_range<std::size_t>& r) {
+                      for (std::size_t p = r.begin(); p < r.end(); ++p) {
+                        const NormalPair v = normal_pair(key, p);
+                        dst[2 * p] = scale * v.even;
+                        if (2 * p + 1 < numel) dst[2 * p + 1] = scale * v.odd;
+                      }
+                    });
 }
 
 float* alloc_floats(size_t n) {
@@ -59,7 +82,7 @@ void init_chunk(const ModelLayout& layout, int id, uint64_t seed, float* data) {
     bool resid = c.kind == ChunkKind::block && (int(t) == kWo || int(t) == kWDown);
     float s = resid ? resid_std : std_dev;
     uint64_t key = splitmix64(seed ^ splitmix64((uint64_t(id) << 8) | t));
-    for (size_t i = 0; i < spec.numel; ++i) dst[i] = s * normal_at(key, i);
+    fill_normal(dst, spec.numel, key, s);
   }
 }
 

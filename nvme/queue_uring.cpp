@@ -1,6 +1,7 @@
 // io_uring backend: one ring per engine worker, sized queue_depth + 1 (the extra entry is the wake-up read).
 #include <liburing.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -170,21 +171,58 @@ std::unique_ptr<Queue> make_uring_queue(unsigned depth, bool sqpoll) {
   return std::make_unique<UringQueue>(depth, sqpoll);
 }
 
+namespace {
+
+// Submits the one entry prepared on `ring` and waits for it: the completion's result (bytes, or -errno),
+// the submission's error, or -ETIME when nothing completed.
+int run_one(io_uring& ring) {
+  int r = io_uring_submit_and_wait(&ring, 1);
+  if (r < 0) return r;
+  io_uring_cqe* cqe = nullptr;
+  if (io_uring_peek_cqe(&ring, &cqe) != 0 || !cqe) return -ETIME;
+  r = cqe->res;
+  io_uring_cqe_seen(&ring, cqe);
+  return r;
+}
+
+// What a probe operation that did not move `want` bytes says.
+std::string op_failed(const char* op, int r, int want) {
+  if (r == -ETIME) return cat("a ", op, " submitted to a new ring never completed");
+  if (r < 0) return cat("a ", op, " through io_uring failed: ", uring_reason(-r));
+  return cat("a ", op, " through io_uring moved ", r, " of ", want, " bytes");
+}
+
+}  // namespace
+
+// Note [io_uring probe]: a ring can be created yet every operation refused (some sandboxes filter
+// io_uring_enter), or a NOP complete while the data operations are refused (gVisor implements a subset of
+// io_uring's operations). So the probe makes a NOP round trip, then writes and reads back 4 KiB of a
+// memory file with the operations the queue submits (read and write; the fixed-buffer variants fall back
+// to them by themselves when registration is refused).
 std::string probe_uring() {
   io_uring ring{};
   int r = io_uring_queue_init(4, &ring, 0);
   if (r < 0) return uring_reason(-r);
-  // A ring can be created yet every operation refused (some sandboxes filter io_uring_enter); a NOP
-  // round trip proves the submission path works.
   std::string why;
-  io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-  io_uring_prep_nop(sqe);
-  r = io_uring_submit_and_wait(&ring, 1);
-  io_uring_cqe* cqe = nullptr;
-  if (r < 0) {
-    why = uring_reason(-r);
-  } else if (io_uring_peek_cqe(&ring, &cqe) != 0 || cqe->res < 0) {
-    why = cqe ? uring_reason(-cqe->res) : std::string("a NOP submitted to a new ring never completed");
+  io_uring_prep_nop(io_uring_get_sqe(&ring));
+  r = run_one(ring);
+  if (r < 0) why = op_failed("NOP", r, 0);
+  const int fd = why.empty() ? ::memfd_create("strata-uring-probe", MFD_CLOEXEC) : -1;
+  if (fd >= 0) {  // without a memory file (an old kernel) the NOP is all the probe can check
+    constexpr int kBytes = 4096;
+    std::vector<unsigned char> out(kBytes), in(kBytes);
+    for (int i = 0; i < kBytes; ++i) out[std::size_t(i)] = static_cast<unsigned char>(i * 7 + 1);
+    io_uring_prep_write(io_uring_get_sqe(&ring), fd, out.data(), kBytes, 0);
+    if (r = run_one(ring); r != kBytes) {
+      why = op_failed("write", r, kBytes);
+    } else {
+      io_uring_prep_read(io_uring_get_sqe(&ring), fd, in.data(), kBytes, 0);
+      if (r = run_one(ring); r != kBytes)
+        why = op_failed("read", r, kBytes);
+      else if (in != out)
+        why = "a read through io_uring returned other bytes than were written";
+    }
+    ::close(fd);
   }
   io_uring_queue_exit(&ring);
   return why;

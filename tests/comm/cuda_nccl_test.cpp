@@ -67,19 +67,37 @@ std::vector<std::uint8_t> pattern(DType dtype, std::size_t n, std::uint32_t salt
   return b;
 }
 
+// A CUDA device, a one-rank NCCL communicator on it and a stream; torn down in the order NCCL needs (the
+// stream drained, then the communicator, the stream and the device).
+struct NcclEnv {
+  NcclEnv()
+      : dev(open_device({.backend = "cuda"})),
+        comm(make_nccl_single_rank(*dev)),
+        stream(dev->create_stream("nccl-test")) {}
+  ~NcclEnv() {
+    stream->synchronize();
+    comm.reset();
+    stream.reset();
+    dev.reset();
+  }
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Stream> stream;
+};
+
+// Each test its own NcclEnv (the tests of dup, teardown and refusals want a fresh one).
 class CudaNccl : public ::testing::Test {
  protected:
   void SetUp() override {
     if (const std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
-    dev_ = open_device({.backend = "cuda"});
-    comm_ = make_nccl_single_rank(*dev_);
-    stream_ = dev_->create_stream("nccl-test");
+    own_ = std::make_unique<NcclEnv>();
+    use(*own_);
   }
-  void TearDown() override {
-    if (stream_) stream_->synchronize();
-    comm_.reset();
-    stream_.reset();
-    dev_.reset();
+  void TearDown() override { own_.reset(); }
+  void use(NcclEnv& e) {
+    dev_ = e.dev.get();
+    comm_ = e.comm.get();
+    stream_ = e.stream.get();
   }
   // bytes -> a new device buffer, and back.
   DeviceBuffer to_device(const std::vector<std::uint8_t>& h) {
@@ -94,9 +112,10 @@ class CudaNccl : public ::testing::Test {
     stream_->synchronize();
     return h;
   }
-  std::unique_ptr<Device> dev_;
-  std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<NcclEnv> own_;
+  Device* dev_ = nullptr;
+  Communicator* comm_ = nullptr;
+  Stream* stream_ = nullptr;
 };
 
 enum class Coll { broadcast, all_gather, reduce_scatter, all_reduce, reduce };
@@ -123,8 +142,25 @@ void run(Communicator& c, Coll coll, const void* send, void* recv, std::size_t n
 }
 
 // coll, dtype, op, in place, on a stream.
+// The 184 collective cases share one NcclEnv: NCCL takes a good part of a second to make a communicator,
+// and a communicator each made the binary's run minutes long on a GPU. CommunicatorsAreTornDownAndMadeAgain
+// checks making and tearing down.
 using Param = std::tuple<Coll, DType, ReduceOp, bool, bool>;
-class CudaNcclCollective : public CudaNccl, public ::testing::WithParamInterface<Param> {};
+class CudaNcclCollective : public CudaNccl, public ::testing::WithParamInterface<Param> {
+ public:
+  static void TearDownTestSuite() { shared_.reset(); }
+
+ protected:
+  void SetUp() override {
+    if (const std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+    if (!shared_) shared_ = std::make_unique<NcclEnv>();
+    use(*shared_);
+  }
+  void TearDown() override {
+    if (stream_) stream_->synchronize();
+  }
+  static inline std::unique_ptr<NcclEnv> shared_;
+};
 
 TEST_P(CudaNcclCollective, OneRankReturnsItsInput) {
   const auto& [coll, dtype, op, in_place, on_stream] = GetParam();
@@ -134,7 +170,7 @@ TEST_P(CudaNcclCollective, OneRankReturnsItsInput) {
   DeviceBuffer send = to_device(in);
   DeviceBuffer out = to_device(std::vector<std::uint8_t>(bytes, 0xab));
   void* recv = in_place ? send.data() : out.data();
-  run(*comm_, coll, send.data(), recv, n, dtype, op, on_stream ? stream_.get() : nullptr);
+  run(*comm_, coll, send.data(), recv, n, dtype, op, on_stream ? stream_ : nullptr);
   EXPECT_EQ(to_host(recv, bytes), in);  // to_host synchronises the stream first
   if (!in_place) {
     EXPECT_EQ(to_host(send.data(), bytes), in) << "send is read only";
@@ -176,8 +212,8 @@ TEST_F(CudaNccl, IdentityAndDup) {
   EXPECT_STREQ(d->name(), "nccl");
   const std::vector<std::uint8_t> in = pattern(DType::bf16, 333, 3);
   DeviceBuffer buf = to_device(in);
-  d->all_reduce(buf.data(), buf.data(), 333, DType::bf16, ReduceOp::sum, stream_.get());
-  comm_->all_reduce(buf.data(), buf.data(), 333, DType::bf16, ReduceOp::max, stream_.get());
+  d->all_reduce(buf.data(), buf.data(), 333, DType::bf16, ReduceOp::sum, stream_);
+  comm_->all_reduce(buf.data(), buf.data(), 333, DType::bf16, ReduceOp::max, stream_);
   EXPECT_EQ(to_host(buf.data(), in.size()), in);
 }
 
@@ -215,7 +251,7 @@ TEST_F(CudaNccl, PageableHostMemoryIsRefusedNamingTheCollectiveAndWhatToUse) {
       const void* send = host_is_send ? static_cast<const void*>(host.data()) : dbuf.data();
       void* recv = host_is_send ? dbuf.data() : static_cast<void*>(host.data());
       const std::string msg =
-          error_of([&] { run(*comm_, c, send, recv, 64, DType::fp32, ReduceOp::sum, stream_.get()); });
+          error_of([&] { run(*comm_, c, send, recv, 64, DType::fp32, ReduceOp::sum, stream_); });
       EXPECT_NE(msg.find(std::string("NCCL ") + coll_name(c) + ": the " + (host_is_send ? "send" : "recv") +
                          " buffer"),
                 std::string::npos)
@@ -253,12 +289,12 @@ TEST_F(CudaNccl, CommunicatorsAreTornDownAndMadeAgain) {
   DeviceBuffer buf = to_device(in);
   for (int round = 0; round < 3; ++round) {
     std::unique_ptr<Communicator> c = make_nccl_single_rank(*dev_);
-    c->all_reduce(buf.data(), buf.data(), 2048, DType::fp32, ReduceOp::sum, stream_.get());
+    c->all_reduce(buf.data(), buf.data(), 2048, DType::fp32, ReduceOp::sum, stream_);
     c->all_reduce(buf.data(), buf.data(), 2048, DType::fp32, ReduceOp::avg, nullptr);  // its own stream
     stream_->synchronize();
     std::unique_ptr<Communicator> d = c->dup();
     c.reset();  // the dup outlives its parent
-    d->broadcast(buf.data(), buf.data(), 2048, DType::fp32, 0, stream_.get());
+    d->broadcast(buf.data(), buf.data(), 2048, DType::fp32, 0, stream_);
     stream_->synchronize();
   }
   EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);

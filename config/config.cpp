@@ -236,7 +236,13 @@ struct ConfigParser {
     for (const auto& [k, v] : obj.items()) {
       std::string p = section.empty() ? k : section + "." + k;
       if (const Ignored* ig = find_ignored(p)) {
-        if (!asks_for_nothing(v)) warn(detail::cat(shown_key(p), ": ignored; ", ig->reason));
+        if (asks_for_nothing(v)) continue;
+        if (ig->refused)
+          error(detail::cat(shown_key(p), ": not supported; ", ig->reason,
+                            ". Remove the section or set "
+                            "\"enabled\": false"));
+        else
+          warn(detail::cat(shown_key(p), ": ignored; ", ig->reason));
         continue;
       }
       int idx = option_index(p);

@@ -147,6 +147,14 @@ struct CsvMonitorConfig {
   std::string job_name = "DeepSpeedJobName";  // a directory inside output_path
 };
 
+// DeepSpeed's tensorboard monitor: the same per-step metrics as csv_monitor, as TensorBoard event files in
+// output_path/job_name/ (tools/tensorboard_monitor.h writes them; `strata train` only, rank 0 only).
+struct TensorBoardConfig {
+  bool enabled = false;
+  std::string output_path;                    // "" = the directory strata runs in
+  std::string job_name = "DeepSpeedJobName";  // a directory inside output_path
+};
+
 // DeepSpeed's activation_checkpointing section (deepspeed.checkpointing's settings). In DeepSpeed the
 // model code calls the checkpointing; here the model does it at every transformer block when
 // strata.checkpoint_activations says so, and these keys are accepted with what they mean here
@@ -234,6 +242,7 @@ struct Config {
   bool wall_clock_breakdown = false;
   bool memory_breakdown = false;
   CsvMonitorConfig csv_monitor;
+  TensorBoardConfig tensorboard;
   ActivationCheckpointingConfig activation_checkpointing;
   StrataConfig strata;
 

@@ -109,6 +109,9 @@ struct Alias {
 struct Ignored {
   const char* path;
   const char* reason;
+  // true: asking for it (anything but false, null or "enabled": false) is an error rather than a warning,
+  // for a feature a user would otherwise believe on (a monitor that never writes).
+  bool refused = false;
 };
 
 // A name the command line may pass in Overrides.

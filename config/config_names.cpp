@@ -62,14 +62,16 @@ std::vector<Alias> build_aliases() {
 
 std::vector<Ignored> build_ignored() {
   const char* monitor =
-      "this monitoring backend is not implemented; csv_monitor writes the per-step metrics as CSV files "
+      "this monitoring backend is not implemented; tensorboard and csv_monitor write the per-step metrics "
       "and memprof writes traces (strata.memprof.path)";
   const char* feature = "this DeepSpeed feature is not implemented in Strata";
   const char* zeropp = "ZeRO++/MiCS variants are not implemented";
   const char* torch_only = "applies to PyTorch modules; Strata's engine has no equivalent";
   return {
-      {"tensorboard", monitor},
-      {"wandb", monitor},
+      {"wandb",
+       "Strata has no wandb writer (wandb's client is Python and sends to its service): use tensorboard "
+       "(its event files upload with `wandb sync --sync-tensorboard DIR`) or csv_monitor",
+       true},
       {"comet", monitor},
       {"flops_profiler", feature},
       {"comms_logger", feature},

@@ -703,6 +703,28 @@ std::vector<Option> build_options() {
            "Folder inside output_path for the files, `output_path/job_name/Train_Samples_<metric>.csv`.",
        .field = STRATA_FIELD(csv_monitor.job_name)});
 
+  // ---- tensorboard (DeepSpeed's monitor/config.py TensorBoardConfig) ----
+  o.push_back({.path = "tensorboard.enabled",
+               .kind = Kind::boolean,
+               .def = false,
+               .meaning = "Write the per-step metrics csv_monitor writes (loss, lr, grad norm, loss scale, "
+                          "tokens/s, time split, bytes per tier) as TensorBoard event files; `strata train`, "
+                          "rank 0.",
+               .field = STRATA_FIELD(tensorboard.enabled)});
+  o.push_back({.path = "tensorboard.output_path",
+               .kind = Kind::path,
+               .def = "",
+               .meaning = "Directory the job's folder goes in; must be writable when enabled.",
+               .field = STRATA_FIELD(tensorboard.output_path),
+               .default_note = "\"\" (the directory strata runs in)"});
+  o.push_back({.path = "tensorboard.job_name",
+               .kind = Kind::path,
+               .def = "DeepSpeedJobName",
+               .meaning = "Folder inside output_path for the event files, "
+                          "`output_path/job_name/events.out.tfevents.<time>.<host>.<pid>.<n>`; `tensorboard "
+                          "--logdir output_path` shows each job as a run.",
+               .field = STRATA_FIELD(tensorboard.job_name)});
+
   // ---- strata (ours) ----
   o.push_back(
       {.path = "strata.backend",

@@ -38,6 +38,7 @@
 #include "tools/cli.h"
 #include "tools/csv_monitor.h"
 #include "tools/launch_plan.h"
+#include "tools/tensorboard_monitor.h"
 #include "zero3/engine.h"
 
 namespace strata::cli {
@@ -186,11 +187,12 @@ class Progress {
       bar.resize(std::size_t(width), '-');
       std::snprintf(
           line, sizeof line,
-          "\r\033[K[%s] step %lld/%lld  loss %#.6g%s  %.0f tok/s  %.2fs (fwd %.2f bwd %.2f opt %.2f wait "
-          "%.2f)  dev %s pin %s nvme %s  ETA %s",
+          "\r\033[K[%s] step %lld/%lld  loss %#.6g%s  lr %.3g  grad_norm %.3f  %.0f tok/s  %.2fs (fwd %.2f "
+          "bwd %.2f opt %.2f wait %.2f)  dev %s pin %s nvme %s  ETA %s",
           bar.c_str(), (long long)r.step, (long long)(first_ + total_), r.loss, r.applied ? "" : " (skipped)",
-          tps, t.total, t.forward, t.backward, t.optimizer, t.wait, format_size(b.device, 1).c_str(),
-          format_size(b.pinned, 1).c_str(), format_size(b.nvme, 1).c_str(), duration(eta).c_str());
+          r.lr, r.grad_norm, tps, t.total, t.forward, t.backward, t.optimizer, t.wait,
+          format_size(b.device, 1).c_str(), format_size(b.pinned, 1).c_str(), format_size(b.nvme, 1).c_str(),
+          duration(eta).c_str());
       std::fputs(line, stderr);
       std::fflush(stderr);
       return;
@@ -218,11 +220,12 @@ class Progress {
   Clock::time_point t0_;
 };
 
-// One optimizer step's csv_monitor events: DeepSpeed's names where it has the metric, Strata's own beside
-// them, all at step = samples consumed so far (DeepSpeed's global_samples). The figures are the progress
-// line's: rank 0's tokens/s, time split (seconds) and bytes per tier.
-void write_csv_step(CsvMonitor& csv, const zero3::StepResult& r, const TierBytes& b, std::int64_t samples,
-                    bool fp16) {
+// One optimizer step's monitor events (csv_monitor, tensorboard): DeepSpeed's names where it has the
+// metric, Strata's own beside them, all at step = samples consumed so far (DeepSpeed's global_samples). The
+// figures are the progress line's: rank 0's tokens/s, time split (seconds) and bytes per tier.
+template <typename Monitor>
+void write_step_metrics(Monitor& csv, const zero3::StepResult& r, const TierBytes& b, std::int64_t samples,
+                        bool fp16) {
   const zero3::StepTimes& t = r.times;
   csv.write("Train/Samples/train_loss", samples, r.loss);
   csv.write("Train/Samples/lr", samples, r.lr);
@@ -287,6 +290,10 @@ int run_train(const TrainOpts& o) {
   const std::string csv_dir =
       cfg.csv_monitor.enabled && ri.rank == 0 ? CsvMonitor::directory(cfg.csv_monitor) : std::string();
   if (!csv_dir.empty()) check_output_dir(csv_dir, "csv_monitor.output_path/job_name:");
+  const std::string tb_dir = cfg.tensorboard.enabled && ri.rank == 0
+                                 ? TensorBoardMonitor::directory(cfg.tensorboard)
+                                 : std::string();
+  if (!tb_dir.empty()) check_output_dir(tb_dir, "tensorboard.output_path/job_name:");
   if (o.save_interval > 0 && o.save.empty())
     throw ConfigError("--save-interval needs --save DIR (where the checkpoints go)");
   if ((o.eval_interval > 0 || o.eval_batches > 0) && o.eval_data.empty())
@@ -453,6 +460,9 @@ int run_train(const TrainOpts& o) {
   if (lead && !csv_dir.empty())
     csv.emplace(csv_dir,
                 o.load.empty() ? std::nullopt : std::optional<std::int64_t>(first * samples_per_step));
+  // tensorboard: one event file per run in the job's folder (a resumed run adds its own).
+  std::optional<TensorBoardMonitor> tb;
+  if (lead && !tb_dir.empty()) tb.emplace(tb_dir);
   std::vector<double> losses;
   zero3::StepTimes sum;
   std::int64_t tokens_seen = 0, skipped = 0;
@@ -475,7 +485,8 @@ int run_train(const TrainOpts& o) {
     skipped += r.applied ? 0 : 1;
     const TierBytes b = tier_bytes(engine);
     progress.update(r, b);
-    if (csv) write_csv_step(*csv, r, b, r.step * samples_per_step, cfg.fp16.enabled);
+    if (csv) write_step_metrics(*csv, r, b, r.step * samples_per_step, cfg.fp16.enabled);
+    if (tb) write_step_metrics(*tb, r, b, r.step * samples_per_step, cfg.fp16.enabled);
     const bool eval_now =
         eval_file && ((o.eval_interval > 0 && (i + 1) % o.eval_interval == 0) || i + 1 == o.steps);
     if (eval_now) {
@@ -490,7 +501,9 @@ int run_train(const TrainOpts& o) {
                      (long long)e.tokens);
       std::fflush(out);
       if (csv) csv->write("Train/Samples/eval_loss", r.step * samples_per_step, e.loss);
+      if (tb) tb->write("Train/Samples/eval_loss", r.step * samples_per_step, e.loss);
     }
+    if (tb) tb->flush();
     if (!o.save.empty() && o.save_interval > 0 && (i + 1) % o.save_interval == 0 && i + 1 < o.steps) {
       progress.finish();
       saved = engine.save_checkpoint(o.save, client_state, &data);
@@ -602,6 +615,7 @@ int run_train(const TrainOpts& o) {
   if (csv)
     std::fprintf(out, "  metrics     %s (csv_monitor)\n",
                  CsvMonitor::file_for(csv->dir(), "Train/Samples/*").c_str());
+  if (tb) std::fprintf(out, "  metrics     %s (tensorboard)\n", tb->path().c_str());
   if (out != stdout) std::fclose(out);
   return stopped_by != 0 ? 128 + stopped_by : 0;
 }

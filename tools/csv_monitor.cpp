@@ -140,10 +140,14 @@ void replace_file(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-std::string CsvMonitor::directory(const CsvMonitorConfig& c) {
+std::string monitor_directory(const std::string& output_path, const std::string& job_name) {
   // os.path.join(output_path, job_name), which std::filesystem::path's operator/ matches.
-  const std::string dir = (std::filesystem::path(c.output_path) / c.job_name).string();
+  const std::string dir = (std::filesystem::path(output_path) / job_name).string();
   return dir.empty() ? "." : dir;
+}
+
+std::string CsvMonitor::directory(const CsvMonitorConfig& c) {
+  return monitor_directory(c.output_path, c.job_name);
 }
 
 std::string CsvMonitor::file_for(const std::string& dir, std::string_view name) {

@@ -35,6 +35,11 @@
 
 namespace strata::cli {
 
+// output_path/job_name as DeepSpeed's monitors join them (os.path.join: "" output_path is relative to the
+// current directory; an absolute job_name stands alone); "." when both are empty. csv_monitor's and
+// tensorboard's folder.
+std::string monitor_directory(const std::string& output_path, const std::string& job_name);
+
 class CsvMonitor {
  public:
   // output_path/job_name as DeepSpeed joins them ("" output_path: relative to the current directory; an

@@ -84,7 +84,7 @@ TEST(Fixtures, Fp16Zero2KeepsEveryLossScaleKeyAndSplitsTheBatchOverRanks) {
   EXPECT_EQ(c.steps_per_print, 2000);
 }
 
-TEST(Fixtures, Bf16CosineLionParsesAndWarnsOnceForEachIgnoredSection) {
+TEST(Fixtures, Bf16CosineLionParsesWithItsTensorBoardSection) {
   Config c = Config::load(fixture_path("bf16_zero3_cosine.json"), {}, /*world_size=*/8);
   EXPECT_TRUE(c.bf16.enabled);
   EXPECT_EQ(c.optimizer.type, OptimizerType::Lion);  // "lion": matched ignoring case
@@ -94,8 +94,11 @@ TEST(Fixtures, Bf16CosineLionParsesAndWarnsOnceForEachIgnoredSection) {
   EXPECT_EQ(c.scheduler.warmup_type, WarmupType::linear);
   EXPECT_DOUBLE_EQ(c.scheduler.cos_min_ratio, 0.1);
   EXPECT_DOUBLE_EQ(c.scheduler.warmup_min_ratio, 0.01);
-  EXPECT_EQ(c.warnings().size(), 1u);  // activation_checkpointing's keys are read (checkpointing_test.cpp)
-  EXPECT_TRUE(any_contains(c.warnings(), "tensorboard: ignored"));
+  // activation_checkpointing's keys are read (checkpointing_test.cpp), tensorboard's too.
+  EXPECT_TRUE(c.warnings().empty()) << c.warnings()[0];
+  EXPECT_TRUE(c.tensorboard.enabled);
+  EXPECT_EQ(c.tensorboard.output_path, "logs/");
+  EXPECT_EQ(c.tensorboard.job_name, "llama-run");
   EXPECT_FALSE(c.activation_checkpointing.cpu_checkpointing);
 }
 

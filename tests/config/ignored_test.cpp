@@ -6,15 +6,24 @@ namespace {
 
 TEST(IgnoredKeys, EachWarnsOnceAndIsNotValidated) {
   nlohmann::json doc = {{"train_batch_size", 8},
-                        {"wandb", {{"enabled", true}, {"project", "x"}}},
+                        {"comet", {{"enabled", true}, {"project", "x"}}},
                         {"flops_profiler", {{"enabled", "not even a bool"}}},
                         {"comms_logger", {{"enabled", true}}},
                         {"zero_optimization", {{"stage", 3}, {"zero_quantized_weights", true}}}};
   Config c = Config::parse(doc);
   ASSERT_EQ(c.warnings().size(), 4u);
-  for (const char* key : {"wandb: ignored", "flops_profiler: ignored", "comms_logger: ignored",
+  for (const char* key : {"comet: ignored", "flops_profiler: ignored", "comms_logger: ignored",
                           "zero_optimization.zero_quantized_weights: ignored; ZeRO++"})
     EXPECT_TRUE(testing::any_contains(c.warnings(), key)) << key;
+}
+
+// wandb would be a monitor that never writes: asking for it is refused, naming what does write.
+TEST(IgnoredKeys, WandbEnabledIsRefusedNamingTheMonitorsThatWrite) {
+  const std::string msg =
+      testing::parse_error({{"train_batch_size", 8}, {"wandb", {{"enabled", true}, {"project", "x"}}}});
+  EXPECT_NE(msg.find("wandb: not supported"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tensorboard"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("csv_monitor"), std::string::npos) << msg;
 }
 
 // A stock config disables what it does not use ("tensorboard": {"enabled": false}); that asks for nothing

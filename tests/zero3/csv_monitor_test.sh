@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# `strata train` with DeepSpeed's csv_monitor: the files land in output_path/job_name/, one per metric,
+# `strata train` with DeepSpeed's csv_monitor (and its tensorboard monitor beside it, into the same folder: one
+# event file per run, holding every step's loss; tests/config/tensorboard_test.cpp reads the format record
+# by record): the csv files land in output_path/job_name/, one per metric,
 # each with the header `step,<metric>` and one row per optimizer step at step = samples so far; the losses
 # are the ones the step lines print, at full precision; a resumed run appends under the same header; an
 # output_path that cannot be created is refused before the first step, naming the keys.
@@ -15,6 +17,7 @@ import json, sys
 c = json.load(open(sys.argv[1]))
 c["steps_per_print"] = 1
 c["csv_monitor"] = {"enabled": True, "output_path": sys.argv[2], "job_name": "tiny run"}
+c["tensorboard"] = {"enabled": True, "output_path": sys.argv[2], "job_name": "tiny run"}
 json.dump(c, open(sys.argv[3], "w"), indent=2)
 EOF
 }
@@ -52,6 +55,13 @@ if all(float(v) == float(p) for p, (_, v) in zip(printed, rows)):
     sys.exit("FAIL: train_loss.csv holds only the printed digits, not the full precision")
 print("losses: the step lines' " + ", ".join(printed) + " are the CSV's " + ", ".join(v for _, v in rows))
 EOF
+
+# The tensorboard event file: named in the summary, one train_loss scalar per step.
+events=$(ls "$job"/events.out.tfevents.* 2>/dev/null)
+[ "$(echo "$events" | grep -c .)" -eq 1 ] || fail "expected one event file in $job, found: $events"
+grep -qF "metrics     $events (tensorboard)" "$dir/run1.log" || fail "the summary does not name $events"
+n=$(python3 -c 'import sys; print(open(sys.argv[1], "rb").read().count(b"Train/Samples/train_loss"))' "$events")
+[ "$n" -eq 3 ] || fail "$events holds $n train_loss scalars, expected 3"
 
 # Resuming into the same folder appends under the one header.
 train --steps 1 --load "$dir/ckpt" >"$dir/run2.log" 2>&1 || { cat "$dir/run2.log"; fail "resume failed"; }

@@ -222,10 +222,11 @@ class Progress {
 
 // One optimizer step's monitor events (csv_monitor, tensorboard): DeepSpeed's names where it has the
 // metric, Strata's own beside them, all at step = samples consumed so far (DeepSpeed's global_samples). The
-// figures are the progress line's: rank 0's tokens/s, time split (seconds) and bytes per tier.
+// figures are the progress line's: rank 0's tokens/s, time split (seconds) and bytes per tier; then the
+// device's high-water mark so far (everything allocated on it: pool, activations, workspaces).
 template <typename Monitor>
-void write_step_metrics(Monitor& csv, const zero3::StepResult& r, const TierBytes& b, std::int64_t samples,
-                        bool fp16) {
+void write_step_metrics(Monitor& csv, const zero3::StepResult& r, const TierBytes& b,
+                        std::uint64_t device_peak, std::int64_t samples, bool fp16) {
   const zero3::StepTimes& t = r.times;
   csv.write("Train/Samples/train_loss", samples, r.loss);
   csv.write("Train/Samples/lr", samples, r.lr);
@@ -240,6 +241,7 @@ void write_step_metrics(Monitor& csv, const zero3::StepResult& r, const TierByte
   csv.write("Train/Samples/bytes_device", samples, double(b.device));
   csv.write("Train/Samples/bytes_pinned", samples, double(b.pinned));
   csv.write("Train/Samples/bytes_nvme", samples, double(b.nvme));
+  csv.write("Train/Samples/bytes_device_peak", samples, double(device_peak));
 }
 
 int run_train(const TrainOpts& o) {
@@ -485,8 +487,9 @@ int run_train(const TrainOpts& o) {
     skipped += r.applied ? 0 : 1;
     const TierBytes b = tier_bytes(engine);
     progress.update(r, b);
-    if (csv) write_step_metrics(*csv, r, b, r.step * samples_per_step, cfg.fp16.enabled);
-    if (tb) write_step_metrics(*tb, r, b, r.step * samples_per_step, cfg.fp16.enabled);
+    const std::uint64_t device_peak = engine.device().memory_stats().peak_in_use;
+    if (csv) write_step_metrics(*csv, r, b, device_peak, r.step * samples_per_step, cfg.fp16.enabled);
+    if (tb) write_step_metrics(*tb, r, b, device_peak, r.step * samples_per_step, cfg.fp16.enabled);
     const bool eval_now =
         eval_file && ((o.eval_interval > 0 && (i + 1) % o.eval_interval == 0) || i + 1 == o.steps);
     if (eval_now) {

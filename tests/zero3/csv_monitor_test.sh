@@ -30,7 +30,7 @@ cat "$dir/run1.log"
 
 job="$dir/metrics/tiny run"
 for m in train_loss lr grad_norm tokens_per_second time_total time_forward time_backward time_optimizer \
-  time_wait bytes_device bytes_pinned bytes_nvme; do
+  time_wait bytes_device bytes_pinned bytes_nvme bytes_device_peak; do
   f="$job/Train_Samples_$m.csv"
   [ -f "$f" ] || fail "no $f"
   [ "$(head -n 1 "$f")" = "step,$m" ] || fail "$f: header $(head -n 1 "$f"), expected step,$m"

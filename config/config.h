@@ -155,6 +155,13 @@ struct TensorBoardConfig {
   std::string job_name = "DeepSpeedJobName";  // a directory inside output_path
 };
 
+// DeepSpeed's checkpoint section: the key Strata reads (its others are accepted and ignored).
+struct CheckpointConfig {
+  // Checkpoints to keep in a save directory: after each save, the oldest complete checkpoints beyond this
+  // many are removed, never the one `latest` names (zero3/checkpoint.h, rotate_checkpoints). 0: keep all.
+  std::int64_t keep_last = 0;
+};
+
 // DeepSpeed's activation_checkpointing section (deepspeed.checkpointing's settings). In DeepSpeed the
 // model code calls the checkpointing; here the model does it at every transformer block when
 // strata.checkpoint_activations says so, and these keys are accepted with what they mean here
@@ -243,6 +250,7 @@ struct Config {
   bool memory_breakdown = false;
   CsvMonitorConfig csv_monitor;
   TensorBoardConfig tensorboard;
+  CheckpointConfig checkpoint;
   ActivationCheckpointingConfig activation_checkpointing;
   StrataConfig strata;
 

@@ -703,6 +703,17 @@ std::vector<Option> build_options() {
            "Folder inside output_path for the files, `output_path/job_name/Train_Samples_<metric>.csv`.",
        .field = STRATA_FIELD(csv_monitor.job_name)});
 
+  // ---- checkpoint (DeepSpeed's section; keep_last is Strata's, HF Trainer's save_total_limit) ----
+  o.push_back({.path = "checkpoint.keep_last",
+               .kind = Kind::integer,
+               .def = 0,
+               .meaning =
+                   "Checkpoints to keep in the save directory: after each save the oldest complete ones "
+                   "beyond this many are removed (never the one `latest` names; HF Trainer's "
+                   "save_total_limit). 0 keeps all.",
+               .field = STRATA_FIELD(checkpoint.keep_last),
+               .min = 0});
+
   // ---- tensorboard (DeepSpeed's monitor/config.py TensorBoardConfig) ----
   o.push_back({.path = "tensorboard.enabled",
                .kind = Kind::boolean,

@@ -49,7 +49,7 @@ using Clock = std::chrono::steady_clock;
 
 struct TrainOpts {
   std::string config, model, init_from, data, text;
-  std::int64_t steps = 0;
+  std::int64_t steps = -1, max_steps = -1;  // -1: not given (exactly one of them is)
   std::string save, load, load_tag, export_path, eval_data;
   std::int64_t save_interval = 0, eval_interval = 0, eval_batches = 0;
   int seq_len = 0;
@@ -249,7 +249,10 @@ int run_train(const TrainOpts& o) {
   // state to NVMe) ends the run before its first step, through the destructors that remove the temporary
   // token file and the swap files.
   StopSignals stop_signals;
-  if (o.steps < 0) throw ConfigError("--steps must be at least 0 (0: set up, save or export, no training)");
+  if ((o.steps >= 0) == (o.max_steps >= 0))
+    throw ConfigError(
+        "give exactly one of --steps N (N more optimizer steps) or --max-steps N (train until global step N: "
+        "the same command starts a run and resumes it with --load)");
   if (o.model.empty() == o.init_from.empty())
     throw ConfigError(
         "give exactly one of --model PRESET_OR_JSON (fresh weights) or --init-from "
@@ -307,9 +310,30 @@ int run_train(const TrainOpts& o) {
   std::optional<model::HfModel> hf;
   if (!o.init_from.empty()) hf = model::open_hf_model(o.init_from);
   const model::ModelConfig mcfg = hf ? hf->config : load_model(o.model);
+  // Note [Resuming from nothing]: --load DIR where DIR holds no checkpoint yet (missing, empty, or without
+  // a `latest` pointer and no --load-tag) starts fresh, saying so, so that one command line serves a
+  // preemptible job's first start and its restarts (with --save DIR and --max-steps). A DIR that is not
+  // a directory, or a --load-tag that does not exist, is still refused when the engine loads.
+  bool resume = !o.load.empty();
+  if (resume && o.load_tag.empty()) {
+    std::error_code ec;
+    const std::filesystem::path dir(o.load);
+    if (!std::filesystem::exists(dir, ec) ||
+        (std::filesystem::is_directory(dir, ec) && !std::filesystem::exists(dir / "latest", ec))) {
+      bool tags = false;  // checkpoint directories without a pointer: not "nothing", refused below
+      for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+        tags = tags || std::filesystem::exists(e.path() / "meta.json", ec);
+      if (tags)
+        throw ConfigError(cat("--load ", o.load,
+                              " holds checkpoint directories but no `latest` pointer; "
+                              "name one with --load-tag TAG"));
+      resume = false;
+      STRATA_LOG_INFO("train: --load ", o.load, " holds no checkpoint yet: starting fresh",
+                      o.save == o.load ? " (--save writes there)" : "");
+    }
+  }
   std::unique_ptr<model::WeightsSource> weights;
-  if (hf && o.load.empty())
-    weights = std::make_unique<model::WeightsSource>(hf->weights, model::ModelLayout(mcfg));
+  if (hf && !resume) weights = std::make_unique<model::WeightsSource>(hf->weights, model::ModelLayout(mcfg));
   if (weights) weights->warn_unused("--init-from");
   if (hf && !o.text.empty() && !hf->dir.empty())
     for (const char* f : {"tokenizer.json", "tokenizer.model"})
@@ -384,7 +408,7 @@ int run_train(const TrainOpts& o) {
                               " free; free space or choose another --save directory"));
     }
   }
-  if (!o.load.empty()) engine.load_checkpoint(o.load, o.load_tag, &data);
+  if (resume) engine.load_checkpoint(o.load, o.load_tag, &data);
   // Signalled during the set-up: stop before the first step (every rank, as they agree).
   int early = g_stop_signal.load();
   if (world > 1) early = int(engine.communicator().all_reduce_max(double(early)));
@@ -396,6 +420,11 @@ int run_train(const TrainOpts& o) {
 
   const bool tty = lead && o.progress && ::isatty(STDERR_FILENO);
   const std::int64_t first = engine.global_step();
+  // --max-steps N: the steps left to global step N (none when the checkpoint is already there).
+  const std::int64_t steps = o.max_steps >= 0 ? std::max<std::int64_t>(0, o.max_steps - first) : o.steps;
+  if (o.max_steps >= 0 && first >= o.max_steps)
+    STRATA_LOG_INFO("train: the run is at global step ", first, ", --max-steps ", o.max_steps,
+                    ": nothing left to train");
   // Output from rank 0 only: the others write to a sink.
   std::FILE* out = lead ? stdout : std::fopen("/dev/null", "w");
   STRATA_SYS_CHECK(out != nullptr, "open /dev/null");
@@ -404,7 +433,7 @@ int run_train(const TrainOpts& o) {
       "train: %s, %lld parameters, %d x %d tokens x %d accumulation per step x %d rank%s, %lld steps from "
       "step %lld, offload param %s / optimizer %s, device %s (%s)\n",
       mcfg.name.c_str(), (long long)mcfg.num_parameters(), engine.micro_batch(), seq_len,
-      engine.accumulation_steps(), world, world > 1 ? "s" : "", (long long)o.steps, (long long)first,
+      engine.accumulation_steps(), world, world > 1 ? "s" : "", (long long)steps, (long long)first,
       zero3::offload_name(cfg.zero_optimization.offload_param.device),
       zero3::offload_name(cfg.zero_optimization.offload_optimizer.device),
       engine.device().caps().name.c_str(), format_size(engine.device().caps().capacity, 1).c_str());
@@ -453,15 +482,14 @@ int run_train(const TrainOpts& o) {
 
   std::fflush(out);
 
-  Progress progress(o.steps, first, tty, cfg.steps_per_print, out);
+  Progress progress(steps, first, tty, cfg.steps_per_print, out);
   const std::int64_t samples_per_step =
       std::int64_t(engine.micro_batch()) * engine.accumulation_steps() * world;
   // csv_monitor: a new run replaces an earlier run's files; a resumed one keeps their rows up to the
   // checkpoint's step column (its step x this run's samples per step) and continues them.
   std::optional<CsvMonitor> csv;
   if (lead && !csv_dir.empty())
-    csv.emplace(csv_dir,
-                o.load.empty() ? std::nullopt : std::optional<std::int64_t>(first * samples_per_step));
+    csv.emplace(csv_dir, !resume ? std::nullopt : std::optional<std::int64_t>(first * samples_per_step));
   // tensorboard: one event file per run in the job's folder (a resumed run adds its own).
   std::optional<TensorBoardMonitor> tb;
   if (lead && !tb_dir.empty()) tb.emplace(tb_dir);
@@ -476,7 +504,7 @@ int run_train(const TrainOpts& o) {
   if (hf && !hf->dir.empty()) client_state["init_from"] = std::filesystem::absolute(hf->dir).string();
   const auto t0 = Clock::now();
   int stopped_by = 0;
-  for (std::int64_t i = 0; i < o.steps; ++i) {
+  for (std::int64_t i = 0; i < steps; ++i) {
     const nvme::IoStats io0 = engine.nvme_stats();
     const zero3::StepResult r = engine.train_batch(model, data);
     io.add(io0, engine.nvme_stats());
@@ -491,7 +519,7 @@ int run_train(const TrainOpts& o) {
     if (csv) write_step_metrics(*csv, r, b, device_peak, r.step * samples_per_step, cfg.fp16.enabled);
     if (tb) write_step_metrics(*tb, r, b, device_peak, r.step * samples_per_step, cfg.fp16.enabled);
     const bool eval_now =
-        eval_file && ((o.eval_interval > 0 && (i + 1) % o.eval_interval == 0) || i + 1 == o.steps);
+        eval_file && ((o.eval_interval > 0 && (i + 1) % o.eval_interval == 0) || i + 1 == steps);
     if (eval_now) {
       progress.finish();
       const model::EvalResult e =
@@ -507,13 +535,13 @@ int run_train(const TrainOpts& o) {
       if (tb) tb->write("Train/Samples/eval_loss", r.step * samples_per_step, e.loss);
     }
     if (tb) tb->flush();
-    if (!o.save.empty() && o.save_interval > 0 && (i + 1) % o.save_interval == 0 && i + 1 < o.steps) {
+    if (!o.save.empty() && o.save_interval > 0 && (i + 1) % o.save_interval == 0 && i + 1 < steps) {
       progress.finish();
       saved = engine.save_checkpoint(o.save, client_state, &data);
     }
     stopped_by = g_stop_signal.load();
     if (world > 1) stopped_by = int(engine.communicator().all_reduce_max(double(stopped_by)));
-    if (stopped_by != 0 && i + 1 < o.steps) {
+    if (stopped_by != 0 && i + 1 < steps) {
       progress.finish();
       STRATA_LOG_WARN(
           "train: ", signal_name(stopped_by), " after step ", r.step,
@@ -649,7 +677,10 @@ Command train(
       sub.add_option("--data", o->data, "Token file (llm.c .bin or flat uint16)");
       sub.add_option("--text", o->text, "Text file, tokenized as bytes (models with vocab_size >= 256)");
       sub.add_option("--steps", o->steps, "Optimizer steps to run (0: set up, then save / export)")
-          ->required();
+          ->check(CLI::NonNegativeNumber);
+      sub.add_option("--max-steps", o->max_steps,
+                     "Train until global step N (with --load: the steps left; give this or --steps)")
+          ->check(CLI::NonNegativeNumber);
       sub.add_option("--seq-len", o->seq_len, "Tokens per sequence (default: min(max_seq_len, 256))")
           ->check(at_least_one);
       sub.add_option("--save", o->save,
@@ -663,7 +694,8 @@ Command train(
       sub.add_option("--eval-batches", o->eval_batches,
                      "Micro-batches of --eval-data per evaluation (default: every whole sequence)")
           ->check(at_least_one);
-      sub.add_option("--load", o->load, "Resume from this checkpoint directory (its `latest` tag)");
+      sub.add_option("--load", o->load,
+                     "Resume from this checkpoint directory (its `latest` tag); none there yet: start fresh");
       sub.add_option("--load-tag", o->load_tag, "Resume from this tag instead of `latest`");
       sub.add_option(
           "--export", o->export_path,

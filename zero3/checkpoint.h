@@ -113,4 +113,13 @@ std::string latest_tag(const std::string& dir);
 // "global_step<N>", DeepSpeed's tag.
 std::string step_tag(std::int64_t step);
 
+// Note [Checkpoint rotation]: keeps the newest `keep_last` complete checkpoints of `dir` (directories
+// holding this format's meta.json, newest by their step, then by name) and removes the older ones, never
+// the one `dir`/latest names (the newest in practice; a run resumed with --load-tag may save an older
+// step). A checkpoint being removed is first renamed to TAG.removing, so a crash part-way leaves nothing
+// that looks like a checkpoint; such leftovers are removed by the next rotation. Directories being written
+// (TAG.tmp) or moved aside (TAG.old) are not checkpoints and are left alone. keep_last 0 keeps all.
+// Returns the tags removed. Raises IoError naming the path when a removal fails.
+std::vector<std::string> rotate_checkpoints(const std::string& dir, std::int64_t keep_last);
+
 }  // namespace strata::zero3

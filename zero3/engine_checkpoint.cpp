@@ -107,6 +107,12 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
   const std::string path = w.commit(std::move(meta));
   STRATA_LOG_INFO("zero3: saved checkpoint ", path, " (", format_bytes(w.bytes_written()),
                   world > 1 ? " on this rank)" : ")");
+  // Note [Checkpoint rotation] in zero3/checkpoint.h: rank 0 alone, once every rank has committed.
+  if (comm->rank() == 0 && cfg.checkpoint.keep_last > 0)
+    if (const std::vector<std::string> gone = rotate_checkpoints(dir, cfg.checkpoint.keep_last);
+        !gone.empty())
+      STRATA_LOG_INFO("zero3: removed checkpoint", gone.size() > 1 ? "s " : " ", detail::join(gone, ", "),
+                      " of ", dir, " (checkpoint.keep_last ", cfg.checkpoint.keep_last, ")");
   return path;
 }
 
@@ -115,6 +121,41 @@ nlohmann::json Engine::Impl::chunk_table() const {
   for (const model::ChunkLayout& c : layout.chunks())
     t.push_back({{"name", c.name}, {"numel", c.numel}, {"padded_numel", c.padded_numel}});
   return t;
+}
+
+// Note [Resuming with other settings]: a checkpoint resumes under another config when the model, the
+// working dtype and the update rule match (refused otherwise, above), but two changes alter the run without
+// failing it: another global batch (micro x accumulation x ranks: the data position and the schedule's
+// step count mean other samples than the saved run's), and another learning-rate schedule (the scheduler's
+// state is the saved step; a new total or warmup reshapes the rest of the curve). Each is said once, with
+// both figures, before the first step.
+void Engine::Impl::warn_changed_settings(const std::string& path, const nlohmann::json& meta) const {
+  const auto saved = meta.find("config");
+  if (saved == meta.end() || !saved->is_object()) return;
+  const std::int64_t saved_batch = saved->value("train_batch_size", std::int64_t(0));
+  if (saved_batch > 0 && saved_batch != cfg.train_batch_size)
+    STRATA_LOG_WARN(
+        "zero3: checkpoint ", path, " was trained with a global batch of ", saved_batch,
+        " samples (train_micro_batch_size_per_gpu ",
+        saved->value("train_micro_batch_size_per_gpu", std::int64_t(0)), " x gradient_accumulation_steps ",
+        saved->value("gradient_accumulation_steps", std::int64_t(0)), " x ", meta.value("world_size", 1),
+        " ranks); this run's is ", cfg.train_batch_size, " (", cfg.train_micro_batch_size_per_gpu, " x ",
+        cfg.gradient_accumulation_steps, " x ", world,
+        "): a step now takes other samples than the saved run's, and the schedule counts its steps");
+  const nlohmann::json now = cfg.to_json().value("scheduler", nlohmann::json());
+  const nlohmann::json before = saved->value("scheduler", nlohmann::json());
+  std::vector<std::string> changes;  // "scheduler.params.total_num_steps 60 -> 99"
+  for (const nlohmann::json& op : nlohmann::json::diff(before, now)) {
+    const nlohmann::json::json_pointer at(op.at("path").get<std::string>());
+    std::string key = "scheduler" + at.to_string();
+    std::replace(key.begin(), key.end(), '/', '.');
+    changes.push_back(cat(key, " ", before.contains(at) ? before.at(at).dump() : std::string("(none)"),
+                          " -> ", now.contains(at) ? now.at(at).dump() : std::string("(none)")));
+  }
+  if (!changes.empty())
+    STRATA_LOG_WARN("zero3: checkpoint ", path, " was trained with another schedule (",
+                    detail::join(changes, ", "),
+                    "): the learning rate goes on from the saved step along this run's");
 }
 
 nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag, model::DataLoader* data) {
@@ -146,6 +187,7 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
         " optimizer states; this config's optimizer.type is ", ours,
         ours == "Adam" ? (cfg.optimizer.adam_w_mode ? " (adam_w_mode true)" : " (adam_w_mode false)") : "",
         ", a different update: use the saved run's optimizer"));
+  warn_changed_settings(r.path(), meta);
   const int saved_world = meta.value("world_size", 1);
   if (saved_world < 1)
     throw IoError(cat(r.path(), "/meta.json: world_size ", saved_world,

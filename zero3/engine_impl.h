@@ -90,6 +90,9 @@ struct Engine::Impl final : EngineState {
   std::string save(const std::string& dir, const nlohmann::json& client_state, const model::DataLoader* data,
                    const std::string& tag);
   nlohmann::json load(const std::string& dir, const std::string& tag, model::DataLoader* data);
+  // Warns when the saved run's global batch or schedule differ from this config's (Note [Resuming with
+  // other settings]).
+  void warn_changed_settings(const std::string& path, const nlohmann::json& meta) const;
   nlohmann::json chunk_table() const;      // [{"name", "numel", "padded_numel"}] of this layout
   std::uint64_t checkpoint_bytes() const;  // Engine::checkpoint_bytes
 

@@ -8,7 +8,8 @@
 // generation_config.json, the weights (sharded past --max-shard-size, as transformers does) and the
 // tokenizer files of --tokenizer-from, or of the --init-from directory the checkpointed run started from
 // when it still exists. A checkpoint's weights are the working params the run computed with, so the export
-// of a checkpoint equals the --export of the run that saved it.
+// of a checkpoint equals the --export of the run that saved it; with --dtype fp32 they are the checkpoint's
+// fp32 master weights (as DeepSpeed's zero_to_fp32 writes), not the working params widened.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -62,7 +63,11 @@ int run_export(const ExportOpts& o) {
   if (tokenizer.empty() && src.hf && !src.hf->dir.empty()) tokenizer = src.hf->dir;
   std::fprintf(stderr, "export: model '%s' (%lld parameters) from %s\n", src.config().name.c_str(),
                (long long)src.config().num_parameters(), src.where().c_str());
-  std::unique_ptr<model::InMemoryChunks> params = load_params(src);
+  // fp32 from a checkpoint: its fp32 masters (as DeepSpeed's zero_to_fp32), not its working params widened.
+  const bool masters = dtype == DType::fp32 && has_master_weights(src);
+  if (masters) std::fprintf(stderr, "export: --dtype fp32 writes the checkpoint's fp32 master weights\n");
+  std::unique_ptr<model::InMemoryChunks> params =
+      load_params(src, masters ? CheckpointWeights::master : CheckpointWeights::working);
   model::save_pretrained(o.out, *params, dtype, {.max_shard_bytes = max_shard, .source_dir = tokenizer});
   std::printf("exported %s to %s (Hugging Face directory, %s%s)\n", src.where().c_str(), o.out.c_str(),
               o.dtype.c_str(), tokenizer.empty() ? "" : cat(", tokenizer from ", tokenizer).c_str());

@@ -53,8 +53,10 @@ std::optional<CheckpointModel> find_checkpoint(const std::string& path) {
 // offsets in every layout of a model (ModelLayout's tensor_align, 16 elements, in the engine and here), so
 // the slices laid end to end and cut at this layout's padded size are the chunk. These are the values the
 // run computed with (Engine::read_params, what --export writes), not the fp32 master: a checkpoint and the
-// export of the same run evaluate to the same loss.
-std::unique_ptr<model::InMemoryChunks> load_checkpoint_params(const CheckpointModel& c) {
+// export of the same run evaluate to the same loss. The fp32 masters ("<chunk>.master", what `strata
+// export --dtype fp32` writes, as DeepSpeed's zero_to_fp32 does) are cut the same way: rank q's shard of
+// the chunk at every stage.
+std::unique_ptr<model::InMemoryChunks> load_checkpoint_params(const CheckpointModel& c, const char* suffix) {
   const zero3::CheckpointReader r0(c.dir, c.tag, 0);
   const int world = r0.meta().value("world_size", 1);
   if (world < 1)
@@ -69,7 +71,7 @@ std::unique_ptr<model::InMemoryChunks> load_checkpoint_params(const CheckpointMo
   auto chunks = std::make_unique<model::InMemoryChunks>(model::ModelLayout(c.config));
   std::vector<unsigned char> raw;
   for (const model::ChunkLayout& ch : chunks->layout().chunks()) {
-    const std::string name = ch.name + ".param";
+    const std::string name = ch.name + suffix;
     const zero3::TensorRecord* rec = r0.find(name);
     DType dt = DType::fp32;
     if (rec == nullptr || !parse_dtype(rec->dtype, &dt) || !dtype_is_float(dt) ||
@@ -77,7 +79,9 @@ std::unique_ptr<model::InMemoryChunks> load_checkpoint_params(const CheckpointMo
       throw IoError(cat("checkpoint ", c.where, ": rank 0's file has ",
                         rec ? cat("tensor ", name, " of dtype ", rec->dtype, " and ", rec->bytes, " bytes")
                             : cat("no tensor ", name),
-                        "; expected the working params of chunk ", ch.name, " of model '", c.config.name,
+                        "; expected the ",
+                        std::string_view(suffix) == ".master" ? "fp32 master weights" : "working params",
+                        " of chunk ", ch.name, " of model '", c.config.name,
                         "'. The checkpoint is damaged or from another version"));
     const std::size_t shard = rec->bytes / dtype_bytes(dt);
     const std::size_t end = ch.tensors.back().offset + ch.tensors.back().numel;
@@ -122,11 +126,21 @@ ModelSource open_model_source(const std::string& path, const char* flag) {
   return s;
 }
 
-std::unique_ptr<model::InMemoryChunks> load_params(const ModelSource& src) {
-  if (src.ckpt) return load_checkpoint_params(*src.ckpt);
+std::unique_ptr<model::InMemoryChunks> load_params(const ModelSource& src, CheckpointWeights which) {
+  if (src.ckpt)
+    return load_checkpoint_params(*src.ckpt, which == CheckpointWeights::master ? ".master" : ".param");
   auto chunks = std::make_unique<model::InMemoryChunks>(model::ModelLayout(src.hf->config));
   model::load_weights(src.hf->weights, *chunks);
   return chunks;
+}
+
+bool has_master_weights(const ModelSource& src) {
+  if (!src.ckpt) return false;
+  const zero3::CheckpointReader r0(src.ckpt->dir, src.ckpt->tag, 0);
+  const model::ModelLayout layout(src.ckpt->config);
+  for (const model::ChunkLayout& ch : layout.chunks())
+    if (r0.find(ch.name + ".master") == nullptr) return false;
+  return true;
 }
 
 }  // namespace strata::cli

@@ -36,8 +36,18 @@ struct ModelSource {
 // looked for when the path is none of the three.
 ModelSource open_model_source(const std::string& path, const char* flag);
 
-// The weights, fp32 in host memory. A checkpoint's are its working params (Note [Working params from a
-// checkpoint] in model_source.cpp).
-std::unique_ptr<model::InMemoryChunks> load_params(const ModelSource& src);
+// Which of a checkpoint's copies of the weights load_params reads: the working params the run computed with
+// (bf16, fp16 or fp32, as it trained), or the fp32 master weights the optimizer updates.
+enum class CheckpointWeights { working, master };
+
+// The weights, fp32 in host memory. A checkpoint's are its working params, or with `which` master its
+// fp32 masters (Note [Working params from a checkpoint] in model_source.cpp); a model directory or
+// safetensors file has one copy, read whatever `which` says.
+std::unique_ptr<model::InMemoryChunks> load_params(const ModelSource& src,
+                                                   CheckpointWeights which = CheckpointWeights::working);
+
+// Whether the checkpoint `src` names holds fp32 master weights beside its working params (every checkpoint
+// of `strata train --save` does); false for a model directory or safetensors file.
+bool has_master_weights(const ModelSource& src);
 
 }  // namespace strata::cli

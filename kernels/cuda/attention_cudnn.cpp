@@ -25,6 +25,24 @@
 // fallback keeps (B,NH,T,T) fp32 scores and is far slower, so it is a warning naming the shape and why,
 // and OpsCaps/attention_path() say which path runs.
 //
+// Note [cuDNN attention graph checks]: plan() builds a shape's two graphs in two halves. The first runs on
+// the host alone (make_graphs, also reachable as cudnn_impl::check_graphs for the tests): constructing the
+// graphs (the frontend picks its SDPA implementation by the library's version) and Graph::validate(),
+// whose SDPA support surface refuses what the frontend knows cuDNN cannot run. That surface depends on the
+// compute capability, which the frontend reads from the current device unless the graph was given one
+// (context.h, populate_sm_version_from_device), so the graphs are built for an explicit `sm`: the device's
+// in plan(), each target's in the tests; no cuDNN handle and no GPU is needed, only libcudnn for its
+// version. The second half needs the handle and the GPU (finish): lowering to cuDNN's backend graph,
+// the heuristics (which find no engine without a device), the support check, the plan build, the
+// workspace size. The tests run the first half, and the lowering without a handle (cuDNN 9.8 and later
+// accept that), over every shape the cuda tests and the GPU bundle's runs use, on CI machines without a
+// GPU (tests/kernels/cuda_attention_cudnn_host_test.cpp).
+//
+// One shape a config may ask for is refused by the first half: a sequence of one token (seq_len 1). The
+// backward graph refuses s_q = s_kv = 1 (cudnn_frontend/node/scaled_dot_product_flash_attention.h,
+// CompositeSDPABackwardNode::pre_validate_node: "s_q = s_kv = 1 is not supported."), so plan() says so and
+// kernels/cuda's own kernel runs that shape (its (B,NH,1,1) scores cost nothing).
+//
 // Note [cuDNN attention mask]: causal is the frontend's diagonal band with TOP_LEFT alignment and right
 // bound 0 (key s is seen by query t when s <= t), which is kernels/cpu's mask for equal query and key
 // lengths. The frontend's older set_causal_mask is the same setting, marked deprecated.
@@ -41,6 +59,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/cuda/attention_cudnn_impl.h"
 
 #ifdef STRATA_WITH_CUDNN
 #include <cudnn.h>
@@ -101,11 +120,14 @@ void output(const TensorPtr& t, std::int64_t uid, const Layout& l) {
   t->set_output(true).set_uid(uid).set_dim(l.dim).set_stride(l.stride);
 }
 
-std::shared_ptr<fe::graph::Graph> new_graph(DType dtype) {
+// `sm` is set before any node is added: each node copies the graph's context when it is made (Note [cuDNN
+// attention graph checks]).
+std::shared_ptr<fe::graph::Graph> new_graph(DType dtype, int sm) {
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(dtype == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
+      .set_compute_data_type(fe::DataType_t::FLOAT)
+      .set_sm_version(sm);
   return g;
 }
 
@@ -114,8 +136,8 @@ float attn_scale(int HD) {
 }  // kernels/cpu's
 
 // out, stats = sdpa(q, k, v), causal, with the statistics for training.
-std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionShape& s) {
-  auto g = new_graph(s.dtype);
+std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionShape& s, int sm) {
+  auto g = new_graph(s.dtype, sm);
   const Layout ql = bthd(s.B, s.T, s.NH, s.HD), kvl = bthd(s.B, s.T, s.NKV, s.HD);
   TensorPtr q = input(*g, "q", kQ, ql), k = input(*g, "k", kK, kvl), v = input(*g, "v", kV, kvl);
   auto attrs = fe::graph::SDPA_attributes()
@@ -132,8 +154,8 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionShape& s) {
 }
 
 // dq, dk, dv = sdpa_backward(q, k, v, o, dout, stats): written; dk, dv summed over each group's heads.
-std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionShape& s, bool deterministic) {
-  auto g = new_graph(s.dtype);
+std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionShape& s, bool deterministic, int sm) {
+  auto g = new_graph(s.dtype, sm);
   const Layout ql = bthd(s.B, s.T, s.NH, s.HD), kvl = bthd(s.B, s.T, s.NKV, s.HD);
   TensorPtr q = input(*g, "q", kQ, ql), k = input(*g, "k", kK, kvl), v = input(*g, "v", kV, kvl);
   TensorPtr o = input(*g, "o", kO, ql), dout = input(*g, "dout", kdO, ql);
@@ -152,17 +174,59 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionShape& s, bool d
   return g;
 }
 
-// Validates `g`, builds its operation graph, asks the heuristics for plans, checks support and builds the
-// first plan that works, then reads its workspace size. "" when all of that succeeded, else why not.
-std::string build(fe::graph::Graph& g, cudnnHandle_t handle, std::int64_t* workspace) {
+// Why this class takes no graph for `s` at all (its dtype, an empty or ungrouped shape), or "".
+std::string shape_refusal(const AttentionShape& s) {
+  if (s.dtype != DType::bf16 && s.dtype != DType::fp16)
+    return detail::cat("the activations are ", dtype_name(s.dtype), "; cuDNN's attention takes bf16 or fp16");
+  if (s.B < 1 || s.T < 1 || s.NH < 1 || s.NKV < 1 || s.HD < 1 || s.NH % s.NKV != 0)
+    return "an empty shape, or NH not a multiple of NKV";
+  return "";
+}
+
+// The frontend's message for a failed step, or "" (its calls may also throw).
+template <class Step>
+std::string run_step(Step&& step) {
   try {
-    if (fe::error_t e = g.build(handle, {fe::HeurMode_t::A}); e.is_bad()) return e.get_message();
-    if (fe::error_t e = g.get_workspace_size(*workspace); e.is_bad()) return e.get_message();
-    if (*workspace < 0) return detail::cat("a negative workspace size (", *workspace, ")");
+    if (fe::error_t e = step(); e.is_bad()) return e.get_message();
   } catch (const std::exception& e) {
     return e.what();
   }
   return "";
+}
+
+// The host half of plan() (Note [cuDNN attention graph checks]): both graphs built for `sm` and validated.
+struct Graphs {
+  std::shared_ptr<fe::graph::Graph> fwd, bwd;
+  cudnn_impl::GraphCheck check;  // "" where a graph passed
+};
+Graphs make_graphs(const AttentionShape& s, bool deterministic, int sm) {
+  Graphs r;
+  r.check.forward = run_step([&] {
+    r.fwd = forward_graph(s, sm);
+    return r.fwd->validate();
+  });
+  r.check.backward = run_step([&] {
+    r.bwd = backward_graph(s, deterministic, sm);
+    return r.bwd->validate();
+  });
+  return r;
+}
+
+// The device half: what Graph::build does after validate(), with the handle — the lowering, the heuristics,
+// the support check, the build of the first plan that works — then the workspace size. "" when all of that
+// succeeded, else why not.
+std::string finish(fe::graph::Graph& g, cudnnHandle_t handle, std::int64_t* workspace) {
+  std::string why = run_step([&] { return g.build_operation_graph(handle); });
+  if (why.empty()) why = run_step([&] { return g.create_execution_plans({fe::HeurMode_t::A}); });
+  if (why.empty()) why = run_step([&] { return g.check_support(); });
+  if (why.empty()) why = run_step([&] { return g.build_plans(); });
+  if (why.empty()) why = run_step([&] { return g.get_workspace_size(*workspace); });
+  if (why.empty() && *workspace < 0) why = detail::cat("a negative workspace size (", *workspace, ")");
+  return why;
+}
+
+void destroy_handle(cudnnHandle_t h) {
+  (void)cudnnDestroy(h);  // best effort: called from a destructor
 }
 
 void execute(const fe::graph::Graph& g, cudnnHandle_t handle, std::unordered_map<std::int64_t, void*>& pack,
@@ -185,13 +249,10 @@ void execute(const fe::graph::Graph& g, cudnnHandle_t handle, std::unordered_map
 struct CudnnAttention::Impl {
   struct Entry {
     Plan plan;
-    std::shared_ptr<fe::graph::Graph> fwd, bwd;
+    std::shared_ptr<fe::graph::Graph> fwd, bwd;  // built with cache's handle (Note [cuDNN handle lifetime])
   };
 
   Impl(cudaStream_t s, bool det) : stream(s), deterministic(det) {}
-  ~Impl() {
-    if (handle) (void)cudnnDestroy(handle);  // best effort: a destructor does not throw
-  }
 
   // The handle on first use; false, with why, when cuDNN cannot run on this GPU.
   bool open(std::string* why) {
@@ -201,17 +262,19 @@ struct CudnnAttention::Impl {
         detail::CudaDeviceGuard guard(stream);
         cudaDeviceProp p{};
         STRATA_CUDA_CHECK(cudaGetDeviceProperties(&p, guard.device()));
+        sm = p.major * 10 + p.minor;
+        cudnnHandle_t h = nullptr;
         if (p.major < 8) {
           open_error = detail::cat("cuDNN's fused attention needs compute capability 8.0 (Ampere) or newer; ",
                                    p.name, " is ", p.major, ".", p.minor);
-        } else if (const cudnnStatus_t st = cudnnCreate(&handle); st != CUDNN_STATUS_SUCCESS) {
-          handle = nullptr;
+        } else if (const cudnnStatus_t st = cudnnCreate(&h); st != CUDNN_STATUS_SUCCESS) {
           open_error =
               detail::cat("cudnnCreate: ", cudnnGetErrorString(st),
                           " (cuDNN 9 for CUDA 13 must be on the library path: /usr/local/cuda/lib64 or "
                           "the nvidia-cudnn-cu13 wheel)");
         } else {
-          STRATA_CUDNN_CHECK(cudnnSetStream(handle, stream));
+          cache.adopt(h);
+          STRATA_CUDNN_CHECK(cudnnSetStream(h, stream));
         }
       } catch (const std::exception& e) {
         open_error = e.what();
@@ -225,24 +288,26 @@ struct CudnnAttention::Impl {
   }
 
   const Entry& entry(const AttentionShape& s) {
+    auto& plans = cache.dependents();
     if (auto it = plans.find(s); it != plans.end()) return it->second;
     Entry e;
-    std::string why;
-    if (s.dtype != DType::bf16 && s.dtype != DType::fp16) {
-      why =
-          detail::cat("the activations are ", dtype_name(s.dtype), "; cuDNN's attention takes bf16 or fp16");
-    } else if (s.B < 1 || s.T < 1 || s.NH < 1 || s.NKV < 1 || s.HD < 1 || s.NH % s.NKV != 0) {
-      why = "an empty shape, or NH not a multiple of NKV";
-    } else if (open(&why)) {
-      try {
-        detail::CudaDeviceGuard guard(stream);
-        std::int64_t fwd_ws = 0, bwd_ws = 0;
-        e.fwd = forward_graph(s);
-        if (std::string f = build(*e.fwd, handle, &fwd_ws); !f.empty()) {
-          why = "forward: " + f;
-        } else {
-          e.bwd = backward_graph(s, deterministic);
-          if (std::string b = build(*e.bwd, handle, &bwd_ws); !b.empty()) {
+    std::string why = shape_refusal(s);
+    if (why.empty() && open(&why)) {
+      // Both graphs pass the host checks before the device does any work for either.
+      Graphs g = make_graphs(s, deterministic, sm);
+      if (!g.check.forward.empty()) {
+        why = "forward: " + g.check.forward;
+      } else if (!g.check.backward.empty()) {
+        why = "backward: " + g.check.backward;
+      } else {
+        try {
+          detail::CudaDeviceGuard guard(stream);
+          std::int64_t fwd_ws = 0, bwd_ws = 0;
+          e.fwd = std::move(g.fwd);
+          e.bwd = std::move(g.bwd);
+          if (std::string f = finish(*e.fwd, cache.handle(), &fwd_ws); !f.empty()) {
+            why = "forward: " + f;
+          } else if (std::string b = finish(*e.bwd, cache.handle(), &bwd_ws); !b.empty()) {
             why = "backward: " + b;
           } else {
             e.plan.supported = true;
@@ -250,9 +315,9 @@ struct CudnnAttention::Impl {
                             .scratch = fp32_elems(std::size_t(bwd_ws))};
             e.plan.forward_workspace_bytes = std::size_t(fwd_ws);
           }
+        } catch (const std::exception& x) {
+          why = x.what();
         }
-      } catch (const std::exception& x) {
-        why = x.what();
       }
     }
     if (!e.plan.supported && opened && open_error.empty()) {
@@ -261,7 +326,7 @@ struct CudnnAttention::Impl {
                       "); kernels/cuda's own unfused kernel runs this shape instead, which keeps (B,NH,T,T) "
                       "fp32 scores (",
                       format_bytes(std::size_t(scores)),
-                      " for forward and backward) and is far slower; a shorter sequence or another head "
+                      " for forward and backward) and is far slower; another sequence length or head "
                       "dimension may let cuDNN take it");
     }
     if (!e.plan.supported) {
@@ -284,8 +349,10 @@ struct CudnnAttention::Impl {
   std::mutex mu;
   bool opened = false;
   std::string open_error;
-  cudnnHandle_t handle = nullptr;
-  std::map<AttentionShape, Entry> plans;
+  int sm = 0;  // the device's compute capability, major * 10 + minor, once opened
+  // The handle and every shape's graphs: the graphs' plans are destroyed before the handle (Note [cuDNN
+  // handle lifetime] in attention_cudnn_impl.h).
+  cudnn_impl::ShapeCache<cudnnHandle_t, Entry> cache{&destroy_handle};
 };
 
 bool CudnnAttention::compiled_in() {
@@ -323,7 +390,7 @@ void CudnnAttention::forward(const AttentionShape& shape, Tensor out, Tensor sav
   std::unordered_map<std::int64_t, void*> pack{
       {kQ, q.data}, {kK, k.data}, {kV, v.data}, {kO, out.data}, {kStats, stats}};
   detail::CudaDeviceGuard guard(impl_->stream);
-  execute(*e.fwd, impl_->handle, pack, forward_workspace, impl_->stream, "forward", shape);
+  execute(*e.fwd, impl_->cache.handle(), pack, forward_workspace, impl_->stream, "forward", shape);
   // Backward reads O from saved (Note [cuDNN attention saved state]).
   STRATA_CUDA_CHECK(
       cudaMemcpyAsync(saved_out, out.data, out_bytes(shape), cudaMemcpyDeviceToDevice, impl_->stream));
@@ -344,9 +411,29 @@ void CudnnAttention::backward(const AttentionShape& shape, Tensor dq, Tensor dk,
                                                {kO, saved_out}, {kdO, dout.data}, {kStats, stats},
                                                {kdQ, dq.data},  {kdK, dk.data},   {kdV, dv.data}};
   detail::CudaDeviceGuard guard(impl_->stream);
-  execute(*e.bwd, impl_->handle, pack, e.plan.sizes.scratch ? scratch.data : nullptr, impl_->stream,
+  execute(*e.bwd, impl_->cache.handle(), pack, e.plan.sizes.scratch ? scratch.data : nullptr, impl_->stream,
           "backward", shape);
 }
+
+namespace cudnn_impl {
+
+GraphCheck check_graphs(const AttentionShape& shape, bool deterministic, int sm) {
+  if (std::string why = shape_refusal(shape); !why.empty()) return {why, why};
+  Graphs g = make_graphs(shape, deterministic, sm);
+  // The lowering plan() does with its handle, without one (Note [cuDNN attention graph checks]).
+  const auto lower = [](fe::graph::Graph& graph) {
+    return run_step([&] { return graph.build_operation_graph(cudnnHandle_t{nullptr}); });
+  };
+  if (g.check.forward.empty()) g.check.forward = lower(*g.fwd);
+  if (g.check.backward.empty()) g.check.backward = lower(*g.bwd);
+  return g.check;
+}
+
+std::size_t backend_version() {
+  return cudnnGetVersion();
+}
+
+}  // namespace cudnn_impl
 
 }  // namespace strata::kernels
 
@@ -393,6 +480,18 @@ void CudnnAttention::backward(const AttentionShape&, Tensor, Tensor, Tensor, Ten
                               Tensor, Tensor) {
   STRATA_CHECK(false, "kernels: cuDNN attention called, but ", kNotBuilt);
 }
+
+namespace cudnn_impl {
+
+GraphCheck check_graphs(const AttentionShape&, bool, int) {
+  return {kNotBuilt, kNotBuilt};
+}
+
+std::size_t backend_version() {
+  return 0;
+}
+
+}  // namespace cudnn_impl
 
 }  // namespace strata::kernels
 

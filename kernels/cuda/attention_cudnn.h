@@ -2,7 +2,8 @@
 // product attention (flash attention, forward and backward, cuDNN frontend graph API), for the CUDA compute
 // interface (kernels/cuda/ops.cpp). Built with the cuda backend; the cuDNN part only when
 // STRATA_WITH_CUDNN (cmake/StrataCudnn.cmake): without it every plan says so and CudaOps uses kernels/cuda's
-// own attention. Compiled, never run on a GPU (docs/train.md).
+// own attention. Compiled, never run on a GPU (docs/train.md); what runs without one (the handle's teardown
+// order, the frontend's host-side graph checks) is in attention_cudnn_impl.h and tested in CI.
 //
 // Example (what CudaOps does for one shape):
 //   CudnnAttention att(stream);                       // creates nothing on the device yet
@@ -70,8 +71,9 @@ class CudnnAttention {
   std::string describe_path() const;
 
   // The cuDNN graphs for `shape` (forward with softmax statistics, backward), built on first use and kept:
-  // supported when both build (the frontend's validate, support check and plan build) on this GPU. A
-  // logically const cache; the reference stays valid for the object's life.
+  // supported when both build (the frontend's validate, support check and plan build) on this GPU. Not
+  // for T = 1: the pinned frontend's backward refuses a one-token sequence. A logically const cache; the
+  // reference stays valid for the object's life.
   const Plan& plan(const AttentionShape& shape) const;
 
   // out = attention(q, k, v); saved receives what backward needs. `shape` must have a supported plan.

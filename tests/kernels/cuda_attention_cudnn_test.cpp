@@ -1,6 +1,8 @@
 // cuDNN's fused attention (kernels/cuda/attention_cudnn.h) against the CPU reference (kernels/cpu's
-// attention) on fresh random bf16 inputs, for shapes with grouped-query heads (NKV < NH, down to one
-// key/value head) and sequence lengths that are not multiples of 64. Bounds, as relative L2 error:
+// attention) on fresh random bf16 inputs, for the shapes of tests/kernels/cuda_attention_cudnn_shapes.h:
+// grouped-query heads (NKV < NH, down to one key/value head) and sequence lengths that are not multiples
+// of 64, each also passed through the frontend's host-side checks in CI
+// (cuda_attention_cudnn_host_test.cpp). Bounds, as relative L2 error:
 //   out <= 1e-2 (bf16 storage rounds each output by up to 2^-9; flash attention also rounds the
 //     probabilities to bf16 before multiplying by V);
 //   dq, dk, dv <= 3e-2 (the probabilities and their gradients are rounded to bf16 before each of the
@@ -9,7 +11,8 @@
 // Outputs are poisoned with NaN first, so an element cuDNN does not write fails. Skips, with the reason:
 // no GPU visible, this binary built without the cuDNN frontend, a GPU older than compute capability 8.0.
 // On a GPU of 8.0 or newer with cuDNN built in, a shape cuDNN refuses FAILS with cuDNN's reason: these
-// shapes are within its documented support (head dim a multiple of 8, <= 128).
+// shapes are within its documented support (head dim a multiple of 8, <= 128; the backward refuses a
+// one-token sequence, which the compute interface runs on kernels/cuda's own kernel, tested last).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +25,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/ops.h"
+#include "tests/kernels/cuda_attention_cudnn_shapes.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/reference.h"
 
@@ -125,13 +129,7 @@ TEST_P(CudaCudnnAttention, ForwardAndBackwardMatchTheCpuReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Shapes, CudaCudnnAttention,
-    ::testing::Values(AttentionShape{.B = 2, .T = 40, .NH = 4, .NKV = 4, .HD = 64},    // T < 64, MHA
-                      AttentionShape{.B = 1, .T = 100, .NH = 8, .NKV = 2, .HD = 64},   // GQA, T % 64 != 0
-                      AttentionShape{.B = 2, .T = 130, .NH = 6, .NKV = 1, .HD = 128},  // MQA, HD 128
-                      AttentionShape{.B = 2, .T = 257, .NH = 4, .NKV = 2, .HD = 32},   // GQA, T = 4*64+1
-                      AttentionShape{.B = 3, .T = 1, .NH = 2, .NKV = 1, .HD = 64}),    // one token
-    [](const auto& info) {
+    Shapes, CudaCudnnAttention, ::testing::ValuesIn(cudnn_test_shapes()), [](const auto& info) {
       const AttentionShape& s = info.param;
       std::ostringstream name;  // (operator+ chains trip GCC 12's -Wrestrict false positive at -O3)
       name << "b" << s.B << "_t" << s.T << "_nh" << s.NH << "_nkv" << s.NKV << "_hd" << s.HD;
@@ -146,12 +144,72 @@ TEST_F(CudaTest, CudaOpsAttendWithoutTheTxTMatrixWhereCudnnRuns) {
   std::unique_ptr<Stream> s = device_->create_stream("cudnn-attention-test");
   std::unique_ptr<Ops> ops = make_ops(*device_, *s);
   EXPECT_TRUE(ops->caps().fused_attention) << ops->caps().name;
-  const int B = 2, T = 1000, NH = 8, NKV = 2, HD = 64;
+  const int B = kCudaOpsShape.B, T = kCudaOpsShape.T, NH = kCudaOpsShape.NH, NKV = kCudaOpsShape.NKV,
+            HD = kCudaOpsShape.HD;
   const AttentionSizes as = ops->attention_sizes(B, T, NH, NKV, HD);
   const std::size_t stats = std::size_t(B) * NH * T, out_slots = std::size_t(B) * T * NH * HD / 2;
   EXPECT_GE(as.saved, stats + out_slots);
   EXPECT_LE(as.saved, stats + 64 + out_slots);
   EXPECT_LT(as.saved, std::size_t(B) * NH * T * T / 8);
+}
+
+// One token: the frontend's backward graph refuses s_q = s_kv = 1, so the plan is not supported and says
+// that the backward refused it (Note [cuDNN attention graph checks]).
+TEST_F(CudaTest, CudnnRefusesAOneTokenSequenceSayingWhy) {
+  const std::string why = cudnn_skip_reason(device_->caps().ordinal);
+  if (!why.empty()) GTEST_SKIP() << why;
+  CudnnAttention att(stream_);
+  const CudnnAttention::Plan& p = att.plan(kOneTokenShape);
+  EXPECT_FALSE(p.supported);
+  EXPECT_EQ(p.why_not.rfind("backward: ", 0), 0u) << p.why_not;
+}
+
+// The compute interface runs a one-token sequence on kernels/cuda's own kernel, whatever cuDNN's state:
+// out is v of the head's group (softmax over one key is 1), dv the sum of dout over the group's heads, and
+// dq, dk are zero (the scores' gradient vanishes where the softmax is constant).
+TEST_F(CudaTest, CudaOpsRunAOneTokenSequenceOnTheirOwnKernel) {
+  std::unique_ptr<Stream> s = device_->create_stream("one-token-attention-test");
+  std::unique_ptr<Ops> ops = make_ops(*device_, *s);
+  const AttentionShape sh = kOneTokenShape;
+  const int B = sh.B, T = sh.T, NH = sh.NH, NKV = sh.NKV, HD = sh.HD;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  const std::string path = ops->attention_path(B, T, NH, NKV, HD);
+  EXPECT_NE(path.find("own unfused attention"), std::string::npos) << path;
+
+  const std::size_t nq = std::size_t(B) * T * NH * HD, nkv = std::size_t(B) * T * NKV * HD;
+  const auto q = random_bf16_values(nq, next_seed()), k = random_bf16_values(nkv, next_seed());
+  const auto v = random_bf16_values(nkv, next_seed()), dout = random_bf16_values(nq, next_seed());
+  const std::size_t att_n = std::size_t(B) * NH * T * T;
+  std::vector<float> out(nq), probs(att_n), score_grads(att_n), dq(nq), dk(nkv), dv(nkv);
+  cpu::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  cpu::attention_backward(dq.data(), dk.data(), dv.data(), score_grads.data(), dout.data(), q.data(),
+                          k.data(), v.data(), probs.data(), B, T, NH, NKV, HD);
+
+  const AttentionSizes as = ops->attention_sizes(B, T, NH, NKV, HD);
+  DeviceBuffer<cpu::bf16_t> d_q(to_bf16(q)), d_k(to_bf16(k)), d_v(to_bf16(v)), d_dout(to_bf16(dout));
+  DeviceBuffer<cpu::bf16_t> d_out(nq), d_dq(nq), d_dk(nkv), d_dv(nkv);
+  DeviceBuffer<float> d_saved(std::max<std::size_t>(1, as.saved)),
+      d_scratch(std::max<std::size_t>(1, as.scratch));
+  for (auto* b : {&d_out, &d_dq, &d_dk, &d_dv}) b->poison();
+  const auto bf16 = [](const DeviceBuffer<cpu::bf16_t>& d, std::size_t n) {
+    return Tensor{d.get(), DType::bf16, n};
+  };
+  const Tensor saved{d_saved.get(), DType::fp32, as.saved}, scr{d_scratch.get(), DType::fp32, as.scratch};
+  ops->attention_forward(bf16(d_out, nq), saved, bf16(d_q, nq), bf16(d_k, nkv), bf16(d_v, nkv), B, T, NH, NKV,
+                         HD);
+  ops->attention_backward(bf16(d_dq, nq), bf16(d_dk, nkv), bf16(d_dv, nkv), scr, bf16(d_dout, nq),
+                          bf16(d_q, nq), bf16(d_k, nkv), bf16(d_v, nkv), saved, B, T, NH, NKV, HD);
+  s->synchronize();
+
+  const auto max_abs = [](const std::vector<float>& x) {
+    float m = 0.0f;
+    for (float e : x) m = std::isnan(e) ? INFINITY : std::max(m, std::fabs(e));
+    return m;
+  };
+  EXPECT_LE(rel_l2(from_bf16(d_out.download()), out), 1e-2) << "out";
+  EXPECT_LE(rel_l2(from_bf16(d_dv.download()), dv), 1e-2) << "dv";
+  EXPECT_LE(max_abs(from_bf16(d_dq.download())), 1e-4f) << "dq";
+  EXPECT_LE(max_abs(from_bf16(d_dk.download())), 1e-4f) << "dk";
 }
 
 }  // namespace

@@ -82,9 +82,19 @@ int run_eval(const EvalOpts& o) {
                "batch %d\n",
                cfg.name.c_str(), (long long)cfg.num_parameters(), weights.c_str(), dev->caps().name.c_str(),
                o.data.c_str(), (long long)S, (long long)all, o.seq_len, o.batch_size);
-  if (const model::LossMask* mask = data.mask())
-    std::fprintf(stderr, "eval: loss mask %s: %zu of %zu tokens count as targets\n", mask->path().c_str(),
-                 mask->counted(), mask->size());
+  if (const model::LossMask* mask = data.mask()) {
+    // The targets evaluated are tokens 1 to S x T (sequence s reads tokens s·T .. s·T + T): the file's
+    // first token is never a target, and the tokens after the last sequence are not evaluated.
+    const std::size_t last = std::size_t(S) * std::size_t(o.seq_len);
+    const std::size_t in_range = mask->count(1, last);
+    std::fprintf(
+        stderr,
+        "eval: loss mask %s: %zu of %zu tokens count as targets; %zu of them are targets of the %lld "
+        "sequences evaluated (tokens 1 to %zu: the first token and the %zu after the last sequence "
+        "are not targets)\n",
+        mask->path().c_str(), mask->counted(), mask->size(), in_range, (long long)S, last,
+        mask->size() - last - 1);
+  }
   const model::EvalResult r = model::evaluate(m, chunks, data, o.seq_len, o.batch_size, o.max_batches);
   if (data.mask())
     std::printf("eval loss %.9g ppl %.9g tokens %lld counted %lld\n", r.loss, r.ppl, (long long)r.tokens,

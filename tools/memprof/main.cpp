@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -101,8 +102,10 @@ int main(int argc, char** argv) {
       app.add_subcommand("estimate", "Bytes per tier for each offload setting: ours and DeepSpeed's ZeRO-3");
   auto* p_opt = est->add_option("--params", params, "total parameters (7000000000, 7e9, 7B)");
   auto* l_opt = est->add_option("--largest-layer", largest, "parameters of the largest layer");
-  auto* m_opt =
-      est->add_option("--model", model, "a model preset (10m, 1b, llama2-7b, ...): its real chunks");
+  auto* m_opt = est->add_option(
+      "--model", model,
+      "a model preset (10m, 1b, llama2-7b, ...) or model JSON file, as strata train takes: its "
+      "real chunks");
   m_opt->excludes(p_opt)->excludes(l_opt);
   p_opt->needs(l_opt);
   l_opt->needs(p_opt);
@@ -127,8 +130,13 @@ int main(int argc, char** argv) {
     if (*summary) return run_summary(trace, as_json, top);
     if (*html) return run_html(trace, out, max_points);
     if (model.empty() && params.empty())
-      throw ConfigError("memprof estimate: give --model PRESET, or --params N with --largest-layer M");
-    if (!model.empty()) in.model = strata::model::ModelConfig::preset(model);
+      throw ConfigError(
+          "memprof estimate: give --model PRESET_OR_JSON, or --params N with --largest-layer M");
+    // What strata train's --model takes: a model JSON file, else a preset's name.
+    if (!model.empty())
+      in.model = model.ends_with(".json") || std::filesystem::exists(model)
+                     ? strata::model::ModelConfig::from_file(model)
+                     : strata::model::ModelConfig::preset(model);
     if (!params.empty()) {
       in.params = parse_count(params, "--params");
       in.largest_layer = parse_count(largest, "--largest-layer");

@@ -14,6 +14,7 @@
 // functions in the same order; the threads they run on do not change their arithmetic).
 #include <tbb/task_arena.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 
@@ -22,9 +23,13 @@
 #include "kernels/cpu/attention_fused.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
+#include "kernels/workspace_standin.h"
 
 namespace strata::kernels {
 namespace {
+
+// Note [Workspace stand-in] in kernels/workspace_standin.h: 0 unless a test binary sets it.
+std::atomic<std::size_t> g_workspace_standin{0};
 
 namespace kc = kernels::cpu;
 
@@ -72,9 +77,10 @@ class CpuOps final : public Ops {
     caps_.activation = bf16_ ? DType::bf16 : DType::fp32;
     caps_.fused_attention = bf16_;  // attention_fused.h on bf16 activations
     if (!opts.cpus.empty()) arena_ = std::make_shared<PinnedArena>(opts.cpus);
-    // A stand-in for a library workspace (OpsOptions.workspace_bytes): taken from the device, never used.
-    if (opts.role == OpsRole::model && opts.workspace_bytes.value_or(0) > 0)
-      workspace_ = DeviceBuffer(dev, *opts.workspace_bytes, "matrix-product workspace");
+    // A stand-in for a library workspace (OpsOptions.workspace_bytes, else the process's, Note [Workspace
+    // stand-in] in kernels/workspace_standin.h): taken from the device, never read or written.
+    const std::size_t ws = opts.workspace_bytes.value_or(cpu_workspace_standin());
+    if (opts.role == OpsRole::model && ws > 0) workspace_ = DeviceBuffer(dev, ws, "matrix-product workspace");
   }
   // The work queued with this object may still be running on the stream: it ends before the object (and
   // before the stream, which its owner destroys after it).
@@ -306,7 +312,7 @@ class CpuOps final : public Ops {
 
   bool bf16_ = false;  // bf16 activations (OpsOptions.matmul == bf16): kernels/cpu's bf16 variants
   OpsCaps caps_;
-  DeviceBuffer workspace_;  // OpsOptions.workspace_bytes (model role), or empty
+  DeviceBuffer workspace_;  // the stand-in workspace (model role), or empty
   // OpsOptions.cpus: an arena of that many threads pinned to them (null: oneTBB's default arena).
   struct PinnedArena {
     explicit PinnedArena(const std::vector<int>& cpus)
@@ -321,6 +327,14 @@ class CpuOps final : public Ops {
 
 std::unique_ptr<Ops> make_cpu_ops(Device& dev, Stream& stream, OpsOptions opts) {
   return std::make_unique<CpuOps>(dev, stream, opts);
+}
+
+void set_cpu_workspace_standin(std::size_t bytes) {
+  g_workspace_standin.store(bytes, std::memory_order_relaxed);
+}
+
+std::size_t cpu_workspace_standin() {
+  return g_workspace_standin.load(std::memory_order_relaxed);
 }
 
 }  // namespace strata::kernels

@@ -21,11 +21,15 @@
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/ops.h"
+#include "kernels/workspace_standin.h"
 
 namespace strata::kernels {
 namespace {
 
 namespace ku = kernels::cuda;
+
+// The CPU ops' stand-in takes what a model-role object takes here (Note [Workspace stand-in]).
+static_assert(ku::kGemmWorkspaceBytes == kCudaWorkspaceBytes, "the stand-in must be cuBLASLt's workspace");
 
 class CudaOps final : public Ops {
  public:

@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "kernels/workspace_standin.h"
 #include "model/chunk.h"
 #include "model/device_chunks.h"
 #include "model/llama.h"
@@ -105,7 +106,9 @@ TEST_P(ModelOnBackend, ActivationsCountAgainstTheDeviceCap) {
   const Batch b = batch(cfg);
   InMemoryChunks ref{ModelLayout(cfg)};
   ref.init(5);
-  // Room for the chunks but not for the activations of this batch.
+  // Room for the compute interface's own bytes (its matrix-product workspace: cuBLASLt's on cuda, the
+  // stand-in of tests/common/workspace_standin.cpp on the host) and the chunks, but not for the
+  // activations of this batch.
   std::unique_ptr<Device> probe = open();
   std::unique_ptr<Stream> ps = probe->create_stream("probe");
   std::unique_ptr<kernels::Ops> pops = kernels::make_ops(*probe, *ps);
@@ -113,7 +116,7 @@ TEST_P(ModelOnBackend, ActivationsCountAgainstTheDeviceCap) {
   std::size_t chunk_bytes = 0;
   for (const ChunkLayout& c : ref.layout().chunks())
     chunk_bytes += c.padded_numel * (dtype_bytes(pops->caps().activation) + sizeof(float));
-  std::unique_ptr<Device> dev = open(chunk_bytes + act / 2);
+  std::unique_ptr<Device> dev = open(pops->device_bytes() + chunk_bytes + act / 2);
   std::unique_ptr<Stream> s = dev->create_stream("model-test");
   std::unique_ptr<kernels::Ops> ops = kernels::make_ops(*dev, *s);
   DeviceChunks chunks(*dev, *ops, ref);
@@ -125,6 +128,25 @@ TEST_P(ModelOnBackend, ActivationsCountAgainstTheDeviceCap) {
     EXPECT_NE(std::string(e.what()).find("activations"), std::string::npos) << e.what();
   }
   EXPECT_LE(dev->memory_stats().peak_in_use, dev->caps().capacity);
+}
+
+// A model-role compute interface takes cuda's matrix-product workspace from the device on every backend —
+// cuBLASLt's on cuda, on the host the CPU ops' stand-in (Note [Workspace stand-in] in
+// kernels/workspace_standin.h), so that a device cap computed without it fails in CI as on a GPU — and a
+// runtime-role one takes none; OpsOptions.workspace_bytes sets it for one object.
+TEST_P(ModelOnBackend, AModelComputeInterfaceTakesCudasWorkspaceFromTheDevice) {
+  std::unique_ptr<Device> dev = open();
+  std::unique_ptr<Stream> s = dev->create_stream("model-test");
+  const std::size_t before = dev->memory_stats().in_use;
+  std::unique_ptr<kernels::Ops> model_ops = kernels::make_ops(*dev, *s);
+  EXPECT_EQ(model_ops->device_bytes(), kernels::kCudaWorkspaceBytes);
+  EXPECT_EQ(dev->memory_stats().in_use, before + kernels::kCudaWorkspaceBytes);
+  std::unique_ptr<kernels::Ops> runtime_ops =
+      kernels::make_ops(*dev, *s, {.role = kernels::OpsRole::runtime});
+  std::unique_ptr<kernels::Ops> without = kernels::make_ops(*dev, *s, {.workspace_bytes = 0});
+  EXPECT_EQ(runtime_ops->device_bytes(), 0u);
+  EXPECT_EQ(without->device_bytes(), 0u);
+  EXPECT_EQ(dev->memory_stats().in_use, before + kernels::kCudaWorkspaceBytes);
 }
 
 STRATA_INSTANTIATE_BACKENDS(ModelOnBackend);

@@ -262,8 +262,9 @@ TEST(MemprofEstimate, ManyGpusAndNodesScaleAsDeepSpeedDoes) {
 }
 
 // The estimate for a model and config is what a run of them peaks at: the tier manager's device pool at
-// the smallest cap (state + working set, the activations beside it), its NVMe pool at the NVMe state,
-// and its pinned pool within the host figure (which also counts the engine's own gradient staging).
+// the smallest cap (state + working set; the activations and the compute interface's own bytes, its
+// matrix-product workspace, beside it), its NVMe pool at the NVMe state, and its pinned pool within the host
+// figure (which also counts the engine's own gradient staging).
 class EstimateAgainstARun : public ::testing::TestWithParam<std::pair<OffloadDevice, OffloadDevice>> {};
 
 TEST_P(EstimateAgainstARun, DevicePeakAndNvmeEqualTheEstimate) {
@@ -287,12 +288,12 @@ TEST_P(EstimateAgainstARun, DevicePeakAndNvmeEqualTheEstimate) {
   for (const EstimateRow& r : estimate(in))
     if (r.param_home == zero3::home_of(param) && r.optim_home == zero3::home_of(optim)) row = r;
   constexpr int kSeq = 16;
-  const std::uint64_t activations =
-      zero3::Engine(cfg, mcfg, {.backend = "", .device_memory_cap = 0, .seq_len = kSeq})
-          .plan()
-          .device_activations;
+  const zero3::MemoryPlan free =
+      zero3::Engine(cfg, mcfg, {.backend = "", .device_memory_cap = 0, .seq_len = kSeq}).plan();
   zero3::Engine engine(cfg, mcfg,
-                       {.backend = "", .device_memory_cap = row.device + activations, .seq_len = kSeq});
+                       {.backend = "",
+                        .device_memory_cap = row.device + free.device_activations + free.device_ops,
+                        .seq_len = kSeq});
   std::vector<std::uint32_t> toks(4000);
   for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = std::uint32_t(i * 31 % 251);
   const std::string tokens = d.path() + "/tokens.bin";

@@ -2,7 +2,9 @@
 // the device never holds more than the cap, and the losses are those of an unconstrained run. Tested with
 // what users run — the stock configs/zero3_cpu.json and zero3_nvme.json, DeepSpeed's default stage-3
 // knobs (a config that names none of them) — and with tight knobs, on a model whose gathered chunks are
-// several times the smallest accepted cap, from that cap up to the one where every chunk fits at once.
+// several times the smallest accepted cap, from that cap up to the one where every chunk fits at once. Every
+// cap counts the compute interface's own bytes (MemoryPlan.device_ops: its matrix-product workspace,
+// cuBLASLt's on cuda and the stand-in of tests/common/workspace_standin.cpp here) and the room beside them.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -144,8 +146,9 @@ TEST_P(DeviceRoom, TrainsWithinTheCapWithTheUnconstrainedLosses) {
 
   const MemoryPlan p = unconstrained_plan(cfg, mcfg);
   const Sizes sz = sizes(mcfg);
-  const std::uint64_t min_cap = p.device_state + p.device_working_set + p.device_activations;
-  ASSERT_GE(sz.cacheable, 2 * min_cap) << "the gathered chunks should be several times the smallest cap";
+  const std::uint64_t min_cap = p.device_need();
+  ASSERT_GE(sz.cacheable, 2 * (min_cap - p.device_ops))
+      << "the gathered chunks should be several times the smallest room beside the compute interface's";
   const std::uint64_t cap = min_cap + (room == Room::none    ? 0
                                        : room == Room::one   ? sz.block
                                        : room == Room::three ? 3 * sz.block
@@ -158,9 +161,10 @@ TEST_P(DeviceRoom, TrainsWithinTheCapWithTheUnconstrainedLosses) {
   EXPECT_LE(o.device_peak, cap);
   EXPECT_EQ(o.plan.device_cache, cap - min_cap);
   // At the smallest cap the step peaks at exactly what the plan says: the plan is not padded. (The tier
-  // manager's pool holds state, working set and cache; the model's activations are beside it.)
+  // manager's pool holds state, working set and cache; the model's activations and the compute
+  // interface's own bytes are beside it.)
   if (room == Room::none) {
-    EXPECT_EQ(o.device_peak, min_cap - o.plan.device_activations);
+    EXPECT_EQ(o.device_peak, min_cap - o.plan.device_activations - o.plan.device_ops);
     EXPECT_EQ(o.device_total_peak, min_cap);
   }
 }
@@ -172,7 +176,7 @@ TEST_P(DeviceRoom, PrefetchesWithoutThrashing) {
   const Config cfg = user_config(knobs, off, d.path());
   const MemoryPlan p = unconstrained_plan(cfg, mcfg);
   const Sizes sz = sizes(mcfg);
-  const std::uint64_t min_cap = p.device_state + p.device_working_set + p.device_activations;
+  const std::uint64_t min_cap = p.device_need();
   const std::uint64_t cap = min_cap + (room == Room::none    ? 0
                                        : room == Room::one   ? sz.block
                                        : room == Room::three ? 3 * sz.block
@@ -214,7 +218,8 @@ TEST(DeviceRoom, OneByteBelowThePlanIsRefusedBeforeTraining) {
   const MemoryPlan p = unconstrained_plan(cfg, mcfg);
   // strata.checkpoint_activations "auto" checkpoints when keeping every activation does not fit, so the
   // smallest cap the plan accepts is the one with checkpointing.
-  const std::uint64_t min_cap = p.device_state + p.device_working_set + p.device_activations_checkpointed;
+  const std::uint64_t min_cap =
+      p.device_state + p.device_working_set + p.device_activations_checkpointed + p.device_ops;
   EXPECT_THROW(Engine(cfg, mcfg, {.backend = "", .device_memory_cap = min_cap - 1, .seq_len = kSeqLen}),
                OutOfMemory);
   EXPECT_NO_THROW(Engine(cfg, mcfg, {.backend = "", .device_memory_cap = min_cap, .seq_len = kSeqLen}));
@@ -222,8 +227,8 @@ TEST(DeviceRoom, OneByteBelowThePlanIsRefusedBeforeTraining) {
 
 // The 10m preset (eight 6.75 MiB chunks gathered in fp32) with the stock configs/zero3_cpu.json — DeepSpeed's
 // default reuse distance and live-parameter budget, which keep every released chunk they can — at micro-batch
-// 1 x 32 tokens: from a 15 MiB cap, where only the chunk in use and its gradient buffer fit beside the
-// activations, to 48 MiB, where all but one chunk can stay gathered.
+// 1 x 32 tokens: from 15 MiB of room beside the compute interface's own bytes, where only the chunk in use
+// and its gradient buffer fit beside the activations, to 48 MiB, where all but one chunk can stay gathered.
 TEST(DeviceRoom, TenMillionPresetTrainsAtEveryCapFrom15To48MiB) {
   ScratchDir d("room-10m");
   const model::ModelConfig mcfg = model::ModelConfig::preset("10m");
@@ -236,8 +241,8 @@ TEST(DeviceRoom, TenMillionPresetTrainsAtEveryCapFrom15To48MiB) {
   constexpr int kTokens = 32;
   const Outcome free_run = train(cfg, mcfg, tokens, 0, kTokens);
   for (std::uint64_t mib : {15, 16, 18, 20, 24, 28, 32, 40, 48}) {
-    const std::uint64_t cap = mib << 20;
-    SCOPED_TRACE("cap " + std::to_string(mib) + " MiB");
+    const std::uint64_t cap = free_run.plan.device_ops + (mib << 20);
+    SCOPED_TRACE("room " + std::to_string(mib) + " MiB");
     const Outcome o = train(cfg, mcfg, tokens, cap, kTokens);
     EXPECT_EQ(o.losses, free_run.losses);
     EXPECT_LE(o.device_total_peak, cap);
@@ -246,7 +251,8 @@ TEST(DeviceRoom, TenMillionPresetTrainsAtEveryCapFrom15To48MiB) {
 
 // State on the device (offload_param or offload_optimizer "none") shares the device with the working set
 // and the cache; the allocator must not lose room to fragmentation between them. Every cap from the
-// smallest accepted to 20% above it (in 2% steps) trains 10 steps with the unconstrained losses.
+// smallest accepted to 20% more room beside the compute interface's own bytes (in 2% steps) trains 10 steps
+// with the unconstrained losses.
 using StateCase = std::tuple<OffloadDevice, OffloadDevice>;
 class DeviceState : public ::testing::TestWithParam<StateCase> {};
 
@@ -268,10 +274,10 @@ TEST_P(DeviceState, EveryCapFromThePlanUpTrains) {
   const std::string tokens = make_tokens(d);
   const MemoryPlan p = unconstrained_plan(cfg, mcfg);
   ASSERT_GT(p.device_state, 0u);
-  const std::uint64_t min_cap = p.device_state + p.device_working_set + p.device_activations;
+  const std::uint64_t min_cap = p.device_need(), min_room = min_cap - p.device_ops;
   const Outcome free_run = train(cfg, mcfg, tokens, 0);
   for (int pct = 0; pct <= 20; pct += 2) {
-    const std::uint64_t cap = min_cap + min_cap * std::uint64_t(pct) / 100;
+    const std::uint64_t cap = min_cap + min_room * std::uint64_t(pct) / 100;
     SCOPED_TRACE("cap " + std::to_string(cap) + " (plan + " + std::to_string(pct) + "%)");
     const Outcome o = train(cfg, mcfg, tokens, cap);
     EXPECT_EQ(o.losses, free_run.losses);

@@ -87,6 +87,16 @@ struct Run {
   std::vector<bool> applied;
 };
 
+// The device bytes the compute interface of an engine of `cfg` and `mcfg` takes of its own
+// (MemoryPlan.device_ops: the matrix products' workspace — cuBLASLt's 32 MiB on cuda, the CPU ops' stand-in
+// of the same size on the host, tests/common/workspace_standin.cpp — and the ops' scratch for the model's
+// shapes), read from an engine with `opts` and the config's cap. A test that caps the device gives it this
+// plus the room it means to give the rest: a cap that leaves it out holds on the host alone.
+inline std::uint64_t ops_device_bytes(const Config& cfg, const model::ModelConfig& mcfg, EngineOptions opts) {
+  opts.device_memory_cap = 0;
+  return Engine(cfg, mcfg, opts).plan().device_ops;
+}
+
 // `steps` optimizer steps of `mcfg` under `cfg` from a fresh engine.
 inline Run train(const Config& cfg, const model::ModelConfig& mcfg, const std::string& tokens, int steps,
                  int seq_len = 32, EngineOptions opts = {}) {

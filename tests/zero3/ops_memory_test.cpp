@@ -1,5 +1,6 @@
 // The compute interface's own device memory is planned (kernels/ops.h, Note [Ops device memory]): a
-// workspace like cuBLASLt's — here the CPU ops' stand-in, OpsOptions.workspace_bytes — is in
+// workspace like cuBLASLt's — here the CPU ops' stand-in, OpsOptions.workspace_bytes, or cuda's size by
+// default in this binary (Note [Workspace stand-in] in kernels/workspace_standin.h) — is in
 // MemoryPlan.device_ops, the smallest cap the plan accepts is the step's peak to the byte, and a cap one
 // byte smaller is refused before training.
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "engine_util.h"
+#include "kernels/workspace_standin.h"
 
 namespace strata::zero3 {
 namespace {
@@ -58,11 +60,15 @@ Outcome train(const Config& cfg, const std::string& tokens, const EngineOptions&
 TEST(OpsMemory, TheWorkspaceIsPlanned) {
   ScratchDir d("ops-planned");
   const Config cfg = ops_config(d.path());
-  const MemoryPlan without = Engine(cfg, ops_model(), options(0, std::nullopt)).plan();
+  const MemoryPlan without = Engine(cfg, ops_model(), options(0, 0)).plan();
   const MemoryPlan with = Engine(cfg, ops_model(), options(0, kWorkspace)).plan();
-  EXPECT_EQ(without.device_ops, 0u);  // the CPU ops take none of their own
+  const MemoryPlan standin = Engine(cfg, ops_model(), options(0, std::nullopt)).plan();
+  EXPECT_EQ(without.device_ops, 0u);  // the CPU ops need no scratch
   EXPECT_EQ(with.device_ops, kWorkspace);
   EXPECT_EQ(with.device_need(), without.device_need() + kWorkspace);
+  // No value: the test binary's stand-in, cuda's cuBLASLt workspace (tests/common/workspace_standin.cpp).
+  EXPECT_EQ(standin.device_ops, kernels::kCudaWorkspaceBytes);
+  EXPECT_EQ(standin.device_need(), without.device_need() + kernels::kCudaWorkspaceBytes);
 }
 
 TEST(OpsMemory, TheSmallestAcceptedCapIsThePeak) {
@@ -70,7 +76,7 @@ TEST(OpsMemory, TheSmallestAcceptedCapIsThePeak) {
   const Config cfg = ops_config(d.path());
   const std::string tokens = make_tokens(d);
   const std::uint64_t need = Engine(cfg, ops_model(), options(0, kWorkspace)).plan().device_need();
-  const Outcome free_run = train(cfg, tokens, options(0, std::nullopt));
+  const Outcome free_run = train(cfg, tokens, options(0, 0));
   const Outcome o = train(cfg, tokens, options(need, kWorkspace));
   EXPECT_EQ(o.losses, free_run.losses);
   EXPECT_EQ(o.peak, need) << "the plan is neither exceeded nor padded";

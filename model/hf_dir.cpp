@@ -228,8 +228,34 @@ void save_pretrained(const std::string& dir, ChunkProvider& chunks, DType dtype,
     write_file(out / "generation_config.json", gen.dump(2) + "\n");
   }
   if (!opts.source_dir.empty())
-    for (const char* f : kTokenizerFiles)
-      if (fs::exists(fs::path(opts.source_dir) / f)) copy_through_tmp(fs::path(opts.source_dir) / f, out / f);
+    for (const std::string& f : tokenizer_files(opts.source_dir)) {
+      const fs::path to = out / f;
+      std::error_code ec;
+      fs::create_directories(to.parent_path(), ec);  // additional_chat_templates/
+      if (ec) throw IoError(cat("cannot create ", to.parent_path().string(), ": ", ec.message()));
+      copy_through_tmp(fs::path(opts.source_dir) / f, to);
+    }
+}
+
+std::vector<std::string> tokenizer_files(const std::string& source_dir) {
+  std::vector<std::string> files;
+  auto take = [&](const fs::path& dir, const std::string& prefix, bool templates_only) {
+    std::error_code ec;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      std::error_code ignored;
+      if (name.ends_with(".tmp") || !e.is_regular_file(ignored)) continue;  // follows symbolic links
+      const bool named = std::any_of(std::begin(kTokenizerFileNames), std::end(kTokenizerFileNames),
+                                     [&](const char* n) { return name == n; });
+      if (name.ends_with(".jinja") || (!templates_only && (name.starts_with("tokenizer") || named)))
+        files.push_back(prefix + name);
+    }
+  };
+  const fs::path src(source_dir);
+  take(src, "", false);
+  take(src / kChatTemplateDir, std::string(kChatTemplateDir) + "/", true);
+  std::sort(files.begin(), files.end());
+  return files;
 }
 
 }  // namespace strata::model

@@ -16,13 +16,15 @@
 // token ids), DIR/generation_config.json (the source's, else one naming the token ids), the weights as
 // DIR/model.safetensors or, past max_shard_bytes, DIR/model-0000i-of-0000n.safetensors with
 // DIR/model.safetensors.index.json ({"metadata": {"total_size"}, "weight_map"}), as transformers shards
-// them; and the source directory's tokenizer files copied along. Every file is written as NAME.tmp and
-// renamed, so an interrupted export leaves no half-written file under its final name.
+// them; and the source directory's tokenizer and chat template files copied along (tokenizer_files, below).
+// Every file is written as NAME.tmp and renamed, so an interrupted export leaves no half-written file under
+// its final name.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/dtype.h"
 #include "model/chunk.h"
@@ -53,10 +55,19 @@ struct SavePretrainedOptions {
 void save_pretrained(const std::string& dir, ChunkProvider& chunks, DType dtype,
                      const SavePretrainedOptions& opts = {});
 
-// The files copied from a source directory: the tokenizer's (whichever exist).
-inline constexpr const char* kTokenizerFiles[] = {
-    "tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json",
-    "tokenizer.model", "added_tokens.json",     "vocab.json",
-    "merges.txt"};
+// The files of a source directory that an export copies along (save_pretrained with source_dir, so
+// `strata train --export`, `strata export --tokenizer-from` and Python's engine.export alike): every file
+// the tokenizer and its chat templates are read from, whichever exist, as paths relative to `source_dir`,
+// sorted. That is every regular file (a symbolic link to one counts, as in a Hugging Face cache snapshot)
+//   - whose name starts with "tokenizer" (tokenizer.json, tokenizer_config.json, tokenizer.model, ...),
+//   - whose name ends with ".jinja" (transformers 5 saves a chat template as chat_template.jinja), and
+//     additional_chat_templates/NAME.jinja (transformers 5's further named templates),
+//   - named in kTokenizerFileNames (the older files transformers still reads).
+// A name ending in ".tmp" (a file being written) never is. generation_config.json goes along too, but by
+// save_pretrained's own rule (copied when the source has one, else written from the token ids).
+inline constexpr const char* kTokenizerFileNames[] = {
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "chat_template.json"};
+inline constexpr const char* kChatTemplateDir = "additional_chat_templates";
+std::vector<std::string> tokenizer_files(const std::string& source_dir);
 
 }  // namespace strata::model

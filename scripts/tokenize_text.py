@@ -33,42 +33,44 @@ Long documents are encoded in pieces of at most PIECE_CHARS characters, so memor
 the size of a document (Note [Long documents] below says where the pieces end and when their tokens are
 those of encoding the document in one call).
 
-Chat data (--chat). Every input is JSONL, one conversation a line: {"messages": [{"role": ..., "content":
-...}, ...]} as transformers and TRL write it (other keys of a message are passed to the template; blank
-lines are skipped). Each conversation's tokens are those of the model directory's own chat template,
-through transformers' AutoTokenizer.from_pretrained(MODEL_DIR).apply_chat_template(messages) (no template
-engine of ours): the template carries its special tokens, and nothing is added before, between or after
-conversations. --tokenizer must be the model directory, with a chat template (tokenizer_config.json's
-"chat_template" or chat_template.jinja). Needs `transformers` (and jinja2), imported only for --chat.
-Beside the token file, OUT.mask holds one byte per token: 1 if the token belongs to an assistant turn (it
-counts when it is a target), else 0 (Note [Assistant spans]); --train-on-prompt makes every byte 1 but a
-pad's. Conversations are packed one after another; with --pad-rows --seq-len T each fills one row of
-exactly T tokens: cut after T (counted on stderr), else padded with the pad token (pad_token, else
-eos_token) whose mask is 0. The trainer's window for row s is the T + 1 tokens from s*T: its last target is
-the next row's first token, which counts only if it is an assistant token (a template never starts with
-one; with --train-on-prompt it counts).
+Chat data (--chat). Every input is JSONL, one example a line (blank lines are skipped), in one of these
+formats (scripts/chat_data.py reads them; its docstring and Note [Assistant spans] have the exact rules):
+  {"messages": [{"role": ..., "content": ...}, ...]}, as transformers and TRL write it (other keys of a
+      message go to the template): the tokens of the conversation rendered by the chat template; the
+      assistant messages count.
+  {"conversations": [{"from": ..., "value": ...}, ...]} (ShareGPT): "from" human -> user, gpt ->
+      assistant, system -> system (user, assistant as they are; any other is refused naming the line);
+      then as "messages".
+  {"prompt": "...", "completion": "..."} (TRL's standard prompt-completion): as TRL's SFTTrainer tokenizes
+      it, with no chat template: tokenizer(prompt + completion + eos_token), the tokenizer's own special
+      tokens added (its BOS, where it adds one); the prompt's tokens count 0, the rest (EOS included) 1.
+  {"prompt": [messages], "completion": [messages]} (TRL's conversational prompt-completion): prompt +
+      completion rendered by the chat template; what follows the prompt rendered with the generation prompt
+      counts (TRL's completion_mask).
+A line's "tools" and "chat_template_kwargs" (e.g. {"enable_thinking": false}) go to the template, as TRL
+passes them. A content is a string or a list of {"type": "text", "text": ...} parts: passed as they are to
+a template that handles such lists (a probe says), else joined by one space, as transformers serve does
+for a text-only model. Rendering is transformers' AutoTokenizer.from_pretrained(MODEL_DIR)
+.apply_chat_template (no template engine of ours) with the directory's chat template (tokenizer_config.json's
+"chat_template" or chat_template.jinja), or --chat-template FILE's instead: the template carries its special
+tokens, and nothing is added before, between or after examples. Which assistant tokens count: a template's
+{% generation %} blocks (transformers' assistant mask) where it has them, else found by rendering parts of
+the conversation — the prefix before each assistant message, and what follows it either as a prefix or, for
+templates that render earlier turns differently once later ones follow (Qwen3's thinking template), as the
+rest of the conversation on its own (Note [Assistant spans]); a line no exact rule covers is refused,
+naming it. Needs `transformers` (and jinja2), imported only for --chat.
+Beside the token file, OUT.mask holds one byte per token: 1 if the token counts when it is a target, else 0;
+--train-on-prompt makes every byte 1 but a pad's. Examples are packed one after another; with --pad-rows
+--seq-len T each fills one row of exactly T tokens: cut after T (counted on stderr), else padded with the
+pad token (pad_token, else eos_token) whose mask is 0. The trainer's window for row s is the T + 1 tokens
+from s*T: its last target is the next row's first token, which counts only if its byte is 1 (a template
+never starts with an assistant token; with --train-on-prompt it counts).
 
 Mask file OUT.mask (model/loss_mask.h reads it): 256 little-endian int32, [0] magic 20261127, [1] version 1,
 [2] and [3] the token count as a little-endian uint64 (low 32 bits, high 32 bits), the rest 0; then one
 byte per token of OUT. Written as OUT.mask.tmp; once both files are complete the old OUT is removed, then
 OUT.mask.tmp and OUT.tmp are renamed in that order, so that no reader pairs a token file with a mask of
 another run. A run without --chat removes a stale OUT.mask before it renames OUT.tmp.
-
-Note [Assistant spans]
-~~~~~~~~~~~~~~~~~~~~~~
-Which tokens belong to an assistant turn. A template with {% generation %} ... {% endgeneration %} blocks
-says so itself: apply_chat_template(return_dict=True, return_assistant_tokens_mask=True) returns
-"assistant_masks", 1 for every token overlapping the text a block rendered. A template without them (most
-models') is probed by rendering prefixes of the conversation: for each assistant message k, P = the tokens
-of messages[:k] with add_generation_prompt=True (the prompt up to where the model starts answering) and Q
-= the tokens of messages[:k+1]; the span is Q[len(P):] (the answer and the template's end-of-turn tokens).
-This holds only when P is a prefix of Q and Q a prefix of the whole conversation's tokens, which is
-checked: a template that renders a message differently once later ones follow (one that drops earlier
-turns' reasoning, or numbers turns from the end), or a tokenizer that merges across the place where P
-ends, fails it, and the run stops naming file:line (use a template with {% generation %} blocks there).
-An assistant message that opens the conversation has no prefix to render and is refused the same way.
-Both ways give the same mask when the generation blocks hold what follows the generation prompt up to the
-end of the turn (tested).
 
 Exit status: 0 done, 2 a usage or input error (the message says which file, and for JSONL which line).
 """
@@ -87,6 +89,9 @@ try:
     import tokenizers
 except ImportError:
     tokenizers = None
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when this file is imported by path
+import chat_data  # noqa: E402  (scripts/chat_data.py: the --chat formats and loss masks; no transformers import)
 
 LLMC_HEADER_INTS = 256
 LLMC_U16 = (20240520, 1)  # (magic, version)
@@ -546,47 +551,15 @@ def tokenize(args):
           f"{args.out}; {said(bos)}, {said(eos, shared)}")
 
 
-# How transformers decides that a template marks its assistant tokens itself (Note [Assistant spans]).
-GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
-CHAT_LINE = '{"messages": [{"role": ..., "content": ...}, ...]}'
-
-
-def _messages(where, obj):
-    """The messages of one JSONL line's object, checked: a non-empty list of objects with string role and
-    content (other keys are left for the template)."""
-    if not isinstance(obj, dict) or "messages" not in obj:
-        raise InputError(f'{where}: no "messages" field (--chat reads one conversation a line: {CHAT_LINE})')
-    messages = obj["messages"]
-    if not isinstance(messages, list) or not messages:
-        what = "an empty list" if isinstance(messages, list) else f"a {type(messages).__name__}"
-        raise InputError(f'{where}: "messages" is {what}, not a list of {{"role", "content"}} objects')
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise InputError(f'{where}: message {i} is a {type(m).__name__}, not an object with string "role" '
-                             f'and "content"')
-        for key in ("role", "content"):
-            value = m.get(key)
-            if key not in m:
-                raise InputError(f"{where}: message {i} has no {key!r} (a string)")
-            if not isinstance(value, str):
-                raise InputError(f"{where}: message {i}'s {key!r} is {json.dumps(value)[:40]}, not a string")
-            bad = SURROGATE.search(value)
-            if bad:
-                raise InputError(f"{where}: message {i}'s {key!r} is not encodable as UTF-8: it holds a lone "
-                                 f"surrogate \\u{ord(bad.group()):04x} at character {bad.start()}; fix or drop "
-                                 f"that line")
-    return messages
-
-
-def conversations(paths):
-    """Yields (where, messages) for every conversation of every input (JSONL, one a line), in order."""
+def examples(paths):
+    """Yields (where, Example) for every line of every input (JSONL, one example a line), in order."""
     for path in paths:
-        for where, obj in jsonl_objects(path, f"; --chat reads one conversation a line: {CHAT_LINE}"):
-            yield where, _messages(where, obj)
+        for where, obj in jsonl_objects(path, f"; --chat reads one of {chat_data.FORMATS} a line"):
+            yield where, chat_data.read_example(where, obj)
 
 
 def load_chat_tokenizer(model_dir):
-    """transformers' tokenizer of model_dir and its chat template; InputError when either is missing."""
+    """transformers' tokenizer of model_dir; InputError when transformers or the tokenizer is missing."""
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found": not needed
     try:
         import jinja2  # noqa: F401  (transformers renders templates with it, importing it only then)
@@ -598,60 +571,21 @@ def load_chat_tokenizer(model_dir):
     # Its warnings (a conversation longer than model_max_length, ...) do not apply: nothing is truncated.
     transformers.logging.set_verbosity_error()
     try:
-        tok = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        return transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     except Exception as e:  # whatever the loader raises for a directory it cannot read
         raise InputError(f"{model_dir}: transformers cannot load its tokenizer ({type(e).__name__}: {e})")
+
+
+def read_template(path):
+    """The text of a --chat-template FILE."""
     try:
-        template = tok.get_chat_template()
-    except ValueError:  # none, or several with no "default"
-        template = None
-    if not isinstance(template, str) or not template:
-        raise InputError(f"{model_dir} has no chat template; --chat renders each conversation with the model's "
-                         f"own: add it as \"chat_template\" in {model_dir}/tokenizer_config.json or as "
-                         f"{model_dir}/chat_template.jinja (an instruct model's directory has one), or tokenize "
-                         f"plain text without --chat")
-    return tok, template
-
-
-def _chat(tok, where, messages, **kwargs):
-    """apply_chat_template's BatchEncoding of `messages` (tokens as the template renders them, with its own
-    special tokens); InputError naming `where` when the template fails on them."""
-    try:
-        return tok.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
-    except Exception as e:  # jinja2's TemplateError, a template's raise_exception("..."), ...
-        raise InputError(f"{where}: the chat template fails on this conversation ({type(e).__name__}: {e})")
-
-
-def encode_conversation(tok, where, messages, generation, train_on_prompt):
-    """(ids, mask) of one conversation: its tokens, and one byte a token, 1 for an assistant turn's
-    (Note [Assistant spans]; generation: the template has {% generation %} blocks), all 1 with
-    train_on_prompt."""
-    if generation and not train_on_prompt:
-        enc = _chat(tok, where, messages, return_assistant_tokens_mask=True)
-        return list(enc["input_ids"]), bytearray(enc["assistant_masks"])
-    ids = list(_chat(tok, where, messages)["input_ids"])
-    if train_on_prompt:
-        return ids, bytearray(b"\x01") * len(ids)
-    mask = bytearray(len(ids))
-    for k, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        if k == 0:
-            raise InputError(f"{where}: message 0 is an assistant's, and its tokens are found by rendering the "
-                             f"messages before it (Note [Assistant spans] in this script); start the conversation "
-                             f"with a system or user message, or use a chat template with {{% generation %}} "
-                             f"blocks")
-        p = list(_chat(tok, where, messages[:k], add_generation_prompt=True)["input_ids"])
-        q = list(_chat(tok, where, messages[:k + 1])["input_ids"])
-        if q[:len(p)] != p or ids[:len(q)] != q:
-            what = ("the tokens of messages[:k] with the generation prompt do not begin those of messages[:k+1]"
-                    if q[:len(p)] != p else "the tokens of messages[:k+1] do not begin the whole conversation's")
-            raise InputError(f"{where}: the chat template does not render prefixes stably ({what}, k = {k}), so "
-                             f"assistant message {k}'s tokens cannot be found (Note [Assistant spans] in this "
-                             f"script); use a chat template that marks assistant turns with {{% generation %}} "
-                             f"... {{% endgeneration %}} blocks")
-        mask[len(p):len(q)] = b"\x01" * (len(q) - len(p))
-    return ids, mask
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"--chat-template {path}: cannot read it as UTF-8 text ({e})")
+    if not text.strip():
+        raise InputError(f"--chat-template {path}: the file is empty; it holds a Jinja chat template")
+    return text
 
 
 def pad_token(tok, model_dir):
@@ -669,26 +603,32 @@ def tokenize_chat(args):
     files = [os.path.join(model_dir, name) for name in ("tokenizer.json", "tokenizer_config.json",
                                                         "chat_template.jinja", "special_tokens_map.json")]
     if not os.path.isdir(model_dir) or not os.path.isfile(files[0]):
-        raise InputError(f"--tokenizer {model_dir}: --chat takes a model directory holding tokenizer.json and "
-                         f"the chat template (tokenizer_config.json's \"chat_template\", or chat_template.jinja), "
+        raise InputError(f"--tokenizer {model_dir}: --chat takes a model directory holding tokenizer.json (and "
+                         f"its chat template: tokenizer_config.json's \"chat_template\", or chat_template.jinja), "
                          f"as transformers reads it")
+    if args.chat_template is not None:
+        files.append(args.chat_template)
     check_paths(args, [f for f in files if os.path.exists(f)])
-    tok, template = load_chat_tokenizer(model_dir)
-    generation = GENERATION_BLOCK.search(template) is not None
+    override = read_template(args.chat_template) if args.chat_template is not None else None
+    tok = load_chat_tokenizer(model_dir)
+    renderer = chat_data.Renderer(tok, override, model_dir)
     vocab_size = max(len(tok), max(tok.get_vocab().values(), default=-1) + 1)
     width = token_width(vocab_size)
     T = args.seq_len
     pad = pad_token(tok, model_dir) if args.pad_rows else None
 
-    # conversations; counted: tokens that count; longer: than T (cut with --pad-rows); no_target: conversations
-    n = collections.Counter()
+    # examples; counted: tokens that count; longer: than T (cut with --pad-rows); no_target: examples; kinds
+    n, kinds = collections.Counter(), collections.Counter()
     out = Output(args.out, width, masks=True)
     try:
-        for where, messages in conversations(args.inputs):
-            ids, mask = encode_conversation(tok, where, messages, generation, args.train_on_prompt)
+        for where, example in examples(args.inputs):
+            ids, mask = renderer.encode(where, example, args.train_on_prompt)
             if ids and max(ids) >= vocab_size:  # never, for a consistent tokenizer; the file could not hold it
                 raise InputError(f"{where}: token id {max(ids)} is outside the vocabulary of {vocab_size} ids")
-            n["conversations"] += 1
+            n["examples"] += 1
+            kinds[example.kind] += 1
+            if not args.train_on_prompt and renderer.uses_generation_blocks(where, example):
+                n["generation"] += 1
             if T is not None and len(ids) > T:
                 n["longer"] += 1
                 if args.pad_rows:
@@ -700,32 +640,47 @@ def tokenize_chat(args):
             n["counted"] += counted
             n["no_target"] += counted == 0
             out.write(ids, mask)
-        if n["conversations"] == 0:
-            raise InputError(f"the inputs hold no conversations (only blank lines); {args.out} was not written")
+        if n["examples"] == 0:
+            raise InputError(f"the inputs hold no examples (only blank lines); {args.out} was not written")
         if n["counted"] == 0:
             after = f" within its first {T} tokens (--pad-rows cut the rest)" if args.pad_rows else ""
-            raise InputError(f"no token of the output counts as a target: none of the {n['conversations']} "
-                             f"conversations has an assistant token{after}; {args.out} was not written "
+            raise InputError(f"no token of the output counts as a target: none of the {n['examples']} examples has "
+                             f"an assistant or completion token{after}; {args.out} was not written "
                              f"(--train-on-prompt counts every token)")
         out.commit()
+    except chat_data.ChatDataError as e:
+        out.discard()
+        raise InputError(str(e))
     except BaseException:
         out.discard()
         raise
 
+    if kinds["prompt-completion"] and not tok.eos_token:
+        print(f"tokenize: the tokenizer in {model_dir} has no eos_token: prompt-completion examples end without "
+              f"one", file=sys.stderr)
     if args.pad_rows:
-        print(f"tokenize: {n['longer']} conversations were cut to --seq-len {T} tokens (their tails dropped); "
+        print(f"tokenize: {n['longer']} examples were cut to --seq-len {T} tokens (their tails dropped); "
               f"shorter ones padded with {pad[2]} {pad[0]}={pad[1]}, whose mask is 0", file=sys.stderr)
     elif T is not None:
-        print(f"tokenize: {n['longer']} conversations are longer than --seq-len {T} tokens (packed, they run "
+        print(f"tokenize: {n['longer']} examples are longer than --seq-len {T} tokens (packed, they run "
               f"across training windows)", file=sys.stderr)
     if n["no_target"]:
         within = f" within their {T} tokens" if args.pad_rows else ""
-        print(f"tokenize: {n['no_target']} conversations have no token that counts (no assistant turn{within}); "
-              f"their mask is all 0", file=sys.stderr)
-    how = ("--train-on-prompt: every token but padding" if args.train_on_prompt else
-           "assistant turns, from the template's {% generation %} blocks" if generation else
-           "assistant turns, found by rendering prefixes")
-    print(f"tokenize: {n['conversations']} conversations, {out.count} tokens, {n['counted']} tokens that count "
+        print(f"tokenize: {n['no_target']} examples have no token that counts (no assistant or completion "
+              f"token{within}); their mask is all 0", file=sys.stderr)
+    if args.train_on_prompt:
+        how = "--train-on-prompt: every token but padding"
+    else:
+        conversations = kinds["messages"] + kinds["sharegpt"]
+        how = ", ".join(x for x in (
+            f"{n['generation']} conversations' assistant turns from the template's {{% generation %}} blocks"
+            if n["generation"] else "",
+            f"{conversations - n['generation']} conversations' assistant turns found by rendering prefixes"
+            if conversations > n["generation"] else "",
+            f"{kinds['prompt-completion'] + kinds['chat prompt-completion']} completions"
+            if kinds["prompt-completion"] + kinds["chat prompt-completion"] else "") if x)
+    formats = ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items()))
+    print(f"tokenize: {n['examples']} examples ({formats}), {out.count} tokens, {n['counted']} tokens that count "
           f"({how}); uint{8 * width} (vocabulary {vocab_size}) -> {args.out} and {out.mask_path}", file=sys.stderr)
 
 
@@ -733,9 +688,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(
         prog="scripts/tokenize_text.py",
         description="Text (.txt: one document per file; .jsonl: one per line) to an llm.c token file, "
-                    "with a model's own tokenizer.json; with --chat, conversations (JSONL of "
-                    '{"messages": [...]}) to a token file and its loss mask OUT.mask, with the model\'s own '
-                    "chat template. See docs/train.md and docs/model.md.")
+                    "with a model's own tokenizer.json; with --chat, conversations and prompt-completion "
+                    "examples (JSONL) to a token file and its loss mask OUT.mask, with the model's own chat "
+                    "template. See docs/train.md and docs/model.md.")
     p.add_argument("--tokenizer", required=True, metavar="MODEL_DIR|tokenizer.json",
                    help="a model directory holding tokenizer.json (and tokenizer_config.json), or the file; "
                         "with --chat, the model directory, holding a chat template")
@@ -751,18 +706,22 @@ def main(argv=None):
                         "it does not say; not with --chat)")
     chat = p.add_argument_group("chat data (supervised fine-tuning)")
     chat.add_argument("--chat", action="store_true",
-                      help='inputs are JSONL, one {"messages": [{"role": ..., "content": ...}, ...]} a line, '
-                           "tokenized with the model's chat template (transformers' apply_chat_template); "
-                           "writes OUT.mask: 1 for an assistant turn's tokens, 0 for the rest")
+                      help='inputs are JSONL, one example a line: {"messages": [...]}, ShareGPT\'s '
+                           '{"conversations": [...]}, or {"prompt": ..., "completion": ...}, tokenized with the '
+                           "model's chat template (transformers' apply_chat_template); writes OUT.mask: 1 for "
+                           "an assistant turn's or a completion's tokens, 0 for the rest")
+    chat.add_argument("--chat-template", metavar="FILE", default=None,
+                      help="a Jinja chat template file used instead of the model directory's own (one with "
+                           "{%% generation %%} blocks marks the tokens that count itself)")
     chat.add_argument("--train-on-prompt", action="store_true",
                       help="every token counts (mask 1), prompts included; padding still does not")
     chat.add_argument("--seq-len", type=int, default=None, metavar="T",
-                      help="the training sequence length: reports the conversations longer than T tokens; "
+                      help="the training sequence length: reports the examples longer than T tokens; "
                            "with --pad-rows, the row length")
     chat.add_argument("--pad-rows", action="store_true",
-                      help="each conversation fills one row of exactly T (--seq-len) tokens: cut after T, "
+                      help="each example fills one row of exactly T (--seq-len) tokens: cut after T, "
                            "else padded with the pad token (pad_token, else eos_token), mask 0 "
-                           "(default: conversations are packed one after another)")
+                           "(default: examples are packed one after another)")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="text files and .jsonl files, in order "
                                                               "(with --chat, JSONL files)")
     args = p.parse_args(argv)
@@ -770,22 +729,22 @@ def main(argv=None):
         given = [name for name, value in (("--jsonl-field", args.jsonl_field), ("--bos/--no-bos", args.bos),
                                           ("--eos/--no-eos", args.eos)) if value is not None]
         if given:
-            p.error(f"{', '.join(given)}: not with --chat (the chat template decides the special tokens, and "
-                    f"the messages are in \"messages\")")
+            p.error(f"{', '.join(given)}: not with --chat (the chat template, or TRL's prompt-completion rule, "
+                    f"decides the special tokens, and each line's format its fields)")
         if args.pad_rows and args.seq_len is None:
             p.error("--pad-rows needs --seq-len T, the row length")
         if args.seq_len is not None and args.seq_len < 1:
             p.error(f"--seq-len {args.seq_len}: must be at least 1")
     else:
         given = [name for name, value in (("--train-on-prompt", args.train_on_prompt),
-                                          ("--seq-len", args.seq_len is not None), ("--pad-rows", args.pad_rows))
-                 if value]
+                                          ("--seq-len", args.seq_len is not None), ("--pad-rows", args.pad_rows),
+                                          ("--chat-template", args.chat_template is not None)) if value]
         if given:
             p.error(f"{', '.join(given)}: only with --chat")
         args.jsonl_field = args.jsonl_field or "text"
     try:
         (tokenize_chat if args.chat else tokenize)(args)
-    except InputError as e:
+    except (InputError, chat_data.ChatDataError) as e:
         print(f"tokenize: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # writing the output (an input that cannot be read is an InputError)

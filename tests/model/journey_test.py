@@ -1,19 +1,21 @@
 #!/usr/bin/env python3
 """The fine-tuning journey of docs/train.md ("Fine-tuning on conversations"), end to end, for a tiny random
-model of each family: a model directory (weights written by `strata train --steps 0 --export`, a word-level
-tokenizer.json and a ChatML chat template made here), a chat JSONL, `scripts/tokenize_text.py --chat`,
-`strata eval` before, `strata train --init-from ... --export`, `strata eval` after, and the result loaded in
-transformers.
+model of each family: a model directory (weights written by `strata train --steps 0 --export`, a byte-level
+BPE tokenizer and a ChatML chat template made here and saved by transformers' save_pretrained, the template
+as chat_template.jinja), a chat JSONL, `scripts/tokenize_text.py --chat`, `strata eval` before,
+`strata train --init-from ... --export`, `strata eval` after, and the result loaded in transformers.
 
     journey_test.py STRATA TOKENIZE_SCRIPT CONFIG PRESETS_DIR SCRATCH_DIR
 
 Checks, per family: the token file's mask counts exactly the assistant replies; `strata eval` reports the
 counted targets; training lowers the eval loss on the replies by at least half a nat; the export's
-config.json names the family's class. Where a python with torch and transformers is available (this one,
-or STRATA_TORCH_PYTHON), transformers loads the export as that class and its masked loss of the first eval
-batch (labels = -100 where the mask is 0) equals `strata eval`'s within bf16 rounding; without one that
-step says it was skipped, and why. Exit 0 when every check passed, 1 otherwise, 77 when this python lacks
-`tokenizers` or transformers (scripts/install-deps.sh --python installs both in deps/pyenv).
+config.json names the family's class, and the export carries the source's tokenizer and chat template files
+byte for byte, so that transformers' apply_chat_template on it gives the source's tokens. Where a python
+with torch and transformers is available (this one, or STRATA_TORCH_PYTHON), transformers loads the export
+as that class and its masked loss of the first eval batch (labels = -100 where the mask is 0) equals
+`strata eval`'s within bf16 rounding; without one that step says it was skipped, and why. Exit 0 when every
+check passed, 1 otherwise, 77 when this python lacks `tokenizers` or transformers
+(scripts/install-deps.sh --python installs both in deps/pyenv).
 """
 import json
 import os
@@ -77,8 +79,9 @@ def reply(c):
 
 
 def make_tokenizer(d, convs):
-    """A byte-level BPE as Qwen2.5's (transformers 5 loads a qwen2 directory's tokenizer as Qwen2Tokenizer,
-    which rebuilds that pipeline from the vocabulary and merges), trained on the conversations' text."""
+    """A byte-level BPE as Qwen2.5's, trained on the conversations' text, saved with the chat template by
+    transformers' own save_pretrained: transformers 5 writes the template as chat_template.jinja (not in
+    tokenizer_config.json), which the export must carry along."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -86,10 +89,22 @@ def make_tokenizer(d, convs):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     text = ["".join(f"{m['role']}\n{m['content']}\n" for m in c["messages"]) for c in convs]
     tok.train_from_iterator(text * 4, trainer)
-    tok.save(os.path.join(d, "tokenizer.json"))
-    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-                   "pad_token": "<|endoftext|>", "chat_template": TEMPLATE}, f)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                                pad_token="<|endoftext|>")
+    fast.chat_template = TEMPLATE
+    fast.save_pretrained(d)
+    with open(os.path.join(d, "tokenizer_config.json")) as f:
+        check(os.path.exists(os.path.join(d, "chat_template.jinja")) and "chat_template" not in json.load(f),
+              "transformers' save_pretrained wrote the template as chat_template.jinja alone")
+
+
+def same_files(src, dst, names):
+    """The names of `names` that are not in dst byte for byte as in src."""
+    def data(path):
+        with open(path, "rb") as f:
+            return f.read()
+    return [n for n in names if not os.path.exists(os.path.join(dst, n)) or
+            data(os.path.join(src, n)) != data(os.path.join(dst, n))]
 
 
 def eval_line(strata, model, data, *extra):
@@ -184,8 +199,19 @@ def journey(strata, script, config, presets, scratch, family, torch_py):
     want = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
             "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM"}[family]
     check(cfg.get("architectures") == [want], f"{family}: the export's architectures are {cfg.get('architectures')}")
-    check(os.path.exists(os.path.join(tuned, "tokenizer_config.json")),
-          f"{family}: the export lacks the source's tokenizer files")
+    # The export carries the tokenizer and its chat template: transformers renders the conversations there
+    # as in the source directory, token for token.
+    names = [n for n in sorted(os.listdir(base)) if n.startswith("tokenizer") or n.endswith(".jinja")]
+    missing = same_files(base, tuned, names)
+    check("chat_template.jinja" in names and not missing, f"{family}: the export lacks {missing} of {names}")
+    try:
+        exported = transformers.AutoTokenizer.from_pretrained(tuned)
+        same = all(exported.apply_chat_template(c["messages"])["input_ids"] ==
+                   tok.apply_chat_template(c["messages"])["input_ids"] for c in convs[:4])
+        why = "different tokens"
+    except ValueError as e:  # "Cannot use apply_chat_template because this processor does not have a chat template"
+        same, why = False, str(e)
+    check(same, f"{family}: apply_chat_template on the export does not give the source's tokens ({why})")
     # 4. The export in transformers: the same class, the same masked loss on the first eval batch.
     if torch_py is None:
         return

@@ -27,7 +27,7 @@ import tempfile
 sys.dont_write_bytecode = True  # importing scripts/tokenize_text.py below writes nothing into the source tree
 
 try:
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 except ImportError:
     print(f"SKIP: the Python package `tokenizers` is not importable by {sys.executable} "
           f"(bash scripts/install-deps.sh --python makes deps/pyenv with it; then re-run cmake)")
@@ -203,15 +203,16 @@ def chat_checks(script, tmp):
     r = run(script, "--chat", "--tokenizer", gen, "--out", out, convs)
     check(r.returncode == 0 and read(out) == token_bytes(want_ids) and read(out + ".mask") == mask_bytes(want_mask),
           f"--chat with {{% generation %}}: the template's tokens and the assistant mask ({r.stderr.strip()})")
-    check("2 conversations, 24 tokens, 4 tokens that count" in r.stderr and
-          "1 conversations have no token that counts" in r.stderr and "Traceback" not in r.stderr,
+    check("2 examples (messages 2), 24 tokens, 4 tokens that count" in r.stderr and
+          "1 examples have no token that counts" in r.stderr and "Traceback" not in r.stderr,
           f"--chat reports conversations, tokens, tokens that count and those with none: {r.stderr.strip()}")
     check(not os.path.exists(out + ".tmp") and not os.path.exists(out + ".mask.tmp"), "no .tmp file is left")
 
     # (c2) The template without {% generation %} (the prefix method) gives the same tokens and mask.
     rc, err = run_in("--chat", "--tokenizer", plain, "--out", out, convs)
     check(rc == 0 and read(out) == token_bytes(want_ids) and read(out + ".mask") == mask_bytes(want_mask) and
-          "rendering prefixes" in err, f"--chat without {{% generation %}}: the same mask by prefixes ({err.strip()})")
+          "found by rendering prefixes" in err,
+          f"--chat without {{% generation %}}: the same mask by prefixes ({err.strip()})")
 
     # (c3) --train-on-prompt: every byte 1.
     rc, err = run_in("--chat", "--train-on-prompt", "--tokenizer", plain, "--out", out, convs)
@@ -225,11 +226,11 @@ def chat_checks(script, tmp):
         conv1_mask = [1] * 12 if extra else CONV1_MASK[:12]
         check(rc == 0 and read(out) == token_bytes(CONV1_IDS[:12] + CONV2_IDS + [2] * 4) and
               read(out + ".mask") == mask_bytes(conv1_mask + conv2_mask + [0] * 4) and
-              "1 conversations were cut to --seq-len 12" in err,
+              "1 examples were cut to --seq-len 12" in err,
               f"--pad-rows {' '.join(extra)}: rows of 12, cut and padded with <pad> (mask 0) ({err.strip()})")
     # Packed, --seq-len only reports the conversations longer than it.
     rc, err = run_in("--chat", "--seq-len", "10", "--tokenizer", gen, "--out", out, convs)
-    check(rc == 0 and read(out) == token_bytes(want_ids) and "1 conversations are longer than --seq-len 10" in err,
+    check(rc == 0 and read(out) == token_bytes(want_ids) and "1 examples are longer than --seq-len 10" in err,
           f"packed --chat --seq-len reports the longer conversations ({err.strip()})")
     # No pad_token: the eos_token pads; neither: refused.
     no_pad = os.path.join(tmp, "chat-no-pad")
@@ -265,17 +266,30 @@ def chat_checks(script, tmp):
                        ({"messages": "hi"}, "a str"), ({"messages": []}, "an empty list"),
                        ({"messages": ["hi"]}, "message 0 is a str"),
                        ({"messages": [{"role": "user"}]}, "no 'content'"),
-                       ({"messages": [{"role": "user", "content": 5}]}, "'content' is 5, not a string")):
+                       ({"messages": [{"role": "user", "content": 5}]}, "'content' is 5, not a string"),
+                       ({"messages": [{"role": "user", "content": [{"type": "image", "url": "a.png"}]}]},
+                        "part 0 is of type 'image'"),
+                       ({"conversations": [{"from": "bing", "value": "x"}]}, 'turn 0 is "from" "bing"'),
+                       ({"conversations": [{"role": "user", "content": "x"}]}, 'with "from" and "value"'),
+                       ({"conversations": [{"from": "system", "value": "a"}, {"from": "human", "value": "b"}],
+                         "system": "c"}, "keep one"),
+                       ({"prompt": "x"}, 'no "completion"'),
+                       ({"prompt": "x", "completion": [{"role": "assistant", "content": "y"}]}, "a str and a list"),
+                       ({"messages": CONV1, "chat_template_kwargs": {"add_generation_prompt": True}},
+                        "sets add_generation_prompt")):
         bad = jsonl(os.path.join(tmp, "bad-chat.jsonl"), [good, "", line])
         rc, err = run_in("--chat", "--tokenizer", gen, "--out", out6, bad)
         check(rc == 2 and f"{bad}:3" in err and says in err and not os.path.exists(out6) and
               not os.path.exists(out6 + ".mask"), f"the line {line!r} exits 2 naming file:3 ({err.strip()})")
-    # The prefix method refuses a template that does not render prefixes stably, and an assistant first.
+    # Rendering parts refuses a template that renders a message differently as the last one (and the rest
+    # of the conversation, rendered on its own, does not end the whole: it starts with <s>), and an
+    # assistant message first.
     unstable = os.path.join(tmp, "chat-unstable")
     chat_model(unstable, dict(config, chat_template=CHAT_TEMPLATE_UNSTABLE))
     rc, err = run_in("--chat", "--tokenizer", unstable, "--out", out6, convs)
-    check(rc == 2 and f"{convs}:1" in err and "does not render prefixes stably" in err and "generation" in err,
-          f"a template that does not render prefixes stably exits 2 naming file:line ({err.strip()})")
+    check(rc == 2 and f"{convs}:1" in err and "assistant message 1's tokens cannot be found" in err and
+          "--chat-template" in err, f"a template no rule of Note [Assistant spans] covers exits 2 naming file:line "
+                                    f"({err.strip()})")
     first = jsonl(os.path.join(tmp, "assistant-first.jsonl"), [{"messages": [{"role": "assistant", "content": "Hi"}]}])
     rc, err = run_in("--chat", "--tokenizer", plain, "--out", out6, first)
     check(rc == 2 and f"{first}:1" in err and "message 0" in err,
@@ -303,6 +317,193 @@ def chat_checks(script, tmp):
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 2 and "install-deps.sh --python" in r.stderr and "Traceback" not in r.stderr,
           f"without transformers --chat exits 2 naming the fix ({r.stderr.strip()})")
+
+    # (c10) The other formats, content lists and thinking templates, against transformers' own rendering.
+    chat_format_checks(run_in, tmp)
+
+
+# The formats of scripts/chat_data.py against transformers' own rendering, with a byte-level BPE (as Qwen's
+# and Llama 3's) holding ChatML's tokens and a post-processor that adds <s>, and templates made here, each in
+# two forms: [GEN] ... [/GEN] as {% generation %} blocks (transformers' assistant mask: the oracle) or
+# dropped (what the script must find by rendering parts).
+BPE_SPECIALS = ["<s>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# ChatML; a content list is printed as Python prints a list (so the script must join its parts).
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}[GEN]{{ m.content }}"
+          "<|im_end|>\n[/GEN]{% else %}{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# ChatML that renders a content list itself, its parts' texts back to back.
+CHATML_LISTS = CHATML.replace("{{ m.content }}", "{% if m.content is string %}{{ m.content }}{% else %}"
+                                                 "{% for p in m.content %}{{ p.text }}{% endfor %}{% endif %}")
+# A thinking template as Qwen3's behaves (written here): an assistant message after the last user message
+# shows its reasoning (reasoning_content, or <think>...</think> at the start of its content) in a <think>
+# block, the last one always; earlier ones show the answer only. enable_thinking false puts an empty
+# <think> block in the generation prompt.
+THINKING = ("{% set ns = namespace(last_user=-1) %}{% for m in messages %}{% if m.role == 'user' %}"
+            "{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}"
+            "{% for m in messages %}{% if m.role == 'assistant' %}{% set content = m.content %}"
+            "{% set reasoning = m.reasoning_content if m.reasoning_content is string else '' %}"
+            "{% if '</think>' in content %}"
+            "{% set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}"
+            "{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}"
+            "<|im_start|>assistant\n[GEN]{% if loop.index0 > ns.last_user and (loop.last or reasoning) %}"
+            "<think>\n{{ reasoning }}\n</think>\n\n{% endif %}{{ content }}<|im_end|>\n[/GEN]"
+            "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+            "{% endif %}")
+
+
+def blocks(template, generation):
+    return template.replace("[GEN]", "{% generation %}" if generation else "").replace(
+        "[/GEN]", "{% endgeneration %}" if generation else "")
+
+
+def bpe_model(model_dir, template):
+    os.makedirs(model_dir, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(SENTENCES * 4, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=BPE_SPECIALS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tok.save(os.path.join(model_dir, "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
+    write(os.path.join(model_dir, "tokenizer_config.json"), json.dumps(config))
+    if template is not None:
+        write(os.path.join(model_dir, "chat_template.jinja"), template)
+
+
+def text_parts(*texts):
+    return [{"type": "text", "text": t} for t in texts]
+
+
+def chat_format_checks(run_in, tmp):
+    import transformers
+    model, base = os.path.join(tmp, "bpe-chat"), os.path.join(tmp, "bpe-base")
+    bpe_model(model, blocks(CHATML, False))
+    bpe_model(base, None)
+    tok = transformers.AutoTokenizer.from_pretrained(model)
+    templates = {}  # (name, generation) -> a --chat-template FILE
+    for name, t in (("chatml-lists", CHATML_LISTS), ("thinking", THINKING)):
+        for generation in (False, True):
+            templates[name, generation] = os.path.join(tmp, f"{name}-{generation}.jinja")
+            write(templates[name, generation], blocks(t, generation))
+    out = os.path.join(tmp, "formats.bin")
+
+    def oracle(conversations, template, **kwargs):
+        """The tokens and assistant masks transformers gives, concatenated."""
+        ids, mask = [], []
+        for messages in conversations:
+            enc = tok.apply_chat_template(messages, chat_template=template, return_dict=True,
+                                          return_assistant_tokens_mask=True, **kwargs)
+            ids += enc["input_ids"]
+            mask += enc["assistant_masks"]
+        return ids, mask
+
+    def written(ids, mask):
+        return read(out) == token_bytes(ids) and read(out + ".mask") == mask_bytes(mask)
+
+    # (f1) "messages" with string and content-list contents, and ShareGPT, with the directory's own template
+    # (ChatML, no generation blocks; it prints a list as Python does): the lists' parts joined by a space.
+    listed = [{"role": "system", "content": text_parts("Be", "brief .")},
+              {"role": "user", "content": text_parts("The quick brown fox", "jumps over the lazy dog.")},
+              {"role": "assistant", "content": "A tiny tokenizer is trained"},
+              {"role": "user", "content": "Offloading the optimizer state"},
+              {"role": "assistant", "content": text_parts("keeps the", "device memory small.")}]
+    joined = [dict(m, content=" ".join(p["text"] for p in m["content"])) if isinstance(m["content"], list) else m
+              for m in listed]
+    sharegpt = [{"from": "system", "value": "Be brief ."}, {"from": "human", "value": "Caf\u00e9 cr\u00e8me"},
+                {"from": "gpt", "value": "na\u00efve r\u00e9sum\u00e9s"}, {"from": "user", "value": "bytes"},
+                {"from": "assistant", "value": "beyond ASCII."}]
+    as_messages = [{"role": {"human": "user", "gpt": "assistant"}.get(t["from"], t["from"]), "content": t["value"]}
+                   for t in sharegpt]
+    # ShareGPT's system prompt as a turn, and as LlamaFactory's top-level "system" column: the same messages.
+    data = jsonl(os.path.join(tmp, "formats.jsonl"), [{"messages": listed}, {"conversations": sharegpt},
+                                                      {"conversations": sharegpt[1:], "system": "Be brief ."}])
+    rc, err = run_in("--chat", "--tokenizer", model, "--out", out, data)
+    want = oracle([joined, as_messages, as_messages], blocks(CHATML, True))
+    check(rc == 0 and written(*want) and "messages 1, sharegpt 2" in err,
+          f"content lists joined by a space for a template that prints lists, and ShareGPT's roles mapped: "
+          f"transformers' tokens and assistant mask ({err.strip()})")
+    # (f2) --chat-template FILE that renders content lists itself: they are passed through (no space).
+    rc, err = run_in("--chat", "--chat-template", templates["chatml-lists", False], "--tokenizer", model, "--out",
+                     out, data)
+    want2 = oracle([listed, as_messages, as_messages], blocks(CHATML_LISTS, True))
+    check(rc == 0 and written(*want2) and want2[0] != want[0],
+          f"--chat-template FILE, a template that renders content lists: they reach it as they are ({err.strip()})")
+
+    # (f3) Prompt-completion, TRL's SFTTrainer rule. Conversational: what follows the prompt rendered with the
+    # generation prompt counts. Standard (strings; a directory without a chat template): tokenizer(prompt +
+    # completion + eos_token) with its <s>, the prompt's tokens 0.
+    prompt = [{"role": "system", "content": "Be brief ."}, {"role": "user", "content": "The quick brown fox"}]
+    completion = [{"role": "assistant", "content": "jumps over the lazy dog."}]
+    p_ids = tok.apply_chat_template(prompt, chat_template=blocks(CHATML, False), add_generation_prompt=True)
+    pc_ids = tok.apply_chat_template(prompt + completion, chat_template=blocks(CHATML, False))
+    p_ids, pc_ids = list(p_ids["input_ids"]), list(pc_ids["input_ids"])
+    check(pc_ids[:len(p_ids)] == p_ids, "the prompt's tokens begin prompt + completion's")
+    plain = [("The quick brown fox", " jumps over the lazy dog."), ("Offloading the", " optimizer<|endoftext|>")]
+    data = jsonl(os.path.join(tmp, "prompt-completion.jsonl"), [{"prompt": prompt, "completion": completion}])
+    rc, err = run_in("--chat", "--tokenizer", model, "--out", out, data)
+    check(rc == 0 and written(pc_ids, [0] * len(p_ids) + [1] * (len(pc_ids) - len(p_ids))),
+          f"conversational prompt-completion: the completion counts, as TRL's completion_mask ({err.strip()})")
+    data = jsonl(os.path.join(tmp, "plain-pc.jsonl"), [{"prompt": p, "completion": c} for p, c in plain])
+    rc, err = run_in("--chat", "--tokenizer", base, "--out", out, data)
+    ids, mask = [], []
+    for p, c in plain:
+        p_ids = tok(p)["input_ids"]
+        pc_ids = tok(p + c + ("" if c.endswith("<|endoftext|>") else "<|endoftext|>"))["input_ids"]
+        ids += pc_ids
+        mask += [0] * len(p_ids) + [1] * (len(pc_ids) - len(p_ids))
+    check(rc == 0 and written(ids, mask) and ids[0] == 0 and ids.count(1) == 2 and "prompt-completion 2" in err,
+          f"standard prompt-completion: TRL's tokens (<s> first, one <|endoftext|> each) and mask ({err.strip()})")
+
+    # (f4) A thinking template (no generation blocks), multi-turn: earlier turns render without their reasoning
+    # once a later user message follows, so rendering messages[:k+1] does not begin the whole; the rest of
+    # the conversation rendered on its own ends it (Note [Assistant spans]). The mask equals that of the same
+    # template with generation blocks; with that template as --chat-template the blocks give it directly.
+    thinking = [
+        [{"role": "system", "content": "Be brief ."}, {"role": "user", "content": "The quick brown fox"},
+         {"role": "assistant", "content": "jumps", "reasoning_content": "over the"},
+         {"role": "user", "content": "lazy dog."},
+         {"role": "assistant", "content": "<think>\nA tiny tokenizer\n</think>\n\nis trained"}],
+        [{"role": "user", "content": "Offloading"}, {"role": "assistant", "content": "the optimizer"}],
+        [{"role": "user", "content": "bytes"}, {"role": "assistant", "content": "<think>beyond</think>ASCII."},
+         {"role": "user", "content": "Caf\u00e9"}, {"role": "assistant", "content": "cr\u00e8me"},
+         {"role": "user", "content": "na\u00efve"}, {"role": "assistant", "content": "r\u00e9sum\u00e9s"}]]
+    t_plain = blocks(THINKING, False)
+    whole = tok.apply_chat_template(thinking[0], chat_template=t_plain, tokenize=False)
+    check(not whole.startswith(tok.apply_chat_template(thinking[0][:3], chat_template=t_plain, tokenize=False)),
+          "the thinking template renders an earlier turn differently once later messages follow")
+    data = jsonl(os.path.join(tmp, "thinking.jsonl"), [{"messages": m} for m in thinking])
+    want = oracle(thinking, blocks(THINKING, True))
+    for generation in (False, True):
+        rc, err = run_in("--chat", "--chat-template", templates["thinking", generation], "--tokenizer", model,
+                         "--out", out, data)
+        how = "from the template's {% generation %} blocks" if generation else "found by rendering prefixes"
+        check(rc == 0 and written(*want) and how in err,
+              f"a thinking template {how}: transformers' tokens and assistant mask ({err.strip()})")
+    counted = tok.decode([i for i, m in zip(*want) if m][:40])
+    check(counted.startswith("jumps<|im_end|>\n<think>\nA tiny tokenizer\n</think>\n\nis trained<|im_end|>"),
+          f"the earlier turn counts as rendered (no reasoning), the last with its <think> block: {counted!r}")
+    # (f5) enable_thinking false (chat_template_kwargs, as TRL passes them): the generation prompt's empty
+    # <think> block does not begin an earlier turn's rendering: no exact rule, refused naming the line. A
+    # single turn is fine: the answer counts, the empty block (part of the prompt) does not.
+    off = {"enable_thinking": False}
+    data = jsonl(os.path.join(tmp, "no-thinking.jsonl"), [{"messages": thinking[1], "chat_template_kwargs": off},
+                                                         {"messages": thinking[2], "chat_template_kwargs": off}])
+    rc, err = run_in("--chat", "--chat-template", templates["thinking", False], "--tokenizer", model, "--out", out,
+                     data)
+    check(rc == 2 and f"{data}:2" in err and "assistant message 1" in err and "--chat-template" in err,
+          f"enable_thinking false on a multi-turn conversation: refused naming the line ({err.strip()})")
+    data = jsonl(os.path.join(tmp, "no-thinking1.jsonl"), [{"messages": thinking[1], "chat_template_kwargs": off}])
+    rc, err = run_in("--chat", "--chat-template", templates["thinking", False], "--tokenizer", model, "--out", out,
+                     data)
+    ids = list(tok.apply_chat_template(thinking[1], chat_template=t_plain, **off)["input_ids"])
+    mask = list(read(out + ".mask")[1024:]) if rc == 0 else []
+    check(rc == 0 and read(out) == token_bytes(ids) and
+          tok.decode([i for i, m in zip(ids, mask) if m]) == "the optimizer<|im_end|>\n",
+          f"enable_thinking false on one turn: the answer counts, not the prompt's empty <think> ({err.strip()})")
 
 
 def main():

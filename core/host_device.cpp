@@ -13,24 +13,38 @@
 // ThreadCheck that each entry point calls first; a thread whose current ordinal differs gets a
 // strata::Error naming the call (and stream), the thread (id and name) and both ordinals. Off, the
 // check is one load and an untaken branch, and nothing else changes: the ordinal is only compared.
+//
+// Note [host held streams]: the host backend's half of Note [held streams] (core/stream_hold.h). Each
+// HostStream keeps the holds it carries (from hold_stream, and those of the events it waits for) in a
+// list under its own mutex, with their number in an atomic that copy_async and record() read first: 0,
+// the product's case, and nothing else happens. Otherwise released holds are dropped, and if any is left a
+// copy with a pageable host side is refused (HostMemory::owns, a search of the device's ordered maps of
+// allocations, which the device shares with its streams), and record() gives the event the live holds,
+// which a stream that waits for the event takes over. A hold is released by the test (the gate), never by
+// the stream, so a stream is held until the gate opens, not until its worker has passed the gate.
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "core/device_impl.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/stream_hold.h"
 
 namespace strata::detail {
 namespace {
@@ -66,31 +80,63 @@ struct ThreadCheck {
 };
 using ThreadCheckPtr = std::shared_ptr<const ThreadCheck>;
 
+using HoldList = std::vector<std::shared_ptr<const StreamHold>>;  // Note [host held streams]
+
+// The most recent record of an event: its completion (null: never recorded) and the holds of the stream
+// it was recorded on, as they were then (null: none).
+struct Recorded {
+  std::shared_ptr<Completion> done;
+  std::shared_ptr<const HoldList> holds;
+};
+
 class HostEvent final : public Event {
  public:
   explicit HostEvent(ThreadCheckPtr check) : check_(std::move(check)) {}
   bool query() const override {
     (*check_)("Event::query");
-    auto c = current();
+    auto c = current().done;
     return !c || c->ready();
   }
   void synchronize() const override {
     (*check_)("Event::synchronize");
-    if (auto c = current()) c->wait();
+    if (auto c = current().done) c->wait();
   }
-  std::shared_ptr<Completion> current() const {
+  Recorded current() const {
     std::lock_guard<std::mutex> lk(m_);
     return cur_;
   }
-  void set_current(std::shared_ptr<Completion> c) {
+  void set_current(Recorded r) {
     std::lock_guard<std::mutex> lk(m_);
-    cur_ = std::move(c);
+    cur_ = std::move(r);
   }
 
  private:
   ThreadCheckPtr check_;
   mutable std::mutex m_;
-  std::shared_ptr<Completion> cur_;  // null: never recorded
+  Recorded cur_;
+};
+
+// The allocations of one device, which it shares with its streams for Note [host held streams].
+struct HostMemory {
+  mutable std::mutex m;  // guards the members below and the device's caps_.capacity
+  DeviceMemoryStats stats;
+  std::map<void*, std::size_t, std::less<>> device;  // allocate(): base -> bytes
+  std::map<void*, std::size_t, std::less<>> pinned;  // allocate_pinned(): base -> bytes
+
+  // True when [p, p + n) lies inside one allocation of this device, pinned or device.
+  bool owns(const void* p, std::size_t n) const {
+    std::lock_guard<std::mutex> lk(m);
+    return inside(pinned, p, n) || inside(device, p, n);
+  }
+
+ private:
+  static bool inside(const std::map<void*, std::size_t, std::less<>>& allocs, const void* p, std::size_t n) {
+    auto it = allocs.upper_bound(p);  // the first allocation that starts after p
+    if (it == allocs.begin()) return false;
+    --it;
+    const auto off = reinterpret_cast<std::uintptr_t>(p) - reinterpret_cast<std::uintptr_t>(it->first);
+    return off < it->second && n <= it->second - off;
+  }
 };
 
 class HostStream;
@@ -103,8 +149,13 @@ struct StreamSet {
 
 class HostStream final : public Stream {
  public:
-  HostStream(const std::string& name, std::shared_ptr<StreamSet> set, ThreadCheckPtr check)
-      : Stream(name), set_(std::move(set)), check_(std::move(check)), worker_([this] { run(); }) {
+  HostStream(const std::string& name, std::shared_ptr<StreamSet> set, ThreadCheckPtr check,
+             std::shared_ptr<const HostMemory> memory)
+      : Stream(name),
+        set_(std::move(set)),
+        check_(std::move(check)),
+        memory_(std::move(memory)),
+        worker_([this] { run(); }) {
     std::lock_guard<std::mutex> lk(set_->m);
     set_->live[this] = true;
   }
@@ -121,10 +172,12 @@ class HostStream final : public Stream {
     worker_.join();  // drains the queue first
   }
 
-  void copy_async(void* dst, const void* src, std::size_t bytes, CopyKind) override {
+  void copy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind) override {
     (*check_)("copy_async", &name());
     if (bytes == 0) return;
     STRATA_CHECK(dst && src, "copy_async on stream ", name(), ": null pointer");
+    if (hold_count_.load(std::memory_order_acquire) != 0) [[unlikely]]
+      check_held_copy(dst, src, bytes, kind);
     enqueue([=] { std::memcpy(dst, src, bytes); });
   }
   void memset_async(void* dst, int value, std::size_t bytes) override {
@@ -140,12 +193,15 @@ class HostStream final : public Stream {
   void record(Event& e) override {
     (*check_)("record", &name());
     auto c = std::make_shared<Completion>();
-    dynamic_cast<HostEvent&>(e).set_current(c);
+    dynamic_cast<HostEvent&>(e).set_current({c, live_holds()});
     enqueue([c] { c->set(); }, /*busy=*/false);
   }
   void wait(const Event& e) override {
     (*check_)("wait", &name());
-    if (auto c = dynamic_cast<const HostEvent&>(e).current()) enqueue([c] { c->wait(); }, /*busy=*/false);
+    Recorded r = dynamic_cast<const HostEvent&>(e).current();
+    if (r.holds) [[unlikely]]
+      add_holds(*r.holds);
+    if (r.done) enqueue([c = std::move(r.done)] { c->wait(); }, /*busy=*/false);
   }
   void synchronize() override {
     (*check_)("synchronize", &name());
@@ -160,6 +216,15 @@ class HostStream final : public Stream {
     if (err) std::rethrow_exception(err);
   }
   void* native_handle() override { return nullptr; }
+
+  // Note [host held streams]: adds the holds not yet released.
+  void add_holds(const HoldList& holds) {
+    std::lock_guard<std::mutex> lk(hold_m_);
+    for (const auto& h : holds)
+      if (!h->released()) holds_.push_back(h);
+    hold_count_.store(holds_.size(), std::memory_order_release);
+  }
+
   double busy_seconds() const override {
     std::lock_guard<std::mutex> lk(busy_m_);
     const std::chrono::duration<double> running =
@@ -173,6 +238,34 @@ class HostStream final : public Stream {
     std::function<void()> fn;
     bool busy;  // false: an event wait or a completion marker, which is not work
   };
+
+  // The holds this stream carries that are not released yet, or null: none (the released ones are dropped).
+  std::shared_ptr<const HoldList> live_holds() {
+    if (hold_count_.load(std::memory_order_acquire) == 0) return nullptr;
+    std::lock_guard<std::mutex> lk(hold_m_);
+    std::erase_if(holds_, [](const auto& h) { return h->released(); });
+    hold_count_.store(holds_.size(), std::memory_order_release);
+    return holds_.empty() ? nullptr : std::make_shared<const HoldList>(holds_);
+  }
+  // Note [held streams] (core/stream_hold.h): on a held stream, a copy with a pageable host side is refused.
+  void check_held_copy(const void* dst, const void* src, std::size_t bytes, CopyKind kind) {
+    if (!live_holds()) return;
+    const bool host_src = kind == CopyKind::host_to_device || kind == CopyKind::host_to_host;
+    const bool host_dst = kind == CopyKind::device_to_host || kind == CopyKind::host_to_host;
+    if (host_src && !memory_->owns(src, bytes)) refuse_held_copy("from", src, bytes);
+    if (host_dst && !memory_->owns(dst, bytes)) refuse_held_copy("to", dst, bytes);
+  }
+  [[noreturn]] void refuse_held_copy(const char* direction, const void* host, std::size_t bytes) const {
+    throw Error(
+        cat("copy ", direction, " pageable host memory queued on stream '", name(),
+            "' while it is held (by a test's gate, tests/common/stream_gate.h, or waiting for an event "
+            "recorded on a held stream); on cuda the copy waits for the stream's queued work first, "
+            "so it would deadlock; stage it in pinned memory (Device::allocate_pinned, "
+            "strata::PinnedBuffer). The host side: ",
+            bytes, " bytes at ", host,
+            ", inside no pinned or device allocation of this device (Note [held streams] in "
+            "core/stream_hold.h)"));
+  }
 
   void enqueue(std::function<void()> fn, bool busy = true) {
     {
@@ -220,6 +313,11 @@ class HostStream final : public Stream {
   std::exception_ptr error_;
   std::shared_ptr<StreamSet> set_;
   ThreadCheckPtr check_;
+  std::shared_ptr<const HostMemory> memory_;  // the device's allocations
+  // Note [host held streams]: the holds, and their number, read without the lock.
+  std::atomic<std::size_t> hold_count_{0};
+  std::mutex hold_m_;
+  HoldList holds_;      // guarded by hold_m_
   std::thread worker_;  // last: starts after the members it uses exist
 };
 
@@ -241,14 +339,17 @@ class HostDevice final : public Device {
     bind_thread();
   }
   ~HostDevice() override {
-    for (auto& [p, n] : pinned_) release_pinned(p, n);
-    for (auto& [p, n] : live_) std::free(p);
+    std::lock_guard<std::mutex> lk(mem_->m);  // a stream that outlives the device owns nothing
+    for (auto& [p, n] : mem_->pinned) release_pinned(p, n);
+    for (auto& [p, n] : mem_->device) std::free(p);
+    mem_->pinned.clear();
+    mem_->device.clear();
   }
 
   const DeviceCaps& caps() const override { return caps_; }
   void bind_thread() const override { t_current_ordinal = caps_.ordinal; }
   void limit_capacity(std::size_t bytes) override {
-    std::lock_guard<std::mutex> lk(m_);
+    std::lock_guard<std::mutex> lk(mem_->m);
     caps_.capacity = std::min(caps_.capacity, bytes);
   }
 
@@ -256,39 +357,39 @@ class HostDevice final : public Device {
     (*check_)("Device::allocate");
     if (bytes == 0) bytes = 1;
     {
-      std::lock_guard<std::mutex> lk(m_);
-      if (bytes > caps_.capacity - std::min(caps_.capacity, stats_.in_use))
-        throw OutOfMemory(device_oom_message(caps_, stats_.in_use, bytes, what, ""));
-      stats_.in_use += bytes;  // reserve before allocating outside the lock
+      std::lock_guard<std::mutex> lk(mem_->m);
+      if (bytes > caps_.capacity - std::min(caps_.capacity, mem_->stats.in_use))
+        throw OutOfMemory(device_oom_message(caps_, mem_->stats.in_use, bytes, what, ""));
+      mem_->stats.in_use += bytes;  // reserve before allocating outside the lock
     }
     void* p = std::aligned_alloc(kDeviceAlign, (bytes + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign);
-    std::lock_guard<std::mutex> lk(m_);
+    std::lock_guard<std::mutex> lk(mem_->m);
     if (!p) {
-      stats_.in_use -= bytes;
-      throw OutOfMemory(device_oom_message(caps_, stats_.in_use, bytes, what,
+      mem_->stats.in_use -= bytes;
+      throw OutOfMemory(device_oom_message(caps_, mem_->stats.in_use, bytes, what,
                                            "the host is out of memory (aligned_alloc failed)"));
     }
-    live_[p] = bytes;
-    stats_.allocations = live_.size();
-    stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+    mem_->device[p] = bytes;
+    mem_->stats.allocations = mem_->device.size();
+    mem_->stats.peak_in_use = std::max(mem_->stats.peak_in_use, mem_->stats.in_use);
     return p;
   }
   void deallocate(void* p) override {
     (*check_)("Device::deallocate");
     if (!p) return;
     {
-      std::lock_guard<std::mutex> lk(m_);
-      auto it = live_.find(p);
-      STRATA_CHECK(it != live_.end(), "deallocate of a pointer this device did not allocate");
-      stats_.in_use -= it->second;
-      live_.erase(it);
-      stats_.allocations = live_.size();
+      std::lock_guard<std::mutex> lk(mem_->m);
+      auto it = mem_->device.find(p);
+      STRATA_CHECK(it != mem_->device.end(), "deallocate of a pointer this device did not allocate");
+      mem_->stats.in_use -= it->second;
+      mem_->device.erase(it);
+      mem_->stats.allocations = mem_->device.size();
     }
     std::free(p);
   }
   DeviceMemoryStats memory_stats() const override {
-    std::lock_guard<std::mutex> lk(m_);
-    return stats_;
+    std::lock_guard<std::mutex> lk(mem_->m);
+    return mem_->stats;
   }
 
   void* allocate_pinned(std::size_t bytes) override {
@@ -310,9 +411,9 @@ class HostDevice final : public Device {
                        "); using unlocked memory instead. Raise the limit (ulimit -l unlimited, or "
                        "memlock in /etc/security/limits.conf) to pin it.");
     }
-    std::lock_guard<std::mutex> lk(m_);
-    pinned_[p] = bytes;
-    stats_.pinned_in_use += bytes;
+    std::lock_guard<std::mutex> lk(mem_->m);
+    mem_->pinned[p] = bytes;
+    mem_->stats.pinned_in_use += bytes;
     return p;
   }
   void deallocate_pinned(void* p) override {
@@ -320,19 +421,19 @@ class HostDevice final : public Device {
     if (!p) return;
     std::size_t n;
     {
-      std::lock_guard<std::mutex> lk(m_);
-      auto it = pinned_.find(p);
-      STRATA_CHECK(it != pinned_.end(), "deallocate_pinned of a pointer this device did not allocate");
+      std::lock_guard<std::mutex> lk(mem_->m);
+      auto it = mem_->pinned.find(p);
+      STRATA_CHECK(it != mem_->pinned.end(), "deallocate_pinned of a pointer this device did not allocate");
       n = it->second;
-      stats_.pinned_in_use -= n;
-      pinned_.erase(it);
+      mem_->stats.pinned_in_use -= n;
+      mem_->pinned.erase(it);
     }
     release_pinned(p, n);
   }
 
   std::unique_ptr<Stream> create_stream(const std::string& name) override {
     (*check_)("Device::create_stream");
-    return std::make_unique<HostStream>(name, streams_, check_);
+    return std::make_unique<HostStream>(name, streams_, check_, mem_);
   }
   std::unique_ptr<Event> create_event() override {
     (*check_)("Device::create_event");
@@ -353,10 +454,7 @@ class HostDevice final : public Device {
 
   DeviceCaps caps_;
   ThreadCheckPtr check_;
-  mutable std::mutex m_;
-  DeviceMemoryStats stats_;
-  std::unordered_map<void*, std::size_t> live_;
-  std::unordered_map<void*, std::size_t> pinned_;
+  std::shared_ptr<HostMemory> mem_ = std::make_shared<HostMemory>();  // its mutex guards caps_.capacity too
   std::shared_ptr<StreamSet> streams_ = std::make_shared<StreamSet>();
 };
 
@@ -364,6 +462,11 @@ class HostDevice final : public Device {
 
 std::unique_ptr<Device> make_host_device(const DeviceOptions& opts) {
   return std::make_unique<HostDevice>(opts);
+}
+
+// Note [held streams]: a host stream carries the hold; any other stream (cuda) is left as it is.
+void hold_stream(Stream& s, std::shared_ptr<const StreamHold> hold) {
+  if (auto* h = dynamic_cast<HostStream*>(&s)) h->add_holds({std::move(hold)});
 }
 
 }  // namespace strata::detail

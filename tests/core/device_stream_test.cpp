@@ -55,7 +55,7 @@ TEST_P(DeviceStream, EventsOrderWorkAcrossTwoStreams) {
   auto filled = dev->create_event(), read = dev->create_event();
   test::StreamGate gate;
   // Stream a: held at the gate, then the fill; b must not read before the fill completes.
-  a->host_fn(gate.wait_fn());
+  gate.hold(*a);
   std::memset(host.data(), 0x5a, n);
   a->copy_async(d.data(), host.data(), n, CopyKind::host_to_device);
   a->record(*filled);
@@ -81,10 +81,8 @@ TEST_P(DeviceStream, AnEventCanBeWaitedOnFromAnotherThread) {
   auto e = dev->create_event();
   test::StreamGate gate;
   std::atomic<bool> ran{false};
-  s->host_fn([wait = gate.wait_fn(), &ran] {
-    wait();
-    ran = true;
-  });
+  gate.hold(*s);
+  s->host_fn([&ran] { ran = true; });
   s->record(*e);
   std::future<bool> seen = std::async(std::launch::async, [&] {
     e->synchronize();
@@ -126,10 +124,7 @@ TEST_P(DeviceStream, BusySecondsCountWorkNotEventWaits) {
   auto done = dev->create_event();
   test::StreamGate gate;
   std::promise<void> entered;
-  a->host_fn([&entered, held = gate.wait_fn()] {
-    entered.set_value();
-    held();
-  });
+  gate.hold(*a, [&entered] { entered.set_value(); });  // a has reached the gate
   a->record(*done);
   b->wait(*done);  // b waits, idle, for all of a's work
   entered.get_future().wait();

@@ -383,7 +383,7 @@ TEST_P(Compute, DestroyingAnOpsObjectWaitsForItsWork) {
   Tensor x = alloc(256, DType::fp32);
   stream->synchronize();
   strata::test::StreamGate gate;
-  s2->host_fn(gate.wait_fn());
+  gate.hold(*s2);
   o->scale(x, 2.0f);
   auto gone = std::async(std::launch::async, [&o] { o.reset(); });
   EXPECT_EQ(gone.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
@@ -476,13 +476,16 @@ TEST_P(Compute, AdamwIsTheCpuUpdateBitForBit) {
 // An op issued after work enqueued on its stream sees that work's result, on every backend. The stream is
 // held at a gate until the op has been issued (each op enqueues on the stream and returns: kernels/ops.h),
 // so an op that did not wait for the stream would scale the buffer before the copy lands — whatever the
-// timing.
+// timing. The copy comes from pinned memory: a held stream takes no copy from pageable memory
+// (tests/common/stream_gate.h).
 TEST_P(Compute, OpsRunAfterTheWorkAlreadyOnTheirStream) {
   std::vector<float> src = random_floats(4096, 24);
   Tensor x = alloc(src.size(), DType::fp32);
+  PinnedBuffer staged(*dev, x.bytes());
+  std::memcpy(staged.data(), src.data(), x.bytes());
   strata::test::StreamGate gate;
-  stream->host_fn(gate.wait_fn());
-  stream->copy_async(x.data, src.data(), x.bytes(), CopyKind::host_to_device);
+  gate.hold(*stream);
+  stream->copy_async(x.data, staged.data(), x.bytes(), CopyKind::host_to_device);
   ops->scale(x, 2.0f);
   gate.open();
   std::vector<float> want(src.size());

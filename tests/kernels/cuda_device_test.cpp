@@ -30,7 +30,7 @@ TEST_F(CudaDevice, EventQueryThatIsNotReadyLeavesNoErrorBehind) {
   auto s = device_->create_stream("s");
   auto e = device_->create_event();
   strata::test::StreamGate gate;
-  s->host_fn(gate.wait_fn());
+  gate.hold(*s);
   s->record(*e);
   EXPECT_FALSE(e->query());
   EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);

@@ -6,6 +6,7 @@
 #include <set>
 #include <vector>
 
+#include "tests/common/stream_gate.h"
 #include "tests/tiering/tiering_fixture.h"
 #include "tiering/caching_allocator.h"
 
@@ -83,12 +84,12 @@ TEST_P(Allocator, AStreamFreeWaitsForTheWorkEnqueuedOnThatStream) {
   auto a = make_alloc(64 << 20);
   auto s = dev->create_stream("compute");
   void* p = a->allocate(1 << 20);
-  auto gate = std::make_shared<Flag>();
-  s->host_fn([gate] { gate->wait(); });  // the stream is busy until the test opens the gate
+  strata::test::StreamGate gate;
+  gate.hold(*s);  // the stream is busy until the test opens the gate
   a->free(p, *s);
   void* q = a->allocate(1 << 20);
   EXPECT_NE(q, p);
-  gate->signal();
+  gate.open();
   s->synchronize();
   a->free(q);
   EXPECT_EQ(a->stats().pending_bytes[0].current, 0u);

@@ -2,6 +2,9 @@
 // moves keep every tensor with a valid copy and every pool within its budget.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
+#include "tests/common/stream_gate.h"
 #include "tests/tiering/tiering_fixture.h"
 
 namespace strata::tiering {
@@ -66,17 +69,20 @@ TEST_P(Moves, AMoveWaitsForTheCallersLastUseEvent) {
   Bytes a = random_bytes(1 << 20, 4), b = random_bytes(1 << 20, 5);
   TensorId id = add("t", a.size(), Tier::pinned);
   write(id, Tier::device, a);
-  // The "compute" stream overwrites the device copy with b, behind a gate; the eviction must see b.
+  // The "compute" stream overwrites the device copy with b, behind a gate; the eviction must see b. b comes
+  // from pinned memory: a held stream takes no copy from pageable memory (tests/common/stream_gate.h).
+  PinnedBuffer staged(*dev, b.size());  // before the stream: it outlives the copy
+  std::memcpy(staged.data(), b.data(), b.size());
   auto compute = dev->create_stream("compute");
   auto done = dev->create_event();
-  auto gate = std::make_shared<Flag>();
+  strata::test::StreamGate gate;  // after the stream: opened before it goes
   void* d = tm->data(id, Tier::device);
-  compute->host_fn([gate] { gate->wait(); });
-  compute->copy_async(d, b.data(), b.size(), CopyKind::host_to_device);
+  gate.hold(*compute);
+  compute->copy_async(d, staged.data(), b.size(), CopyKind::host_to_device);
   compute->record(*done);
   Move m = tm->evict(id, Tier::device, Tier::pinned, done.get());
   EXPECT_FALSE(m.done());
-  gate->signal();
+  gate.open();
   m.wait();
   EXPECT_EQ(read(id), b);
 }

@@ -138,7 +138,7 @@ TEST(TieringThreadDevice, TheTraceWriterThreadQueriesTheDeviceBound) {
   const Bytes data = random_bytes(100'000, 13);
   const TensorId id = r.add(data.size(), data);
   r.tm->fetch(id, Tier::device).wait();
-  held->host_fn(gate.wait_fn());
+  gate.hold(*held);
   held->record(*after);
   r.tm->unregister_tensor(id, after.get());  // its blocks wait for `after`, which the gate holds
   // Waits (bounded) until the writer has written `n` events; false when it does not.

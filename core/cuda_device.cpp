@@ -49,10 +49,12 @@
 // runs. Limits: (1) fn must not enqueue work on its own stream and wait for it (it would wait for itself),
 // as documented in core/device.h. (2) the stream waits on a host-written word, an order CUDA cannot see:
 // if more streams exist than hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default), work of another
-// stream may be queued behind the waiting one; a fn that waits for such work would wait forever. Raise
-// CUDA_DEVICE_MAX_CONNECTIONS (up to 32) if host functions wait on many other streams.
+// stream may be queued behind the waiting one; a fn that waits for such work would wait forever. So the
+// cuda device sets CUDA_DEVICE_MAX_CONNECTIONS to 32, the most, before it creates its context, unless the
+// environment already sets it (a process whose context exists, a framework's, keeps its own).
 // Fallback: when the driver lacks cuStreamWaitValue32 (the entry point is missing, or the call answers
-// CUDA_ERROR_NOT_SUPPORTED), the stream instead gets a cudaLaunchHostFunc of a short function that only
+// with an error: CUDA_ERROR_NOT_SUPPORTED, or another where a virtualised driver refuses the operation;
+// nothing was enqueued then), the stream instead gets a cudaLaunchHostFunc of a short function that only
 // waits (mutex and condition variable, no CUDA call) until the worker has run fn. fn still runs on the
 // worker, so it may call CUDA, but the driver's callback thread is held while fn runs, as before.
 #include <cuda.h>
@@ -366,16 +368,15 @@ class CudaStream final : public Stream {
     const CUresult r =
         shared_->wait_value32(reinterpret_cast<CUstream>(s_), dflag_, seq, CU_STREAM_WAIT_VALUE_EQ);
     if (r == CUDA_SUCCESS) return true;
-    if (r == CUDA_ERROR_NOT_SUPPORTED) {
-      STRATA_WARN_ONCE(
-          "cuda: the driver does not support stream memory operations (cuStreamWaitValue32); "
-          "Stream::host_fn falls back to a host callback that holds the driver's callback "
-          "thread while the function runs");
-      shared_->mem_ops_refused.store(true);
-      return false;
-    }
-    throw_backend(__FILE__, __LINE__, "cuStreamWaitValue32(stream, flag, seq, CU_STREAM_WAIT_VALUE_EQ)",
-                  "CUDA driver", int(r), "stream memory operation failed");
+    // Refused (nothing was enqueued): the fallback, for this and every later host_fn of the device. A real
+    // failure of the context shows again at the next CUDA call.
+    STRATA_WARN_ONCE(
+        "cuda: the driver refused a stream memory operation (cuStreamWaitValue32: CUresult ", int(r),
+        r == CUDA_ERROR_NOT_SUPPORTED ? ", not supported" : "",
+        "); Stream::host_fn falls back to a host callback that holds the driver's callback thread "
+        "while the function runs");
+    shared_->mem_ops_refused.store(true);
+    return false;
   }
 
   cudaEvent_t take_event() {
@@ -689,6 +690,9 @@ class CudaDevice final : public Device {
 }  // namespace
 
 std::unique_ptr<Device> make_cuda_device(const DeviceOptions& opts) {
+  // Note [cuda host functions], limit (2): as many hardware queues as the driver gives, read when the
+  // context is created; a value the environment sets is kept.
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
   return std::make_unique<CudaDevice>(opts);
 }
 

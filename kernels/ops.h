@@ -276,9 +276,10 @@ struct OpsOptions {
   // model: every op; runtime: the runtime helpers only, with no workspace or handle (OpsRole).
   OpsRole role = OpsRole::model;
   // Device memory the matrix products take at construction for their library's workspace (model role
-  // only). No value: the implementation's own (cuda: 32 MiB of cuBLASLt workspace; the CPU: none). The CPU
-  // ops take what is given here from the device as a stand-in, so that a test holds the engine's memory
-  // plan to every byte an implementation takes without a GPU.
+  // only). No value: the implementation's own (cuda: 32 MiB of cuBLASLt workspace; the CPU: the process's
+  // stand-in, 0 unless a test binary sets cuda's size: Note [Workspace stand-in] in
+  // kernels/workspace_standin.h). The CPU ops take what is given here from the device as a stand-in, never
+  // touched, so that a test holds the engine's memory plan to every byte an implementation takes.
   std::optional<std::size_t> workspace_bytes = std::nullopt;
   // Attention's backward on cuda: true (the default) asks cuDNN for its deterministic algorithm, so the
   // interface is bit-reproducible run to run (strata.deterministic_attention); false lets cuDNN pick its

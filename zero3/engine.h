@@ -92,8 +92,8 @@ struct EngineOptions {
   // path without a GPU; a device whose memory the CPU cannot address always takes it.
   bool device_state_by_ops = false;
   // The compute interface's matrix-product workspace (kernels::OpsOptions::workspace_bytes): no value,
-  // the implementation's own (cuda: cuBLASLt's 32 MiB; the CPU: none). Tests give the host backend's CPU
-  // ops one, so that the plan is held to every device byte an implementation takes without a GPU.
+  // the implementation's own (cuda: cuBLASLt's 32 MiB; the CPU: the process's stand-in, 0 in the product
+  // and cuda's size in the engine and model tests, Note [Workspace stand-in] in kernels/workspace_standin.h).
   std::optional<std::size_t> ops_workspace_bytes = std::nullopt;
   // Tests only: the host backend refuses a device call from a thread not bound to the device (core/device.h,
   // Note [thread device]; DeviceOptions::check_thread_device), so that a thread of the engine's that

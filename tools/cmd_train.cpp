@@ -643,6 +643,10 @@ int run_train(const TrainOpts& o) {
                  sum.total * per, io.busy > 0 ? double(io.read + io.written) / io.busy / 1e9 : 0.0);
   }
   if (!saved.empty()) std::fprintf(out, "  checkpoint  %s\n", saved.c_str());
+  // Every file the run wrote outside the directories the command line named (the config's trace).
+  if (const std::string& trace = cfg.strata.memprof.path; !trace.empty())
+    std::fprintf(out, "  trace       %s (strata.memprof.path; `memprof summary %s`)\n",
+                 std::filesystem::absolute(trace).string().c_str(), trace.c_str());
   if (csv)
     std::fprintf(out, "  metrics     %s (csv_monitor)\n",
                  CsvMonitor::file_for(csv->dir(), "Train/Samples/*").c_str());

@@ -2,7 +2,7 @@
 # The peaks `strata train` prints in its summary are the figures `memprof summary` reports for the trace of
 # the same run: device, pinned host and NVMe, each the tier's peak over the run. The tiny model with the
 # stock configs/zero3_nvme.json (its nvme_path pointed at a folder of the test's own), so all three tiers
-# hold state.
+# hold state. The summary names the trace file.
 # usage: summary_peaks_test.sh STRATA MEMPROF NVME_CONFIG TEXT SCRATCH_DIR
 set -u
 strata=$1 memprof=$2 config=$3 text=$4 dir=$5
@@ -33,4 +33,7 @@ for tier in device pinned nvme; do
   [ "$ours" != "0 B" ] || { echo "FAIL: $tier held nothing, so the comparison says little"; failed=1; }
 done
 [ $failed -eq 0 ] || { echo "FAIL: the summary's peaks differ from memprof's"; exit 1; }
+# The trace is a file the run wrote outside the directories its command line named: the summary names it.
+grep -qF "  trace       $dir/trace.memprof.jsonl (strata.memprof.path" "$dir/train.log" ||
+  { echo "FAIL: the summary does not name the trace $dir/trace.memprof.jsonl"; exit 1; }
 echo "PASS: the summary's peaks are memprof's"

@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # The GPU bundle rehearsed without a GPU (a CI stage: .ci/run). Packs the archive (scripts/gpu-bundle.sh),
 # unpacks it into a minimal Debian root file system that holds none of Strata's libraries (debootstrap
-# --variant=minbase bookworm, made once and kept in build-rehearsal/root), and runs it there as the GPU
-# machine would, with `run.sh --host-only`: every host-backend test binary from the archive alone (cuda
-# tests skip: no GPU), multi-rank ones only loaded (no MPI launcher), then short host `strata train` runs
-# of the 10m preset with CPU and with NVMe offload. The CUDA toolkit's libraries are mounted read-only at
+# --variant=minbase bookworm, made once and kept in build-rehearsal/root), and runs run.sh's whole
+# timeline there with --host-only, as the GPU machine would run it but on the host backend's stand-ins:
+# every stage in the same order within its (host-only) deadline, the test stages running their binaries
+# whole (cuda tests skip: no GPU; multi-rank ones only listed: no MPI launcher), the training runs, the
+# bench and the library listing on the 10m preset. Then a short run without --host-only, which must stop
+# cleanly at the probe (no GPU here). The CUDA toolkit's libraries are mounted read-only at
 # /usr/local/cuda inside the root, where the GPU machine has them. docs/gpu-bundle.md, "Rehearsal".
+#
+# Fails when run.sh fails, when its OUTDIR lacks results.tar.gz or summary.txt or holds more than 8 files
+# (what a GPU run brings back), when a stage of the timeline was skipped, stopped at its deadline or
+# overran it, or when the run without --host-only does not fail at the probe with its results written.
 #
 # Usage: scripts/bundle-rehearsal.sh [ARCHIVE]
 #   ARCHIVE given: rehearse that archive as it is. Otherwise pack build-rehearsal/strata-gpu.tar.xz from
 #   BUILD_DIR (default: build/ when it is built with the cuda backend, as scripts/test.sh leaves it where
 #   nvcc is present, so CI builds nothing twice; else build-gpu/).
 # Needs root (chroot, mounts). DEBIAN_MIRROR: where debootstrap fetches from (default deb.debian.org).
-# REHEARSAL_BUDGET: seconds run.sh may take in the root (default 2400).
+# REHEARSAL_BUDGET: seconds run.sh --host-only may take in the root (default 1350: the sum of its
+# host-only deadlines; today about 150 s here on 2 cores).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$root/build-rehearsal
 sysroot=$work/root
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-budget=${REHEARSAL_BUDGET:-2400}
+budget=${REHEARSAL_BUDGET:-1350}
 start=$SECONDS
 
 if [ "$(id -u)" != 0 ]; then
@@ -67,35 +74,87 @@ if [ -n "$ours" ]; then
   exit 1
 fi
 
-# --- the run -------------------------------------------------------------------------------------------------
-rm -rf "$sysroot/opt/strata" "$sysroot/tmp/rehearsal-out"
-mkdir -p "$sysroot/opt/strata" "$sysroot/tmp/rehearsal-out"
+# --- the runs ------------------------------------------------------------------------------------------------
+rm -rf "$sysroot/opt/strata" "$sysroot/tmp/rehearsal-out" "$sysroot/tmp/rehearsal-gpu-out"
+mkdir -p "$sysroot/opt/strata"
 tar -xJf "$archive" -C "$sysroot/opt/strata"
 echo "bundle-rehearsal: $(basename "$archive") ($(du -h "$archive" | cut -f1)) unpacked into $sysroot/opt/strata"
 
 cuda=$(readlink -f /usr/local/cuda)
-# A private mount and PID namespace: /proc, /sys, /dev/shm and the CUDA toolkit are mounted for this run
-# only and go away with it, as do any processes it leaves.
+# in_root SECONDS ARGS...: /opt/strata/run.sh ARGS in the root, stopped (SIGTERM: it packs what it has)
+# after SECONDS, in a private mount and PID namespace: /proc, /sys, /dev/shm and the CUDA toolkit are
+# mounted for this run only and go away with it, as do any processes it leaves. A clean environment, as
+# on a machine that knows nothing of Strata.
+in_root() {
+  # shellcheck disable=SC2016  # the inner bash expands them
+  unshare --mount --pid --fork --kill-child -- bash -euc '
+    r=$1 cuda=$2 secs=$3
+    shift 3
+    mount --make-rprivate /
+    mount -t proc proc "$r/proc"
+    mount -t sysfs -o ro sysfs "$r/sys"
+    mkdir -p "$r/dev/shm" "$r/usr/local/cuda"
+    mount -t tmpfs -o mode=1777 tmpfs "$r/dev/shm"
+    if [ -d "$cuda" ]; then mount --bind "$cuda" "$r/usr/local/cuda" && mount -o remount,bind,ro "$r/usr/local/cuda"; fi
+    exec timeout -k 15 "$secs" chroot "$r" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+      LANG=C.UTF-8 /opt/strata/run.sh "$@"
+  ' rehearsal "$sysroot" "$cuda" "$@"
+}
+
+problems=()
+# check_outdir DIR: what a GPU run brings back: the archive and summary.txt, at most 8 files.
+check_outdir() {
+  local dir=$1 n
+  [ -s "$dir/results.tar.gz" ] || problems+=("$dir has no results.tar.gz")
+  [ -s "$dir/summary.txt" ] || problems+=("$dir has no summary.txt")
+  n=$(find "$dir" -type f | wc -l)
+  [ "$n" -le 8 ] || problems+=("$dir holds $n files; a GPU run brings back at most 8")
+}
+
+# 1. The whole timeline, host only, within its deadlines.
+t0=$SECONDS
 set +e
-# shellcheck disable=SC2016  # the inner bash expands them
-unshare --mount --pid --fork --kill-child -- bash -euc '
-  r=$1 cuda=$2 budget=$3
-  mount --make-rprivate /
-  mount -t proc proc "$r/proc"
-  mount -t sysfs -o ro sysfs "$r/sys"
-  mkdir -p "$r/dev/shm" "$r/usr/local/cuda"
-  mount -t tmpfs -o mode=1777 tmpfs "$r/dev/shm"
-  if [ -d "$cuda" ]; then mount --bind "$cuda" "$r/usr/local/cuda" && mount -o remount,bind,ro "$r/usr/local/cuda"; fi
-  exec chroot "$r" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
-    /opt/strata/run.sh --host-only --budget "$budget" /tmp/rehearsal-out
-' rehearsal "$sysroot" "$cuda" "$budget"
+in_root $((budget + 60)) --host-only --budget "$budget" /tmp/rehearsal-out | sed -u 's/^/  /'
+rc=${PIPESTATUS[0]}
+set -e
+host_secs=$((SECONDS - t0))
+out=$sysroot/tmp/rehearsal-out
+check_outdir "$out"
+[ "$rc" = 0 ] || problems+=("run.sh --host-only exited $rc")
+if [ -f "$out/results.json" ]; then
+  for s in libraries probe report kernel-tests train-cpu engine-tests train-nvme bench; do
+    line=$(grep "\"name\": \"$s\"" "$out/results.json" || true)
+    if [ -z "$line" ]; then problems+=("stage $s did not run"); continue; fi
+    case $line in
+      *'"status": "skipped"'* | *'"status": "deadline"'*) problems+=("stage ${line#*\"name\": }") ;;
+    esac
+    case $line in *'"overran": true'*) problems+=("stage $s overran its deadline: $line") ;; esac
+  done
+else
+  problems+=("$out has no results.json")
+fi
+
+# 2. Without --host-only on a machine with no GPU: fails at the probe, quickly, results written.
+t0=$SECONDS
+set +e
+in_root 120 --budget 90 /tmp/rehearsal-gpu-out >"$work/gpu-mode.log" 2>&1
 rc=$?
 set -e
-rm -rf "$work/out"
-mv "$sysroot/tmp/rehearsal-out" "$work/out"
-echo "bundle-rehearsal: results in $work/out (summary.txt, results.json, tests/); $((SECONDS - start)) s in all"
-if [ $rc != 0 ]; then
-  echo "bundle-rehearsal: FAILED (run.sh exited $rc)" >&2
+gpu_secs=$((SECONDS - t0))
+check_outdir "$sysroot/tmp/rehearsal-gpu-out"
+[ "$rc" = 1 ] || problems+=("run.sh without --host-only and no GPU exited $rc, not 1 (build-rehearsal/gpu-mode.log)")
+grep -q '^FAIL: probe: no usable CUDA device' "$sysroot/tmp/rehearsal-gpu-out/summary.txt" 2>/dev/null ||
+  problems+=("run.sh without --host-only and no GPU did not fail at the probe (build-rehearsal/gpu-mode.log)")
+
+# The outputs, the archive unpacked beside them.
+rm -rf "$work/out" "$work/gpu-out"
+[ ! -d "$out" ] || mv "$out" "$work/out"
+[ ! -d "$sysroot/tmp/rehearsal-gpu-out" ] || mv "$sysroot/tmp/rehearsal-gpu-out" "$work/gpu-out"
+[ ! -f "$work/out/results.tar.gz" ] || tar -xzf "$work/out/results.tar.gz" -C "$work/out"
+echo "bundle-rehearsal: host-only timeline $host_secs s, GPU mode without a GPU $gpu_secs s, $((SECONDS - start)) s in all;" \
+  "results in $work/out (summary.txt, results.json, results.tar.gz unpacked in strata-results/)"
+if [ ${#problems[@]} -gt 0 ]; then
+  printf 'bundle-rehearsal: FAILED: %s\n' "${problems[@]}" >&2
   exit 1
 fi
 echo "bundle-rehearsal: PASS"

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Builds Strata with the cuda backend and packs what a GPU machine needs to run the tests, the training
 # runs and the benchmarks into ONE archive of at most 48 MiB: the executables (stripped), the non-system
-# shared libraries they load (hwloc, oneTBB, Highway, liburing, libaio, OpenBLAS, oneDNN, OpenMPI, ...),
-# the data the tests read, and run.sh (scripts/bundle-run.sh). The GPU machine needs the NVIDIA driver and
-# CUDA 13's runtime, cuBLAS, NVRTC, NCCL and cuDNN 9, from /usr/local/cuda or the nvidia-* Python wheels:
-# those are too large to carry, and run.sh finds them. See docs/gpu-bundle.md.
+# shared libraries they load (hwloc, oneTBB, Highway, liburing, libaio, libevent, OpenBLAS, oneDNN,
+# OpenMPI, ...), the data the tests read, and run.sh (scripts/bundle-run.sh). The GPU machine needs the
+# NVIDIA driver and CUDA 13's runtime, cuBLAS, NVRTC, NCCL and cuDNN 9, from /usr/local/cuda or the
+# nvidia-* Python wheels: those are too large to carry, and run.sh finds them. See docs/gpu-bundle.md.
+#
+# Packing needs no network: everything carried comes from the build and this machine's installed
+# packages. (scripts/build.sh, run when BUILD_DIR is not configured yet, installs packages first.)
 #
 # Usage: scripts/gpu-bundle.sh [ARCHIVE]          (default: bundle/strata-gpu.tar.xz)
 #
@@ -17,10 +20,9 @@ archive=${1:-$root/bundle/strata-gpu.tar.xz}
 build=${BUILD_DIR:-$root/build-gpu}
 jobs=${JOBS:-$(nproc)}
 limit_mib=48
+# The newest glibc the bundle may need: the GPU machine's (its image is Ubuntu 24.04-based).
+floor_max=2.39
 
-# The cuDNN frontend headers for the cuDNN attention path (a no-op once fetched; offline, the bundle is
-# built without that path and cmake says so).
-bash "$root/scripts/install-deps.sh" --cudnn-frontend
 if [ -f "$build/CMakeCache.txt" ]; then
   cmake --build "$build" --parallel "$jobs"
 else
@@ -31,6 +33,15 @@ if ! readelf -d "$build/tools/strata" | grep -q 'libcudart'; then
   echo "gpu-bundle: $build was built without the cuda backend (no nvcc when it was configured?);" \
     "configure it with -DSTRATA_CUDA=ON or use another BUILD_DIR" >&2
   exit 1
+fi
+# The cuDNN attention path is built when configure found the cuDNN frontend headers (deps/, fetched by
+# scripts/install-deps.sh --cudnn-frontend, never at packing time); without it the cuDNN tests skip
+# saying so, which run.sh accepts.
+if readelf -d "$build/tools/strata" | grep -q 'libcudnn'; then
+  echo "gpu-bundle: built with the cuDNN attention path"
+else
+  echo "gpu-bundle: built WITHOUT the cuDNN attention path (no cuDNN frontend headers when $build was" \
+    "configured: run scripts/install-deps.sh --cudnn-frontend once online, then reconfigure)"
 fi
 
 stage=$build/bundle-stage
@@ -81,8 +92,8 @@ g++ -std=c++17 -O2 -I"$cuda_home/include" "$build/cuda_probe.cpp" -o "$stage/bin
 
 # --- shared libraries ----------------------------------------------------------------------------------------
 # Everything ldd resolves, except the C library (every Linux has one), the C++ runtime (libstdc++,
-# libgcc_s: Debian 12's need glibc 2.35-2.36, newer than the binaries themselves; any machine that runs
-# PyTorch has its own, and run.sh checks its version) and the CUDA libraries (the GPU machine's:
+# libgcc_s: any machine that runs PyTorch has its own, as new or newer; run.sh checks that it has the
+# GLIBCXX_ version the binaries need) and the CUDA libraries (the GPU machine's:
 # cuBLASLt alone is ~500 MiB, cuDNN's engines as much). cuDNN's small dispatcher, libcudnn.so.9, goes to
 # lib-fallback/, last on run.sh's search path: the machine's own cuDNN wins; where it has none the
 # binaries still start and the cuDNN attention tests fail saying why.
@@ -100,73 +111,27 @@ done
 chmod -R u+w "$stage"
 
 # --- the glibc floor -----------------------------------------------------------------------------------------
-# The newest GLIBC_ (and GLIBCXX_) symbol version an ELF file needs.
+# Note [glibc floor]: the newest GLIBC_ symbol version anything carried needs (objdump -T) is the oldest
+# glibc the bundle runs on. Built on Debian 12 the binaries need 2.34, and Debian 12's libevent (Open
+# MPI's libopen-pal loads it) 2.36 (arc4random), so the floor is 2.36: Debian 12, Ubuntu 23.04 and
+# later; the GPU machine's Ubuntu 24.04-based image has 2.39, and run.sh's libraries stage checks the
+# machine's glibc against the floor anyway. Until issue 39 the bundle carried Debian 11's build of the
+# same libevent (glibc 2.25), fetched with apt, to keep the floor at 2.34 for Ubuntu 22.04: that needed
+# the network at packing time and would fail once bullseye leaves the mirrors. Everything carried now
+# comes from this machine's installed packages; a floor above floor_max fails the packing.
 needs() { objdump -T "$2" 2>/dev/null | grep -o "$1_[0-9][0-9.]*" | sed "s/^$1_//" | sort -uV | tail -1; }
 newest() { printf '%s\n' "$@" | grep . | sort -V | tail -1; }
-floor=0 floor_file=
-for f in "$stage"/bin/*; do
+strip --strip-unneeded "$stage"/bin/* "$stage"/lib/*
+floor=0 floor_file='' bin_floor=0 glibcxx=0
+for f in "$stage"/bin/* "$stage"/lib/* "$stage"/lib-fallback/*; do
   v=$(needs GLIBC "$f")
   if [ "$(newest "$floor" "$v")" != "$floor" ]; then floor=$v floor_file=$(basename "$f"); fi
+  [[ $f == "$stage/bin/"* ]] && bin_floor=$(newest "$bin_floor" "$v")
+  [[ $f == "$stage/lib-fallback/"* ]] || glibcxx=$(newest "$glibcxx" "$(needs GLIBCXX "$f")")
 done
-
-# Note [libevent from Debian 11]: Open MPI's libopen-pal loads libevent_core and libevent_pthreads. Debian
-# 12 builds that libevent (2.1.12) on glibc 2.36's arc4random, so carrying it would make every binary that
-# links Open MPI (strata, the engine's tests, the benchmarks) need glibc 2.36 where the binaries
-# themselves need less (2.34): on a glibc 2.35 machine none of them would start. Debian 11 built the same
-# release with libevent's own arc4random (glibc 2.25); its exports cover everything libopen-pal imports
-# (checked below), so the bundle carries that build. Fetched with apt from a private sources list, once
-# per build folder. DEBIAN_MIRROR: where from (default deb.debian.org).
-libevent_debian11() {
-  local cache=$build/bundle-cache/libevent-debian11 lib
-  local apt=(-o "Dir::Etc::SourceList=$cache/sources.list" -o Dir::Etc::SourceParts=/dev/null
-             -o "Dir::State::Lists=$cache/lists" -o Dir::State::status=/dev/null -o "Dir::Cache=$cache/cache"
-             -o APT::Get::List-Cleanup=0 -o APT::Sandbox::User=root -o Debug::NoLocking=1)
-  if [ ! -f "$cache/ok" ]; then
-    rm -rf "$cache"
-    mkdir -p "$cache/lists/partial" "$cache/cache/archives/partial" "$cache/root"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${DEBIAN_MIRROR:-http://deb.debian.org/debian} bullseye main" \
-      >"$cache/sources.list"
-    echo "gpu-bundle: fetching Debian 11's libevent (Note [libevent from Debian 11] in $0)"
-    if ! { apt-get -q "${apt[@]}" update &&
-           (cd "$cache" && apt-get -q "${apt[@]}" download libevent-core-2.1-7 libevent-pthreads-2.1-7); } \
-         >"$cache/apt.log" 2>&1; then
-      cat "$cache/apt.log" >&2
-      echo "gpu-bundle: could not fetch Debian 11's libevent (offline?)" >&2
-      return 1
-    fi
-    for lib in "$cache"/*.deb; do dpkg-deb -x "$lib" "$cache/root"; done
-    touch "$cache/ok"
-  fi
-  local imported provided
-  imported=$(objdump -T "$stage/lib/libopen-pal.so.40" | awk '/\*UND\*/ {print $NF}' | grep -E '^(event|evutil|evthread)' | sort -u)
-  provided=$(objdump -T "$cache"/root/usr/lib/x86_64-linux-gnu/libevent_{core,pthreads}-2.1.so.7 |
-             awk '$4 ~ /text|data|bss/ {print $NF}' | sort -u)
-  if [ -n "$(comm -23 <(echo "$imported") <(echo "$provided"))" ]; then
-    echo "gpu-bundle: Debian 11's libevent lacks what libopen-pal imports: $(comm -23 <(echo "$imported") <(echo "$provided") | tr '\n' ' ')" >&2
-    return 1
-  fi
-  for lib in libevent_core-2.1.so.7 libevent_pthreads-2.1.so.7; do
-    cp -L "$cache/root/usr/lib/x86_64-linux-gnu/$lib" "$stage/lib/$lib"
-  done
-}
-if [ -e "$stage/lib/libevent_core-2.1.so.7" ] &&
-   [ "$(newest "$floor" "$(needs GLIBC "$stage/lib/libevent_core-2.1.so.7")")" != "$floor" ]; then
-  libevent_debian11
-fi
-strip --strip-unneeded "$stage"/bin/* "$stage"/lib/*
-too_new=()
-glibcxx=0
-for f in "$stage"/bin/* "$stage"/lib/*; do
-  glibcxx=$(newest "$glibcxx" "$(needs GLIBCXX "$f")")
-done
-for f in "$stage"/lib/* "$stage"/lib-fallback/*; do
-  v=$(needs GLIBC "$f")
-  [ "$(newest "$floor" "$v")" = "$floor" ] || too_new+=("$(basename "$f") needs glibc $v")
-done
-echo "gpu-bundle: the binaries need glibc $floor ($floor_file) and libstdc++ with GLIBCXX_$glibcxx"
-if [ ${#too_new[@]} -gt 0 ]; then
-  echo "gpu-bundle: shipped libraries need a newer glibc than the binaries themselves ($floor):" \
-    "${too_new[*]}" >&2
+echo "gpu-bundle: glibc floor $floor (set by $floor_file; the binaries alone need $bin_floor); libstdc++ with GLIBCXX_$glibcxx"
+if [ "$(newest "$floor" "$floor_max")" != "$floor_max" ]; then
+  echo "gpu-bundle: the bundle would need glibc $floor ($floor_file), newer than the GPU machine's $floor_max" >&2
   exit 1
 fi
 
@@ -193,6 +158,7 @@ bundle_commit=$commit
 bundle_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 bundle_cuda=$("$cuda_home/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
 glibc_floor=$floor
+glibc_floor_file=$floor_file
 glibcxx_need=$glibcxx
 EOF
 
@@ -212,4 +178,5 @@ if [ "$bytes" -gt $((limit_mib * 1024 * 1024)) ]; then
   echo "gpu-bundle: the archive is over $limit_mib MiB" >&2
   exit 1
 fi
-echo "gpu-bundle: on the GPU machine: mkdir strata && tar -xJf $(basename "$archive") -C strata && strata/run.sh OUTDIR"
+echo "gpu-bundle: on the GPU machine: mkdir -p /tmp/s && tar -xJf $(basename "$archive") -C /tmp/s && /tmp/s/run.sh --budget 480 OUTDIR" \
+  "(docs/gpu-bundle.md)"

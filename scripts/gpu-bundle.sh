@@ -115,10 +115,10 @@ chmod -R u+w "$stage"
 # glibc the bundle runs on. Built on Debian 12 the binaries need 2.34, and Debian 12's libevent (Open
 # MPI's libopen-pal loads it) 2.36 (arc4random), so the floor is 2.36: Debian 12, Ubuntu 23.04 and
 # later; the GPU machine's Ubuntu 24.04-based image has 2.39, and run.sh's libraries stage checks the
-# machine's glibc against the floor anyway. Until issue 39 the bundle carried Debian 11's build of the
-# same libevent (glibc 2.25), fetched with apt, to keep the floor at 2.34 for Ubuntu 22.04: that needed
-# the network at packing time and would fail once bullseye leaves the mirrors. Everything carried now
-# comes from this machine's installed packages; a floor above floor_max fails the packing.
+# machine's glibc against the floor anyway. Debian 11's build of the same libevent (glibc 2.25) would keep
+# the floor at 2.34 for Ubuntu 22.04, but fetching it needs the network at packing time and fails once
+# bullseye leaves the mirrors: everything carried comes from this machine's installed packages. A floor
+# above floor_max fails the packing.
 needs() { objdump -T "$2" 2>/dev/null | grep -o "$1_[0-9][0-9.]*" | sed "s/^$1_//" | sort -uV | tail -1; }
 newest() { printf '%s\n' "$@" | grep . | sort -V | tail -1; }
 strip --strip-unneeded "$stage"/bin/* "$stage"/lib/*

@@ -39,6 +39,7 @@
 #include "tools/csv_monitor.h"
 #include "tools/launch_plan.h"
 #include "tools/tensorboard_monitor.h"
+#include "zero3/checkpoint.h"
 #include "zero3/engine.h"
 
 namespace strata::cli {
@@ -225,23 +226,23 @@ class Progress {
 // figures are the progress line's: rank 0's tokens/s, time split (seconds) and bytes per tier; then the
 // device's high-water mark so far (everything allocated on it: pool, activations, workspaces).
 template <typename Monitor>
-void write_step_metrics(Monitor& csv, const zero3::StepResult& r, const TierBytes& b,
-                        std::uint64_t device_peak, std::int64_t samples, bool fp16) {
+void write_step_metrics(Monitor& m, const zero3::StepResult& r, const TierBytes& b, std::uint64_t device_peak,
+                        std::int64_t samples, bool fp16) {
   const zero3::StepTimes& t = r.times;
-  csv.write("Train/Samples/train_loss", samples, r.loss);
-  csv.write("Train/Samples/lr", samples, r.lr);
-  if (fp16) csv.write("Train/Samples/loss_scale", samples, r.loss_scale);  // DeepSpeed: fp16 only
-  csv.write("Train/Samples/grad_norm", samples, r.grad_norm);
-  csv.write("Train/Samples/tokens_per_second", samples, t.total > 0 ? double(r.tokens) / t.total : 0.0);
-  csv.write("Train/Samples/time_total", samples, t.total);
-  csv.write("Train/Samples/time_forward", samples, t.forward);
-  csv.write("Train/Samples/time_backward", samples, t.backward);
-  csv.write("Train/Samples/time_optimizer", samples, t.optimizer);
-  csv.write("Train/Samples/time_wait", samples, t.wait);
-  csv.write("Train/Samples/bytes_device", samples, double(b.device));
-  csv.write("Train/Samples/bytes_pinned", samples, double(b.pinned));
-  csv.write("Train/Samples/bytes_nvme", samples, double(b.nvme));
-  csv.write("Train/Samples/bytes_device_peak", samples, double(device_peak));
+  m.write("Train/Samples/train_loss", samples, r.loss);
+  m.write("Train/Samples/lr", samples, r.lr);
+  if (fp16) m.write("Train/Samples/loss_scale", samples, r.loss_scale);  // DeepSpeed: fp16 only
+  m.write("Train/Samples/grad_norm", samples, r.grad_norm);
+  m.write("Train/Samples/tokens_per_second", samples, t.total > 0 ? double(r.tokens) / t.total : 0.0);
+  m.write("Train/Samples/time_total", samples, t.total);
+  m.write("Train/Samples/time_forward", samples, t.forward);
+  m.write("Train/Samples/time_backward", samples, t.backward);
+  m.write("Train/Samples/time_optimizer", samples, t.optimizer);
+  m.write("Train/Samples/time_wait", samples, t.wait);
+  m.write("Train/Samples/bytes_device", samples, double(b.device));
+  m.write("Train/Samples/bytes_pinned", samples, double(b.pinned));
+  m.write("Train/Samples/bytes_nvme", samples, double(b.nvme));
+  m.write("Train/Samples/bytes_device_peak", samples, double(device_peak));
 }
 
 int run_train(const TrainOpts& o) {
@@ -320,10 +321,8 @@ int run_train(const TrainOpts& o) {
     const std::filesystem::path dir(o.load);
     if (!std::filesystem::exists(dir, ec) ||
         (std::filesystem::is_directory(dir, ec) && !std::filesystem::exists(dir / "latest", ec))) {
-      bool tags = false;  // checkpoint directories without a pointer: not "nothing", refused below
-      for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-        tags = tags || std::filesystem::exists(e.path() / "meta.json", ec);
-      if (tags)
+      // Checkpoints without a pointer are not "nothing": refused.
+      if (!zero3::complete_checkpoints(o.load).empty())
         throw ConfigError(cat("--load ", o.load,
                               " holds checkpoint directories but no `latest` pointer; "
                               "name one with --load-tag TAG"));

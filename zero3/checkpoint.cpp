@@ -430,41 +430,43 @@ void CheckpointReader::read(std::string_view name, void* dst, std::uint64_t byte
                       got, "); the checkpoint is damaged, load another tag"));
 }
 
+std::vector<CheckpointTag> complete_checkpoints(const std::string& dir) {
+  std::vector<CheckpointTag> found;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return found;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory(ec) || name.ends_with(".removing") || name.ends_with(".tmp") ||
+        name.ends_with(".old") || !fs::exists(e.path() / "meta.json", ec))
+      continue;
+    nlohmann::json meta;
+    try {
+      meta = nlohmann::json::parse(
+          read_small_file((e.path() / "meta.json").string(), "the checkpoint's meta.json"));
+    } catch (const std::exception&) {
+      continue;  // not a checkpoint of this format (or a damaged one)
+    }
+    if (!meta.is_object() || meta.value("format", "") != kCheckpointFormat || !meta.contains("step"))
+      continue;
+    found.push_back({meta.at("step").get<std::int64_t>(), name});
+  }
+  if (ec) throw IoError(cat("cannot list the checkpoints of ", dir, " (", ec.message(), ")"));
+  std::sort(found.begin(), found.end(), [](const CheckpointTag& a, const CheckpointTag& b) {
+    return a.step != b.step ? a.step > b.step : a.tag > b.tag;
+  });
+  return found;
+}
+
 std::vector<std::string> rotate_checkpoints(const std::string& dir, std::int64_t keep_last) {
   std::vector<std::string> removed;
   if (keep_last <= 0) return removed;
   std::error_code ec;
   std::string latest;
   if (fs::exists(dir + "/latest", ec)) latest = latest_tag(dir);
-  struct Found {
-    std::int64_t step;
-    std::string tag;
-  };
-  std::vector<Found> found;
-  std::vector<std::string> leftovers;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_directory(ec)) continue;
-    if (name.ends_with(".removing")) {
-      leftovers.push_back(e.path().string());
-      continue;
-    }
-    if (name.ends_with(".tmp") || name.ends_with(".old") || !fs::exists(e.path() / "meta.json", ec)) continue;
-    nlohmann::json meta;
-    try {
-      meta = nlohmann::json::parse(
-          read_small_file((e.path() / "meta.json").string(), "the checkpoint's meta.json"));
-    } catch (const std::exception&) {
-      continue;  // not a checkpoint of this format (or a damaged one): never removed here
-    }
-    if (!meta.is_object() || meta.value("format", "") != kCheckpointFormat || !meta.contains("step"))
-      continue;
-    found.push_back({meta.at("step").get<std::int64_t>(), name});
-  }
-  if (ec) throw IoError(cat("checkpoint.keep_last: cannot list ", dir, " (", ec.message(), ")"));
-  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
-    return a.step != b.step ? a.step > b.step : a.tag > b.tag;
-  });
+  const std::vector<CheckpointTag> found = complete_checkpoints(dir);
+  std::vector<std::string> leftovers;  // of an interrupted removal
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().ends_with(".removing")) leftovers.push_back(e.path().string());
   for (std::size_t i = std::size_t(keep_last); i < found.size(); ++i) {
     if (found[i].tag == latest) continue;
     const std::string from = dir + "/" + found[i].tag, to = from + ".removing";

@@ -113,6 +113,15 @@ std::string latest_tag(const std::string& dir);
 // "global_step<N>", DeepSpeed's tag.
 std::string step_tag(std::int64_t step);
 
+// The complete checkpoints of `dir`: directories holding this format's meta.json with its step (not
+// TAG.tmp, TAG.old or TAG.removing), newest first (by step, then by name). None when `dir` does not exist.
+// Raises IoError naming `dir` when it cannot be listed.
+struct CheckpointTag {
+  std::int64_t step = 0;
+  std::string tag;
+};
+std::vector<CheckpointTag> complete_checkpoints(const std::string& dir);
+
 // Note [Checkpoint rotation]: keeps the newest `keep_last` complete checkpoints of `dir` (directories
 // holding this format's meta.json, newest by their step, then by name) and removes the older ones, never
 // the one `dir`/latest names (the newest in practice; a run resumed with --load-tag may save an older

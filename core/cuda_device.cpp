@@ -692,7 +692,12 @@ class CudaDevice final : public Device {
 std::unique_ptr<Device> make_cuda_device(const DeviceOptions& opts) {
   // Note [cuda host functions], limit (2): as many hardware queues as the driver gives, read when the
   // context is created; a value the environment sets is kept.
-  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+  if (std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") == nullptr) {
+    ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+    STRATA_LOG_INFO(
+        "cuda: CUDA_DEVICE_MAX_CONNECTIONS=32 (unset in the environment): streams held by host "
+        "functions share their hardware queue with fewer others (Note [cuda host functions])");
+  }
   return std::make_unique<CudaDevice>(opts);
 }
 

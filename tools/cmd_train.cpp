@@ -407,6 +407,15 @@ int run_train(const TrainOpts& o) {
                               " free; free space or choose another --save directory"));
     }
   }
+  // Note [Resuming from nothing]: every rank decided from its own view of --load; they must agree, or one
+  // would load (collectively) while another starts fresh.
+  if (world > 1 && !o.load.empty()) {
+    comm::Communicator& cm = engine.communicator();
+    if (cm.all_reduce_and(resume) != !cm.all_reduce_and(!resume))
+      throw ConfigError(cat("--load ", o.load,
+                            ": some ranks see a checkpoint there and others do not; give a "
+                            "folder every rank reads (a shared file system)"));
+  }
   if (resume) engine.load_checkpoint(o.load, o.load_tag, &data);
   // Signalled during the set-up: stop before the first step (every rank, as they agree).
   int early = g_stop_signal.load();

@@ -139,6 +139,7 @@ packages=(
   clang libclang-rt-14-dev  # scripts/ci-sanitize.sh: the fuzz targets (libFuzzer needs clang and its runtime)
   debootstrap  # scripts/bundle-rehearsal.sh: the bare root file system the GPU archive is rehearsed in
   python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest  # the Python package and its tests
+  patchelf  # the Python package: private copies of the CUDA libraries beside torch (python/private_cuda_libs.py)
 )
 
 missing=()

@@ -91,20 +91,28 @@ using detail::join;
 // Locking: none; a parser lives on one thread for one parse() call.
 struct ConfigParser {
   const Overrides& overrides;
+  const RunFacts& run;
   std::string origin;
   Config cfg;
   nlohmann::json doc;
   std::vector<std::string> errors;
-  std::vector<bool> given;    // per option: a value from the file (directly or through an alias)
-  std::vector<bool> is_auto;  // per option: the file says "auto"
+  std::vector<bool> given;       // per option: a value from the file (directly or through an alias)
+  std::vector<bool> is_auto;     // per option: the file says "auto"
+  std::vector<bool> overridden;  // per option: the value came from a command-line override
   std::map<std::string, std::string> via_alias;  // target key or section -> the alias that set it
   std::set<std::string, std::less<>> sections_given;
   std::set<std::string, std::less<>> overrides_used;
   std::optional<std::uint64_t> hidden_size;
 
-  ConfigParser(const Overrides& ov, std::string_view org)
-      : overrides(ov), origin(org), given(options().size()), is_auto(options().size()) {
+  ConfigParser(const Overrides& ov, const RunFacts& r, std::string_view org)
+      : overrides(ov),
+        run(r),
+        origin(org),
+        given(options().size()),
+        is_auto(options().size()),
+        overridden(options().size()) {
     cfg.sources_.assign(options().size(), "");
+    cfg.reasons_.assign(options().size(), "");
   }
 
   void warn(std::string msg) {
@@ -354,7 +362,9 @@ struct ConfigParser {
       attempt([&] {
         if (ov) {
           store(o, cfg, *ov, ov_key);
+          overridden[i] = true;
           cfg.sources_[i] = detail::cat(is_auto[i] ? "auto→" : "", "override ", o.override_name);
+          if (is_auto[i]) cfg.reasons_[i] = detail::cat("given as override ", o.override_name);
           return;
         }
         if (!is_auto[i]) return;
@@ -362,6 +372,7 @@ struct ConfigParser {
           AutoValue av = o.auto_fallback(AutoContext{cfg, hidden_size});
           if (!av.value.is_null()) store(o, cfg, av.value, o.path);
           cfg.sources_[i] = av.source;
+          cfg.reasons_[i] = av.why;
           return;
         }
         nlohmann::json def = o.dynamic_default ? o.dynamic_default(cfg) : o.def;
@@ -370,6 +381,7 @@ struct ConfigParser {
                                         " override from the command line, and none was given"));
         store(o, cfg, def, o.path);
         cfg.sources_[i] = "auto→default";
+        cfg.reasons_[i] = detail::cat("the default (override ", o.override_name, " chooses)");
       });
     }
     for (const auto& [name, v] : overrides)
@@ -392,6 +404,8 @@ struct ConfigParser {
   }
 
   void infer_batch();
+  void resolve_schedule();
+  void resolve_warmup(std::int64_t steps);
   void check_cross_keys();
   void check_offload_ratio();
   void warn_no_effect();
@@ -420,6 +434,7 @@ void ConfigParser::infer_batch() {
     }
     mb = 1;  // all "auto" and nothing on the command line: the smallest batch
     cfg.sources_[i_mb] = "auto→default (1)";
+    cfg.reasons_[i_mb] = "nothing sets the batch: the smallest (override micro_batch or train_batch chooses)";
   }
   if (tb && mb && ga) {
     // all three given: only the check below
@@ -448,6 +463,10 @@ void ConfigParser::infer_batch() {
     cfg.sources_[i_ga] = inferred(i_ga);
     cfg.sources_[i_tb] = inferred(i_tb);
   }
+  for (std::size_t i : {i_tb, i_mb, i_ga})
+    if (is_auto[i] && cfg.reasons_[i].empty())
+      cfg.reasons_[i] = detail::cat("inferred: train_batch_size ", tb, " = micro batch ", mb,
+                                    " × accumulation ", ga, " × world size ", w);
   if (mb <= 0 || ga <= 0) {
     error(detail::cat("train_batch_size ", tb, " is too small: it must be at least world_size ", w,
                       " × gradient_accumulation_steps ", std::max<std::int64_t>(ga, 1), note));
@@ -457,6 +476,121 @@ void ConfigParser::infer_batch() {
         ga, " × world_size ", w, " = ", mb * ga * w, note,
         "; make train_batch_size = micro batch × accumulation steps × world size, or give only two of "
         "the three"));
+  }
+}
+
+// Note [Loud auto]: nothing the program picks for the user is silent. A key the file sets to "auto" takes
+// the command-line override of its name, else what Hugging Face's integration fills in from
+// TrainingArguments' defaults (learning rate 5e-05, clipping 1, no warmup), the model's hidden size, the
+// world size, the run's length or the backend's precision (bf16: every backend computes it); each keeps
+// the reason, and Config::auto_report() gives them to the front-ends, which print them before the first
+// step. The schedule's length is the run's: total_num_steps "auto", or left out where the scheduler needs
+// it, takes RunFacts (strata train's --steps, --max-steps or --epochs); a file that sets another total is
+// kept, with a warning naming both, so that an existing DeepSpeed config means what it says.
+std::int64_t run_total_steps(const RunFacts& run, std::int64_t micro_batch, std::int64_t accumulation_steps) {
+  if (run.total_steps > 0) return run.total_steps;
+  if (run.epochs <= 0 || !run.micro_batches_per_epoch || micro_batch < 1 || accumulation_steps < 1) return 0;
+  const std::int64_t per_epoch =
+      std::max<std::int64_t>(1, run.micro_batches_per_epoch(micro_batch) / accumulation_steps);
+  return std::int64_t(std::ceil(run.epochs * double(per_epoch) - 1e-9));
+}
+
+// The source of a schedule value `strata config` leaves to the run (RunFacts::length_later).
+constexpr const char* kLeftToTheRun = "auto→the run's length";
+
+void ConfigParser::resolve_schedule() {
+  auto& s = cfg.scheduler;
+  if (s.type == SchedulerType::none) {
+    if (cfg.strata.warmup_ratio > 0)
+      warn(detail::cat("strata.warmup_ratio: ", format_number(cfg.strata.warmup_ratio),
+                       " has no effect without a scheduler (the rate stays optimizer.params.lr)"));
+    return;
+  }
+  const std::size_t i_total = std::size_t(option_index("scheduler.params.total_num_steps"));
+  const std::size_t i_warm = std::size_t(option_index("scheduler.params.warmup_num_steps"));
+  const std::int64_t run_total =
+      run_total_steps(run, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps);
+  const std::string from = run.from.empty() ? std::string("the run") : run.from;
+  const bool has_total = s.type == SchedulerType::WarmupDecayLR || s.type == SchedulerType::WarmupCosineLR;
+  bool total_from_run = false;
+  if (has_total) {
+    if (given[i_total] || overridden[i_total]) {
+      if (run_total > 0 && s.total_num_steps != run_total)
+        warn(detail::cat("scheduler.params.total_num_steps: ",
+                         given[i_total] ? "the file sets " : "override total_steps gives ", s.total_num_steps,
+                         " but the run trains to step ", run_total, " (", from,
+                         "): the schedule ends at step ", s.total_num_steps,
+                         given[i_total] ? "; set it to \"auto\" to follow the run" : ""));
+    } else if (run_total == 0 && run.length_later) {
+      cfg.sources_[i_total] = kLeftToTheRun;
+      cfg.reasons_[i_total] = "strata train takes it from --steps, --max-steps or --epochs";
+    } else if (run_total == 0 && !run.from.empty() && run.epochs <= 0) {
+      // A run of no step (strata train --steps 0: set up, then save or export): any valid length will do.
+      s.total_num_steps =
+          std::max<std::int64_t>(2, given[i_warm] || overridden[i_warm] ? s.warmup_num_steps : 0) + 1;
+      cfg.sources_[i_total] = detail::cat(is_auto[i_total] ? "auto→" : "", "run (", run.from, ")");
+      cfg.reasons_[i_total] =
+          detail::cat("the run trains no step (", run.from, "), so the schedule is not used");
+    } else if (run_total > 0) {
+      total_from_run = true;
+      s.total_num_steps = run_total;
+      cfg.sources_[i_total] = detail::cat(is_auto[i_total] ? "auto→" : "", "run (", from, ")");
+      cfg.reasons_[i_total] =
+          detail::cat("the run's length, ", from, is_auto[i_total] ? "" : " (the file leaves it out)");
+    }
+  }
+  resolve_warmup(has_total ? s.total_num_steps : run_total);
+  // A cosine needs more steps than its warmup (at least 2, as DeepSpeed counts it): a run shorter than that
+  // (a smoke test of --steps 1) still trains, its schedule stretched to the shortest one past its end.
+  if (total_from_run && s.type == SchedulerType::WarmupCosineLR) {
+    const std::int64_t shortest = std::max<std::int64_t>(2, s.warmup_num_steps) + 1;
+    if (s.total_num_steps < shortest) {
+      s.total_num_steps = shortest;
+      cfg.reasons_[i_total] += detail::cat("; raised to ", shortest,
+                                           ", the shortest WarmupCosineLR schedule after its warmup (the run "
+                                           "ends before its cosine)");
+    }
+  }
+}
+
+// Where the file says "auto", or leaves warmup_num_steps out and gives strata.warmup_ratio: the ratio's
+// share of `steps` (the schedule's, or the run's for WarmupLR), or transformers' default of none.
+void ConfigParser::resolve_warmup(std::int64_t steps) {
+  auto& s = cfg.scheduler;
+  const std::size_t i_warm = std::size_t(option_index("scheduler.params.warmup_num_steps"));
+  const std::size_t i_ratio = std::size_t(option_index("strata.warmup_ratio"));
+  const bool warm_pending = !given[i_warm] && !overridden[i_warm] && (is_auto[i_warm] || given[i_ratio]);
+  if (given[i_ratio] && cfg.strata.warmup_ratio > 0 && !warm_pending) {
+    error(detail::cat("strata.warmup_ratio: ", format_number(cfg.strata.warmup_ratio),
+                      " and scheduler.params.warmup_num_steps ", s.warmup_num_steps,
+                      " both give the warmup; keep one (warmup_num_steps \"auto\" takes the ratio)"));
+    return;
+  }
+  if (!warm_pending) return;
+  const double ratio = cfg.strata.warmup_ratio;
+  if (ratio > 0) {
+    if (steps <= 0 && run.length_later) {
+      cfg.sources_[i_warm] = kLeftToTheRun;
+      cfg.reasons_[i_warm] =
+          detail::cat("ceil(strata.warmup_ratio ", format_number(ratio), " × the run's steps)");
+      return;
+    }
+    if (steps <= 0) {
+      error(detail::cat("strata.warmup_ratio: ", format_number(ratio),
+                        " needs the schedule's length, which is not known here; give the run's length "
+                        "(strata train: --steps, --max-steps or --epochs) or warmup_num_steps"));
+      return;
+    }
+    s.warmup_num_steps = std::int64_t(std::ceil(ratio * double(steps) - 1e-9));
+    cfg.sources_[i_warm] = detail::cat(is_auto[i_warm] ? "auto→" : "", "strata.warmup_ratio");
+    cfg.reasons_[i_warm] =
+        detail::cat("ceil(strata.warmup_ratio ", format_number(ratio), " × ", steps, " steps)");
+  } else {
+    s.warmup_num_steps = 0;
+    cfg.sources_[i_warm] = "auto→transformers' default";
+    cfg.reasons_[i_warm] =
+        "transformers' default warmup_steps (override warmup_steps or strata.warmup_ratio chooses; the "
+        "schedule still spends DeepSpeed's 2 steps from warmup_min_lr)";
   }
 }
 
@@ -533,12 +667,15 @@ void ConfigParser::check_cross_keys() {
                       ") for WarmupCosineLR, whose cosine decays over the steps after warmup; raise "
                       "total_num_steps to the run's optimizer steps, or lower warmup_num_steps"));
   if ((s.type == SchedulerType::WarmupDecayLR || s.type == SchedulerType::WarmupCosineLR) &&
-      s.total_num_steps == 0 &&
-      !is_auto[std::size_t(
-          option_index("scheduler.params.total_num_steps"))])  // "auto" reported its own error
-    error(detail::cat("scheduler.params.total_num_steps: required by scheduler.type ",
-                      show(read(options()[std::size_t(option_index("scheduler.type"))], cfg)),
-                      "; set it to the run's optimizer steps (or \"auto\" with the total_steps override)"));
+      s.total_num_steps == 0 && !run.length_later)
+    error(detail::cat(
+        "scheduler.params.total_num_steps",
+        is_auto[std::size_t(option_index("scheduler.params.total_num_steps"))] ? " \"auto\"" : "",
+        ": required by scheduler.type ",
+        show(read(options()[std::size_t(option_index("scheduler.type"))], cfg)),
+        " and the run's length is not known here; strata train takes it from --steps, --max-steps "
+        "or --epochs, and the total_steps override (--set total_steps=N, or initialize(..., "
+        "total_steps=N) in Python) gives it; or set the key to the run's optimizer steps"));
   if (cfg.optimizer.type == OptimizerType::AdamW && !cfg.optimizer.adam_w_mode)
     warn(
         "optimizer.params.adam_w_mode: false has no effect with AdamW (always decoupled); use type Adam for "
@@ -589,8 +726,8 @@ void ConfigParser::warn_no_effect() {
 }
 
 Config Config::parse(const nlohmann::json& doc, const Overrides& overrides, int world_size,
-                     std::string_view origin) {
-  ConfigParser p(overrides, origin);
+                     std::string_view origin, const RunFacts& run) {
+  ConfigParser p(overrides, run, origin);
   p.check_override_names(world_size);
   p.throw_if_errors();
   if (!doc.is_object())
@@ -608,15 +745,20 @@ Config Config::parse(const nlohmann::json& doc, const Overrides& overrides, int 
   {  // offload_optimizer.ratio "auto" is resolved by the engine, which measures (config.h)
     const std::size_t i = std::size_t(option_index("zero_optimization.offload_optimizer.ratio"));
     p.cfg.zero_optimization.offload_optimizer.ratio_auto = p.is_auto[i] && !p.cfg.sources_[i].empty();
+    if (p.cfg.zero_optimization.offload_optimizer.ratio_auto)
+      p.cfg.reasons_[i] =
+          "the engine measures the device and the CPU optimizer at start-up and says what it chose";
   }
   p.infer_batch();
+  p.resolve_schedule();
   p.check_cross_keys();
   p.throw_if_errors();
   p.warn_no_effect();
   return std::move(p.cfg);
 }
 
-Config Config::load(const std::string& path, const Overrides& overrides, int world_size) {
+Config Config::load(const std::string& path, const Overrides& overrides, int world_size,
+                    const RunFacts& run) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     throw ConfigError(
@@ -638,7 +780,27 @@ Config Config::load(const std::string& path, const Overrides& overrides, int wor
       what = what.substr(close + 2);
     throw ConfigError(detail::cat(path, ": malformed JSON: ", what));
   }
-  return parse(doc, overrides, world_size, path);
+  return parse(doc, overrides, world_size, path, run);
+}
+
+std::vector<std::string> Config::auto_report() const {
+  Config copy = *this;  // read() takes a mutable Config
+  std::vector<std::string> lines;
+  for (std::size_t i = 0; i < options().size() && i < reasons_.size(); ++i) {
+    if (reasons_[i].empty() || sources_[i].empty()) continue;
+    const Option& o = options()[i];
+    if (sources_[i] == kLeftToTheRun) {
+      lines.push_back(detail::cat(o.path, " = (the run's): ", reasons_[i]));
+      continue;
+    }
+    const nlohmann::json v = copy.zero_optimization.offload_optimizer.ratio_auto &&
+                                     std::string_view(o.path) == "zero_optimization.offload_optimizer.ratio"
+                                 ? nlohmann::json("auto")
+                                 : read(o, copy);
+    lines.push_back(
+        detail::cat(o.path, " = ", v.is_string() ? v.get<std::string>() : show(v), ": ", reasons_[i]));
+  }
+  return lines;
 }
 
 std::string Config::source(std::string_view key) const {

@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -226,11 +227,34 @@ struct StrataConfig {
   CpuOptim cpu_optim;
   log::Level log_level = log::Level::info;
   std::int64_t seed = 1234;  // for weight init, data order and dropout; same seed, same losses
+  // Warmup as a fraction of the schedule's steps (transformers' warmup_ratio): where
+  // scheduler.params.warmup_num_steps is "auto" or left out, it becomes ceil(ratio × total steps).
+  double warmup_ratio = 0.0;
 };
 
 // Values the command line supplies for keys the file sets to "auto" (as Hugging Face's DeepSpeed
 // integration writes them), plus hidden_size and world_size. Names and types: docs/config.md.
 using Overrides = std::map<std::string, nlohmann::json>;
+
+// What the front-end knows about the run that a config may leave to it (Note [Loud auto] in config.cpp):
+// its length, which scheduler.params.total_num_steps takes where the file says "auto" or leaves it out
+// (and a warmup ratio multiplies). A file that sets a different total is kept, with a warning naming both.
+struct RunFacts {
+  // The run's optimizer steps in all, counted from step 0 (a resumed run: the steps already taken plus
+  // those to come); 0: not known, or with `from` given, a run of no step (the schedule is not used).
+  std::int64_t total_steps = 0;
+  // Or epochs over the data (total_steps 0): ceil(epochs × max(1, micro-batches an epoch / accumulation
+  // steps)), as transformers' Trainer counts; micro_batches_per_epoch(micro batch) is this rank's count.
+  double epochs = 0;
+  std::function<std::int64_t(std::int64_t micro_batch)> micro_batches_per_epoch = nullptr;
+  std::string from = {};  // where the length came from, for messages: "--steps 30", "--epochs 2"
+  // `strata config` without --steps: the length comes at training, so a total left to the run is reported
+  // as such rather than required.
+  bool length_later = false;
+};
+
+// The run's optimizer steps from `run` for a resolved batch (0 when it does not say).
+std::int64_t run_total_steps(const RunFacts& run, std::int64_t micro_batch, std::int64_t accumulation_steps);
 
 struct Config {
   std::int64_t train_batch_size = 0;
@@ -256,10 +280,11 @@ struct Config {
 
   // Reads and parses a JSON file. A missing/unreadable file, malformed JSON (with line and column) and
   // every invalid key raise ConfigError whose message starts with the file path.
-  static Config load(const std::string& path, const Overrides& overrides = {}, int world_size = 1);
+  static Config load(const std::string& path, const Overrides& overrides = {}, int world_size = 1,
+                     const RunFacts& run = {});
   // Parses an already-read document; `origin` prefixes error messages (a path or "config").
   static Config parse(const nlohmann::json& doc, const Overrides& overrides = {}, int world_size = 1,
-                      std::string_view origin = "config");
+                      std::string_view origin = "config", const RunFacts& run = {});
 
   // key | value | source, one row per key in force (source: file, default, auto→..., alias ..., inferred).
   std::string resolved_table() const;
@@ -270,10 +295,14 @@ struct Config {
   // The warnings parsing produced (ignored sections, deprecated aliases, no-effect settings); each was
   // also logged once.
   const std::vector<std::string>& warnings() const { return warnings_; }
+  // Every value Strata chose for the user (Note [Loud auto] in config.cpp): the keys the file sets to
+  // "auto", and a schedule total the file leaves to the run, one line each: "key = value: why".
+  std::vector<std::string> auto_report() const;
 
  private:
   friend struct ConfigParser;
   std::vector<std::string> sources_;  // indexed like the schema; "" = not in force
+  std::vector<std::string> reasons_;  // indexed like the schema; why a chosen value was taken ("" = not)
   std::vector<std::string> warnings_;
 };
 

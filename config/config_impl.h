@@ -52,10 +52,12 @@ struct AutoContext {
   const Config& config;  // keys earlier in the schema are already resolved
   std::optional<std::uint64_t> hidden_size;
 };
-// value null: leave the key to be inferred (batch sizes). source: shown in the resolved table.
+// value null: leave the key to be decided later (batch sizes by inference, the schedule's length from the
+// run). source: shown in the resolved table. why: the sentence Config::auto_report() gives.
 struct AutoValue {
   nlohmann::json value;
   std::string source;
+  std::string why = {};
 };
 
 inline constexpr double kUnbounded = std::numeric_limits<double>::infinity();

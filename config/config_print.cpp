@@ -138,7 +138,24 @@ std::string config_reference_markdown() {
       "- **\"auto\"** (as Hugging Face's DeepSpeed integration writes it) is accepted where the \"auto\"\n"
       "  column says what it becomes: the command-line override named there when one is given, else the\n"
       "  rule shown. A command-line override also fills a key the file leaves out; an override that\n"
-      "  contradicts an explicit value in the file is an error.\n";
+      "  contradicts an explicit value in the file is an error. Without an override, \"auto\" takes what\n"
+      "  Hugging Face's integration fills in from TrainingArguments' defaults (learning rate 5e-05, "
+      "clipping\n"
+      "  1, no warmup), the model's hidden size, the world size, the run's length or the backend's "
+      "precision\n"
+      "  (bf16: every Strata backend computes it). Nothing is chosen silently: `strata train`,\n"
+      "  `strata.initialize` and `strata config` print one line per value chosen, `config: KEY = VALUE: "
+      "why`\n"
+      "  (`Config::auto_report()`).\n";
+  md +=
+      "- **The schedule's length is the run's.** `scheduler.params.total_num_steps` \"auto\", or left out\n"
+      "  where the scheduler needs it, takes `strata train`'s `--steps` (counted on from the checkpoint\n"
+      "  `--load` resumes), `--max-steps` or `--epochs`; in Python the `total_steps` override gives it. A "
+      "file\n"
+      "  that sets another total is kept, with a warning naming both. `strata.warmup_ratio` gives the "
+      "warmup\n"
+      "  as a share of those steps where `warmup_num_steps` is \"auto\" or left out (the stock configs "
+      "do).\n";
   md +=
       "- **Batch sizes.** `train_batch_size = train_micro_batch_size_per_gpu × gradient_accumulation_steps "
       "×\n"

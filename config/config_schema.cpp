@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "config/config_impl.h"
+#include "core/error.h"
 
 namespace strata::config_detail {
 namespace {
@@ -85,26 +86,59 @@ nlohmann::json overlap_default(const Config& c) {
 AutoValue batch_inferred(const AutoContext&) {
   return {nullptr, "auto→inferred"};
 }
+// Note [Loud auto] in config.cpp: "auto" without an override takes what Hugging Face's integration fills in
+// from TrainingArguments' defaults, and says so.
+AutoValue transformers_lr(const AutoContext&) {
+  return {5e-5, "auto→transformers' default", "transformers' default learning_rate (override lr chooses)"};
+}
+AutoValue transformers_clip(const AutoContext&) {
+  return {1.0, "auto→transformers' default",
+          "transformers' default max_grad_norm (override grad_clip chooses)"};
+}
 // Hugging Face's rule: the learning-rate peak is the optimizer's learning rate.
 AutoValue peak_is_lr(const AutoContext& c) {
-  return {c.config.optimizer.lr, "auto→optimizer.params.lr"};
+  return {c.config.optimizer.lr, "auto→optimizer.params.lr", "the optimizer's learning rate is the peak"};
+}
+// The schedule's length and its warmup come from the run (RunFacts), once the batch is known.
+AutoValue from_run(const AutoContext&) {
+  return {nullptr, "auto→run"};
+}
+// Precision follows the backends: every one Strata has computes bf16.
+AutoValue fp16_auto(const AutoContext&) {
+  return {
+      false, "auto→bf16 preferred",
+      "fp16 only when asked (override fp16): bf16 needs no loss scaling and every Strata backend computes "
+      "it"};
+}
+AutoValue bf16_auto(const AutoContext& c) {
+  if (c.config.fp16.enabled) return {false, "auto→fp16 is on", "fp16.enabled is on"};
+  return {true, "auto→the backend computes bf16",
+          "every Strata backend computes bf16 (host: the CPU ops, with fp32 accumulation; cuda: built for "
+          "sm_80 and newer); override bf16 chooses"};
 }
 // Hugging Face's hidden-size rules for ZeRO buckets; DeepSpeed's default when hidden_size is unknown.
+AutoValue no_hidden(std::uint64_t def) {
+  return {def, "auto→default (no hidden_size)",
+          "DeepSpeed's default: no hidden_size is known (give the model, or override hidden_size)"};
+}
 AutoValue hidden_squared(const AutoContext& c) {
-  if (!c.hidden_size) return {500000000u, "auto→default (no hidden_size)"};
-  return {*c.hidden_size * *c.hidden_size, "auto→hidden_size²"};
+  if (!c.hidden_size) return no_hidden(500000000u);
+  return {*c.hidden_size * *c.hidden_size, "auto→hidden_size²",
+          detail::cat("hidden_size² with hidden_size ", *c.hidden_size)};
 }
 AutoValue hidden_squared_09(const AutoContext& c) {
-  if (!c.hidden_size) return {50000000u, "auto→default (no hidden_size)"};
-  return {*c.hidden_size * *c.hidden_size * 9 / 10, "auto→0.9·hidden_size²"};
+  if (!c.hidden_size) return no_hidden(50000000u);
+  return {*c.hidden_size * *c.hidden_size * 9 / 10, "auto→0.9·hidden_size²",
+          detail::cat("0.9·hidden_size² with hidden_size ", *c.hidden_size)};
 }
 // offload_optimizer.ratio: the engine measures and chooses (ZeroConfig's ratio_auto), 1 until then.
 AutoValue ratio_measured(const AutoContext&) {
   return {nullptr, "auto→measured at start-up"};
 }
 AutoValue hidden_times_10(const AutoContext& c) {
-  if (!c.hidden_size) return {100000u, "auto→default (no hidden_size)"};
-  return {*c.hidden_size * 10, "auto→10·hidden_size"};
+  if (!c.hidden_size) return no_hidden(100000u);
+  return {*c.hidden_size * 10, "auto→10·hidden_size",
+          detail::cat("10·hidden_size with hidden_size ", *c.hidden_size)};
 }
 
 // Keys without effect (Note [Keys without effect]): the value that asks for what Strata does anyway.
@@ -172,7 +206,8 @@ std::vector<Option> build_options() {
                .field = STRATA_FIELD(gradient_clipping),
                .min = 0,
                .override_name = "grad_clip",
-               .auto_note = "override grad_clip, else the default"});
+               .auto_fallback = transformers_clip,
+               .auto_note = "override grad_clip, else 1 (transformers' default max_grad_norm)"});
 
   // ---- optimizer ----
   o.push_back(
@@ -192,7 +227,8 @@ std::vector<Option> build_options() {
                .field = STRATA_FIELD(optimizer.lr),
                .min = 0,
                .override_name = "lr",
-               .auto_note = "override lr, else the default",
+               .auto_fallback = transformers_lr,
+               .auto_note = "override lr, else 5e-05 (transformers' default learning_rate)",
                .dynamic_default = lr_default,
                .default_note = "0.001 (Adagrad: 0.01)"});
   o.push_back({.path = "optimizer.params.betas",
@@ -287,7 +323,9 @@ std::vector<Option> build_options() {
                .field = STRATA_FIELD(scheduler.warmup_num_steps),
                .min = 0,
                .override_name = "warmup_steps",
-               .auto_note = "override warmup_steps, else the default",
+               .auto_fallback = from_run,
+               .auto_note = "override warmup_steps, else ceil(strata.warmup_ratio × the schedule's steps): 0 "
+                            "with the ratio's default, as transformers",
                .applies = sched_any,
                .applies_note = "every scheduler"});
   o.push_back({.path = "scheduler.params.warmup_type",
@@ -305,8 +343,10 @@ std::vector<Option> build_options() {
                .field = STRATA_FIELD(scheduler.total_num_steps),
                .min = 1,
                .override_name = "total_steps",
-               .auto_note = "override total_steps (required)",
-               .default_note = "required",
+               .auto_fallback = from_run,
+               .auto_note = "override total_steps, else the run's length (strata train: --steps, --max-steps "
+                            "or --epochs)",
+               .default_note = "required (strata train: the run's length)",
                .applies = sched_total,
                .applies_note = "WarmupDecayLR, WarmupCosineLR"});
   o.push_back({.path = "scheduler.params.warmup_min_ratio",
@@ -343,7 +383,8 @@ std::vector<Option> build_options() {
                .meaning = "fp16 working weights with loss scaling (not together with bf16.enabled).",
                .field = STRATA_FIELD(fp16.enabled),
                .override_name = "fp16",
-               .auto_note = "override fp16, else false"});
+               .auto_fallback = fp16_auto,
+               .auto_note = "override fp16, else false (bf16 is preferred)"});
   o.push_back({.path = "fp16.auto_cast",
                .kind = Kind::boolean,
                .def = false,
@@ -386,13 +427,15 @@ std::vector<Option> build_options() {
                .field = STRATA_FIELD(fp16.min_loss_scale),
                .min = 0,
                .min_exclusive = true});
-  o.push_back({.path = "bf16.enabled",
-               .kind = Kind::boolean,
-               .def = false,
-               .meaning = "bf16 working weights, fp32 master weights and accumulation (no loss scaling).",
-               .field = STRATA_FIELD(bf16.enabled),
-               .override_name = "bf16",
-               .auto_note = "override bf16, else false"});
+  o.push_back(
+      {.path = "bf16.enabled",
+       .kind = Kind::boolean,
+       .def = false,
+       .meaning = "bf16 working weights, fp32 master weights and accumulation (no loss scaling).",
+       .field = STRATA_FIELD(bf16.enabled),
+       .override_name = "bf16",
+       .auto_fallback = bf16_auto,
+       .auto_note = "override bf16, else true (every Strata backend computes bf16) unless fp16 is on"});
 
   // ---- ZeRO ----
   o.push_back({.path = "zero_optimization.stage",
@@ -867,6 +910,16 @@ std::vector<Option> build_options() {
        .meaning = "Seed for initialisation, data order and dropout; the same seed gives the same losses.",
        .field = STRATA_FIELD(strata.seed),
        .min = 0});
+  o.push_back({.path = "strata.warmup_ratio",
+               .kind = Kind::real,
+               .def = 0.0,
+               .meaning = "Warmup as a fraction of the schedule's steps (transformers' warmup_ratio): where "
+                          "scheduler.params.warmup_num_steps is \"auto\" or left out it becomes ceil(ratio × "
+                          "steps). A Strata key, so that the scheduler's params stay DeepSpeed's.",
+               .field = STRATA_FIELD(strata.warmup_ratio),
+               .min = 0,
+               .max = 1,
+               .max_exclusive = true});
   return o;
 }
 

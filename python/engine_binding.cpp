@@ -119,11 +119,16 @@ class Core {
     cfg_ = config_is_path ? Config::load(config, o, ri.world_size)
                           : Config::parse(parse_json(config, "initialize(config=dict)"), o, ri.world_size,
                                           "initialize(config=dict)");
+    // Note [Loud auto] in config/config.cpp: every value chosen for the user, with its reason, as strata
+    // train prints them.
+    if (ri.rank == 0)
+      for (const std::string& line : cfg_.auto_report()) STRATA_LOG_INFO("config: ", line);
     if (seq_len < 0) throw ConfigError(cat("initialize: seq_len ", seq_len, " must be at least 1"));
     seq_len_ = seq_len > 0 ? seq_len : int(std::min<std::int64_t>(mcfg_.max_seq_len, 256));
     if (seq_len_ > mcfg_.max_seq_len)
       throw ConfigError(cat("initialize: seq_len ", seq_len_, " is longer than model '", mcfg_.name,
                             "''s max_seq_len ", mcfg_.max_seq_len));
+    mcfg_.check_sequence(seq_len_, "initialize: seq_len");  // as strata train: before any weight is read
     std::unique_ptr<model::WeightsSource> weights;
     if (spec.hf) {
       weights = std::make_unique<model::WeightsSource>(spec.hf->weights, model::ModelLayout(mcfg_));

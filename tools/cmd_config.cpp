@@ -19,6 +19,7 @@ struct ConfigOpts {
   std::string path;
   std::vector<std::string> sets;
   int world_size = 1;
+  std::int64_t steps = -1;  // -1: the run's length is not given (it comes at training)
 };
 
 Overrides parse_sets(const std::vector<std::string>& sets) {
@@ -37,8 +38,19 @@ Overrides parse_sets(const std::vector<std::string>& sets) {
 }
 
 int run_config(const ConfigOpts& opts) {
-  Config cfg = Config::load(opts.path, parse_sets(opts.sets), opts.world_size);
+  RunFacts run;
+  if (opts.steps >= 0)
+    run = {.total_steps = opts.steps, .from = detail::cat("--steps ", opts.steps)};
+  else
+    run.length_later = true;
+  Config cfg = Config::load(opts.path, parse_sets(opts.sets), opts.world_size, run);
   std::fputs(cfg.resolved_table().c_str(), stdout);
+  // Note [Loud auto] in config/config.cpp: the values chosen for the user, as strata train prints them.
+  const std::vector<std::string> chosen = cfg.auto_report();
+  if (!chosen.empty()) {
+    std::printf("\nvalues chosen for \"auto\" (and left to the run):\n");
+    for (const std::string& line : chosen) std::printf("  %s\n", line.c_str());
+  }
   // How each chunk is updated as far as the config decides it (Note [Update routes] in
   // zero3/placement.cpp); strata train prints each chunk's, with the model and the device's room.
   std::printf(
@@ -58,6 +70,10 @@ Command config("config", "Check a DeepSpeed-style config and print every resolve
                  sub.add_option("file", o->path, "ds_config.json")->required();
                  sub.add_option("--set", o->sets, "Resolve an \"auto\" value or override: name=value");
                  sub.add_option("--world-size", o->world_size, "Ranks in the job (for batch-size inference)");
+                 sub.add_option("--steps", o->steps,
+                                "The run's optimizer steps, for a schedule whose total is \"auto\" (default: "
+                                "left to strata train)")
+                     ->check(CLI::NonNegativeNumber);
                  return [o] { return run_config(*o); };
                });
 

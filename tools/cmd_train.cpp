@@ -50,7 +50,8 @@ using Clock = std::chrono::steady_clock;
 
 struct TrainOpts {
   std::string config, model, init_from, data, text;
-  std::int64_t steps = -1, max_steps = -1;  // -1: not given (exactly one of them is)
+  std::int64_t steps = -1, max_steps = -1;  // -1: not given (exactly one of them and epochs is)
+  double epochs = 0;                        // 0: not given
   std::string save, load, load_tag, export_path, eval_data;
   std::int64_t save_interval = 0, eval_interval = 0, eval_batches = 0;
   int seq_len = 0;
@@ -82,6 +83,18 @@ Overrides parse_sets(const std::vector<std::string>& sets) {
     o[s.substr(0, eq)] = v.is_discarded() ? nlohmann::json(s.substr(eq + 1)) : v;
   }
   return o;
+}
+
+// The global step of the checkpoint --load will read; 0 when it cannot be told here (the engine's load
+// then says why).
+std::int64_t checkpoint_step(const std::string& dir, const std::string& tag) {
+  try {
+    const std::string t = tag.empty() ? zero3::latest_tag(dir) : tag;
+    for (const zero3::CheckpointTag& c : zero3::complete_checkpoints(dir))
+      if (c.tag == t) return c.step;
+  } catch (const Error&) {
+  }
+  return 0;
 }
 
 model::ModelConfig load_model(const std::string& spec) {
@@ -250,10 +263,11 @@ int run_train(const TrainOpts& o) {
   // state to NVMe) ends the run before its first step, through the destructors that remove the temporary
   // token file and the swap files.
   StopSignals stop_signals;
-  if ((o.steps >= 0) == (o.max_steps >= 0))
+  if (int(o.steps >= 0) + int(o.max_steps >= 0) + int(o.epochs > 0) != 1)
     throw ConfigError(
-        "give exactly one of --steps N (N more optimizer steps) or --max-steps N (train until global step N: "
-        "the same command starts a run and resumes it with --load)");
+        "give exactly one of --steps N (N more optimizer steps), --max-steps N (train until global step N: "
+        "the same command starts a run and resumes it with --load) or --epochs E (train until E passes over "
+        "the data, counted from step 0 as --max-steps)");
   if (o.model.empty() == o.init_from.empty())
     throw ConfigError(
         "give exactly one of --model PRESET_OR_JSON (fresh weights) or --init-from "
@@ -275,31 +289,6 @@ int run_train(const TrainOpts& o) {
   // only warnings and errors, which carry their rank.
   const comm::RankInfo ri = comm::rank_from_env();
   if (ri.world_size > 1) log::set_job_rank(ri.rank);
-  Config cfg = Config::load(o.config, parse_sets(o.sets), ri.world_size);
-  // Where the run will write, checked now rather than after the training.
-  if (!o.save.empty()) check_output_dir(o.save, "--save");
-  // --export NAME.safetensors: one file; any other path: a Hugging Face model directory.
-  const bool export_file = o.export_path.ends_with(".safetensors");
-  if (!o.export_path.empty()) {
-    if (export_file) {
-      const std::filesystem::path parent = std::filesystem::absolute(o.export_path).parent_path();
-      check_output_dir(parent.string(), "--export's directory");
-    } else {
-      if (std::filesystem::exists(o.export_path) && !std::filesystem::is_directory(o.export_path))
-        throw ConfigError(
-            cat("--export ", o.export_path,
-                " is a file; give a directory for the model (or NAME.safetensors for one file)"));
-      check_output_dir(o.export_path, "--export");
-    }
-  }
-  // csv_monitor's folder (rank 0 writes it), created and probed now.
-  const std::string csv_dir =
-      cfg.csv_monitor.enabled && ri.rank == 0 ? CsvMonitor::directory(cfg.csv_monitor) : std::string();
-  if (!csv_dir.empty()) check_output_dir(csv_dir, "csv_monitor.output_path/job_name:");
-  const std::string tb_dir = cfg.tensorboard.enabled && ri.rank == 0
-                                 ? TensorBoardMonitor::directory(cfg.tensorboard)
-                                 : std::string();
-  if (!tb_dir.empty()) check_output_dir(tb_dir, "tensorboard.output_path/job_name:");
   if (o.save_interval > 0 && o.save.empty())
     throw ConfigError("--save-interval needs --save DIR (where the checkpoints go)");
   if ((o.eval_interval > 0 || o.eval_batches > 0) && o.eval_data.empty())
@@ -374,6 +363,63 @@ int run_train(const TrainOpts& o) {
   // The token file is mapped: its name can go now, so that no kill leaves it behind.
   if (!tmp.path.empty()) std::remove(tmp.path.c_str()), tmp.path.clear();
 
+  // The run's length, which a schedule's total_num_steps "auto" takes (Note [Loud auto] in
+  // config/config.cpp): --steps counts on from the checkpoint --load resumes, --max-steps and --epochs
+  // count from step 0.
+  RunFacts run;
+  const std::int64_t resume_step = resume ? checkpoint_step(o.load, o.load_tag) : 0;
+  if (o.steps >= 0) {
+    run.total_steps = resume_step + o.steps;
+    run.from =
+        resume_step > 0 ? cat("--steps ", o.steps, " after step ", resume_step) : cat("--steps ", o.steps);
+  } else if (o.max_steps >= 0) {
+    run.total_steps = o.max_steps;
+    run.from = cat("--max-steps ", o.max_steps);
+  } else {
+    run.epochs = o.epochs;
+    run.micro_batches_per_epoch = [&](std::int64_t micro_batch) {
+      return model::DataLoader(file, {.batch_size = int(micro_batch),
+                                      .seq_len = seq_len,
+                                      .rank = ri.rank,
+                                      .world = ri.world_size,
+                                      .drop_last_batch = true})
+          .batches_per_epoch();
+    };
+    char e[32];
+    std::snprintf(e, sizeof e, "%g", o.epochs);
+    run.from = cat("--epochs ", e);
+  }
+  // Hugging Face's integration fills hidden_size from the model; so does strata.initialize, and so do we.
+  Overrides sets = parse_sets(o.sets);
+  if (!sets.count("hidden_size")) sets["hidden_size"] = mcfg.d_model;
+  Config cfg = Config::load(o.config, sets, ri.world_size, run);
+  // Note [Loud auto]: every value chosen for the user, with its reason, before anything else happens.
+  if (ri.rank == 0)
+    for (const std::string& line : cfg.auto_report()) STRATA_LOG_INFO("config: ", line);
+  // Where the run will write, checked now rather than after the training.
+  if (!o.save.empty()) check_output_dir(o.save, "--save");
+  // --export NAME.safetensors: one file; any other path: a Hugging Face model directory.
+  const bool export_file = o.export_path.ends_with(".safetensors");
+  if (!o.export_path.empty()) {
+    if (export_file) {
+      const std::filesystem::path parent = std::filesystem::absolute(o.export_path).parent_path();
+      check_output_dir(parent.string(), "--export's directory");
+    } else {
+      if (std::filesystem::exists(o.export_path) && !std::filesystem::is_directory(o.export_path))
+        throw ConfigError(
+            cat("--export ", o.export_path,
+                " is a file; give a directory for the model (or NAME.safetensors for one file)"));
+      check_output_dir(o.export_path, "--export");
+    }
+  }
+  // csv_monitor's folder (rank 0 writes it), created and probed now.
+  const std::string csv_dir =
+      cfg.csv_monitor.enabled && ri.rank == 0 ? CsvMonitor::directory(cfg.csv_monitor) : std::string();
+  if (!csv_dir.empty()) check_output_dir(csv_dir, "csv_monitor.output_path/job_name:");
+  const std::string tb_dir = cfg.tensorboard.enabled && ri.rank == 0
+                                 ? TensorBoardMonitor::directory(cfg.tensorboard)
+                                 : std::string();
+  if (!tb_dir.empty()) check_output_dir(tb_dir, "tensorboard.output_path/job_name:");
   zero3::configure_threads(cfg, ri.local_size);
   zero3::Engine engine(cfg, mcfg, eo);
   const int rank = engine.communicator().rank(), world = engine.communicator().world_size();
@@ -428,10 +474,19 @@ int run_train(const TrainOpts& o) {
 
   const bool tty = lead && o.progress && ::isatty(STDERR_FILENO);
   const std::int64_t first = engine.global_step();
-  // --max-steps N: the steps left to global step N (none when the checkpoint is already there).
-  const std::int64_t steps = o.max_steps >= 0 ? std::max<std::int64_t>(0, o.max_steps - first) : o.steps;
-  if (o.max_steps >= 0 && first >= o.max_steps)
-    STRATA_LOG_INFO("train: the run is at global step ", first, ", --max-steps ", o.max_steps,
+  // --max-steps N and --epochs E: the steps left to global step N, or to the last of E epochs (none when
+  // the checkpoint is already there).
+  const std::int64_t target =
+      o.epochs > 0 ? run_total_steps(run, engine.micro_batch(), engine.accumulation_steps()) : o.max_steps;
+  const std::int64_t steps = target >= 0 ? std::max<std::int64_t>(0, target - first) : o.steps;
+  if (o.epochs > 0)
+    STRATA_LOG_INFO("train: ", run.from, ": ", data.batches_per_epoch(),
+                    " micro-batches an epoch on each rank, ",
+                    std::max<std::int64_t>(1, data.batches_per_epoch() / engine.accumulation_steps()),
+                    " optimizer steps an epoch (accumulation ", engine.accumulation_steps(),
+                    "), to global step ", target);
+  if (target >= 0 && first >= target)
+    STRATA_LOG_INFO("train: the run is at global step ", first, ", ", run.from, " ends at step ", target,
                     ": nothing left to train");
   // Output from rank 0 only: the others write to a sink.
   std::FILE* out = lead ? stdout : std::fopen("/dev/null", "w");
@@ -693,6 +748,10 @@ Command train(
       sub.add_option("--max-steps", o->max_steps,
                      "Train until global step N (with --load: the steps left; give this or --steps)")
           ->check(CLI::NonNegativeNumber);
+      sub.add_option("--epochs", o->epochs,
+                     "Train until E passes over the data (a fraction allowed; optimizer steps an epoch as "
+                     "transformers counts them; with --load: the steps left)")
+          ->check(CLI::PositiveNumber);
       sub.add_option("--seq-len", o->seq_len, "Tokens per sequence (default: min(max_seq_len, 256))")
           ->check(at_least_one);
       sub.add_option("--save", o->save,

@@ -52,13 +52,17 @@ TEST_P(ExampleConfigs, LoadWithoutWarnings) {
   for (const char* off : {"offload_param", "offload_optimizer"})
     if (doc["zero_optimization"].contains(off) && doc["zero_optimization"][off]["device"] == "nvme")
       doc["zero_optimization"][off]["nvme_path"] = swap;  // the examples name /local_nvme
-  Config c = Config::parse(doc, {}, 1, GetParam());
+  // The stock configs leave the schedule's length to the run (Note [Loud auto] in config/config.cpp).
+  Config c = Config::parse(doc, {}, 1, GetParam(), {.total_steps = 100, .from = "--steps 100"});
   EXPECT_TRUE(c.warnings().empty());
   EXPECT_EQ(c.zero_optimization.stage, 3);
+  EXPECT_EQ(c.scheduler.total_num_steps, 100);
+  EXPECT_TRUE(testing::contains(testing::parse_error(doc), "the run's length is not known here"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Config, ExampleConfigs,
-                         ::testing::Values("zero3_none.json", "zero3_cpu.json", "zero3_nvme.json"),
+                         ::testing::Values("zero3_none.json", "zero3_cpu.json", "zero3_nvme.json",
+                                           "demo_cpu.json"),
                          [](const auto& info) {
                            std::string n = info.param;
                            return n.substr(0, n.find('.'));

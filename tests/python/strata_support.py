@@ -25,9 +25,12 @@ SOURCE_DIR = pathlib.Path(os.environ.get("STRATA_SOURCE_DIR", pathlib.Path(__fil
 
 
 def demo_config():
-    """A fresh copy of configs/demo_cpu.json: the stock config `scripts/demo.sh` trains with."""
+    """A fresh copy of configs/demo_cpu.json: the stock config `scripts/demo.sh` trains with, its schedule
+    over demo.sh's 60 steps (the file leaves the length to the run: "auto")."""
     with open(SOURCE_DIR / "configs" / "demo_cpu.json") as f:
-        return json.load(f)
+        config = json.load(f)
+    config["scheduler"]["params"]["total_num_steps"] = 60
+    return config
 
 
 def accumulating(config, steps):

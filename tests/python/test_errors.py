@@ -224,10 +224,10 @@ def test_the_interpreter_survives_runtime_errors(tmp_path):
         import array, json, strata
         cfg = json.load(open({str(sup.SOURCE_DIR / "configs" / "demo_cpu.json")!r}))
         try:
-            strata.initialize(cfg, "tiny", seq_len=16, device_memory_cap="1KiB")
+            strata.initialize(cfg, "tiny", seq_len=16, device_memory_cap="1KiB", total_steps=60)
         except MemoryError as e:
             print("caught", type(e).__name__)
-        engine, _, _, _ = strata.initialize(cfg, "tiny", seq_len=16)
+        engine, _, _, _ = strata.initialize(cfg, "tiny", seq_len=16, total_steps=60)
         try:
             engine(b"a 1-D byte buffer")
         except ValueError as e:
@@ -251,7 +251,7 @@ def test_an_uncaught_error_is_a_python_traceback(tmp_path):
     p = run_python(f"""
         import json, strata
         cfg = json.load(open({str(sup.SOURCE_DIR / "configs" / "demo_cpu.json")!r}))
-        strata.initialize(cfg, "tiny", seq_len=16, device_memory_cap="1KiB")
+        strata.initialize(cfg, "tiny", seq_len=16, device_memory_cap="1KiB", total_steps=60)
         """, tmp_path)
     assert p.returncode == 1, (p.returncode, p.stderr)
     assert "Traceback" in p.stderr

@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "tests/common/demo_config.h"
 #include "tests/common/source_dir.h"
 #include "tests/zero3/engine_util.h"
 
@@ -13,8 +14,7 @@ namespace {
 
 // The stock demo config (what users run) with strata.checkpoint_activations set to `mode`.
 Config demo_config(const nlohmann::json& mode) {
-  std::ifstream in(strata::test::source_path("configs/demo_cpu.json"));
-  nlohmann::json doc = nlohmann::json::parse(in);
+  nlohmann::json doc = strata::test::demo_config_doc();
   doc["strata"]["checkpoint_activations"] = mode;
   return Config::parse(nlohmann::json::parse(doc.dump()));
 }

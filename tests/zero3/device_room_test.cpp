@@ -43,6 +43,7 @@ Config user_config(Knobs knobs, OffloadDevice off, const std::string& nvme_dir) 
   nlohmann::json j;
   if (knobs == Knobs::stock) {
     j = read_json(strata::test::source_dir() + "/configs/zero3_" + test::name(off) + ".json");
+    j["scheduler"]["params"]["total_num_steps"] = 10000;  // what `strata train` takes from the run
   } else {
     // DeepSpeed's defaults for everything but the offload targets and the optimizer.
     j = {{"bf16", {{"enabled", true}}},
@@ -233,6 +234,7 @@ TEST(DeviceRoom, TenMillionPresetTrainsAtEveryCapFrom15To48MiB) {
   ScratchDir d("room-10m");
   const model::ModelConfig mcfg = model::ModelConfig::preset("10m");
   nlohmann::json j = read_json(strata::test::source_dir() + "/configs/zero3_cpu.json");
+  j["scheduler"]["params"]["total_num_steps"] = 10000;  // what `strata train` takes from the run
   j["train_micro_batch_size_per_gpu"] = 1;
   j["gradient_accumulation_steps"] = 1;
   j["strata"] = {{"backend", "host"}, {"seed", 5}, {"cpu_optim", {{"pin_threads", false}}}};
@@ -261,6 +263,7 @@ TEST_P(DeviceState, EveryCapFromThePlanUpTrains) {
   ScratchDir d(std::string("state-") + test::name(param) + test::name(optim));
   const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
   nlohmann::json j = read_json(strata::test::source_dir() + "/configs/zero3_cpu.json");
+  j["scheduler"]["params"]["total_num_steps"] = 10000;  // what `strata train` takes from the run
   j["train_micro_batch_size_per_gpu"] = 1;
   j["gradient_accumulation_steps"] = 1;
   j["zero_optimization"].merge_patch({{"offload_param", {{"device", test::name(param)}}},

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "model/loss_mask.h"
+#include "tests/common/demo_config.h"
 #include "tests/common/source_dir.h"
 #include "tests/zero3/engine_util.h"
 
@@ -24,8 +25,7 @@ constexpr int kSamples = 8;
 // The stock demo config (configs/demo_cpu.json) with these batch sizes and weighting, in bf16 as it ships
 // or in fp32.
 Config demo_config(int micro, int accumulation, const char* weighting, bool bf16 = true) {
-  std::ifstream in(strata::test::source_path("configs/demo_cpu.json"));
-  nlohmann::json doc = nlohmann::json::parse(in);
+  nlohmann::json doc = strata::test::demo_config_doc();
   doc["train_micro_batch_size_per_gpu"] = micro;
   doc["gradient_accumulation_steps"] = accumulation;
   doc["strata"]["loss_weighting"] = weighting;

@@ -1,9 +1,13 @@
 // The learning-rate schedules against DeepSpeed's formulas, evaluated independently here in double.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <functional>
 #include <numbers>
 
+#include "tests/common/source_dir.h"
 #include "zero3/lr_schedule.h"
 
 namespace strata::zero3 {
@@ -95,6 +99,30 @@ TEST(LrSchedule, StateRoundTripsAndChecksTheType) {
   EXPECT_EQ(b.lr(), a.lr());
   LrSchedule other(warmup(SchedulerType::WarmupLR, WarmupType::log), 1e-3);
   EXPECT_THROW(other.load_state(a.state()), ConfigError);
+}
+
+}  // namespace
+}  // namespace strata::zero3
+
+namespace strata::zero3 {
+namespace {
+
+// The stock demo config leaves the schedule's length to the run (Note [Loud auto] in config/config.cpp):
+// with --steps 30 the cosine ends with the run, its lowest rate at step 30, near cos_min_ratio × lr.
+TEST(LrSchedule, TheStockScheduleEndsWithTheRun) {
+  std::ifstream in(strata::test::source_path("configs/demo_cpu.json"));
+  const Config cfg = Config::parse(nlohmann::json::parse(in), {}, 1, "demo_cpu.json",
+                                   {.total_steps = 30, .from = "--steps 30"});
+  const std::vector<double> r = rates(LrSchedule(cfg.scheduler, cfg.optimizer.lr), 30);
+  // After the warmup (steps 1 and 2 at the schedule's start, then ceil(0.08 × 30) = 3 steps up), the
+  // rate falls every step to its lowest at the last.
+  ASSERT_EQ(cfg.scheduler.warmup_num_steps, 3);
+  const auto peak = std::max_element(r.begin(), r.end());
+  EXPECT_LT(peak - r.begin(), 6);
+  EXPECT_TRUE(std::is_sorted(peak, r.end(), std::greater<>())) << "the rate rises after its peak";
+  const double floor = cfg.scheduler.cos_min_ratio * cfg.optimizer.lr;
+  EXPECT_LT(r.back(), 1.05 * floor);
+  EXPECT_GE(r.back(), floor);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "tests/common/demo_config.h"
 #include "tests/common/source_dir.h"
 #include "tests/zero3/engine_util.h"
 
@@ -19,8 +20,7 @@ struct Losses {
 // The stock demo config on the tiny model, accumulation 2. `split`: forward and backward as two calls;
 // `abandon`: before each micro-batch, a forward of another batch that is abandoned.
 Losses train_split(const std::string& tokens, bool split, bool abandon) {
-  std::ifstream in(strata::test::source_path("configs/demo_cpu.json"));
-  nlohmann::json doc = nlohmann::json::parse(in);
+  nlohmann::json doc = strata::test::demo_config_doc();
   doc["gradient_accumulation_steps"] = 2;
   const Config cfg = Config::parse(nlohmann::json::parse(doc.dump()));
   const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
@@ -75,7 +75,7 @@ TEST(SplitPass, AbandonedForwardChangesNothing) {
 TEST(SplitPass, OutOfOrderCallsAreRefused) {
   ScratchDir d("split-order");
   const std::string tokens = make_tokens(d);
-  Config cfg = Config::load(strata::test::source_path("configs/demo_cpu.json"));
+  Config cfg = Config::parse(strata::test::demo_config_doc());
   const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
   Engine engine(cfg, mcfg, {.backend = "", .device_memory_cap = 0, .seq_len = 32});
   model::TokenFile file = model::TokenFile::open(tokens);

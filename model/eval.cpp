@@ -48,8 +48,8 @@ void check_eval_inputs(const ModelConfig& cfg, const TokenFile& data, int seq_le
   }
 }
 
-EvalResult evaluate(LlamaModel& m, ChunkProvider& chunks, const TokenFile& data, int seq_len, int batch_size,
-                    std::int64_t max_batches) {
+EvalResult evaluate(TrainableModel& m, ChunkProvider& chunks, const TokenFile& data, int seq_len,
+                    int batch_size, std::int64_t max_batches) {
   check_eval_inputs(m.config(), data, seq_len, batch_size, max_batches);
   const std::int64_t total = eval_sequences(data.size(), seq_len);
   const std::int64_t S =

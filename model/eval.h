@@ -36,8 +36,8 @@
 
 #include "model/chunk.h"
 #include "model/config.h"
-#include "model/llama.h"
 #include "model/token_file.h"
+#include "model/trainable.h"
 
 namespace strata::model {
 
@@ -65,7 +65,7 @@ void check_eval_inputs(const ModelConfig& cfg, const TokenFile& data, int seq_le
 // many batches. check_eval_inputs(m.config(), ...) first. A model built without checkpoint_activations
 // keeps every block's activations: build it with {.checkpoint_activations = true} to hold only each
 // block's input.
-EvalResult evaluate(LlamaModel& m, ChunkProvider& chunks, const TokenFile& data, int seq_len, int batch_size,
-                    std::int64_t max_batches);
+EvalResult evaluate(TrainableModel& m, ChunkProvider& chunks, const TokenFile& data, int seq_len,
+                    int batch_size, std::int64_t max_batches);
 
 }  // namespace strata::model

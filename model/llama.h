@@ -52,7 +52,7 @@ class LlamaModel final : public TrainableModel {
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
 
-  const ModelConfig& config() const { return cfg_; }
+  const ModelConfig& config() const override { return cfg_; }
   // Takes effect at the next forward (backward always follows the mode its forward ran in).
   void set_checkpointing(bool on) { opts_.checkpoint_activations = on; }
   bool checkpointing() const { return opts_.checkpoint_activations; }

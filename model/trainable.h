@@ -34,6 +34,8 @@ struct ModelOptions {
 class TrainableModel {
  public:
   virtual ~TrainableModel() = default;
+  // The model's shape and family.
+  virtual const ModelConfig& config() const = 0;
   // Runs the model over inputs (B, T). With targets (B, T) — a target < 0 is ignored — returns the mean
   // cross-entropy and keeps what backward needs; with targets == nullptr computes the logits only and
   // returns 0.

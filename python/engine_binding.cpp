@@ -35,11 +35,11 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/hf_dir.h"
-#include "model/llama.h"
 #include "model/loss_mask.h"
 #include "model/safetensors.h"
 #include "python/binding.h"
 #include "python/loader.h"
+#include "session/session.h"
 #include "tiering/snapshot.h"
 #include "zero3/checkpoint.h"
 #include "zero3/engine.h"
@@ -50,32 +50,15 @@ namespace {
 using detail::cat;
 namespace fs = std::filesystem;
 
-// The model a run trains: its config and, for a Hugging Face directory or file, where its weights are.
-struct ModelSpec {
-  model::ModelConfig config;
-  std::optional<model::HfModel> hf;
-};
-
 // initialize(model=...): a directory or .safetensors file is a Hugging Face model (its weights are the
 // start, as --init-from); a .json file or another existing file a model config (fresh weights); anything
-// else a preset name (ConfigError listing the presets when it is none).
-ModelSpec resolve_model(const std::variant<model::ModelConfig, std::string>& m) {
-  ModelSpec s;
+// else a preset name (session::open_model; ConfigError listing the presets when it is none).
+session::ModelSource resolve_model(const std::variant<model::ModelConfig, std::string>& m) {
   if (const auto* c = std::get_if<model::ModelConfig>(&m)) {
     c->validate("initialize(model=ModelConfig)");
-    s.config = *c;
-    return s;
+    return {.config = *c, .hf = std::nullopt};
   }
-  const std::string& spec = std::get<std::string>(m);
-  if (fs::is_directory(spec) || spec.ends_with(".safetensors")) {
-    s.hf = model::open_hf_model(spec);
-    s.config = s.hf->config;
-  } else if (spec.ends_with(".json") || fs::exists(spec)) {
-    s.config = model::ModelConfig::from_file(spec);
-  } else {
-    s.config = model::ModelConfig::preset(spec);
-  }
-  return s;
+  return session::open_model(std::get<std::string>(m), session::Weights::allowed);
 }
 
 // Config overrides (docs/config.md's names) from a JSON object's text.
@@ -108,47 +91,30 @@ class Core {
        const std::variant<model::ModelConfig, std::string>& model_spec, int seq_len,
        const std::string& backend, std::uint64_t device_memory_cap,
        std::optional<bool> checkpoint_activations) {
-    const comm::RankInfo ri = comm::rank_from_env();
-    if (ri.world_size > 1) log::set_job_rank(ri.rank);  // as strata train
-    ModelSpec spec = resolve_model(model_spec);
-    mcfg_ = spec.config;
-    if (spec.hf) source_dir_ = spec.hf->dir;
-    Overrides o = parse_overrides(overrides);
-    // Hugging Face's integration fills hidden_size from the model; so do we, unless it is given.
-    if (!o.count("hidden_size")) o["hidden_size"] = mcfg_.d_model;
-    cfg_ = config_is_path ? Config::load(config, o, ri.world_size)
-                          : Config::parse(parse_json(config, "initialize(config=dict)"), o, ri.world_size,
-                                          "initialize(config=dict)");
-    // Note [Loud auto] in config/config.cpp: every value chosen for the user, with its reason, as strata
-    // train prints them.
-    if (ri.rank == 0)
-      for (const std::string& line : cfg_.auto_report()) STRATA_LOG_INFO("config: ", line);
-    if (seq_len < 0) throw ConfigError(cat("initialize: seq_len ", seq_len, " must be at least 1"));
-    seq_len_ = seq_len > 0 ? seq_len : int(std::min<std::int64_t>(mcfg_.max_seq_len, 256));
-    if (seq_len_ > mcfg_.max_seq_len)
-      throw ConfigError(cat("initialize: seq_len ", seq_len_, " is longer than model '", mcfg_.name,
-                            "''s max_seq_len ", mcfg_.max_seq_len));
-    mcfg_.check_sequence(seq_len_, "initialize: seq_len");  // as strata train: before any weight is read
-    std::unique_ptr<model::WeightsSource> weights;
-    if (spec.hf) {
-      weights = std::make_unique<model::WeightsSource>(spec.hf->weights, model::ModelLayout(mcfg_));
-      weights->warn_unused("initialize(model=...)");
-    }
-    zero3::EngineOptions eo;
-    eo.backend = backend;
-    eo.device_memory_cap = device_memory_cap;
-    eo.seq_len = seq_len_;
-    eo.checkpoint_activations = checkpoint_activations;
-    if (weights)
-      eo.init_params = [&w = *weights](const model::ChunkLayout& c, float* out) { w.read_chunk(c, out); };
-    zero3::configure_threads(cfg_, ri.local_size);
+    const comm::RankInfo ri = session::ranks();  // as strata train
+    source_ = resolve_model(model_spec);
+    mcfg_ = source_.config;
+    if (source_.hf) source_dir_ = source_.hf->dir;
+    // Checked before the config, as strata train does.
+    seq_len_ = session::resolve_seq_len(mcfg_, seq_len, "initialize: seq_len");
+    cfg_ = session::resolve_config(
+        config_is_path ? session::ConfigSource{.path = config, .doc = std::nullopt, .origin = config}
+                       : session::ConfigSource{.path = "",
+                                               .doc = parse_json(config, "initialize(config=dict)"),
+                                               .origin = "initialize(config=dict)"},
+        parse_overrides(overrides), mcfg_, ri);
     local_rank_ = ri.local_rank;
     rank_ = ri.rank;
     world_ = ri.world_size;
     collective("strata.initialize", [&] {
       py::gil_scoped_release nogil;
-      engine_ = std::make_unique<zero3::Engine>(cfg_, mcfg_, eo);
-      model_ = std::make_unique<model::LlamaModel>(mcfg_, engine_->model_options());
+      session::Trainer t = session::build(cfg_, source_, seq_len_, ri,
+                                          {.backend = backend,
+                                           .device_memory_cap = device_memory_cap,
+                                           .checkpoint_activations = checkpoint_activations,
+                                           .weights_flag = "initialize(model=...)"});
+      engine_ = std::move(t.engine);
+      model_ = std::move(t.model);
     });
   }
 
@@ -456,11 +422,12 @@ class Core {
 
   Config cfg_;
   model::ModelConfig mcfg_;
+  session::ModelSource source_;  // the model and, for a Hugging Face one, where its weights are
   std::string source_dir_;  // a Hugging Face directory the model came from (its tokenizer files are exported)
   int seq_len_ = 0, local_rank_ = 0, rank_ = 0, world_ = 1;
   std::optional<std::int64_t> step_counted_;  // the pending forward's num_items_in_batch
   std::unique_ptr<zero3::Engine> engine_;
-  std::unique_ptr<model::LlamaModel> model_;  // runs on engine_'s device: destroyed first
+  std::unique_ptr<model::TrainableModel> model_;  // runs on engine_'s device: destroyed first
 };
 
 void bind_engine(py::module_& m) {

@@ -35,6 +35,7 @@
 #include "model/hf_dir.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "session/session.h"
 #include "tools/cli.h"
 #include "tools/csv_monitor.h"
 #include "tools/launch_plan.h"
@@ -95,11 +96,6 @@ std::int64_t checkpoint_step(const std::string& dir, const std::string& tag) {
   } catch (const Error&) {
   }
   return 0;
-}
-
-model::ModelConfig load_model(const std::string& spec) {
-  if (spec.ends_with(".json") || std::filesystem::exists(spec)) return model::ModelConfig::from_file(spec);
-  return model::ModelConfig::preset(spec);
 }
 
 // A temporary token file for --text, removed when the run ends.
@@ -285,10 +281,8 @@ int run_train(const TrainOpts& o) {
                   ? "; give a text file to train on"
                   : "; give a token file (llm.c .bin or flat uint16; scripts/tokenize_text.py makes "
                     "one with a model's own tokenizer)"));
-  // Under mpirun every rank runs this; rank 0 prints the progress, log lines and summary, the others
-  // only warnings and errors, which carry their rank.
-  const comm::RankInfo ri = comm::rank_from_env();
-  if (ri.world_size > 1) log::set_job_rank(ri.rank);
+  // Under mpirun every rank runs this; rank 0 prints the progress, log lines and summary.
+  const comm::RankInfo ri = session::ranks();
   if (o.save_interval > 0 && o.save.empty())
     throw ConfigError("--save-interval needs --save DIR (where the checkpoints go)");
   if ((o.eval_interval > 0 || o.eval_batches > 0) && o.eval_data.empty())
@@ -297,9 +291,15 @@ int run_train(const TrainOpts& o) {
   if (!o.text.empty() && std::filesystem::file_size(o.text) == 0)
     throw ConfigError(cat("--text ", o.text, " is empty; give a text file to train on"));
   // --init-from: the model's config and, chunk by chunk, its weights (memory-mapped; checked up front).
-  std::optional<model::HfModel> hf;
-  if (!o.init_from.empty()) hf = model::open_hf_model(o.init_from);
-  const model::ModelConfig mcfg = hf ? hf->config : load_model(o.model);
+  session::ModelSource src;
+  if (!o.init_from.empty()) {
+    src.hf = model::open_hf_model(o.init_from);
+    src.config = src.hf->config;
+  } else {
+    src = session::open_model(o.model, session::Weights::fresh_only);
+  }
+  const model::ModelConfig& mcfg = src.config;
+  const std::optional<model::HfModel>& hf = src.hf;
   // Note [Resuming from nothing]: --load DIR where DIR holds no checkpoint yet (missing, empty, or without
   // a `latest` pointer and no --load-tag) starts fresh, saying so, so that one command line serves a
   // preemptible job's first start and its restarts (with --save DIR and --max-steps). A DIR that is not
@@ -320,9 +320,6 @@ int run_train(const TrainOpts& o) {
                       o.save == o.load ? " (--save writes there)" : "");
     }
   }
-  std::unique_ptr<model::WeightsSource> weights;
-  if (hf && !resume) weights = std::make_unique<model::WeightsSource>(hf->weights, model::ModelLayout(mcfg));
-  if (weights) weights->warn_unused("--init-from");
   if (hf && !o.text.empty() && !hf->dir.empty())
     for (const char* f : {"tokenizer.json", "tokenizer.model"})
       if (std::filesystem::exists(std::filesystem::path(hf->dir) / f))
@@ -330,17 +327,9 @@ int run_train(const TrainOpts& o) {
                               "): make a token file with `python3 scripts/tokenize_text.py --tokenizer ",
                               o.init_from,
                               " --out tokens.bin TEXT...` and train on it with --data tokens.bin"));
-  const int seq_len = o.seq_len > 0 ? o.seq_len : int(std::min<std::int64_t>(mcfg.max_seq_len, 256));
-  if (seq_len > mcfg.max_seq_len)
-    throw ConfigError(cat("--seq-len ", seq_len, " is longer than model '", mcfg.name, "''s max_seq_len ",
-                          mcfg.max_seq_len));
-  mcfg.check_sequence(seq_len, "--seq-len");
-  zero3::EngineOptions eo;
-  eo.backend = o.backend;
-  if (!o.device_cap.empty()) eo.device_memory_cap = parse_byte_size(o.device_cap, "--device-memory-cap");
-  eo.seq_len = seq_len;
-  if (weights)
-    eo.init_params = [&w = *weights](const model::ChunkLayout& c, float* out) { w.read_chunk(c, out); };
+  const int seq_len = session::resolve_seq_len(mcfg, o.seq_len, "--seq-len");
+  const std::uint64_t device_cap =
+      o.device_cap.empty() ? 0 : parse_byte_size(o.device_cap, "--device-memory-cap");
 
   TempTokens tmp;
   std::string tokens = o.data;
@@ -389,13 +378,7 @@ int run_train(const TrainOpts& o) {
     std::snprintf(e, sizeof e, "%g", o.epochs);
     run.from = cat("--epochs ", e);
   }
-  // Hugging Face's integration fills hidden_size from the model; so does strata.initialize, and so do we.
-  Overrides sets = parse_sets(o.sets);
-  if (!sets.count("hidden_size")) sets["hidden_size"] = mcfg.d_model;
-  Config cfg = Config::load(o.config, sets, ri.world_size, run);
-  // Note [Loud auto]: every value chosen for the user, with its reason, before anything else happens.
-  if (ri.rank == 0)
-    for (const std::string& line : cfg.auto_report()) STRATA_LOG_INFO("config: ", line);
+  Config cfg = session::resolve_config({.path = o.config}, parse_sets(o.sets), mcfg, ri, run);
   // Where the run will write, checked now rather than after the training.
   if (!o.save.empty()) check_output_dir(o.save, "--save");
   // --export NAME.safetensors: one file; any other path: a Hugging Face model directory.
@@ -420,8 +403,11 @@ int run_train(const TrainOpts& o) {
                                  ? TensorBoardMonitor::directory(cfg.tensorboard)
                                  : std::string();
   if (!tb_dir.empty()) check_output_dir(tb_dir, "tensorboard.output_path/job_name:");
-  zero3::configure_threads(cfg, ri.local_size);
-  zero3::Engine engine(cfg, mcfg, eo);
+  session::Trainer trainer =
+      session::build(cfg, src, seq_len, ri,
+                     {.backend = o.backend, .device_memory_cap = device_cap, .read_weights = !resume});
+  zero3::Engine& engine = *trainer.engine;
+  model::TrainableModel& model = *trainer.model;
   const int rank = engine.communicator().rank(), world = engine.communicator().world_size();
   const bool lead = rank == 0;
   model::DataLoader data(file, {.batch_size = engine.micro_batch(),
@@ -432,7 +418,6 @@ int run_train(const TrainOpts& o) {
                                 .drop_last_batch = true,
                                 .vocab_size = mcfg.vocab_size,
                                 .source = o.text.empty() ? o.data : cat("--text ", o.text)});
-  model::LlamaModel model(mcfg, engine.model_options());
   // --eval-data: strata eval's loss (model/eval.h) over the held-out file, on the engine's own weights,
   // every --eval-interval steps and at the end. Every rank evaluates the same sequences (the engine's
   // gathers are collective); rank 0 prints. Checked now, before any step.

@@ -1,0 +1,72 @@
+"""`strata train` and `strata.initialize` set up a run through the same code (session/session.h): for the
+same config and model they resolve the same values (the "config: KEY = VALUE: why" lines of Note [Loud auto],
+hidden_size from the model in both), and they refuse the same bad input at the same point, before any
+weight is read, with the same message but for the argument's name."""
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import strata_support as sup
+
+HF_TEMPLATE = sup.SOURCE_DIR / "tests" / "config" / "fixtures" / "hf_zero3_auto.json"
+
+
+def cli(strata_bin, tmp_path, *args):
+    return subprocess.run([str(strata_bin), "train", *map(str, args), "--no-progress", "--backend", "host"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=sup.child_env())
+
+
+def python(tmp_path, code):
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(code))
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env=sup.child_env())
+
+
+def config_lines(text):
+    return [line[line.index("config: "):] for line in text.splitlines() if "] config: " in line]
+
+
+def test_both_resolve_the_same_auto_values(strata_bin, token_file, tmp_path):
+    """Hugging Face's all-"auto" ZeRO-3 template on the tiny model: the same chosen values and reasons,
+    the bucket sizes from the model's hidden size in both."""
+    c = cli(strata_bin, tmp_path, "--config", HF_TEMPLATE, "--model", sup.MODEL, "--data", token_file,
+            "--seq-len", sup.SEQ_LEN, "--steps", 1)
+    assert c.returncode == 0, c.stdout + c.stderr
+    p = python(tmp_path, f"""
+        import strata
+        strata.initialize({str(HF_TEMPLATE)!r}, {sup.MODEL!r}, seq_len={sup.SEQ_LEN}, backend="host")
+        """)
+    assert p.returncode == 0, p.stderr
+    ours, theirs = config_lines(c.stderr), config_lines(p.stderr)
+    assert any(line.startswith("config: zero_optimization.reduce_bucket_size = ") and "hidden_size" in line
+               for line in ours), ours
+    assert ours == theirs
+
+
+def test_both_refuse_a_sequence_past_the_sliding_window_before_loading(strata_bin, token_file, tmp_path):
+    """A model whose sliding window is shorter than the sequence: the same refusal from both, naming the
+    argument, before the engine exists (no device, no weights)."""
+    model = json.loads((sup.SOURCE_DIR / "configs" / "models" / "tiny-mistral.json").read_text())
+    model["sliding_window"] = 8
+    path = tmp_path / "windowed.json"
+    path.write_text(json.dumps(model))
+    c = cli(strata_bin, tmp_path, "--config", sup.SOURCE_DIR / "configs" / "demo_cpu.json", "--model", path,
+            "--data", token_file, "--seq-len", 16, "--steps", 1)
+    assert c.returncode != 0
+    p = python(tmp_path, f"""
+        import json, strata
+        cfg = json.load(open({str(sup.SOURCE_DIR / "configs" / "demo_cpu.json")!r}))
+        try:
+            strata.initialize(cfg, {str(path)!r}, seq_len=16, total_steps=10)
+        except strata.ConfigError as e:
+            print("refused:", e)
+        """)
+    assert p.returncode == 0, p.stderr
+    said = re.search(r"sequences of 16 tokens are longer than model '[^']*''s sliding_window 8[^\n]*", c.stderr)
+    assert said, c.stderr
+    assert "--seq-len: " + said.group(0) in c.stderr
+    assert "initialize: seq_len: " + said.group(0) in p.stdout, p.stdout
+    assert "zero3:" not in c.stderr and "zero3:" not in p.stderr  # refused before the engine

@@ -261,36 +261,13 @@ class Core {
     py::gil_scoped_release nogil;
     return e.tiers().snapshot(/*with_events=*/false).to_json().dump();
   }
-  py::dict memory_plan() {
-    const zero3::MemoryPlan& p = engine().plan();
-    py::dict d;
-    d["device_state"] = p.device_state;
-    d["device_working_set"] = p.device_working_set;
-    d["device_activations"] = p.device_activations;
-    d["checkpoint_activations"] = p.checkpoint_activations;
-    d["device_activations_checkpointed"] = p.device_activations_checkpointed;
-    d["device_activations_all"] = p.device_activations_all;
-    d["device_ops"] = p.device_ops;
-    d["device_accumulators"] = p.device_accumulators;
-    d["device_accumulator_bytes"] = p.device_accumulator_bytes;
-    d["device_cache"] = p.device_cache;
-    d["device_headroom"] = p.device_headroom;
-    d["device_need"] = p.device_need();
-    d["pinned_state"] = p.pinned_state;
-    d["pinned_staging"] = p.pinned_staging;
-    d["pinned_budget"] = p.pinned_budget;
-    d["nvme_state"] = p.nvme_state;
-    d["nvme_budget"] = p.nvme_budget;
-    d["optimizer_groups"] = p.optimizer_groups;
-    d["device_optimizer_groups"] = p.device_optimizer_groups;
-    d["offload_ratio"] = p.offload_ratio;
-    d["overlap_groups"] = p.overlap_groups;
-    d["overlap_host"] = p.overlap_host;
-    // Per chunk, how it is updated (Note [Update routes] in zero3/placement.cpp), in words.
-    py::list routes;
-    for (const zero3::UpdateRoute& r : engine().update_routes()) routes.append(zero3::describe(r));
-    d["update_routes"] = routes;
-    return d;
+  // The plan as one document (zero3::to_json(MemoryPlan)), with each chunk's update route in words (Note
+  // [Update routes] in zero3/placement.cpp); the package's Engine.memory_plan reads it as a dict.
+  std::string memory_plan() {
+    nlohmann::json j = zero3::to_json(engine().plan());
+    nlohmann::json& routes = j["update_routes"] = nlohmann::json::array();
+    for (const zero3::UpdateRoute& r : engine().update_routes()) routes.push_back(zero3::describe(r));
+    return j.dump();
   }
 
   // Frees the device, pinned memory and swap files now rather than when Python collects the object.

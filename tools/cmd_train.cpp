@@ -254,6 +254,247 @@ void write_step_metrics(Monitor& m, const zero3::StepResult& r, const TierBytes&
   m.write("Train/Samples/bytes_device_peak", samples, double(device_peak));
 }
 
+// The parts of a run that its start lines, its loop and its summary share, set up by run_train.
+struct TrainRun {
+  const TrainOpts& o;
+  const Config& cfg;
+  const model::ModelConfig& mcfg;
+  zero3::Engine& engine;
+  model::TrainableModel& model;
+  model::DataLoader& data;
+  const model::TokenFile& file;
+  std::optional<model::TokenFile>& eval_file;
+  int seq_len = 0, world = 1;
+  std::FILE* out = nullptr;  // rank 0's stdout; the others' a sink
+  std::optional<CsvMonitor>& csv;
+  std::optional<TensorBoardMonitor>& tb;
+};
+
+// What the loop leaves for the summary.
+struct LoopTotals {
+  std::vector<double> losses;
+  zero3::StepTimes sum;
+  std::int64_t tokens_seen = 0, skipped = 0;
+  NvmeSteps io;
+  std::string saved;   // the last checkpoint written
+  int stopped_by = 0;  // the stop signal that ended the run before its last step; 0: it ran them all
+  double wall = 0;
+};
+
+// Before the first step: the run in one line, the loss mask, the memory plan and each chunk's update route.
+void print_start(const TrainRun& run, std::int64_t steps, std::int64_t first) {
+  const Config& cfg = run.cfg;
+  const model::ModelConfig& mcfg = run.mcfg;
+  zero3::Engine& engine = run.engine;
+  const int seq_len = run.seq_len, world = run.world;
+  std::FILE* out = run.out;
+  const model::TokenFile& file = run.file;
+  const model::DataLoader& data = run.data;
+  std::fprintf(
+      out,
+      "train: %s, %lld parameters, %d x %d tokens x %d accumulation per step x %d rank%s, %lld steps from "
+      "step %lld, offload param %s / optimizer %s, device %s (%s)\n",
+      mcfg.name.c_str(), (long long)mcfg.num_parameters(), engine.micro_batch(), seq_len,
+      engine.accumulation_steps(), world, world > 1 ? "s" : "", (long long)steps, (long long)first,
+      zero3::offload_name(cfg.zero_optimization.offload_param.device),
+      zero3::offload_name(cfg.zero_optimization.offload_optimizer.device),
+      engine.device().caps().name.c_str(), format_size(engine.device().caps().capacity, 1).c_str());
+  // A loss mask (model/loss_mask.h): how many of the samples' targets count, and how steps weigh them.
+  if (const model::LossMask* mask = file.mask()) {
+    const std::int64_t all = data.sample_targets(), counted = data.counted_targets();
+    std::fprintf(out, "loss mask: %s: %lld of %lld targets count (%.1f%%); strata.loss_weighting %s\n",
+                 mask->path().c_str(), (long long)counted, (long long)all,
+                 all > 0 ? 100.0 * double(counted) / double(all) : 0.0,
+                 cfg.strata.loss_weighting == StrataConfig::LossWeighting::tokens
+                     ? "tokens (a step's loss is the mean over its counted targets)"
+                     : "micro_batches (a step's loss is the mean of its micro-batches' means)");
+  }
+  std::fputs(zero3::describe(engine.plan(), zero3::shard_homes(cfg).grad, world > 1).c_str(), out);
+  // How each chunk is updated (Note [Update routes] in zero3/placement.cpp), in runs of equal routes.
+  std::fprintf(out, "update routes%s:\n%s\n", world > 1 ? " (each rank)" : "",
+               zero3::describe(engine.update_routes(), "  ").c_str());
+
+  std::fflush(out);
+
+  std::fflush(out);
+}
+
+// `steps` optimizer steps from global step `first`: progress, metrics, evaluations, interval checkpoints,
+// and a stop signal between steps (Note [Stop signals]).
+LoopTotals train_loop(TrainRun& run, std::int64_t steps, std::int64_t first, bool tty,
+                      const nlohmann::json& client_state) {
+  const TrainOpts& o = run.o;
+  const Config& cfg = run.cfg;
+  zero3::Engine& engine = run.engine;
+  const int seq_len = run.seq_len, world = run.world;
+  std::FILE* out = run.out;
+  model::TrainableModel& model = run.model;
+  model::DataLoader& data = run.data;
+  std::optional<model::TokenFile>& eval_file = run.eval_file;
+  std::optional<CsvMonitor>& csv = run.csv;
+  std::optional<TensorBoardMonitor>& tb = run.tb;
+  LoopTotals t;
+  auto& [losses, sum, tokens_seen, skipped, io, saved, stopped_by, wall] = t;
+  Progress progress(steps, first, tty, cfg.steps_per_print, out);
+  const std::int64_t samples_per_step =
+      std::int64_t(engine.micro_batch()) * engine.accumulation_steps() * world;
+  const auto t0 = Clock::now();
+  for (std::int64_t i = 0; i < steps; ++i) {
+    const nvme::IoStats io0 = engine.nvme_stats();
+    const zero3::StepResult r = engine.train_batch(model, data);
+    io.add(io0, engine.nvme_stats());
+    losses.push_back(r.loss);
+    sum.forward += r.times.forward, sum.backward += r.times.backward, sum.optimizer += r.times.optimizer;
+    sum.wait += r.times.wait, sum.total += r.times.total;
+    tokens_seen += r.tokens;
+    skipped += r.applied ? 0 : 1;
+    const TierBytes b = tier_bytes(engine);
+    progress.update(r, b);
+    const std::uint64_t device_peak = engine.device().memory_stats().peak_in_use;
+    if (csv) write_step_metrics(*csv, r, b, device_peak, r.step * samples_per_step, cfg.fp16.enabled);
+    if (tb) write_step_metrics(*tb, r, b, device_peak, r.step * samples_per_step, cfg.fp16.enabled);
+    const bool eval_now =
+        eval_file && ((o.eval_interval > 0 && (i + 1) % o.eval_interval == 0) || i + 1 == steps);
+    if (eval_now) {
+      progress.finish();
+      const model::EvalResult e =
+          model::evaluate(model, engine, *eval_file, seq_len, int(engine.micro_batch()), o.eval_batches);
+      if (eval_file->mask())
+        std::fprintf(out, "eval step %lld loss %.9g ppl %.9g tokens %lld counted %lld\n", (long long)r.step,
+                     e.loss, e.ppl, (long long)e.tokens, (long long)e.counted);
+      else
+        std::fprintf(out, "eval step %lld loss %.9g ppl %.9g tokens %lld\n", (long long)r.step, e.loss, e.ppl,
+                     (long long)e.tokens);
+      std::fflush(out);
+      if (csv) csv->write("Train/Samples/eval_loss", r.step * samples_per_step, e.loss);
+      if (tb) tb->write("Train/Samples/eval_loss", r.step * samples_per_step, e.loss);
+    }
+    if (tb) tb->flush();
+    if (!o.save.empty() && o.save_interval > 0 && (i + 1) % o.save_interval == 0 && i + 1 < steps) {
+      progress.finish();
+      saved = engine.save_checkpoint(o.save, client_state, &data);
+    }
+    stopped_by = g_stop_signal.load();
+    if (world > 1) stopped_by = int(engine.communicator().all_reduce_max(double(stopped_by)));
+    if (stopped_by != 0 && i + 1 < steps) {
+      progress.finish();
+      STRATA_LOG_WARN(
+          "train: ", signal_name(stopped_by), " after step ", r.step,
+          o.save.empty() ? ": stopping (no --save: nothing is saved)" : ": saving a checkpoint and stopping");
+      break;
+    }
+    stopped_by = 0;  // signalled during the last step: the run ends as usual
+  }
+  progress.finish();
+  wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  return t;
+}
+
+// After the last step: losses, step times, prefetch, memory peaks (the largest over the ranks), attention,
+// the overlap, bytes moved, NVMe traffic, and every file the run wrote.
+void print_summary(const TrainRun& run, const LoopTotals& t) {
+  const Config& cfg = run.cfg;
+  const model::ModelConfig& mcfg = run.mcfg;
+  zero3::Engine& engine = run.engine;
+  const int seq_len = run.seq_len, world = run.world;
+  std::FILE* out = run.out;
+  const std::optional<CsvMonitor>& csv = run.csv;
+  const std::optional<TensorBoardMonitor>& tb = run.tb;
+  const auto& [losses, sum, tokens_seen, skipped, io, saved, stopped_by, wall] = t;
+  TierBytes peak;
+  // Memory figures: the tier manager's peaks over the whole run (every block in use at once, gathered
+  // chunks and staging included — not the state between steps), the largest over the ranks.
+  // The accounting's per-tier peak: the counter memprof's trace replays, so `memprof summary` of this
+  // run's trace shows the same figures (tests/tools/summary_peaks_test.sh).
+  {
+    const tiering::Snapshot snap = engine.tiers().snapshot(/*with_events=*/false);
+    peak.device = snap.tiers[int(tiering::Tier::device)].total.peak;
+    peak.pinned = snap.tiers[int(tiering::Tier::pinned)].total.peak;
+    peak.nvme = snap.tiers[int(tiering::Tier::nvme)].total.peak;
+  }
+  comm::Communicator& cm = engine.communicator();
+  peak.device = std::uint64_t(cm.all_reduce_max(double(peak.device)));
+  peak.pinned = std::uint64_t(cm.all_reduce_max(double(peak.pinned)));
+  peak.nvme = std::uint64_t(cm.all_reduce_max(double(peak.nvme)));
+  const double device_peak = cm.all_reduce_max(double(engine.device().memory_stats().peak_in_use));
+
+  const prefetch::PrefetchStats& ps = engine.prefetch_stats();
+  const std::size_t n = losses.size();
+  auto mean = [&](std::size_t from, std::size_t to) {
+    double s = 0;
+    for (std::size_t i = from; i < to; ++i) s += losses[i];
+    return s / double(std::max<std::size_t>(1, to - from));
+  };
+  const std::size_t k = std::max<std::size_t>(1, n / 10);
+  std::fprintf(out, "\nsummary: %lld steps (%lld skipped) in %s, %lld tokens, %.0f tokens/s\n", (long long)n,
+               (long long)skipped, duration(wall).c_str(), (long long)tokens_seen,
+               wall > 0 ? double(tokens_seen) / wall : 0.0);
+  if (n > 0) {  // (--steps 0: set up, save or export only)
+    std::fprintf(out, "  loss        %#.6g -> %#.6g (mean of the first / last %zu steps: %#.6g -> %#.6g)\n",
+                 losses.front(), losses.back(), k, mean(0, k), mean(n - k, n));
+    std::fprintf(
+        out,
+        "  step time   %.3fs mean: forward %.3f, backward %.3f, optimizer %.3f; waiting on transfers %.3f\n",
+        sum.total / double(n), sum.forward / double(n), sum.backward / double(n), sum.optimizer / double(n),
+        sum.wait / double(n));
+  }
+  std::fprintf(out,
+               "  prefetch    %llu hits, %llu late (%.3fs waited), %llu misses, %llu trace invalidations\n",
+               (unsigned long long)ps.hits, (unsigned long long)ps.late, ps.late_wait_s,
+               (unsigned long long)ps.misses, (unsigned long long)ps.invalidations);
+  std::fprintf(
+      out, "  memory      %speak in use: device %s, pinned %s, nvme %s (device peak allocated %s of %s)\n",
+      world > 1 ? "largest rank's " : "", format_size(peak.device).c_str(), format_size(peak.pinned).c_str(),
+      format_size(peak.nvme).c_str(), format_size(std::uint64_t(device_peak), 1).c_str(),
+      format_size(engine.device().caps().capacity, 1).c_str());
+  // What attention computed with at the training shape (a fallback was also a warning when chosen).
+  std::fprintf(out, "  attention   %s\n",
+               engine.ops()
+                   .attention_path(engine.micro_batch(), seq_len, int(mcfg.n_heads), int(mcfg.n_kv_heads),
+                                   int(mcfg.head_dim()))
+                   .c_str());
+  if (engine.plan().overlap_groups > 0) {
+    const zero3::OverlapStats& os = engine.overlap_stats();
+    std::fprintf(out,
+                 "  optimizer   overlapped with backward: %llu of %lld steps kept their early updates, %llu "
+                 "rolled back (%.3fs undoing), %llu waited, %llu cancelled; %llu chunk updates overlapped "
+                 "with the next forward\n",
+                 (unsigned long long)os.steps, (long long)n, (unsigned long long)os.rollbacks,
+                 os.rollback_seconds, (unsigned long long)os.waited, (unsigned long long)os.cancelled,
+                 (unsigned long long)os.deferred);
+  }
+  const tiering::Snapshot snap = engine.tiers().snapshot(false);
+  const zero3::TransferStats& ts = engine.transfer_stats();
+  std::fprintf(out, "  moved       gathers %s (%llu chunks), gradients off the device %s (%llu shards);",
+               format_size(ts.gather_bytes, 1).c_str(), (unsigned long long)ts.gathers,
+               format_size(ts.grad_offload_bytes, 1).c_str(), (unsigned long long)ts.grad_offloads);
+  for (int d = 0; d < tiering::kDirectionCount; ++d)
+    if (snap.moves[std::size_t(d)].count)
+      std::fprintf(out, " %s %s;", tiering::direction_name(d),
+                   format_size(snap.moves[std::size_t(d)].bytes, 1).c_str());
+  std::fprintf(out, "\n");
+  // The swap files' I/O during the steps (not setup, evaluation or checkpoints): what a step reads and
+  // writes, and the rate while the drive had work (bench/RESULTS.md compares it with fio's).
+  if (n > 0 && io.read + io.written > 0) {
+    const double per = 1.0 / double(n);
+    std::fprintf(out,
+                 "  nvme        %sper step: read %s, written %s; the drive busy %.3fs of the step's %.3fs, "
+                 "%.2f GB/s while busy\n",
+                 world > 1 ? "rank 0's " : "", format_size(std::uint64_t(double(io.read) * per), 1).c_str(),
+                 format_size(std::uint64_t(double(io.written) * per), 1).c_str(), io.busy * per,
+                 sum.total * per, io.busy > 0 ? double(io.read + io.written) / io.busy / 1e9 : 0.0);
+  }
+  if (!saved.empty()) std::fprintf(out, "  checkpoint  %s\n", saved.c_str());
+  // Every file the run wrote outside the directories the command line named (the config's trace).
+  if (const std::string& trace = cfg.strata.memprof.path; !trace.empty())
+    std::fprintf(out, "  trace       %s (strata.memprof.path; `memprof summary %s`)\n",
+                 std::filesystem::absolute(trace).string().c_str(), trace.c_str());
+  if (csv)
+    std::fprintf(out, "  metrics     %s (csv_monitor)\n",
+                 CsvMonitor::file_for(csv->dir(), "Train/Samples/*").c_str());
+  if (tb) std::fprintf(out, "  metrics     %s (tensorboard)\n", tb->path().c_str());
+}
+
 int run_train(const TrainOpts& o) {
   // From the start (Note [Stop signals]): a signal during the set-up (tokenizing --text, writing the initial
   // state to NVMe) ends the run before its first step, through the destructors that remove the temporary
@@ -476,231 +717,33 @@ int run_train(const TrainOpts& o) {
   // Output from rank 0 only: the others write to a sink.
   std::FILE* out = lead ? stdout : std::fopen("/dev/null", "w");
   STRATA_SYS_CHECK(out != nullptr, "open /dev/null");
-  std::fprintf(
-      out,
-      "train: %s, %lld parameters, %d x %d tokens x %d accumulation per step x %d rank%s, %lld steps from "
-      "step %lld, offload param %s / optimizer %s, device %s (%s)\n",
-      mcfg.name.c_str(), (long long)mcfg.num_parameters(), engine.micro_batch(), seq_len,
-      engine.accumulation_steps(), world, world > 1 ? "s" : "", (long long)steps, (long long)first,
-      zero3::offload_name(cfg.zero_optimization.offload_param.device),
-      zero3::offload_name(cfg.zero_optimization.offload_optimizer.device),
-      engine.device().caps().name.c_str(), format_size(engine.device().caps().capacity, 1).c_str());
-  // A loss mask (model/loss_mask.h): how many of the samples' targets count, and how steps weigh them.
-  if (const model::LossMask* mask = file.mask()) {
-    const std::int64_t all = data.sample_targets(), counted = data.counted_targets();
-    std::fprintf(out, "loss mask: %s: %lld of %lld targets count (%.1f%%); strata.loss_weighting %s\n",
-                 mask->path().c_str(), (long long)counted, (long long)all,
-                 all > 0 ? 100.0 * double(counted) / double(all) : 0.0,
-                 cfg.strata.loss_weighting == StrataConfig::LossWeighting::tokens
-                     ? "tokens (a step's loss is the mean over its counted targets)"
-                     : "micro_batches (a step's loss is the mean of its micro-batches' means)");
-  }
-  const zero3::MemoryPlan& plan = engine.plan();
-  std::fprintf(
-      out,
-      "device plan%s: state %s + working set %s + activations %s (checkpointing %s, %s: %s) + compute "
-      "workspace %s + gradient accumulators %s (%d chunks) + chunk cache %s%s (docs/train.md, \"Device "
-      "memory\")\n",
-      world > 1 ? " (each rank)" : "", format_size(plan.device_state, 1).c_str(),
-      format_size(plan.device_working_set, 1).c_str(), format_size(plan.device_activations, 1).c_str(),
-      plan.checkpoint_activations ? "on" : "off", plan.checkpoint_activations ? "off" : "on",
-      format_size(
-          plan.checkpoint_activations ? plan.device_activations_all : plan.device_activations_checkpointed, 1)
-          .c_str(),
-      format_size(plan.device_ops, 1).c_str(), format_size(plan.device_accumulator_bytes, 1).c_str(),
-      plan.device_accumulators, format_size(plan.device_cache, 1).c_str(),
-      plan.device_headroom > 0
-          ? (", beside " + format_size(plan.device_headroom, 1) + " kept for the CUDA libraries").c_str()
-          : "");
-  // Host memory: what the state keeps pinned and the buffers the config asks for (NVMe swap buffers, the
-  // gradient window and staging); with both offloads on NVMe, only buffers (Note [Gradients through NVMe]).
-  const tiering::Tier grad_home = zero3::shard_homes(cfg).grad;
-  std::fprintf(out,
-               "host plan%s: pinned state %s + buffers %s (pinned pool budget %s), NVMe state %s; fp32 "
-               "gradients %s\n",
-               world > 1 ? " (each rank)" : "", format_size(plan.pinned_state, 1).c_str(),
-               format_size(plan.pinned_staging, 1).c_str(), format_size(plan.pinned_budget, 1).c_str(),
-               format_size(plan.nvme_state, 1).c_str(),
-               grad_home == tiering::Tier::nvme     ? "on NVMe"
-               : grad_home == tiering::Tier::pinned ? "in pinned host memory"
-                                                    : "on the device");
-  // How each chunk is updated (Note [Update routes] in zero3/placement.cpp), in runs of equal routes.
-  std::fprintf(out, "update routes%s:\n%s\n", world > 1 ? " (each rank)" : "",
-               zero3::describe(engine.update_routes(), "  ").c_str());
-
-  std::fflush(out);
-
-  Progress progress(steps, first, tty, cfg.steps_per_print, out);
+  std::optional<CsvMonitor> csv;
+  std::optional<TensorBoardMonitor> tb;
+  TrainRun run_parts{o, cfg, mcfg, engine, model, data, file, eval_file, seq_len, world, out, csv, tb};
+  print_start(run_parts, steps, first);
   const std::int64_t samples_per_step =
       std::int64_t(engine.micro_batch()) * engine.accumulation_steps() * world;
   // csv_monitor: a new run replaces an earlier run's files; a resumed one keeps their rows up to the
   // checkpoint's step column (its step x this run's samples per step) and continues them.
-  std::optional<CsvMonitor> csv;
   if (lead && !csv_dir.empty())
     csv.emplace(csv_dir, !resume ? std::nullopt : std::optional<std::int64_t>(first * samples_per_step));
   // tensorboard: one event file per run in the job's folder (a resumed run adds its own).
-  std::optional<TensorBoardMonitor> tb;
   if (lead && !tb_dir.empty()) tb.emplace(tb_dir);
-  std::vector<double> losses;
-  zero3::StepTimes sum;
-  std::int64_t tokens_seen = 0, skipped = 0;
-  TierBytes peak;
-  NvmeSteps io;
-  std::string saved;
   // What `strata export` of a checkpoint needs to know besides the weights: where the tokenizer files are.
   nlohmann::json client_state = {{"source", "strata train"}};
   if (hf && !hf->dir.empty()) client_state["init_from"] = std::filesystem::absolute(hf->dir).string();
-  const auto t0 = Clock::now();
-  int stopped_by = 0;
-  for (std::int64_t i = 0; i < steps; ++i) {
-    const nvme::IoStats io0 = engine.nvme_stats();
-    const zero3::StepResult r = engine.train_batch(model, data);
-    io.add(io0, engine.nvme_stats());
-    losses.push_back(r.loss);
-    sum.forward += r.times.forward, sum.backward += r.times.backward, sum.optimizer += r.times.optimizer;
-    sum.wait += r.times.wait, sum.total += r.times.total;
-    tokens_seen += r.tokens;
-    skipped += r.applied ? 0 : 1;
-    const TierBytes b = tier_bytes(engine);
-    progress.update(r, b);
-    const std::uint64_t device_peak = engine.device().memory_stats().peak_in_use;
-    if (csv) write_step_metrics(*csv, r, b, device_peak, r.step * samples_per_step, cfg.fp16.enabled);
-    if (tb) write_step_metrics(*tb, r, b, device_peak, r.step * samples_per_step, cfg.fp16.enabled);
-    const bool eval_now =
-        eval_file && ((o.eval_interval > 0 && (i + 1) % o.eval_interval == 0) || i + 1 == steps);
-    if (eval_now) {
-      progress.finish();
-      const model::EvalResult e =
-          model::evaluate(model, engine, *eval_file, seq_len, int(engine.micro_batch()), o.eval_batches);
-      if (eval_file->mask())
-        std::fprintf(out, "eval step %lld loss %.9g ppl %.9g tokens %lld counted %lld\n", (long long)r.step,
-                     e.loss, e.ppl, (long long)e.tokens, (long long)e.counted);
-      else
-        std::fprintf(out, "eval step %lld loss %.9g ppl %.9g tokens %lld\n", (long long)r.step, e.loss, e.ppl,
-                     (long long)e.tokens);
-      std::fflush(out);
-      if (csv) csv->write("Train/Samples/eval_loss", r.step * samples_per_step, e.loss);
-      if (tb) tb->write("Train/Samples/eval_loss", r.step * samples_per_step, e.loss);
-    }
-    if (tb) tb->flush();
-    if (!o.save.empty() && o.save_interval > 0 && (i + 1) % o.save_interval == 0 && i + 1 < steps) {
-      progress.finish();
-      saved = engine.save_checkpoint(o.save, client_state, &data);
-    }
-    stopped_by = g_stop_signal.load();
-    if (world > 1) stopped_by = int(engine.communicator().all_reduce_max(double(stopped_by)));
-    if (stopped_by != 0 && i + 1 < steps) {
-      progress.finish();
-      STRATA_LOG_WARN(
-          "train: ", signal_name(stopped_by), " after step ", r.step,
-          o.save.empty() ? ": stopping (no --save: nothing is saved)" : ": saving a checkpoint and stopping");
-      break;
-    }
-    stopped_by = 0;  // signalled during the last step: the run ends as usual
-  }
-  progress.finish();
-  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (!o.save.empty()) saved = engine.save_checkpoint(o.save, client_state, &data);
-  if (!o.export_path.empty() && stopped_by == 0) {
+  LoopTotals totals = train_loop(run_parts, steps, first, tty, client_state);
+  if (!o.save.empty()) totals.saved = engine.save_checkpoint(o.save, client_state, &data);
+  if (!o.export_path.empty() && totals.stopped_by == 0) {
     zero3::export_model(engine, o.export_path, hf ? hf->dir : std::string());
     if (export_file)
       std::fprintf(out, "exported weights to %s\n", o.export_path.c_str());
     else
       std::fprintf(out, "exported the model to %s (Hugging Face directory)\n", o.export_path.c_str());
   }
-  // Memory figures: the tier manager's peaks over the whole run (every block in use at once, gathered
-  // chunks and staging included — not the state between steps), the largest over the ranks.
-  // The accounting's per-tier peak: the counter memprof's trace replays, so `memprof summary` of this
-  // run's trace shows the same figures (tests/tools/summary_peaks_test.sh).
-  {
-    const tiering::Snapshot snap = engine.tiers().snapshot(/*with_events=*/false);
-    peak.device = snap.tiers[int(tiering::Tier::device)].total.peak;
-    peak.pinned = snap.tiers[int(tiering::Tier::pinned)].total.peak;
-    peak.nvme = snap.tiers[int(tiering::Tier::nvme)].total.peak;
-  }
-  comm::Communicator& cm = engine.communicator();
-  peak.device = std::uint64_t(cm.all_reduce_max(double(peak.device)));
-  peak.pinned = std::uint64_t(cm.all_reduce_max(double(peak.pinned)));
-  peak.nvme = std::uint64_t(cm.all_reduce_max(double(peak.nvme)));
-  const double device_peak = cm.all_reduce_max(double(engine.device().memory_stats().peak_in_use));
-
-  const prefetch::PrefetchStats& ps = engine.prefetch_stats();
-  const std::size_t n = losses.size();
-  auto mean = [&](std::size_t from, std::size_t to) {
-    double s = 0;
-    for (std::size_t i = from; i < to; ++i) s += losses[i];
-    return s / double(std::max<std::size_t>(1, to - from));
-  };
-  const std::size_t k = std::max<std::size_t>(1, n / 10);
-  std::fprintf(out, "\nsummary: %lld steps (%lld skipped) in %s, %lld tokens, %.0f tokens/s\n", (long long)n,
-               (long long)skipped, duration(wall).c_str(), (long long)tokens_seen,
-               wall > 0 ? double(tokens_seen) / wall : 0.0);
-  if (n > 0) {  // (--steps 0: set up, save or export only)
-    std::fprintf(out, "  loss        %#.6g -> %#.6g (mean of the first / last %zu steps: %#.6g -> %#.6g)\n",
-                 losses.front(), losses.back(), k, mean(0, k), mean(n - k, n));
-    std::fprintf(
-        out,
-        "  step time   %.3fs mean: forward %.3f, backward %.3f, optimizer %.3f; waiting on transfers %.3f\n",
-        sum.total / double(n), sum.forward / double(n), sum.backward / double(n), sum.optimizer / double(n),
-        sum.wait / double(n));
-  }
-  std::fprintf(out,
-               "  prefetch    %llu hits, %llu late (%.3fs waited), %llu misses, %llu trace invalidations\n",
-               (unsigned long long)ps.hits, (unsigned long long)ps.late, ps.late_wait_s,
-               (unsigned long long)ps.misses, (unsigned long long)ps.invalidations);
-  std::fprintf(
-      out, "  memory      %speak in use: device %s, pinned %s, nvme %s (device peak allocated %s of %s)\n",
-      world > 1 ? "largest rank's " : "", format_size(peak.device).c_str(), format_size(peak.pinned).c_str(),
-      format_size(peak.nvme).c_str(), format_size(std::uint64_t(device_peak), 1).c_str(),
-      format_size(engine.device().caps().capacity, 1).c_str());
-  // What attention computed with at the training shape (a fallback was also a warning when chosen).
-  std::fprintf(out, "  attention   %s\n",
-               engine.ops()
-                   .attention_path(engine.micro_batch(), seq_len, int(mcfg.n_heads), int(mcfg.n_kv_heads),
-                                   int(mcfg.head_dim()))
-                   .c_str());
-  if (engine.plan().overlap_groups > 0) {
-    const zero3::OverlapStats& os = engine.overlap_stats();
-    std::fprintf(out,
-                 "  optimizer   overlapped with backward: %llu of %lld steps kept their early updates, %llu "
-                 "rolled back (%.3fs undoing), %llu waited, %llu cancelled; %llu chunk updates overlapped "
-                 "with the next forward\n",
-                 (unsigned long long)os.steps, (long long)n, (unsigned long long)os.rollbacks,
-                 os.rollback_seconds, (unsigned long long)os.waited, (unsigned long long)os.cancelled,
-                 (unsigned long long)os.deferred);
-  }
-  const tiering::Snapshot snap = engine.tiers().snapshot(false);
-  const zero3::TransferStats& ts = engine.transfer_stats();
-  std::fprintf(out, "  moved       gathers %s (%llu chunks), gradients off the device %s (%llu shards);",
-               format_size(ts.gather_bytes, 1).c_str(), (unsigned long long)ts.gathers,
-               format_size(ts.grad_offload_bytes, 1).c_str(), (unsigned long long)ts.grad_offloads);
-  for (int d = 0; d < tiering::kDirectionCount; ++d)
-    if (snap.moves[std::size_t(d)].count)
-      std::fprintf(out, " %s %s;", tiering::direction_name(d),
-                   format_size(snap.moves[std::size_t(d)].bytes, 1).c_str());
-  std::fprintf(out, "\n");
-  // The swap files' I/O during the steps (not setup, evaluation or checkpoints): what a step reads and
-  // writes, and the rate while the drive had work (bench/RESULTS.md compares it with fio's).
-  if (n > 0 && io.read + io.written > 0) {
-    const double per = 1.0 / double(n);
-    std::fprintf(out,
-                 "  nvme        %sper step: read %s, written %s; the drive busy %.3fs of the step's %.3fs, "
-                 "%.2f GB/s while busy\n",
-                 world > 1 ? "rank 0's " : "", format_size(std::uint64_t(double(io.read) * per), 1).c_str(),
-                 format_size(std::uint64_t(double(io.written) * per), 1).c_str(), io.busy * per,
-                 sum.total * per, io.busy > 0 ? double(io.read + io.written) / io.busy / 1e9 : 0.0);
-  }
-  if (!saved.empty()) std::fprintf(out, "  checkpoint  %s\n", saved.c_str());
-  // Every file the run wrote outside the directories the command line named (the config's trace).
-  if (const std::string& trace = cfg.strata.memprof.path; !trace.empty())
-    std::fprintf(out, "  trace       %s (strata.memprof.path; `memprof summary %s`)\n",
-                 std::filesystem::absolute(trace).string().c_str(), trace.c_str());
-  if (csv)
-    std::fprintf(out, "  metrics     %s (csv_monitor)\n",
-                 CsvMonitor::file_for(csv->dir(), "Train/Samples/*").c_str());
-  if (tb) std::fprintf(out, "  metrics     %s (tensorboard)\n", tb->path().c_str());
+  print_summary(run_parts, totals);
   if (out != stdout) std::fclose(out);
-  return stopped_by != 0 ? 128 + stopped_by : 0;
+  return totals.stopped_by != 0 ? 128 + totals.stopped_by : 0;
 }
 
 // A whole number >= 1 (CLI11's PositiveNumber would print its range in full).

@@ -170,6 +170,66 @@ UpdateRoute route_of(const PlanInput& in, std::size_t c, bool accumulate) {
 
 }  // namespace
 
+nlohmann::json to_json(const MemoryPlan& p) {
+  return {{"device_state", p.device_state},
+          {"device_working_set", p.device_working_set},
+          {"device_activations", p.device_activations},
+          {"checkpoint_activations", p.checkpoint_activations},
+          {"device_activations_checkpointed", p.device_activations_checkpointed},
+          {"device_activations_all", p.device_activations_all},
+          {"device_ops", p.device_ops},
+          {"device_accumulators", p.device_accumulators},
+          {"device_accumulator_bytes", p.device_accumulator_bytes},
+          {"device_cache", p.device_cache},
+          {"device_headroom", p.device_headroom},
+          {"device_need", p.device_need()},
+          {"pinned_state", p.pinned_state},
+          {"pinned_staging", p.pinned_staging},
+          {"pinned_budget", p.pinned_budget},
+          {"pinned_reads", p.pinned_reads},
+          {"pinned_cache", p.pinned_cache},
+          {"pinned_optimizer", p.pinned_optimizer},
+          {"pinned_grad_window", p.pinned_grad_window},
+          {"buffers_only", p.buffers_only},
+          {"param_cache", p.param_cache},
+          {"nvme_state", p.nvme_state},
+          {"nvme_params", p.nvme_params},
+          {"nvme_budget", p.nvme_budget},
+          {"optimizer_groups", p.optimizer_groups},
+          {"device_optimizer_groups", p.device_optimizer_groups},
+          {"offload_ratio", p.offload_ratio},
+          {"overlap_groups", p.overlap_groups},
+          {"overlap_host", p.overlap_host}};
+}
+
+std::string describe(const MemoryPlan& p, tiering::Tier grad_home, bool each_rank) {
+  const char* per = each_rank ? " (each rank)" : "";
+  std::string out = detail::cat(
+      "device plan", per, ": state ", format_size(p.device_state, 1), " + working set ",
+      format_size(p.device_working_set, 1), " + activations ", format_size(p.device_activations, 1),
+      " (checkpointing ", p.checkpoint_activations ? "on" : "off", ", ",
+      p.checkpoint_activations ? "off" : "on", ": ",
+      format_size(p.checkpoint_activations ? p.device_activations_all : p.device_activations_checkpointed, 1),
+      ") + compute workspace ", format_size(p.device_ops, 1), " + gradient accumulators ",
+      format_size(p.device_accumulator_bytes, 1), " (", p.device_accumulators, " chunks) + chunk cache ",
+      format_size(p.device_cache, 1),
+      p.device_headroom > 0
+          ? detail::cat(", beside ", format_size(p.device_headroom, 1), " kept for the CUDA libraries")
+          : std::string(),
+      " (docs/train.md, \"Device memory\")\n");
+  // Host memory: what the state keeps pinned and the buffers the config asks for (NVMe swap buffers, the
+  // gradient window and staging); with both offloads on NVMe, only buffers (Note [Gradients through NVMe]).
+  out +=
+      detail::cat("host plan", per, ": pinned state ", format_size(p.pinned_state, 1), " + buffers ",
+                  format_size(p.pinned_staging, 1), " (pinned pool budget ", format_size(p.pinned_budget, 1),
+                  "), NVMe state ", format_size(p.nvme_state, 1), "; fp32 gradients ",
+                  grad_home == tiering::Tier::nvme     ? "on NVMe"
+                  : grad_home == tiering::Tier::pinned ? "in pinned host memory"
+                                                       : "on the device",
+                  "\n");
+  return out;
+}
+
 std::string describe(const UpdateRoute& r) {
   using R = UpdateRoute;
   // In the order of the enumerators.

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,14 @@ struct MemoryPlan {
     return device_state + device_working_set + device_activations + device_ops;
   }
 };
+
+// The plan as one document, every field by its name above plus device_need: what strata.initialize's
+// engine.memory_plan gives (with the update routes beside it).
+nlohmann::json to_json(const MemoryPlan& p);
+// The plan in words, as strata train prints it before the first step: a "device plan: ..." line and a
+// "host plan: ..." line (docs/train.md, "Device memory"). each_rank: the figures are each rank's;
+// grad_home: where the fp32 gradient shards live.
+std::string describe(const MemoryPlan& p, tiering::Tier grad_home, bool each_rank);
 
 // Chunks are padded to a multiple of this many elements at `world` ranks: 64 for one rank; for N, shards
 // of whole gradient-norm blocks (Note [Ranks] in engine_cache.cpp).

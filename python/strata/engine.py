@@ -376,7 +376,7 @@ class Engine:
     def memory_plan(self) -> dict:
         """The device plan (bytes): state, working set, activations, chunk cache; pinned and NVMe state;
         the optimizer sub-groups kept on the device (offload ratio) and overlapped with backward."""
-        return self._core.memory_plan()
+        return json.loads(self._core.memory_plan())
 
     # ---- lifetime ----
     def close(self):

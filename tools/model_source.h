@@ -1,6 +1,7 @@
 // strata/tools/model_source.h: the model a command reads — a Hugging Face model directory or a
-// .safetensors file (model::open_hf_model), or a checkpoint directory of `strata train --save` (read here:
-// the model module does not know the engine's format). Used by `strata eval` and `strata export`.
+// .safetensors file (model::open_hf_model), or a checkpoint directory of `strata train --save`
+// (zero3/checkpoint_weights.h reads those: the engine's format is read in zero3 only). Used by `strata
+// eval` and `strata export`.
 //
 // Example:
 //   strata::cli::ModelSource src = strata::cli::open_model_source(path, "--model");   // config only
@@ -14,19 +15,12 @@
 #include "model/chunk.h"
 #include "model/config.h"
 #include "model/hf_dir.h"
+#include "zero3/checkpoint_weights.h"
 
 namespace strata::cli {
 
-// A checkpoint directory of the engine (zero3/checkpoint.h): DIR with `latest`, or DIR/TAG with meta.json.
-struct CheckpointModel {
-  std::string dir, tag;  // tag "" : the one DIR/latest names
-  model::ModelConfig config;
-  std::string where;      // DIR/TAG
-  std::string init_from;  // the --init-from directory the run started from, when it recorded one
-};
-
 struct ModelSource {
-  std::optional<CheckpointModel> ckpt;  // exactly one of the two
+  std::optional<zero3::CheckpointModel> ckpt;  // exactly one of the two
   std::optional<model::HfModel> hf;
   const model::ModelConfig& config() const { return ckpt ? ckpt->config : hf->config; }
   std::string where() const { return ckpt ? ckpt->where : hf->weights; }
@@ -36,12 +30,10 @@ struct ModelSource {
 // looked for when the path is none of the three.
 ModelSource open_model_source(const std::string& path, const char* flag);
 
-// Which of a checkpoint's copies of the weights load_params reads: the working params the run computed with
-// (bf16, fp16 or fp32, as it trained), or the fp32 master weights the optimizer updates.
-enum class CheckpointWeights { working, master };
+using zero3::CheckpointWeights;
 
 // The weights, fp32 in host memory. A checkpoint's are its working params, or with `which` master its
-// fp32 masters (Note [Working params from a checkpoint] in model_source.cpp); a model directory or
+// fp32 masters (Note [Working params from a checkpoint]); a model directory or
 // safetensors file has one copy, read whatever `which` says.
 std::unique_ptr<model::InMemoryChunks> load_params(const ModelSource& src,
                                                    CheckpointWeights which = CheckpointWeights::working);

@@ -42,15 +42,21 @@ constexpr Key kKeys[] = {
 
 // Note [Model families]'s table (model/config.h).
 constexpr Family kFamilies[] = {
-    // model_type architecture hidden_act act qkv_bias bias_key qk_norm fused norm_offset embed_scale tied
-    {"llama", "LlamaForCausalLM", "silu", MlpActivation::silu, false, true, false, false, 0.0f, false, false},
+    // model_type, architecture, hidden_act, act, qkv_bias, bias_key, qk_norm, fused, norm_offset,
+    // embed_scale, tied, hidden_act_alias, hidden_activation, window_key, longrope, mlp_bias_key,
+    // dropout_keys
+    {"llama", "LlamaForCausalLM", "silu", MlpActivation::silu, false, true, false, false, 0.0f, false, false,
+     nullptr, nullptr, WindowKey::none, false, true, false},
     {"mistral", "MistralForCausalLM", "silu", MlpActivation::silu, false, false, false, false, 0.0f, false,
-     false},
-    {"qwen2", "Qwen2ForCausalLM", "silu", MlpActivation::silu, true, false, false, false, 0.0f, false, false},
-    {"qwen3", "Qwen3ForCausalLM", "silu", MlpActivation::silu, false, true, true, false, 0.0f, false, false},
-    {"phi3", "Phi3ForCausalLM", "silu", MlpActivation::silu, false, false, false, true, 0.0f, false, false},
+     false, nullptr, nullptr, WindowKey::sliding_window, false, false, false},
+    {"qwen2", "Qwen2ForCausalLM", "silu", MlpActivation::silu, true, false, false, false, 0.0f, false, false,
+     nullptr, nullptr, WindowKey::use_sliding_window, false, false, false},
+    {"qwen3", "Qwen3ForCausalLM", "silu", MlpActivation::silu, false, true, true, false, 0.0f, false, false,
+     nullptr, nullptr, WindowKey::use_sliding_window, false, false, false},
+    {"phi3", "Phi3ForCausalLM", "silu", MlpActivation::silu, false, false, false, true, 0.0f, false, false,
+     nullptr, nullptr, WindowKey::sliding_window, true, false, true},
     {"gemma", "GemmaForCausalLM", "gelu_pytorch_tanh", MlpActivation::gelu_tanh, false, true, false, false,
-     1.0f, true, true},
+     1.0f, true, true, "gelu", "gelu_pytorch_tanh", WindowKey::none, false, false, false},
 };
 
 // Hugging Face config.json keys that do not change what the decoder computes (pretraining_tp splits the
@@ -168,12 +174,12 @@ void check_architecture(const json& j, const Family& fam, const std::string& whe
   }
   if (j.contains("mlp_bias") && j["mlp_bias"] != false)
     refuse("mlp_bias", "the MLP projections have no biases");
-  // Gemma's older config.json says "gelu", which transformers reads as the tanh approximation.
+  // An alias (Gemma's older "gelu", which transformers reads as the tanh approximation) is the same MLP.
   if (j.contains("hidden_act") && j["hidden_act"] != fam.hidden_act &&
-      !(family == "gemma" && j["hidden_act"] == "gelu"))
+      !(fam.hidden_act_alias && j["hidden_act"] == fam.hidden_act_alias))
     refuse("hidden_act", detail::cat("a ", family, " MLP is ", fam.hidden_act));
   if (j.contains("hidden_activation") && !j["hidden_activation"].is_null() &&
-      !(family == "gemma" && j["hidden_activation"] == "gelu_pytorch_tanh"))
+      !(fam.hidden_activation && j["hidden_activation"] == fam.hidden_activation))
     refuse("hidden_activation", "the MLP activation is hidden_act's");
   for (const char* k : {"attention_dropout", "resid_pdrop", "embd_pdrop"})
     if (j.contains(k) && !is_zero(j[k])) refuse(k, "dropout is not implemented (set it to 0.0)");
@@ -527,8 +533,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
   // Which families read sliding_window: Mistral and Phi-3 always; Qwen2 and Qwen3 only with
   // use_sliding_window (refused); Llama and Gemma never had one (refused, as before).
   const std::string family = c.family;
-  if (family == "qwen2" || family == "qwen3") c.sliding_window = 0;
-  if ((family == "llama" || family == "gemma") && c.sliding_window > 0)
+  if (fam.window_key == WindowKey::use_sliding_window) c.sliding_window = 0;
+  if (fam.window_key == WindowKey::none && c.sliding_window > 0)
     throw ConfigError(detail::cat(where, ": 'sliding_window' is ", c.sliding_window, ": a ", family,
                                   " model attends over the whole causal window; remove the key"));
   if (fam.fused_projections && c.explicit_head_dim > 0 && c.n_heads > 0 &&
@@ -544,14 +550,14 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
     c.explicit_head_dim = 0;
   check_architecture(j, fam, where);
   if (j.contains("rope_scaling"))
-    c.rope_scaling = parse_rope_scaling(j["rope_scaling"], where + ": rope_scaling", family == "phi3");
+    c.rope_scaling = parse_rope_scaling(j["rope_scaling"], where + ": rope_scaling", fam.longrope);
   if (j.contains("rope_parameters")) {
     // Newer transformers: {"rope_type", "rope_theta", scaling keys}; the same as the older top-level keys.
     const json& rp = j["rope_parameters"];
     const std::string at = where + ": rope_parameters";
     if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
       throw ConfigError(detail::cat(where, ": both 'rope_scaling' and 'rope_parameters' are set; keep one"));
-    c.rope_scaling = parse_rope_scaling(rp, at, family == "phi3");
+    c.rope_scaling = parse_rope_scaling(rp, at, fam.longrope);
     if (rp.is_object() && rp.contains("rope_theta")) {
       const float theta = get_float(rp["rope_theta"], "rope_theta", at);
       if (j.contains("rope_theta") && get_float(j["rope_theta"], "rope_theta", where) != theta)
@@ -628,11 +634,11 @@ json ModelConfig::to_hf_json() const {
   // Phi-3's head width is always hidden_size / heads (validated); the others read head_dim.
   if (!fam.fused_projections) j["head_dim"] = head_dim();
   if (fam.bias_key) j["attention_bias"] = attention_bias;
-  if (family == "llama") j["mlp_bias"] = false;
-  if (family == "mistral" || family == "phi3")
+  if (fam.mlp_bias_key) j["mlp_bias"] = false;
+  if (fam.window_key == WindowKey::sliding_window)
     j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
-  if (family == "qwen2" || family == "qwen3") j["use_sliding_window"] = false;
-  if (family == "phi3") j["resid_pdrop"] = 0.0, j["embd_pdrop"] = 0.0;
+  if (fam.window_key == WindowKey::use_sliding_window) j["use_sliding_window"] = false;
+  if (fam.dropout_keys) j["resid_pdrop"] = 0.0, j["embd_pdrop"] = 0.0;
   if (rope_scaling.type == "longrope")
     j["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
   j["pad_token_id"] = pad_token_id >= 0 ? json(pad_token_id) : json(nullptr);

@@ -86,6 +86,14 @@ struct RopeScaling {
 
 enum class MlpActivation { silu, gelu_tanh };
 
+// Which config.json key windows a family's attention (Note [Model families]).
+enum class WindowKey {
+  none,               // no window: a sliding_window above 0 is refused (Llama, Gemma)
+  sliding_window,     // sliding_window, null for none (Mistral, Phi-3)
+  use_sliding_window  // only with use_sliding_window true, which is refused; sliding_window is ignored
+                      // (Qwen2/3)
+};
+
 // One family's row (Note [Model families]).
 struct Family {
   const char* model_type;    // config.json's model_type: "qwen2"
@@ -99,6 +107,14 @@ struct Family {
   float norm_offset;       // RMSNorm multiplies by (w + norm_offset): 1 for Gemma, else 0
   bool embed_scale;        // embeddings times sqrt(hidden), rounded to the activation dtype (Gemma)
   bool tied_default;       // tie_word_embeddings when config.json does not say
+  // config.json's other spellings of the activation that mean `act`: an older hidden_act (Gemma's "gelu",
+  // which transformers reads as the tanh approximation) and a hidden_activation key; nullptr: none.
+  const char* hidden_act_alias;
+  const char* hidden_activation;
+  WindowKey window_key;
+  bool longrope;      // rope_scaling may be Phi-3's longrope (or "su")
+  bool mlp_bias_key;  // config.json has mlp_bias (written false)
+  bool dropout_keys;  // config.json has resid_pdrop and embd_pdrop (written 0)
 };
 
 // The family named `model_type`; ConfigError listing the families for another.

@@ -85,8 +85,11 @@ TEST(ExportFiles, SavePretrainedCopiesThemByteForByte) {
   chunks.init(3);
   save_pretrained(out.string(), chunks, DType::bf16, {.source_dir = src.string()});
   for (const std::string& f : kCopied) EXPECT_EQ(read(out / f), f) << f;
-  for (const std::string& f : kNotCopied)
-    if (f != "model.safetensors") EXPECT_FALSE(fs::exists(out / f)) << f;
+  for (const std::string& f : kNotCopied) {
+    if (f != "model.safetensors") {
+      EXPECT_FALSE(fs::exists(out / f)) << f;
+    }
+  }
   EXPECT_EQ(read(out / "generation_config.json"), read(src / "generation_config.json"));
   for (const fs::directory_entry& e : fs::recursive_directory_iterator(out))
     EXPECT_FALSE(e.path().string().ends_with(".tmp")) << e.path();

@@ -104,7 +104,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
                           " ranks are training (", comm->name(),
                           "); load the config with the launcher's world size (train_batch_size = "
                           "train_micro_batch_size_per_gpu x gradient_accumulation_steps x ranks)"));
-  wd = cfg.bf16.enabled ? DType::bf16 : cfg.fp16.enabled ? DType::fp16 : DType::fp32;
+  working_dtype = cfg.bf16.enabled ? DType::bf16 : cfg.fp16.enabled ? DType::fp16 : DType::fp32;
   const auto& z = cfg.zero_optimization;
   homes = shard_homes(cfg);
   n_states = cfg.optimizer.type == OptimizerType::Adam || cfg.optimizer.type == OptimizerType::AdamW ? 2 : 1;
@@ -143,7 +143,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
                            .workspace_bytes = opts.ops_workspace_bytes,
                            .deterministic_attention = cfg.strata.deterministic_attention});
   act = ops->caps().activation;
-  // Note [Cores]: on the host backend with cores of the optimizer's own, the copies run there too.
+  // On the host backend with cores of the optimizer's own, the copies run there too (Note [Cores]).
   const std::vector<int> copy_cpus =
       dev->caps().backend == BackendKind::host && !compute_cpus.empty() && cfg.strata.cpu_optim.pin_threads
           ? optimizer_cpus
@@ -156,7 +156,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   if (world > 1) warm_up_communicators();
   dev->measure_capacity();
   agree_capacity();
-  // Note [Cores]: with strata.cpu_optim.cores the optimizer has that many threads on its own cpus.
+  // With strata.cpu_optim.cores the optimizer has that many threads on its own cpus (Note [Cores]).
   opt = std::make_unique<cpu_optim::Optimizer>(cpu_optim::Options{
       .simd = cfg.strata.cpu_optim.simd,
       .threads = cfg.strata.cpu_optim.cores > 0 ? int(cfg.strata.cpu_optim.cores) : int(cfg.strata.threads),
@@ -223,8 +223,8 @@ void Engine::Impl::open_tiers() {
     // What the bytes are, so that the free-space refusal shows which setting moves them.
     std::string what;
     if (plan.nvme_params > 0)
-      what =
-          cat(format_size(plan.nvme_params), " of ", dtype_name(wd), " working parameters (offload_param)");
+      what = cat(format_size(plan.nvme_params), " of ", dtype_name(working_dtype),
+                 " working parameters (offload_param)");
     if (plan.nvme_state > plan.nvme_params)
       what += cat(
           what.empty() ? "" : " and ", format_size(plan.nvme_state - plan.nvme_params),
@@ -288,51 +288,53 @@ void Engine::Impl::init_chunks() {
   std::vector<tiering::Move> writes;
   for (ChunkSlot& s : slots) {
     const std::size_t n = s.shard.numel;
-    s.t = tm->register_shard({.prefix = s.name,
-                              .chunk = s.id,
-                              .shard = comm->rank(),
-                              .numel = n,
-                              .working = wd,
-                              .param_numel = param_numel(s),
-                              .homes = s.h});
+    s.tensors = tm->register_shard({.prefix = s.name,
+                                    .chunk = s.id,
+                                    .shard = comm->rank(),
+                                    .numel = n,
+                                    .working = working_dtype,
+                                    .param_numel = param_numel(s),
+                                    .homes = s.homes});
     full.assign(s.numel, 0.0f);
     if (opts.init_params)
       opts.init_params(layout.chunk(s.id), full.data());
     else
       model::init_chunk(layout, s.id, seed, full.data());
     const float* mine = full.data() + s.shard.offset;
-    writes.push_back(put(s.t.master, s.h.master, mine, n * 4));
+    writes.push_back(put(s.tensors.master, s.homes.master, mine, n * 4));
     // The working params: this rank's shard, or the whole chunk when replicated (stages 1 and 2).
     const float* params = replicated ? full.data() : mine;
     const std::size_t pn = param_numel(s);
-    if (wd == DType::fp32) {
-      writes.push_back(put(s.t.param, homes.param, params, pn * 4));
+    if (working_dtype == DType::fp32) {
+      writes.push_back(put(s.tensors.param, homes.param, params, pn * 4));
     } else {
       half.resize(pn);
-      if (wd == DType::bf16)
+      if (working_dtype == DType::bf16)
         kc::cast_f32_to_bf16(half.data(), params, pn);
       else
         kc::cast_f32_to_f16(half.data(), params, pn);
-      writes.push_back(put(s.t.param, homes.param, half.data(), pn * 2));
+      writes.push_back(put(s.tensors.param, homes.param, half.data(), pn * 2));
     }
     zeros.assign(n, 0.0f);
     for (tiering::TensorId st : optimizer_tensors(s))
-      if (st != s.t.master) writes.push_back(put(st, s.h.optim, zeros.data(), n * 4));
-    if (s.h.grad != Tier::nvme) tm->allocate(s.t.grad, s.h.grad);  // NVMe: written by the first hand-off
+      if (st != s.tensors.master) writes.push_back(put(st, s.homes.optim, zeros.data(), n * 4));
+    if (s.homes.grad != Tier::nvme)
+      tm->allocate(s.tensors.grad, s.homes.grad);  // NVMe: written by the first hand-off
     // Tensors at home on the device or in pinned memory stay there (their addresses are used directly);
     // NVMe-resident ones come and go through pinned memory.
-    for (tiering::TensorId id : {s.t.param, s.t.grad, s.t.master, s.t.exp_avg, s.t.exp_avg_sq}) {
+    for (tiering::TensorId id :
+         {s.tensors.param, s.tensors.grad, s.tensors.master, s.tensors.exp_avg, s.tensors.exp_avg_sq}) {
       const tiering::TensorInfo info = tm->info(id);
       if (info.desc.home != Tier::nvme && info.allocated) tm->pin(id);
     }
-    if (homes.param != Tier::nvme) s.param_home = tm->data(s.t.param, homes.param);
-    if (s.h.grad != Tier::nvme) s.grad = static_cast<float*>(tm->data(s.t.grad, s.h.grad));
-    if (s.h.master != Tier::nvme) {
-      s.master = static_cast<float*>(tm->data(s.t.master, s.h.master));
+    if (homes.param != Tier::nvme) s.param_home = tm->data(s.tensors.param, homes.param);
+    if (s.homes.grad != Tier::nvme) s.grad = static_cast<float*>(tm->data(s.tensors.grad, s.homes.grad));
+    if (s.homes.master != Tier::nvme) {
+      s.master = static_cast<float*>(tm->data(s.tensors.master, s.homes.master));
       if (cfg.optimizer.type != OptimizerType::Adagrad)
-        s.exp_avg = static_cast<float*>(tm->data(s.t.exp_avg, s.h.optim));
+        s.exp_avg = static_cast<float*>(tm->data(s.tensors.exp_avg, s.homes.optim));
       if (cfg.optimizer.type != OptimizerType::Lion)
-        s.exp_avg_sq = static_cast<float*>(tm->data(s.t.exp_avg_sq, s.h.optim));
+        s.exp_avg_sq = static_cast<float*>(tm->data(s.tensors.exp_avg_sq, s.homes.optim));
     }
     for (const tiering::Move& w : writes) w.wait();
     writes.clear();
@@ -388,11 +390,11 @@ Event& EngineState::computed(ChunkSlot& s) {
 std::vector<tiering::TensorId> EngineState::optimizer_tensors(const ChunkSlot& s) const {
   switch (cfg.optimizer.type) {
     case OptimizerType::Adagrad:
-      return {s.t.master, s.t.exp_avg_sq};
+      return {s.tensors.master, s.tensors.exp_avg_sq};
     case OptimizerType::Lion:
-      return {s.t.master, s.t.exp_avg};
+      return {s.tensors.master, s.tensors.exp_avg};
     default:
-      return {s.t.master, s.t.exp_avg, s.t.exp_avg_sq};
+      return {s.tensors.master, s.tensors.exp_avg, s.tensors.exp_avg_sq};
   }
 }
 
@@ -425,15 +427,16 @@ StepResult Engine::step() {
 std::string Engine::save_checkpoint(const std::string& dir, const nlohmann::json& client_state,
                                     const model::DataLoader* data, const std::string& tag) {
   impl_->dev->bind_thread();
-  impl_->overlap.settle(-1);   // the last step's updates left to the worker
-  impl_->overlap.undo(false);  // the state as of the last step (a later step redoes the updates)
+  impl_->overlap.settle_all();  // the last step's updates left to the worker
+  impl_->overlap.undo(
+      UndoAs::cancellation);  // the state as of the last step (a later step redoes the updates)
   return impl_->save(dir, client_state, data, tag);
 }
 nlohmann::json Engine::load_checkpoint(const std::string& dir, const std::string& tag,
                                        model::DataLoader* data) {
   impl_->dev->bind_thread();
-  impl_->overlap.settle(-1);
-  impl_->overlap.undo(false);
+  impl_->overlap.settle_all();
+  impl_->overlap.undo(UndoAs::cancellation);
   return impl_->load(dir, tag, data);
 }
 std::int64_t Engine::global_step() const {
@@ -497,7 +500,9 @@ kernels::Ops& Engine::ops() {
   return *impl_->ops;
 }
 model::ModelOptions Engine::model_options() {
-  return {.checkpoint_activations = impl_->ckpt, .device = impl_->dev.get(), .ops = impl_->ops.get()};
+  return {.checkpoint_activations = impl_->checkpoint_activations,
+          .device = impl_->dev.get(),
+          .ops = impl_->ops.get()};
 }
 
 }  // namespace strata::zero3

@@ -50,7 +50,7 @@
 namespace strata::zero3 {
 
 void ChunkCache::open() {
-  const auto& z = e_.cfg.zero_optimization;
+  const auto& z = engine_.cfg.zero_optimization;
   prefetch::PrefetchOptions po;
   po.bucket_numel = z.stage3_prefetch_bucket_size;
   po.max_live_numel = z.stage3_max_live_parameters;
@@ -61,25 +61,25 @@ void ChunkCache::open() {
 // ----------------------------------------------------------------------------- prefetch::FetchTarget
 
 std::uint64_t ChunkCache::numel(int c) const {
-  return e_.slots[std::size_t(c)].numel;
+  return engine_.slots[std::size_t(c)].numel;
 }
 
 std::uint64_t ChunkCache::live_numel() const {
   std::uint64_t n = 0;
-  for (const ChunkSlot& s : e_.slots)
-    if (s.g != ChunkSlot::Gather::absent) n += s.numel;
+  for (const ChunkSlot& s : engine_.slots)
+    if (s.gather != ChunkSlot::Gather::absent) n += s.numel;
   return n;
 }
 
 prefetch::Residency ChunkCache::residency(int c) {
-  ChunkSlot& s = e_.slots[std::size_t(c)];
-  switch (s.g) {
+  ChunkSlot& s = engine_.slots[std::size_t(c)];
+  switch (s.gather) {
     case ChunkSlot::Gather::absent:
       return prefetch::Residency::absent;
     case ChunkSlot::Gather::in_flight:
       // With N ranks the answer must not depend on timing (Note [Ranks]): a gather stays in flight until
       // its acquire (or drop) waits for it.
-      if (e_.world > 1 || !s.ready->query()) return prefetch::Residency::in_flight;
+      if (engine_.world > 1 || !s.ready->query()) return prefetch::Residency::in_flight;
       finish_fetch(s);
       return prefetch::Residency::resident;
     default:
@@ -88,25 +88,26 @@ prefetch::Residency ChunkCache::residency(int c) {
 }
 
 bool ChunkCache::cached(const ChunkSlot& s) const {
-  return s.id != acquiring_ && (s.g == ChunkSlot::Gather::ready || s.g == ChunkSlot::Gather::in_flight);
+  return s.id != acquiring_ &&
+         (s.gather == ChunkSlot::Gather::ready || s.gather == ChunkSlot::Gather::in_flight);
 }
 
 std::uint64_t ChunkCache::cache_bytes() const {
   std::uint64_t b = 0;
-  for (const ChunkSlot& s : e_.slots)
+  for (const ChunkSlot& s : engine_.slots)
     if (cached(s)) b += s.gather_block;
   return b;
 }
 
 std::int64_t ChunkCache::next_use(const ChunkSlot& s) const {
-  return e_.in_pass ? pf_->upcoming(s.id) : -1;
+  return engine_.in_pass ? pf_->upcoming(s.id) : -1;
 }
 
 ChunkSlot* ChunkCache::victim(std::int64_t for_position) {
   constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
   ChunkSlot* best = nullptr;
   std::int64_t best_next = 0;
-  for (ChunkSlot& s : e_.slots) {
+  for (ChunkSlot& s : engine_.slots) {
     if (!cached(s)) continue;
     const std::int64_t q = next_use(s);
     const std::int64_t next = q < 0 ? never : q;
@@ -120,9 +121,9 @@ ChunkSlot* ChunkCache::victim(std::int64_t for_position) {
 }
 
 bool ChunkCache::fit_cache(std::uint64_t more, std::int64_t for_position) {
-  if (more > e_.plan.device_cache) return false;
+  if (more > engine_.plan.device_cache) return false;
   std::uint64_t bytes = cache_bytes();
-  while (bytes + more > e_.plan.device_cache) {
+  while (bytes + more > engine_.plan.device_cache) {
     ChunkSlot* v = victim(for_position);
     if (!v) return false;
     bytes -= v->gather_block;
@@ -131,16 +132,16 @@ bool ChunkCache::fit_cache(std::uint64_t more, std::int64_t for_position) {
   return true;
 }
 
-void* ChunkCache::device_alloc(tiering::TensorId id, bool demand) {
+void* ChunkCache::device_alloc(tiering::TensorId id, AllocFor who) {
   for (;;) {
     try {
-      return e_.tm->allocate(id, Tier::device);
+      return engine_.tm->allocate(id, Tier::device);
     } catch (const OutOfMemory&) {
       // A prefetch never takes room from the cache's budget that is not there; a demand (the chunk being
       // acquired, a gradient buffer) may take the whole cache. With none left, the model holds more at
       // once than the plan's working set.
-      if (!demand) return nullptr;
-      ChunkSlot* v = victim(-1);
+      if (who == AllocFor::prefetch) return nullptr;
+      ChunkSlot* v = victim(kAnyCached);
       if (!v) throw;
       drop_gathered(*v);
     }
@@ -148,42 +149,43 @@ void* ChunkCache::device_alloc(tiering::TensorId id, bool demand) {
 }
 
 bool ChunkCache::start_fetch(int c, bool demand) {
-  ChunkSlot& s = e_.slots[std::size_t(c)];
-  STRATA_CHECK(s.g == ChunkSlot::Gather::absent, "zero3: chunk ", s.name, " gathered twice");
+  ChunkSlot& s = engine_.slots[std::size_t(c)];
+  STRATA_CHECK(s.gather == ChunkSlot::Gather::absent, "zero3: chunk ", s.name, " gathered twice");
   overlap_.settle(c);  // the last step's update of this chunk, left to the worker, writes its params
-  const bool from_nvme = e_.homes.param == Tier::nvme;
-  const auto& z = e_.cfg.zero_optimization;
+  const bool from_nvme = engine_.homes.param == Tier::nvme;
+  const auto& z = engine_.cfg.zero_optimization;
   if (from_nvme && !demand && nvme_param_reads_ >= z.offload_param.buffer_count) {
     // Is the pinned copy cached? Then no read buffer is needed.
-    if (!tiering::has(e_.tm->info(s.t.param).valid, Tier::pinned)) return false;
+    if (!tiering::has(engine_.tm->info(s.tensors.param).valid, Tier::pinned)) return false;
   }
   // A prefetch goes into the cache: it must fit the cache's budget, making room only by dropping chunks
   // used after it. A demand fetch is for a chunk about to be held (the working set).
   if (!demand && !fit_cache(s.gather_block, std::max<std::int64_t>(0, next_use(s)))) return false;
-  void* g = device_alloc(s.gathered, demand);
+  void* g = device_alloc(s.gathered, demand ? AllocFor::demand : AllocFor::prefetch);
   if (!g) return false;
   s.gptr = g;
 
   const void* src = s.param_home;
   tiering::Move read;
   if (from_nvme) {
-    e_.tm->pin(s.t.param);
+    engine_.tm->pin(s.tensors.param);
     s.pins_param = true;
-    read = e_.tm->fetch(s.t.param, Tier::pinned);
-    src = e_.tm->data(s.t.param, Tier::pinned);
+    read = engine_.tm->fetch(s.tensors.param, Tier::pinned);
+    src = engine_.tm->data(s.tensors.param, Tier::pinned);
     if (read) {
       s.counts_nvme_read = true;
       ++nvme_param_reads_;
     }
   }
-  if (!s.ready) s.ready = e_.dev->create_event();
+  if (!s.ready) s.ready = engine_.dev->create_event();
   s.error = nullptr;
-  const std::size_t n = e_.param_numel(s);  // replicated (stages 1 and 2): the whole chunk, no all-gather
+  const std::size_t n =
+      engine_.param_numel(s);  // replicated (stages 1 and 2): the whole chunk, no all-gather
   std::exception_ptr* err = &s.error;
   if (read) {
     // The NVMe read must land in the pinned copy before the cast reads it; its failure is kept for the
     // acquire that waits for this gather.
-    e_.gather_stream->host_fn([read, err] {
+    engine_.gather_stream->host_fn([read, err] {
       try {
         read.wait();
       } catch (...) {
@@ -194,26 +196,28 @@ bool ChunkCache::start_fetch(int c, bool demand) {
   // The source is device memory or pinned host memory; the cast widens this rank's shard to the ops'
   // dtype at its place in the chunk, on the gather stream. With N ranks the all-gather (in place) then
   // brings the other ranks' shards.
-  char* mine = static_cast<char*>(s.gptr) + (e_.replicated ? 0 : s.shard.offset) * dtype_bytes(e_.act);
-  e_.gather_ops->cast(kernels::Tensor{mine, e_.act, n}, kernels::Tensor{const_cast<void*>(src), e_.wd, n});
-  if (e_.world > 1 && !e_.replicated)
-    e_.gather_comm->all_gather(mine, s.gptr, n, e_.act, e_.gather_stream.get());
-  e_.gather_stream->record(*s.ready);
+  char* mine =
+      static_cast<char*>(s.gptr) + (engine_.replicated ? 0 : s.shard.offset) * dtype_bytes(engine_.act);
+  engine_.gather_ops->cast(kernels::Tensor{mine, engine_.act, n},
+                           kernels::Tensor{const_cast<void*>(src), engine_.working_dtype, n});
+  if (engine_.world > 1 && !engine_.replicated)
+    engine_.gather_comm->all_gather(mine, s.gptr, n, engine_.act, engine_.gather_stream.get());
+  engine_.gather_stream->record(*s.ready);
   s.reader = s.ready.get();
-  s.g = ChunkSlot::Gather::in_flight;
-  ++e_.transfers.gathers;
-  e_.transfers.gather_bytes += n * e_.wd_bytes();
+  s.gather = ChunkSlot::Gather::in_flight;
+  ++engine_.transfers.gathers;
+  engine_.transfers.gather_bytes += n * engine_.working_dtype_bytes();
   return true;
 }
 
 void ChunkCache::finish_fetch(ChunkSlot& s) {
-  s.g = ChunkSlot::Gather::ready;
+  s.gather = ChunkSlot::Gather::ready;
   if (s.counts_nvme_read) {
     --nvme_param_reads_;
     s.counts_nvme_read = false;
   }
   if (s.pins_param) {
-    e_.tm->unpin(s.t.param);
+    engine_.tm->unpin(s.tensors.param);
     s.pins_param = false;
     // The pinned copy stays as a cache, least recently used first out, within plan.param_cache elements.
     auto it = std::find(param_cache_.begin(), param_cache_.end(), s.id);
@@ -233,69 +237,71 @@ void ChunkCache::finish_fetch(ChunkSlot& s) {
 }
 
 void ChunkCache::trim_param_cache() {
-  const std::uint64_t limit = e_.plan.param_cache;
+  const std::uint64_t limit = engine_.plan.param_cache;
   while (param_cache_numel_ > limit && !param_cache_.empty()) {
-    ChunkSlot& old = e_.slots[std::size_t(param_cache_.front())];
+    ChunkSlot& old = engine_.slots[std::size_t(param_cache_.front())];
     if (old.pins_param) break;  // its gather is still reading the pinned copy
     param_cache_.pop_front();
     param_cache_numel_ -= old.shard.numel;
-    e_.tm->evict(old.t.param, Tier::pinned, Tier::nvme);  // a valid NVMe copy exists: just dropped
+    engine_.tm->evict(old.tensors.param, Tier::pinned, Tier::nvme);  // a valid NVMe copy exists: just dropped
   }
 }
 
 void ChunkCache::wait_fetch(int c) {
-  ChunkSlot& s = e_.slots[std::size_t(c)];
-  STRATA_CHECK(s.g == ChunkSlot::Gather::in_flight, "zero3: wait for chunk ", s.name,
+  ChunkSlot& s = engine_.slots[std::size_t(c)];
+  STRATA_CHECK(s.gather == ChunkSlot::Gather::in_flight, "zero3: wait for chunk ", s.name,
                " with no gather in flight");
   // Note [Gather]: the compute stream waits for the gather; the host waits only where it reads, for a
   // gather from an NVMe home (its read's outcome, and the pinned copy it unpins).
   if (s.pins_param) {
     s.ready->synchronize();
-    ++e_.transfers.gather_host_waits;
+    ++engine_.transfers.gather_host_waits;
   } else {
-    e_.compute_stream->wait(*s.ready);
+    engine_.compute_stream->wait(*s.ready);
   }
   finish_fetch(s);
 }
 
 void ChunkCache::drop_gathered(ChunkSlot& s) {
   // A gather from NVMe still in flight holds a read buffer and a pin: the host settles it first.
-  if (s.g == ChunkSlot::Gather::in_flight && s.pins_param) s.ready->synchronize(), finish_fetch(s);
+  if (s.gather == ChunkSlot::Gather::in_flight && s.pins_param) s.ready->synchronize(), finish_fetch(s);
   // Never marked valid on the device (nothing moves it), so this frees the block without a copy — once its
   // last reader is done: the compute stream's ops enqueued before its release (which waited for the
   // gather), or the gather itself when no acquire came.
-  if (s.gptr) e_.tm->evict(s.gathered, Tier::device, Tier::pinned, s.reader);
+  if (s.gptr) engine_.tm->evict(s.gathered, Tier::device, Tier::pinned, s.reader);
   s.gptr = nullptr;
   s.reader = nullptr;
-  s.g = ChunkSlot::Gather::absent;
+  s.gather = ChunkSlot::Gather::absent;
 }
 
 void ChunkCache::drop_all_gathered() {
-  for (ChunkSlot& s : e_.slots) {
-    STRATA_CHECK(s.g != ChunkSlot::Gather::held, "zero3: chunk ", s.name,
+  for (ChunkSlot& s : engine_.slots) {
+    STRATA_CHECK(s.gather != ChunkSlot::Gather::held, "zero3: chunk ", s.name,
                  " is still held at the optimizer step");
-    if (s.g != ChunkSlot::Gather::absent) drop_gathered(s);
+    if (s.gather != ChunkSlot::Gather::absent) drop_gathered(s);
   }
 }
 
 void ChunkCache::all_gather_params() {
-  for (ChunkSlot& s : e_.slots)
-    e_.gather_comm->all_gather(e_.my_params(s), s.param_home, s.shard.numel, e_.wd, e_.gather_stream.get());
+  for (ChunkSlot& s : engine_.slots)
+    engine_.gather_comm->all_gather(engine_.my_params(s), s.param_home, s.shard.numel, engine_.working_dtype,
+                                    engine_.gather_stream.get());
 }
 
 void ChunkCache::params_written(ChunkSlot& s, std::vector<tiering::Move>& writes) {
-  e_.tm->mark_written(s.t.param, Tier::pinned);
-  e_.tm->unpin(s.t.param);
+  engine_.tm->mark_written(s.tensors.param, Tier::pinned);
+  engine_.tm->unpin(s.tensors.param);
   auto it = std::find(param_cache_.begin(), param_cache_.end(), s.id);
   const bool cached = it != param_cache_.end();
   if (cached) param_cache_.erase(it);
   const std::uint64_t others = param_cache_numel_ - (cached ? s.shard.numel : 0);
-  if (others + s.shard.numel <= e_.plan.param_cache) {
-    writes.push_back(e_.tm->fetch(s.t.param, Tier::nvme));  // write through; the pinned copy stays a cache
+  if (others + s.shard.numel <= engine_.plan.param_cache) {
+    writes.push_back(
+        engine_.tm->fetch(s.tensors.param, Tier::nvme));  // write through; the pinned copy stays a cache
     param_cache_.push_back(s.id);
     param_cache_numel_ = others + s.shard.numel;
   } else {
-    writes.push_back(e_.tm->evict(s.t.param, Tier::pinned, Tier::nvme));
+    writes.push_back(engine_.tm->evict(s.tensors.param, Tier::pinned, Tier::nvme));
     param_cache_numel_ = others;
   }
 }
@@ -303,51 +309,51 @@ void ChunkCache::params_written(ChunkSlot& s, std::vector<tiering::Move>& writes
 // --------------------------------------------------------------------------------- ChunkProvider
 
 model::ChunkView ChunkCache::acquire(int c) {
-  STRATA_CHECK(c >= 0 && c < int(e_.slots.size()), "zero3: chunk ", c, " does not exist");
-  ChunkSlot& s = e_.slots[std::size_t(c)];
-  STRATA_CHECK(s.g != ChunkSlot::Gather::held, "zero3: chunk ", s.name, " acquired while already held");
+  STRATA_CHECK(c >= 0 && c < int(engine_.slots.size()), "zero3: chunk ", c, " does not exist");
+  ChunkSlot& s = engine_.slots[std::size_t(c)];
+  STRATA_CHECK(s.gather != ChunkSlot::Gather::held, "zero3: chunk ", s.name, " acquired while already held");
   // A forward outside a training pass (an evaluation, even between the last backward and step()) sees
   // the last step's weights: the early updates are undone first (Note [Optimizer overlap]).
-  if (!e_.in_pass) overlap_.undo(false);
-  const WaitTimer t0(*e_.compute_stream);
+  if (!engine_.in_pass) overlap_.undo(UndoAs::cancellation);
+  const WaitTimer t0(*engine_.compute_stream);
   // While the prefetcher makes c resident and then starts the fetches after it, c must not be chosen to
   // make room for them.
   acquiring_ = c;
   try {
-    if (e_.in_pass) {
+    if (engine_.in_pass) {
       pf_->acquire(c);
     } else {  // outside training (weight export): on demand
       if (residency(c) == prefetch::Residency::absent) start_fetch(c, true);
-      if (s.g == ChunkSlot::Gather::in_flight) wait_fetch(c);
+      if (s.gather == ChunkSlot::Gather::in_flight) wait_fetch(c);
     }
   } catch (...) {
     acquiring_ = -1;
     throw;
   }
   acquiring_ = -1;
-  e_.times.wait += t0.idle_seconds();
-  STRATA_CHECK(s.g == ChunkSlot::Gather::ready && s.gptr, "zero3: chunk ", s.name,
+  engine_.times.wait += t0.idle_seconds();
+  STRATA_CHECK(s.gather == ChunkSlot::Gather::ready && s.gptr, "zero3: chunk ", s.name,
                " is not resident after acquire");
-  s.g = ChunkSlot::Gather::held;
+  s.gather = ChunkSlot::Gather::held;
   s.last_use = ++use_clock_;
-  return model::ChunkView{&e_.layout.chunk(c), static_cast<const float*>(s.gptr), e_.act};
+  return model::ChunkView{&engine_.layout.chunk(c), static_cast<const float*>(s.gptr), engine_.act};
 }
 
 void ChunkCache::release(int c) {
-  ChunkSlot& s = e_.slots[std::size_t(c)];
-  STRATA_CHECK(s.g == ChunkSlot::Gather::held, "zero3: chunk ", s.name, " released but not held");
-  s.g = ChunkSlot::Gather::ready;
+  ChunkSlot& s = engine_.slots[std::size_t(c)];
+  STRATA_CHECK(s.gather == ChunkSlot::Gather::held, "zero3: chunk ", s.name, " released but not held");
+  s.gather = ChunkSlot::Gather::ready;
   s.reader =
-      &e_.computed(s);  // the last op reading the gathered copy: drop_gathered frees the block after it
-  const bool keep = e_.in_pass && (s.persistent || pf_->keep_after_release(c)) &&
-                    live_numel() <= e_.cfg.zero_optimization.stage3_max_live_parameters;
+      &engine_.computed(s);  // the last op reading the gathered copy: drop_gathered frees the block after it
+  const bool keep = engine_.in_pass && (s.persistent || pf_->keep_after_release(c)) &&
+                    live_numel() <= engine_.cfg.zero_optimization.stage3_max_live_parameters;
   if (!keep) {
     drop_gathered(s);
     return;
   }
   // Kept for reuse, it joins the cache, which must stay within its budget: the chunks used furthest in
   // the future leave first (this one, if its reuse is the furthest).
-  fit_cache(0, -1);
+  fit_cache(0, kAnyCached);
 }
 
 }  // namespace strata::zero3

@@ -16,9 +16,14 @@ namespace strata::zero3 {
 
 class OptimizerOverlap;
 
+// Whom a device block is for (ChunkCache::device_alloc): a prefetch, which gets none when the allocator
+// refuses, or a demand (the chunk being acquired, a gradient buffer), which drops cached chunks until it
+// fits.
+enum class AllocFor : std::uint8_t { prefetch, demand };
+
 class ChunkCache final : public prefetch::FetchTarget {
  public:
-  ChunkCache(EngineState& e, OptimizerOverlap& overlap) : e_(e), overlap_(overlap) {}
+  ChunkCache(EngineState& e, OptimizerOverlap& overlap) : engine_(e), overlap_(overlap) {}
 
   // Makes the prefetcher (after the plan: its options are the config's stage3_* keys).
   void open();
@@ -28,9 +33,9 @@ class ChunkCache final : public prefetch::FetchTarget {
   model::ChunkView acquire(int c);
   void release(int c);
 
-  // A device block for `id`. A prefetch (demand false) gets null when the allocator refuses; a demand
-  // drops cached chunks until it fits (OutOfMemory when none is left).
-  void* device_alloc(tiering::TensorId id, bool demand);
+  // A device block for `id`. A prefetch gets null when the allocator refuses; a demand drops cached chunks
+  // until it fits (OutOfMemory when none is left).
+  void* device_alloc(tiering::TensorId id, AllocFor who);
   // Drops every gathered chunk (after the step: they are stale).
   void drop_all_gathered();
   // Stages 1 and 2 after the step: each rank updated its slice of every chunk's working params; the
@@ -63,14 +68,15 @@ class ChunkCache final : public prefetch::FetchTarget {
   std::int64_t next_use(const ChunkSlot& s) const;
   // The cached chunk to drop first: the one used furthest in the future (never again: first of all), then
   // the least recently used. With `for_position` >= 0 (a prefetch for that position) only chunks used after
-  // it qualify. Null when none does.
+  // it qualify; with kAnyCached every cached chunk does. Null when none does.
+  static constexpr std::int64_t kAnyCached = -1;
   ChunkSlot* victim(std::int64_t for_position);
   // Drops cached chunks, victim() first, until the cache plus `more` bytes fits plan.device_cache. False
   // when that cannot be done with the chunks victim(for_position) allows.
   bool fit_cache(std::uint64_t more, std::int64_t for_position);
   void trim_param_cache();
 
-  EngineState& e_;
+  EngineState& engine_;
   OptimizerOverlap& overlap_;
   std::unique_ptr<prefetch::Prefetcher> pf_;
   int acquiring_ = -1;  // the chunk acquire() is making resident (never dropped to make room meanwhile)

@@ -49,7 +49,7 @@ std::uint64_t Engine::Impl::checkpoint_bytes() const {
   auto aligned = [](std::uint64_t b) { return (b + 4095) / 4096 * 4096; };
   std::uint64_t b = 4096 + (std::uint64_t(64) << 10);  // the header, and room for the table
   for (const ChunkSlot& s : slots) {
-    b += aligned(s.shard.numel * wd_bytes());
+    b += aligned(s.shard.numel * working_dtype_bytes());
     b += std::uint64_t(1 + n_states) * aligned(s.shard.numel * 4);
   }
   return b;
@@ -74,12 +74,17 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
   }
   for (ChunkSlot& s : slots) {
     const std::uint64_t n = s.shard.numel;
-    with_host_copy(s.t.param, [&](const void* p) {  // this rank's slice (of the whole chunk if replicated)
-      w.add({.name = s.name + ".param", .dtype = dtype_name(wd), .bytes = n * wd_bytes()},
-            static_cast<const char*>(p) + param_offset(s) * wd_bytes());
-    });
+    with_host_copy(s.tensors.param,
+                   [&](const void* p) {  // this rank's slice (of the whole chunk if replicated)
+                     w.add({.name = s.name + ".param",
+                            .dtype = dtype_name(working_dtype),
+                            .bytes = n * working_dtype_bytes()},
+                           static_cast<const char*>(p) + param_offset(s) * working_dtype_bytes());
+                   });
     for (tiering::TensorId id : optimizer_tensors(s)) {
-      const std::string suffix = id == s.t.master ? "master" : id == s.t.exp_avg ? "exp_avg" : "exp_avg_sq";
+      const std::string suffix = id == s.tensors.master    ? "master"
+                                 : id == s.tensors.exp_avg ? "exp_avg"
+                                                           : "exp_avg_sq";
       with_host_copy(id, [&](const void* p) {
         w.add({.name = s.name + "." + suffix, .dtype = "fp32", .bytes = n * 4}, p);
       });
@@ -90,7 +95,7 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
       {"applied_steps", applied_steps},
       {"skipped_steps", skipped},
       {"model", mcfg.to_json()},
-      {"working_dtype", dtype_name(wd)},
+      {"working_dtype", dtype_name(working_dtype)},
       {"optimizer", optimizer_name(cfg.optimizer.type)},
       {"config", cfg.to_json()},
       {"loss_scaler", scaler.state()},
@@ -170,10 +175,10 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
     throw ConfigError(cat("checkpoint ", r.path(), " holds model '", saved.name, "' (",
                           saved.to_json().dump(), "); this run trains '", mcfg.name, "' (",
                           mcfg.to_json().dump(), "). Load it with the same --model"));
-  const std::string saved_wd = meta.at("working_dtype").get<std::string>();
-  if (saved_wd != dtype_name(wd))
-    throw ConfigError(cat("checkpoint ", r.path(), " holds ", saved_wd,
-                          " working params; this config trains in ", dtype_name(wd),
+  const std::string saved_working_dtype = meta.at("working_dtype").get<std::string>();
+  if (saved_working_dtype != dtype_name(working_dtype))
+    throw ConfigError(cat("checkpoint ", r.path(), " holds ", saved_working_dtype,
+                          " working params; this config trains in ", dtype_name(working_dtype),
                           " (bf16.enabled / fp16.enabled must match the saved run)"));
   const std::string saved_opt = meta.at("optimizer").get<std::string>();
   bool saved_w_mode = true;  // DeepSpeed's default, and what a checkpoint without its config means
@@ -241,9 +246,12 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
       writes.push_back(put(id, Tier::nvme, staged.data(), staged.size()));
     };
     // The working params: this rank's shard or — replicated — the whole chunk.
-    read_into(s.t.param, s.name + ".param", wd_bytes(), replicated ? 0 : s.shard.offset, param_numel(s));
+    read_into(s.tensors.param, s.name + ".param", working_dtype_bytes(), replicated ? 0 : s.shard.offset,
+              param_numel(s));
     for (tiering::TensorId id : optimizer_tensors(s)) {
-      const std::string suffix = id == s.t.master ? "master" : id == s.t.exp_avg ? "exp_avg" : "exp_avg_sq";
+      const std::string suffix = id == s.tensors.master    ? "master"
+                                 : id == s.tensors.exp_avg ? "exp_avg"
+                                                           : "exp_avg_sq";
       read_into(id, s.name + "." + suffix, 4, s.shard.offset, n);
     }
     for (const tiering::Move& m : writes) m.wait();

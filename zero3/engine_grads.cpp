@@ -75,33 +75,33 @@ void add_into(float* dst, const float* src, std::size_t n) {
 }  // namespace
 
 void GradientPath::open() {
-  const std::size_t C = e_.slots.size();
+  const std::size_t C = engine_.slots.size();
   expected_.assign(C, 0);
   seen_.assign(C, 0);
-  if (std::any_of(e_.slots.begin(), e_.slots.end(),
-                  [](const ChunkSlot& s) { return s.h.grad == Tier::pinned; }))
-    staging_ = PinnedBuffer(*e_.dev, e_.largest_shard * sizeof(float));
-  if (std::any_of(e_.slots.begin(), e_.slots.end(),
-                  [](const ChunkSlot& s) { return s.h.grad == Tier::nvme; }))
-    nvme_staging_id_ = e_.tm->register_tensor({.name = "zero3.grad_staging",
-                                               .kind = tiering::Kind::staging,
-                                               .dtype = DType::fp32,
-                                               .bytes = e_.largest_shard * sizeof(float),
-                                               .home = Tier::pinned,
-                                               .chunk = -1,
-                                               .shard = -1});
+  if (std::any_of(engine_.slots.begin(), engine_.slots.end(),
+                  [](const ChunkSlot& s) { return s.homes.grad == Tier::pinned; }))
+    staging_ = PinnedBuffer(*engine_.dev, engine_.largest_shard * sizeof(float));
+  if (std::any_of(engine_.slots.begin(), engine_.slots.end(),
+                  [](const ChunkSlot& s) { return s.homes.grad == Tier::nvme; }))
+    nvme_staging_id_ = engine_.tm->register_tensor({.name = "zero3.grad_staging",
+                                                    .kind = tiering::Kind::staging,
+                                                    .dtype = DType::fp32,
+                                                    .bytes = engine_.largest_shard * sizeof(float),
+                                                    .home = Tier::pinned,
+                                                    .chunk = -1,
+                                                    .shard = -1});
   out_stats_.assign(C, HostStats{});
-  if (e_.by_ops && std::any_of(e_.slots.begin(), e_.slots.end(),
-                               [](const ChunkSlot& s) { return s.h.grad == Tier::device; })) {
-    stats_id_ = e_.tm->register_tensor({.name = "zero3.grad_stats",
-                                        .kind = tiering::Kind::grad,
-                                        .dtype = DType::u8,
-                                        .bytes = C * 16,
-                                        .home = Tier::device,
-                                        .chunk = -1,
-                                        .shard = -1});
-    stats_ = static_cast<char*>(e_.tm->allocate(stats_id_, Tier::device));
-    e_.tm->pin(stats_id_);
+  if (engine_.by_ops && std::any_of(engine_.slots.begin(), engine_.slots.end(),
+                                    [](const ChunkSlot& s) { return s.homes.grad == Tier::device; })) {
+    stats_id_ = engine_.tm->register_tensor({.name = "zero3.grad_stats",
+                                             .kind = tiering::Kind::grad,
+                                             .dtype = DType::u8,
+                                             .bytes = C * 16,
+                                             .home = Tier::device,
+                                             .chunk = -1,
+                                             .shard = -1});
+    stats_ = static_cast<char*>(engine_.tm->allocate(stats_id_, Tier::device));
+    engine_.tm->pin(stats_id_);
   }
 }
 
@@ -115,106 +115,108 @@ void GradientPath::end_backward() {
 }
 
 float* GradientPath::acquire_grads(int c) {
-  ChunkSlot& s = e_.slots[std::size_t(c)];
+  ChunkSlot& s = engine_.slots[std::size_t(c)];
   STRATA_CHECK(s.gbuf == nullptr, "zero3: gradients of chunk ", s.name, " acquired while held");
-  s.gbuf = static_cast<float*>(cache_.device_alloc(s.gradbuf, true));
-  e_.ops->zero(
+  s.gbuf = static_cast<float*>(cache_.device_alloc(s.gradbuf, AllocFor::demand));
+  engine_.ops->zero(
       kernels::Tensor{s.gbuf, DType::fp32, s.numel});  // on the compute stream, before the model's ops
   return s.gbuf;
 }
 
 void GradientPath::release_grads(int c) {
-  ChunkSlot& s = e_.slots[std::size_t(c)];
+  ChunkSlot& s = engine_.slots[std::size_t(c)];
   STRATA_CHECK(s.gbuf != nullptr, "zero3: gradients of chunk ", s.name, " released but not held");
   overlap_.settle(c);  // the last step's update of this chunk, left to the worker, reads its gradients
-  if (e_.opts.gradient_hook) {
-    STRATA_CHECK(e_.dev->caps().host_addressable,
+  if (engine_.opts.gradient_hook) {
+    STRATA_CHECK(engine_.dev->caps().host_addressable,
                  "zero3: EngineOptions.gradient_hook needs addressable memory");
-    e_.compute_stream->synchronize();
-    e_.opts.gradient_hook(c, s.gbuf, s.numel);
+    engine_.compute_stream->synchronize();
+    engine_.opts.gradient_hook(c, s.gbuf, s.numel);
   }
   ++seen_[std::size_t(c)];
   const bool final = final_handoff(s);
-  if (s.route.reduce != UpdateRoute::Reduce::none) e_.grad_stream->wait(e_.computed(s));
+  if (s.route.reduce != UpdateRoute::Reduce::none) engine_.grad_stream->wait(engine_.computed(s));
   if (s.route.grads == UpdateRoute::Grads::local_accumulator) {
     // Note [Stage 1 accumulates locally]: summed here, reduced once, at the final hand-off.
     const kernels::Tensor g{s.gbuf, DType::fp32, s.numel};
     if (s.acc) {
-      e_.grad_ops->add(kernels::Tensor{s.acc, DType::fp32, s.numel}, g);
+      engine_.grad_ops->add(kernels::Tensor{s.acc, DType::fp32, s.numel}, g);
     } else {
-      s.acc = static_cast<float*>(cache_.device_alloc(s.accbuf, true));
-      e_.grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, s.numel}, g);
+      s.acc = static_cast<float*>(cache_.device_alloc(s.accbuf, AllocFor::demand));
+      engine_.grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, s.numel}, g);
     }
-    if (!s.handed_off) s.handed_off = e_.dev->create_event();
-    e_.grad_stream->record(*s.handed_off);
-    e_.tm->evict(s.gradbuf, Tier::device, Tier::pinned, s.handed_off.get());  // frees the block once read
+    if (!s.handed_off) s.handed_off = engine_.dev->create_event();
+    engine_.grad_stream->record(*s.handed_off);
+    engine_.tm->evict(s.gradbuf, Tier::device, Tier::pinned,
+                      s.handed_off.get());  // frees the block once read
     s.gbuf = nullptr;
     if (final) flush_local_accumulator(s);
-    overlap_.handed_off(s, *e_.grad_stream, seen_[std::size_t(c)], expected_[std::size_t(c)]);
+    overlap_.handed_off(s, *engine_.grad_stream, seen_[std::size_t(c)], expected_[std::size_t(c)]);
     return;
   }
   // This rank's slice of the buffer: with N ranks, the sum over ranks left there by the reduce-scatter
   // (in place, on the gradient stream once the model's ops are done); with one, the whole buffer.
   if (s.route.reduce == UpdateRoute::Reduce::every_handoff) {
-    e_.grad_comm->reduce_scatter(s.gbuf, s.gbuf + s.shard.offset, s.shard.numel, DType::fp32,
-                                 comm::ReduceOp::sum, e_.grad_stream.get());
-    ++e_.transfers.grad_reductions;
-    e_.transfers.grad_reduction_bytes += s.numel * sizeof(float);
+    engine_.grad_comm->reduce_scatter(s.gbuf, s.gbuf + s.shard.offset, s.shard.numel, DType::fp32,
+                                      comm::ReduceOp::sum, engine_.grad_stream.get());
+    ++engine_.transfers.grad_reductions;
+    engine_.transfers.grad_reduction_bytes += s.numel * sizeof(float);
   }
   float* buffer = s.gbuf;
   s.gbuf = nullptr;
   hand_to_shard(s, buffer + s.shard.offset, s.gradbuf, final);
   // The stream the hand-off ends on: the gradient stream, or the compute stream for one rank's device home.
-  overlap_.handed_off(s, s.h.grad == Tier::device && e_.world == 1 ? *e_.compute_stream : *e_.grad_stream,
-                      seen_[std::size_t(c)], expected_[std::size_t(c)]);
+  overlap_.handed_off(
+      s, s.homes.grad == Tier::device && engine_.world == 1 ? *engine_.compute_stream : *engine_.grad_stream,
+      seen_[std::size_t(c)], expected_[std::size_t(c)]);
 }
 
 void GradientPath::flush_local_accumulator(ChunkSlot& s) {
-  e_.grad_comm->reduce_scatter(s.acc, s.acc + s.shard.offset, s.shard.numel, DType::fp32, comm::ReduceOp::sum,
-                               e_.grad_stream.get());
-  ++e_.transfers.grad_reductions;
-  e_.transfers.grad_reduction_bytes += s.numel * sizeof(float);
+  engine_.grad_comm->reduce_scatter(s.acc, s.acc + s.shard.offset, s.shard.numel, DType::fp32,
+                                    comm::ReduceOp::sum, engine_.grad_stream.get());
+  ++engine_.transfers.grad_reductions;
+  engine_.transfers.grad_reduction_bytes += s.numel * sizeof(float);
   float* acc = s.acc;
   s.acc = nullptr;
-  hand_to_shard(s, acc + s.shard.offset, s.accbuf, true);
+  hand_to_shard(s, acc + s.shard.offset, s.accbuf, /*final=*/true);
 }
 
 void GradientPath::hand_to_shard(ChunkSlot& s, const float* src, tiering::TensorId buffer, bool final) {
   const std::size_t n = s.shard.numel;
   const bool fresh = s.grads_fresh;
   s.grads_fresh = false;
-  ++e_.transfers.grad_handoffs;
-  e_.transfers.grad_bytes += n * sizeof(float);
+  ++engine_.transfers.grad_handoffs;
+  engine_.transfers.grad_bytes += n * sizeof(float);
   const kernels::Tensor from{const_cast<float*>(src), DType::fp32, n};
-  if (s.h.grad == Tier::device) {
+  if (s.homes.grad == Tier::device) {
     // Copied into the empty shard or added to it: with one rank on the compute stream after the model's
     // ops; with N on the gradient stream after the reduce-scatter. The block is freed after that stream.
-    kernels::Ops& o = e_.world > 1 ? *e_.grad_ops : *e_.ops;
+    kernels::Ops& o = engine_.world > 1 ? *engine_.grad_ops : *engine_.ops;
     const kernels::Tensor to{s.grad, DType::fp32, n};
     if (fresh)
       o.cast(to, from);
     else
       o.add(to, from);
     const Event* after = nullptr;
-    if (e_.world > 1) {
-      if (!s.handed_off) s.handed_off = e_.dev->create_event();
-      e_.grad_stream->record(*s.handed_off);
+    if (engine_.world > 1) {
+      if (!s.handed_off) s.handed_off = engine_.dev->create_event();
+      engine_.grad_stream->record(*s.handed_off);
       after = s.handed_off.get();
     } else {
-      after = &e_.computed(s);
+      after = &engine_.computed(s);
     }
-    e_.tm->evict(buffer, Tier::device, Tier::pinned, after);  // frees the block (never valid: no copy)
+    engine_.tm->evict(buffer, Tier::device, Tier::pinned, after);  // frees the block (never valid: no copy)
   } else {
-    if (e_.world == 1) e_.grad_stream->wait(e_.computed(s));
+    if (engine_.world == 1) engine_.grad_stream->wait(engine_.computed(s));
     if (s.route.grads == UpdateRoute::Grads::device_accumulator && (s.acc || (fresh && !final))) {
       // Summed on the device (the same copy-then-add as below), and across to the shard once, at the
       // chunk's final hand-off of the step (or when the step's last backward ends).
       const kernels::Tensor acc_t{s.acc, DType::fp32, n};
       if (s.acc) {
-        e_.grad_ops->add(acc_t, from);
+        engine_.grad_ops->add(acc_t, from);
       } else {
-        s.acc = static_cast<float*>(cache_.device_alloc(s.accbuf, true));
-        e_.grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, n}, from);
+        s.acc = static_cast<float*>(cache_.device_alloc(s.accbuf, AllocFor::demand));
+        engine_.grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, n}, from);
       }
       if (final) flush_accumulator(s);
     } else if (s.route.grads_nvme) {  // Note [Gradients through NVMe]
@@ -225,18 +227,18 @@ void GradientPath::hand_to_shard(ChunkSlot& s, const float* src, tiering::Tensor
       // (the same arithmetic as the device-home path: a copy, or one fp32 add per element).
       float* dst = s.grad;
       if (fresh) {
-        e_.grad_stream->copy_async(dst, src, n * sizeof(float), CopyKind::device_to_host);
+        engine_.grad_stream->copy_async(dst, src, n * sizeof(float), CopyKind::device_to_host);
       } else {
         float* staged = static_cast<float*>(staging_.data());
-        e_.grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
-        e_.grad_stream->host_fn([this, dst, staged, n] { add_on_host(dst, staged, n); });
+        engine_.grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
+        engine_.grad_stream->host_fn([this, dst, staged, n] { add_on_host(dst, staged, n); });
       }
-      ++e_.transfers.grad_offloads;
-      e_.transfers.grad_offload_bytes += n * sizeof(float);
+      ++engine_.transfers.grad_offloads;
+      engine_.transfers.grad_offload_bytes += n * sizeof(float);
     }
-    if (!s.handed_off) s.handed_off = e_.dev->create_event();
-    e_.grad_stream->record(*s.handed_off);
-    e_.tm->evict(buffer, Tier::device, Tier::pinned, s.handed_off.get());  // reused once read
+    if (!s.handed_off) s.handed_off = engine_.dev->create_event();
+    engine_.grad_stream->record(*s.handed_off);
+    engine_.tm->evict(buffer, Tier::device, Tier::pinned, s.handed_off.get());  // reused once read
   }
 }
 
@@ -244,20 +246,21 @@ void GradientPath::flush_accumulator(ChunkSlot& s) {
   const std::size_t n = s.shard.numel;
   if (s.route.grads_nvme) {
     // The step's sum: crossing at the final hand-off, when the last backward ends, or when step() comes.
-    stage_for_nvme(s, s.acc, true, true);
+    stage_for_nvme(s, s.acc, /*fresh=*/true, /*with_stats=*/true);
   } else {
-    e_.grad_stream->copy_async(s.grad, s.acc, n * sizeof(float), CopyKind::device_to_host);
-    ++e_.transfers.grad_offloads;
-    e_.transfers.grad_offload_bytes += n * sizeof(float);
+    engine_.grad_stream->copy_async(s.grad, s.acc, n * sizeof(float), CopyKind::device_to_host);
+    ++engine_.transfers.grad_offloads;
+    engine_.transfers.grad_offload_bytes += n * sizeof(float);
   }
-  if (!s.handed_off) s.handed_off = e_.dev->create_event();
-  e_.grad_stream->record(*s.handed_off);
-  e_.tm->evict(s.accbuf, Tier::device, Tier::pinned, s.handed_off.get());  // frees the block after the copy
+  if (!s.handed_off) s.handed_off = engine_.dev->create_event();
+  engine_.grad_stream->record(*s.handed_off);
+  engine_.tm->evict(s.accbuf, Tier::device, Tier::pinned,
+                    s.handed_off.get());  // frees the block after the copy
   s.acc = nullptr;
 }
 
 void GradientPath::stage_for_nvme(ChunkSlot& s, const float* src, bool fresh, bool with_stats) {
-  tiering::TierManager& tm = *e_.tm;
+  tiering::TierManager& tm = *engine_.tm;
   const std::size_t n = s.shard.numel;
   // The window, and this chunk's own earlier write done before its shard is touched again.
   auto own_write = [&] {
@@ -265,55 +268,55 @@ void GradientPath::stage_for_nvme(ChunkSlot& s, const float* src, bool fresh, bo
                        [&](const NvmeWrite& w) { return w.chunk == s.id; });
   };
   if (!nvme_writes_.empty() && (nvme_writes_.size() >= kNvmeGradWindow || own_write())) {
-    const WaitTimer tw(*e_.compute_stream);
+    const WaitTimer tw(*engine_.compute_stream);
     while (!nvme_writes_.empty() && (nvme_writes_.size() >= kNvmeGradWindow || own_write()))
       finish_oldest_write();
-    e_.times.wait += tw.idle_seconds();
+    engine_.times.wait += tw.idle_seconds();
   }
   // The shard's pinned block: empty this step, or the NVMe copy read back into it to add to.
-  tm.pin(s.t.grad);
+  tm.pin(s.tensors.grad);
   tiering::Move read;
   float* dst = nullptr;
   if (fresh) {
-    dst = static_cast<float*>(tm.allocate(s.t.grad, Tier::pinned));
+    dst = static_cast<float*>(tm.allocate(s.tensors.grad, Tier::pinned));
   } else {
-    read = tm.fetch(s.t.grad, Tier::pinned);
-    dst = static_cast<float*>(tm.data(s.t.grad, Tier::pinned));
+    read = tm.fetch(s.tensors.grad, Tier::pinned);
+    dst = static_cast<float*>(tm.data(s.tensors.grad, Tier::pinned));
   }
   // The gradient stream copies the gradients off the device into staging and (to_nvme) into the block. The
   // stream runs in order: the next copy into staging waits for this host function to have read it. The
   // host function touches memory only: the tier manager may wait for this stream's events under its
   // mutex, so nothing on the stream may take it.
   float* staged = nvme_staging();
-  e_.grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
-  e_.grad_stream->host_fn([this, &s, dst, staged, fresh, with_stats, read] {
+  engine_.grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
+  engine_.grad_stream->host_fn([this, &s, dst, staged, fresh, with_stats, read] {
     read.wait();  // the NVMe copy is in the block (raises a failed read)
     to_nvme(s, dst, staged, fresh, with_stats);
   });
-  if (!s.handed_off) s.handed_off = e_.dev->create_event();
-  e_.grad_stream->record(*s.handed_off);
+  if (!s.handed_off) s.handed_off = engine_.dev->create_event();
+  engine_.grad_stream->record(*s.handed_off);
   // The write to NVMe, gated by the tier manager on that event; the block is freed once written.
   try {
-    tm.mark_written(s.t.grad, Tier::pinned);
-    tm.unpin(s.t.grad);
-    nvme_writes_.push_back({s.id, tm.evict(s.t.grad, Tier::pinned, Tier::nvme, s.handed_off.get())});
+    tm.mark_written(s.tensors.grad, Tier::pinned);
+    tm.unpin(s.tensors.grad);
+    nvme_writes_.push_back({s.id, tm.evict(s.tensors.grad, Tier::pinned, Tier::nvme, s.handed_off.get())});
   } catch (const OutOfMemory& err) {
     throw OutOfMemory(write_context(s.id) + err.what());
   }
-  ++e_.transfers.grad_offloads;
-  e_.transfers.grad_offload_bytes += n * sizeof(float);
-  ++e_.transfers.grad_nvme_writes;
-  e_.transfers.grad_nvme_write_bytes += n * sizeof(float);
+  ++engine_.transfers.grad_offloads;
+  engine_.transfers.grad_offload_bytes += n * sizeof(float);
+  ++engine_.transfers.grad_nvme_writes;
+  engine_.transfers.grad_nvme_write_bytes += n * sizeof(float);
   if (!fresh) {
-    ++e_.transfers.grad_nvme_reads;
-    e_.transfers.grad_nvme_read_bytes += n * sizeof(float);
+    ++engine_.transfers.grad_nvme_reads;
+    engine_.transfers.grad_nvme_read_bytes += n * sizeof(float);
   }
 }
 
 void GradientPath::to_nvme(ChunkSlot& s, float* dst, const float* staged, bool fresh, bool with_stats) {
   const std::size_t n = s.shard.numel;
   if (fresh)
-    e_.opt->for_each_range(n, [dst, staged](std::size_t i0, std::size_t i1) {
+    engine_.opt->for_each_range(n, [dst, staged](std::size_t i0, std::size_t i1) {
       std::memcpy(dst + i0, staged + i0, (i1 - i0) * sizeof(float));
     });
   else
@@ -324,11 +327,11 @@ void GradientPath::to_nvme(ChunkSlot& s, float* dst, const float* staged, bool f
 GradientPath::HostStats GradientPath::host_stats(const float* g, std::size_t n) const {
   HostStats st;
   st.valid = true;
-  if (e_.world > 1) {
-    st.blocks = e_.opt->grad_block_sums(g, DType::fp32, n, 1.0f);
+  if (engine_.world > 1) {
+    st.blocks = engine_.opt->grad_block_sums(g, DType::fp32, n, 1.0f);
     return st;
   }
-  const cpu_optim::GradStats r = e_.opt->grad_stats(g, DType::fp32, n, 1.0f);
+  const cpu_optim::GradStats r = engine_.opt->grad_stats(g, DType::fp32, n, 1.0f);
   st.sum_sq = r.sum_sq;
   st.finite = r.finite;
   return st;
@@ -340,8 +343,8 @@ void GradientPath::drain_nvme_writes() {
 
 float* GradientPath::nvme_staging() {
   if (!nvme_staged_) {
-    nvme_staged_ = static_cast<float*>(e_.tm->allocate(nvme_staging_id_, Tier::pinned));
-    e_.tm->pin(nvme_staging_id_);
+    nvme_staged_ = static_cast<float*>(engine_.tm->allocate(nvme_staging_id_, Tier::pinned));
+    engine_.tm->pin(nvme_staging_id_);
   }
   return nvme_staged_;
 }
@@ -350,8 +353,8 @@ void GradientPath::release_nvme_staging() {
   if (!nvme_staged_) return;
   // Never marked written: the evict frees the block without a copy. The gradient stream, its last
   // reader, is synchronised.
-  e_.tm->unpin(nvme_staging_id_);
-  e_.tm->evict(nvme_staging_id_, Tier::pinned, Tier::nvme);
+  engine_.tm->unpin(nvme_staging_id_);
+  engine_.tm->evict(nvme_staging_id_, Tier::pinned, Tier::nvme);
   nvme_staged_ = nullptr;
 }
 
@@ -368,31 +371,31 @@ void GradientPath::finish_oldest_write() {
 }
 
 std::string GradientPath::write_context(int chunk) const {
-  const ChunkSlot& s = e_.slots[std::size_t(chunk)];
+  const ChunkSlot& s = engine_.slots[std::size_t(chunk)];
   return cat("writing the fp32 gradients of chunk ", s.name, " (", s.shard.numel * sizeof(float),
              " bytes) to NVMe: ");
 }
 
 void GradientPath::flush_accumulators() {
-  for (ChunkSlot& s : e_.slots)
+  for (ChunkSlot& s : engine_.slots)
     if (s.acc)
       s.route.grads == UpdateRoute::Grads::local_accumulator ? flush_local_accumulator(s)
                                                              : flush_accumulator(s);
 }
 
 void GradientPath::add_on_host(float* dst, const float* src, std::size_t n) {
-  e_.opt->for_each_range(
+  engine_.opt->for_each_range(
       n, [dst, src](std::size_t i0, std::size_t i1) { add_into(dst + i0, src + i0, i1 - i0); });
 }
 
 void GradientPath::sync() {
   flush_accumulators();  // a step before the configured micro-batches were all made
-  const WaitTimer t0(*e_.compute_stream);
-  e_.compute_stream->synchronize();  // gradients at home on the device are added there
-  e_.grad_stream->synchronize();     // raises a failed copy or add of the gradient stream
-  drain_nvme_writes();               // raises a failed write
+  const WaitTimer t0(*engine_.compute_stream);
+  engine_.compute_stream->synchronize();  // gradients at home on the device are added there
+  engine_.grad_stream->synchronize();     // raises a failed copy or add of the gradient stream
+  drain_nvme_writes();                    // raises a failed write
   release_nvme_staging();
-  e_.times.wait += t0.idle_seconds();
+  engine_.times.wait += t0.idle_seconds();
 }
 
 void GradientPath::stats(double& sum_sq, bool& finite) {
@@ -403,67 +406,67 @@ void GradientPath::stats(double& sum_sq, bool& finite) {
   // Taken by the overlap's worker from the final gradients (Note [Optimizer overlap]).
   auto early = [&](std::size_t i) { return overlap_.early_stats(i); };
   // Gradients on NVMe: taken on the way out (Note [Gradients through NVMe]), else read back once here.
-  for (std::size_t i = 0; i < e_.slots.size(); ++i) {
-    ChunkSlot& s = e_.slots[i];
+  for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
+    ChunkSlot& s = engine_.slots[i];
     if (!s.route.grads_nvme) continue;
     if (s.grads_fresh) {  // no gradients reached this chunk this step: zeros for the update
-      tiering::TierManager& tm = *e_.tm;
-      tm.pin(s.t.grad);
-      float* g = static_cast<float*>(tm.allocate(s.t.grad, Tier::pinned));
+      tiering::TierManager& tm = *engine_.tm;
+      tm.pin(s.tensors.grad);
+      float* g = static_cast<float*>(tm.allocate(s.tensors.grad, Tier::pinned));
       std::memset(g, 0, s.shard.numel * sizeof(float));
       out_stats_[i] = host_stats(g, s.shard.numel);
-      tm.mark_written(s.t.grad, Tier::pinned);
-      tm.unpin(s.t.grad);
-      tm.evict(s.t.grad, Tier::pinned, Tier::nvme).wait();
+      tm.mark_written(s.tensors.grad, Tier::pinned);
+      tm.unpin(s.tensors.grad);
+      tm.evict(s.tensors.grad, Tier::pinned, Tier::nvme).wait();
     } else if (!out_stats_[i].valid) {
-      e_.with_host_copy(s.t.grad, [&](const void* g) {
+      engine_.with_host_copy(s.tensors.grad, [&](const void* g) {
         out_stats_[i] = host_stats(static_cast<const float*>(g), s.shard.numel);
       });
     }
   }
   bool any_device = false, any_host = false;
-  for (std::size_t i = 0; i < e_.slots.size(); ++i) {
-    ChunkSlot& s = e_.slots[i];
+  for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
+    ChunkSlot& s = engine_.slots[i];
     const Tensor g{s.grad, DType::fp32, s.shard.numel};
     (on_device(s) ? any_device : any_host) = true;
     if (s.route.grads_nvme) {
-      if (e_.world > 1) continue;  // below, from the blocks
+      if (engine_.world > 1) continue;  // below, from the blocks
       sum_sq += out_stats_[i].sum_sq;
       finite = finite && out_stats_[i].finite;
       continue;
     }
     if (s.grads_fresh) {  // no gradients reached this chunk this step
       if (on_device(s))
-        e_.ops->zero(g);
+        engine_.ops->zero(g);
       else
         std::memset(s.grad, 0, s.shard.numel * sizeof(float));
       continue;
     }
     if (on_device(s)) {  // on the compute stream, after the gradient adds; read back below, all at once
-      e_.ops->squared_norm(Tensor{stats_ + 16 * i, DType::u8, 8}, g);
-      e_.ops->nonfinite_check(Tensor{stats_ + 16 * i + 8, DType::i32, 1}, g);
+      engine_.ops->squared_norm(Tensor{stats_ + 16 * i, DType::u8, 8}, g);
+      engine_.ops->nonfinite_check(Tensor{stats_ + 16 * i + 8, DType::i32, 1}, g);
       continue;
     }
-    if (e_.world > 1) continue;  // below: the partials of every rank's shard
+    if (engine_.world > 1) continue;  // below: the partials of every rank's shard
     if (const OptimizerOverlap::GradStats* st = early(i)) {
       sum_sq += st->sum_sq;
       finite = finite && st->finite;
       continue;
     }
-    const cpu_optim::GradStats st = e_.opt->grad_stats(s.grad, DType::fp32, s.shard.numel, 1.0f);
+    const cpu_optim::GradStats st = engine_.opt->grad_stats(s.grad, DType::fp32, s.shard.numel, 1.0f);
     sum_sq += st.sum_sq;
     finite = finite && st.finite;
   }
-  if (e_.world > 1 && any_host) {
+  if (engine_.world > 1 && any_host) {
     // Each rank's per-block partial sums, all-gathered: chunk c's norm is its blocks' partials added in
     // global block order — rank 0's shard, then rank 1's, ... — the same additions one rank makes over
     // the whole chunk (shards are whole blocks: the layout's chunk_multiple). So the norm, the clipping
     // and the step are those of one rank, bit for bit.
     const std::size_t per_shard =
-        (e_.largest_shard + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
-    std::vector<double> mine(e_.slots.size() * per_shard, 0.0);
-    for (std::size_t i = 0; i < e_.slots.size(); ++i) {
-      ChunkSlot& s = e_.slots[i];
+        (engine_.largest_shard + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
+    std::vector<double> mine(engine_.slots.size() * per_shard, 0.0);
+    for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
+      ChunkSlot& s = engine_.slots[i];
       if (s.route.grads_nvme) {  // taken on the way out, or read back above (zeros: all partials 0)
         std::copy(out_stats_[i].blocks.begin(), out_stats_[i].blocks.end(),
                   mine.begin() + std::ptrdiff_t(i * per_shard));
@@ -471,17 +474,19 @@ void GradientPath::stats(double& sum_sq, bool& finite) {
       }
       if (s.grads_fresh || on_device(s)) continue;  // zeroed above (its partials are 0), or reduced there
       const std::vector<double> b =
-          early(i) ? early(i)->blocks : e_.opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
+          early(i) ? early(i)->blocks
+                   : engine_.opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
       std::copy(b.begin(), b.end(), mine.begin() + std::ptrdiff_t(i * per_shard));
     }
-    std::vector<double> all(mine.size() * std::size_t(e_.world));
-    e_.comm->host_all_gather(mine.data(), all.data(), mine.size() * sizeof(double));  // host memory
-    for (std::size_t i = 0; i < e_.slots.size(); ++i) {
-      if ((e_.slots[i].grads_fresh && !e_.slots[i].route.grads_nvme) || on_device(e_.slots[i])) continue;
+    std::vector<double> all(mine.size() * std::size_t(engine_.world));
+    engine_.comm->host_all_gather(mine.data(), all.data(), mine.size() * sizeof(double));  // host memory
+    for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
+      if ((engine_.slots[i].grads_fresh && !engine_.slots[i].route.grads_nvme) || on_device(engine_.slots[i]))
+        continue;
       const std::size_t blocks =
-          (e_.slots[i].shard.numel + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
+          (engine_.slots[i].shard.numel + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
       double chunk = 0.0;
-      for (int r = 0; r < e_.world; ++r)
+      for (int r = 0; r < engine_.world; ++r)
         for (std::size_t b = 0; b < blocks; ++b)
           chunk += all[std::size_t(r) * mine.size() + i * per_shard + b];
       sum_sq += chunk;
@@ -489,12 +494,12 @@ void GradientPath::stats(double& sum_sq, bool& finite) {
     }
   }
   if (any_device) {
-    std::vector<char> host(e_.slots.size() * 16);
-    e_.from_device(host.data(), stats_, host.size());
+    std::vector<char> host(engine_.slots.size() * 16);
+    engine_.from_device(host.data(), stats_, host.size());
     double dev_sq = 0;
     bool dev_finite = true;
-    for (std::size_t i = 0; i < e_.slots.size(); ++i) {
-      if (e_.slots[i].grads_fresh || !on_device(e_.slots[i])) continue;
+    for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
+      if (engine_.slots[i].grads_fresh || !on_device(engine_.slots[i])) continue;
       double sq;
       std::int32_t bad;
       std::memcpy(&sq, host.data() + 16 * i, sizeof sq);
@@ -502,14 +507,14 @@ void GradientPath::stats(double& sum_sq, bool& finite) {
       dev_sq += sq;
       dev_finite = dev_finite && bad == 0;
     }
-    if (e_.world > 1) {  // the device reductions' sums of each rank's shards (not the one-rank bits)
-      dev_sq = e_.comm->all_reduce_sum(dev_sq);
-      dev_finite = e_.comm->all_reduce_and(dev_finite);
+    if (engine_.world > 1) {  // the device reductions' sums of each rank's shards (not the one-rank bits)
+      dev_sq = engine_.comm->all_reduce_sum(dev_sq);
+      dev_finite = engine_.comm->all_reduce_and(dev_finite);
     }
     sum_sq += dev_sq;
     finite = finite && dev_finite;
   }
-  for (ChunkSlot& s : e_.slots) s.grads_fresh = false;
+  for (ChunkSlot& s : engine_.slots) s.grads_fresh = false;
   for (HostStats& st : out_stats_) st = HostStats{};
 }
 

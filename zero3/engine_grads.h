@@ -18,7 +18,7 @@ class OptimizerOverlap;
 class GradientPath {
  public:
   GradientPath(EngineState& e, ChunkCache& cache, OptimizerOverlap& overlap)
-      : e_(e), cache_(cache), overlap_(overlap) {}
+      : engine_(e), cache_(cache), overlap_(overlap) {}
 
   // After the chunks exist: the pinned staging for accumulation into pinned shards, and with gradients on
   // a device reached by stream work only the per-chunk statistics tensor there.
@@ -84,7 +84,7 @@ class GradientPath {
   // "writing the fp32 gradients of chunk block.3 (N bytes) to NVMe: "
   std::string write_context(int chunk) const;
 
-  EngineState& e_;
+  EngineState& engine_;
   ChunkCache& cache_;
   OptimizerOverlap& overlap_;
   // Gradient hand-offs per chunk in the last complete backward (0: unknown) and in this one.

@@ -97,7 +97,7 @@ struct Engine::Impl final : EngineState {
   std::uint64_t checkpoint_bytes() const;  // Engine::checkpoint_bytes
 
   // The model checkpoints activations (plan_memory decides, Note [Checkpointing by choice]).
-  bool ckpt = true;
+  bool checkpoint_activations = true;
   // From plan_memory: the chunks that stay gathered all pass and their device bytes, and the tokens per
   // sequence the activations are planned for.
   std::uint64_t persistent_bytes = 0;

@@ -81,48 +81,49 @@ constexpr std::size_t kCopyAlign = 64;
 std::vector<std::pair<void*, std::size_t>> OptimizerOverlap::regions(ChunkSlot& s) const {
   const std::size_t n = s.shard.numel;
   std::vector<std::pair<void*, std::size_t>> r{{s.master, n * sizeof(float)}};
-  if (e_.cfg.optimizer.type != OptimizerType::Adagrad) r.emplace_back(s.exp_avg, n * sizeof(float));
-  if (e_.cfg.optimizer.type != OptimizerType::Lion) r.emplace_back(s.exp_avg_sq, n * sizeof(float));
-  if (s.route.params != UpdateRoute::Params::staged) r.emplace_back(e_.my_params(s), n * e_.wd_bytes());
+  if (engine_.cfg.optimizer.type != OptimizerType::Adagrad) r.emplace_back(s.exp_avg, n * sizeof(float));
+  if (engine_.cfg.optimizer.type != OptimizerType::Lion) r.emplace_back(s.exp_avg_sq, n * sizeof(float));
+  if (s.route.params != UpdateRoute::Params::staged)
+    r.emplace_back(engine_.my_params(s), n * engine_.working_dtype_bytes());
   return r;
 }
 
 std::byte* OptimizerOverlap::staging(const ChunkSlot& s) const {
-  const std::size_t states = std::size_t(1 + e_.n_states) * s.shard.numel * sizeof(float);
+  const std::size_t states = std::size_t(1 + engine_.n_states) * s.shard.numel * sizeof(float);
   return backup_.get() + backup_at_[std::size_t(s.id)] + states;
 }
 
 void OptimizerOverlap::plan(const std::function<std::uint64_t()>& room_for_copies) {
   using OV = StrataConfig::Overlap;
-  const OV mode = e_.cfg.strata.overlap_optimizer;
+  const OV mode = engine_.cfg.strata.overlap_optimizer;
   // "auto": where the model computes on a device and the optimizer in pinned host memory — the CPU is
   // otherwise idle during backward. On the host backend only when the optimizer has cores of its own
   // (strata.cpu_optim.cores, Note [Cores] in engine_plan.cpp): sharing them, the early updates slow backward
   // as much as they save (measured: bench/RESULTS.md).
-  if (mode == OV::off || (mode == OV::automatic &&
-                          (e_.homes.master != Tier::pinned || (e_.dev->caps().backend == BackendKind::host &&
-                                                               e_.cfg.strata.cpu_optim.cores == 0))))
+  if (mode == OV::off || (mode == OV::automatic && (engine_.homes.master != Tier::pinned ||
+                                                    (engine_.dev->caps().backend == BackendKind::host &&
+                                                     engine_.cfg.strata.cpu_optim.cores == 0))))
     return;
-  const std::size_t C = e_.slots.size();
+  const std::size_t C = engine_.slots.size();
   // Bytes of host memory a chunk's copies take: master and optimizer states in fp32, working params.
-  const std::uint64_t per = 4 * std::uint64_t(1 + e_.n_states) + e_.wd_bytes();
+  const std::uint64_t per = 4 * std::uint64_t(1 + engine_.n_states) + engine_.working_dtype_bytes();
   const std::uint64_t room = room_for_copies();
   const auto copy_bytes = [&](int c) {
-    return (e_.slots[std::size_t(c)].shard.numel * per + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
+    return (engine_.slots[std::size_t(c)].shard.numel * per + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
   };
   // The plan decides which chunks (Note [Update routes] in placement.cpp).
   std::vector<UpdateRoute> routes(C);
-  for (std::size_t i = 0; i < C; ++i) routes[i] = e_.slots[i].route;
-  const OverlapDecision d = zero3::plan_overlap(routes, e_.plan, e_.planned, room, copy_bytes);
+  for (std::size_t i = 0; i < C; ++i) routes[i] = engine_.slots[i].route;
+  const OverlapDecision d = zero3::plan_overlap(routes, engine_.plan, engine_.planned, room, copy_bytes);
   if (d.chunks == 0) {
-    if (e_.comm->rank() == 0 && (!d.ratio_keeps_all || mode == OV::on))
+    if (engine_.comm->rank() == 0 && (!d.ratio_keeps_all || mode == OV::on))
       STRATA_LOG_WARN("zero3: strata.overlap_optimizer is true but ", d.why_not);
     return;
   }
   std::uint64_t total = 0;
   backup_at_.assign(C, 0);
   for (std::size_t i = C; i-- > 0;) {
-    e_.slots[i].route = routes[i];
+    engine_.slots[i].route = routes[i];
     if (!routes[i].overlap) continue;
     backup_at_[i] = total;
     total += copy_bytes(int(i));
@@ -135,35 +136,35 @@ void OptimizerOverlap::plan(const std::function<std::uint64_t()>& room_for_copie
   deferred_.assign(C, 0);
   before_.resize(C);
   final_grads_.resize(C);
-  for (std::size_t i = 0; i < C; ++i) final_grads_[i] = e_.dev->create_event();
+  for (std::size_t i = 0; i < C; ++i) final_grads_[i] = engine_.dev->create_event();
   on_ = true;
-  if (e_.comm->rank() == 0)
+  if (engine_.comm->rank() == 0)
     STRATA_LOG_INFO("zero3: optimizer overlapped with backward for ", chunks, " of ", C, " chunks (",
-                    e_.plan.overlap_groups, " of ", e_.groups.size(), " sub-groups); rollback copies ",
-                    format_size(total), " of host memory");
+                    engine_.plan.overlap_groups, " of ", engine_.groups.size(),
+                    " sub-groups); rollback copies ", format_size(total), " of host memory");
 }
 
 void OptimizerOverlap::begin_backward() {
   if (!on_) return;
   // A second backward ending the accumulation before step() (more micro-batches than configured): what
   // the first one updated is undone, and this one updates again with every gradient.
-  undo(false);
+  undo(UndoAs::cancellation);
   for (auto& st : grad_stats_) st.ready = false;
-  armed_ = e_.micro_steps + 1 >= e_.cfg.gradient_accumulation_steps;
+  armed_ = engine_.micro_steps + 1 >= engine_.cfg.gradient_accumulation_steps;
   if (armed_ && last_clipped_) {
     armed_ = false;
     ++stats_.waited;
   }
   if (!armed_) return;
-  lr_ = e_.sched.lr();
-  factor_ = float(1.0 / e_.scaler.scale());  // grad_scale's factor when clipping does not fire
-  step_no_ = e_.applied_steps + 1;
+  lr_ = engine_.sched.lr();
+  factor_ = float(1.0 / engine_.scaler.scale());  // grad_scale's factor when clipping does not fire
+  step_no_ = engine_.applied_steps + 1;
 }
 
-void OptimizerOverlap::end_backward(bool ok) {
+void OptimizerOverlap::end_backward(BackwardEnd how) {
   if (!on_) return;
   armed_ = false;
-  if (!ok) undo(false);
+  if (how == BackwardEnd::failed) undo(UndoAs::cancellation);
 }
 
 void OptimizerOverlap::handed_off(ChunkSlot& s, Stream& on, int seen, int expected) {
@@ -177,7 +178,7 @@ void OptimizerOverlap::handed_off(ChunkSlot& s, Stream& on, int seen, int expect
     // More hand-offs than the last backward made: this pass has another shape, and the chunk's update
     // was made too early. Undo them all; this step updates after backward.
     STRATA_LOG_DEBUG("zero3: chunk ", s.name, " got gradients after its update; the step waits");
-    undo(false);
+    undo(UndoAs::cancellation);
     armed_ = false;
     return;
   }
@@ -196,16 +197,16 @@ void OptimizerOverlap::handed_off(ChunkSlot& s, Stream& on, int seen, int expect
 void OptimizerOverlap::worker() {
   // Its updates write device homes and wait for events (Note [thread device] in core/device.h).
   try {
-    e_.dev->bind_thread();
+    engine_.dev->bind_thread();
   } catch (...) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!error_) error_ = std::current_exception();
   }
   // With cores of its own (Note [Cores] in engine_plan.cpp) the worker's copies run there too, not on the
   // model's cpus.
-  if (e_.cfg.strata.cpu_optim.cores > 0 && e_.cfg.strata.cpu_optim.pin_threads) {
+  if (engine_.cfg.strata.cpu_optim.cores > 0 && engine_.cfg.strata.cpu_optim.pin_threads) {
     try {
-      pin_current_thread(e_.optimizer_cpus);
+      pin_current_thread(engine_.optimizer_cpus);
     } catch (const Error& e) {
       STRATA_WARN_ONCE("zero3: cannot pin the optimizer overlap's worker (", e.what(), "); running unpinned");
     }
@@ -222,10 +223,10 @@ void OptimizerOverlap::worker() {
     const bool deferred = deferred_[std::size_t(c)] != 0;  // set before queueing, cleared below
     try {
       if (deferred) {
-        ChunkSlot& s = e_.slots[std::size_t(c)];
-        updater_.update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, e_.my_params(s), deferred_lr_,
+        ChunkSlot& s = engine_.slots[std::size_t(c)];
+        updater_.update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, engine_.my_params(s), deferred_lr_,
                               deferred_factor_, deferred_step_);
-      } else if (e_.slots[std::size_t(c)].route.overlap) {
+      } else if (engine_.slots[std::size_t(c)].route.overlap) {
         update(c);
       } else {
         take_grad_stats(c);
@@ -247,7 +248,7 @@ void OptimizerOverlap::worker() {
       state_[std::size_t(c)] = State::failed;
       if (!error_) error_ = err;
     } else {
-      state_[std::size_t(c)] = e_.slots[std::size_t(c)].route.overlap ? State::done : State::idle;
+      state_[std::size_t(c)] = engine_.slots[std::size_t(c)].route.overlap ? State::done : State::idle;
     }
     cv_.notify_all();
   }
@@ -255,13 +256,13 @@ void OptimizerOverlap::worker() {
 
 // On the worker: chunk c's gradient statistics, as GradientPath::stats() would take them.
 void OptimizerOverlap::take_grad_stats(int c) {
-  ChunkSlot& s = e_.slots[std::size_t(c)];
+  ChunkSlot& s = engine_.slots[std::size_t(c)];
   final_grads_[std::size_t(c)]->synchronize();
   GradStats& st = grad_stats_[std::size_t(c)];
-  if (e_.world > 1) {
-    st.blocks = e_.opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
+  if (engine_.world > 1) {
+    st.blocks = engine_.opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
   } else {
-    const cpu_optim::GradStats g = e_.opt->grad_stats(s.grad, DType::fp32, s.shard.numel, 1.0f);
+    const cpu_optim::GradStats g = engine_.opt->grad_stats(s.grad, DType::fp32, s.shard.numel, 1.0f);
     st.sum_sq = g.sum_sq;
     st.finite = g.finite;
   }
@@ -271,7 +272,7 @@ void OptimizerOverlap::take_grad_stats(int c) {
 // On the worker: chunk c's gradient statistics, its copies, then its update as step() would make it
 // unclipped.
 void OptimizerOverlap::update(int c) {
-  ChunkSlot& s = e_.slots[std::size_t(c)];
+  ChunkSlot& s = engine_.slots[std::size_t(c)];
   take_grad_stats(c);
   std::byte* b = backup_.get() + backup_at_[std::size_t(c)];
   for (const auto& [p, bytes] : regions(s)) {
@@ -283,7 +284,7 @@ void OptimizerOverlap::update(int c) {
   // Working params in place (pinned home, or a device the CPU addresses); a device home reached by stream
   // work only receives them at step(), from the staging after the copies.
   const bool staged = s.route.params == UpdateRoute::Params::staged;
-  updater_.update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, staged ? staging(s) : e_.my_params(s), lr_,
+  updater_.update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, staged ? staging(s) : engine_.my_params(s), lr_,
                         factor_, step_no_);
 }
 
@@ -296,7 +297,7 @@ void OptimizerOverlap::wait() {
     std::swap(err, error_);
   }
   if (err) {
-    undo(false);
+    undo(UndoAs::cancellation);
     std::rethrow_exception(err);
   }
 }
@@ -310,26 +311,27 @@ bool OptimizerOverlap::assumed(float factor, double lr, std::int64_t step_no) co
 }
 
 void OptimizerOverlap::keep(std::size_t c) {
-  ChunkSlot& s = e_.slots[c];
+  ChunkSlot& s = engine_.slots[c];
   if (s.route.params == UpdateRoute::Params::staged)
-    e_.to_device(e_.my_params(s), staging(s), s.shard.numel * e_.wd_bytes());
+    engine_.to_device(engine_.my_params(s), staging(s), s.shard.numel * engine_.working_dtype_bytes());
   state_[c] = State::idle;
   copied_[c] = 0;
   ++stats_.updates;
 }
 
-void OptimizerOverlap::undo(bool rollback) {
+void OptimizerOverlap::undo(UndoAs as) {
   if (!on_) return;
   {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return early_pending_ == 0; });
     error_ = nullptr;  // the copies below undo whatever the failed update wrote
   }
-  if (!rollback)  // gradients may still change before the step: their statistics are taken again
+  if (as ==
+      UndoAs::cancellation)  // gradients may still change before the step: their statistics are taken again
     for (auto& st : grad_stats_) st.ready = false;
   const auto t0 = Clock::now();
   bool any = false;
-  for (std::size_t c = 0; c < e_.slots.size(); ++c) {
+  for (std::size_t c = 0; c < engine_.slots.size(); ++c) {
     if (state_[c] == State::idle) continue;
     const bool wrote = copied_[c] != 0;
     state_[c] = State::idle;
@@ -337,7 +339,7 @@ void OptimizerOverlap::undo(bool rollback) {
     if (!wrote) continue;
     any = true;
     ++stats_.updates;
-    ChunkSlot& s = e_.slots[c];
+    ChunkSlot& s = engine_.slots[c];
     const std::byte* b = backup_.get() + backup_at_[c];
     for (const auto& [p, bytes] : regions(s)) {
       std::memcpy(p, b, bytes);
@@ -346,7 +348,7 @@ void OptimizerOverlap::undo(bool rollback) {
     s.opt = before_[c];
   }
   if (!any) return;
-  if (rollback) {
+  if (as == UndoAs::rollback) {
     ++stats_.rollbacks;
     stats_.rollback_seconds += seconds_since(t0);
   } else {
@@ -374,13 +376,19 @@ void OptimizerOverlap::defer(const std::vector<int>& chunks, double lr, float fa
 
 void OptimizerOverlap::settle(int c) {
   if (!on_) return;
+  settle_until([&] { return deferred_[std::size_t(c)] == 0; });
+}
+
+void OptimizerOverlap::settle_all() {
+  if (!on_) return;
+  settle_until([&] { return deferred_pending_ == 0; });
+}
+
+void OptimizerOverlap::settle_until(const std::function<bool()>& settled) {
   std::exception_ptr err;
   {
     std::unique_lock<std::mutex> lk(mu_);
-    if (c < 0)
-      cv_.wait(lk, [&] { return deferred_pending_ == 0; });
-    else
-      cv_.wait(lk, [&] { return deferred_[std::size_t(c)] == 0; });
+    cv_.wait(lk, settled);
     std::swap(err, deferred_error_);
   }
   if (err) std::rethrow_exception(err);

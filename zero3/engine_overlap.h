@@ -22,9 +22,41 @@ namespace strata::zero3 {
 
 class Updater;
 
+// How undo() counts what it puts back (OverlapStats): a rollback (step() found the updates' assumption
+// false, or the step skipped) or a cancellation (anything else that must see the state before the step).
+enum class UndoAs : std::uint8_t { cancellation, rollback };
+// How the model's backward ended (end_backward): completed, or failed (its updates are cancelled).
+enum class BackwardEnd : std::uint8_t { completed, failed };
+
+// Note [Overlap locking]: one training thread calls every public method; the worker thread (started at
+// the first hand-off or defer, joined by stop()) runs worker(), update() and take_grad_stats(), never a
+// public method.
+//   - Under `mu_` (both threads; `cv_` signals each change): queue_, running_, stop_, error_,
+//     deferred_error_, early_pending_, deferred_pending_, the deferred_lr_ / deferred_factor_ /
+//     deferred_step_ that defer() sets, deferred_[c] (set by defer() before it queues c, cleared by the
+//     worker when c's update is done; the worker reads its own entry unlocked), and state_ while early
+//     work is pending (handed_off queues, the worker marks done or failed).
+//   - Handed over by the queue, no lock: while chunk c's early work is queued or running, the worker
+//     alone touches c's master, optimizer states, working params and ShardStep, its copies in `backup_`,
+//     before_[c], copied_[c] and grad_stats_[c], and reads c's final gradients (after final_grads_[c]),
+//     lr_, factor_ and step_no_; nothing in the pass touches them then (Note [Optimizer overlap]). The
+//     training thread reads or writes them (done, keep, early_stats, undo, begin_backward) only once
+//     early_pending_ is 0 — after wait() or undo()'s own wait — and sets lr_ / factor_ / step_no_ only
+//     then (begin_backward undoes first).
+//   - The same for a deferred update: while deferred_[c] is set the worker alone touches chunk c's state,
+//     and every reader of it settles c first (settle, or settle_all: the gather, the gradient hand-off,
+//     step(), checkpoints, reading params). defer() is called only with none pending (step() settles them
+//     all first), so the deferred rate, factor and number do not change under a running update.
+//   - Training thread only: on_, armed_, last_clipped_, stats_, worker_. Set once by plan(), before the
+//     worker starts: backup_at_, backup_, the vectors' sizes and final_grads_'s events (recorded by
+//     handed_off before it queues the chunk; the worker only waits for them).
+//   - The CPU optimizer (EngineState::opt, through updater_) is called by both threads at once, which
+//     cpu_optim allows (its header: "Several threads may call one Optimizer at once").
+// Public methods take `mu_` only for the members above and never call one another under it; the worker
+// holds it only between chunks, never during an update.
 class OptimizerOverlap {
  public:
-  OptimizerOverlap(EngineState& e, Updater& updater) : e_(e), updater_(updater) {}
+  OptimizerOverlap(EngineState& e, Updater& updater) : engine_(e), updater_(updater) {}
   ~OptimizerOverlap() { stop(); }
   OptimizerOverlap(const OptimizerOverlap&) = delete;
   OptimizerOverlap& operator=(const OptimizerOverlap&) = delete;
@@ -36,18 +68,17 @@ class OptimizerOverlap {
   void plan(const std::function<std::uint64_t()>& room_for_copies);
   bool on() const { return on_; }
 
-  // The backward: before the model's (whether this one ends the step's accumulation) and after it (`ok`:
-  // it completed).
+  // The backward: before the model's (whether this one ends the step's accumulation) and after it.
   void begin_backward();
-  void end_backward(bool ok);
+  void end_backward(BackwardEnd how);
   // A gradient hand-off of chunk s was enqueued on `on`, the `seen`-th of this backward where the last
   // complete one made `expected`: the chunk's last one starts its update (on the worker).
   void handed_off(ChunkSlot& s, Stream& on, int seen, int expected);
   // Waits for the worker; rethrows the first failed update (after undoing every update).
   void wait();
-  // Undoes every update made during backward (exactly: the copies are put back), counting it as a rollback
-  // (step) or a cancellation (anything else). No-op when there is none.
-  void undo(bool rollback);
+  // Undoes every update made during backward (exactly: the copies are put back), counting it `as` a
+  // rollback (step) or a cancellation (anything else). No-op when there is none.
+  void undo(UndoAs as);
   // step(): whether chunk c was updated during this backward (after wait()), and that its update stands
   // (its new working params to a device home).
   bool done(std::size_t c) const;
@@ -61,8 +92,9 @@ class OptimizerOverlap {
   void count_kept_step() { ++stats_.steps; }
   // step(): leaves the updates of `chunks` (their routes defer them) to the worker, in order.
   void defer(const std::vector<int>& chunks, double lr, float factor, std::int64_t step_no);
-  // Waits for chunk c's deferred update (c < 0: every one); rethrows one that failed.
+  // Waits for chunk c's deferred update (settle_all: every one); rethrows one that failed.
   void settle(int c);
+  void settle_all();
   // Chunk c's gradient statistics taken on the worker from its final gradients, or null (not taken).
   struct GradStats {
     bool ready = false;
@@ -81,13 +113,15 @@ class OptimizerOverlap {
   void worker();
   void update(int c);
   void take_grad_stats(int c);  // on the worker: chunk c's GradStats
+  // Waits under `mu_` until `settled()`; rethrows a deferred update that failed.
+  void settle_until(const std::function<bool()>& settled);
   // What a chunk's copies hold, in their order in `backup_`: master, the optimizer's states, and the
   // working params unless they are staged (UpdateRoute::Params::staged: a device home reached by stream
   // work only), whose new values then follow the copies (staging()).
   std::vector<std::pair<void*, std::size_t>> regions(ChunkSlot& s) const;
   std::byte* staging(const ChunkSlot& s) const;
 
-  EngineState& e_;
+  EngineState& engine_;
   Updater& updater_;
   bool on_ = false;
   // Where the rollback copies of the chunks updated during backward (UpdateRoute.overlap) are in `backup_`
@@ -110,7 +144,7 @@ class OptimizerOverlap {
   // gradients the CPU reduces, overlapped or not), for step()'s norm: the same function on the same bytes.
   // Ready until the next backward or a cancellation.
   std::vector<GradStats> grad_stats_;
-  // The worker thread and its queue of chunks; `state_` is read and written under `mu_`.
+  // The worker thread and its queue of chunks (Note [Overlap locking]).
   std::vector<State> state_;
   std::thread worker_;
   std::mutex mu_;

@@ -47,25 +47,26 @@ void Engine::Impl::plan_memory() {
       every_ranks(ops->device_bytes() + gather_ops->device_bytes() + grad_ops->device_bytes());
   in.ops = *std::max_element(ops_bytes.begin(), ops_bytes.end());
   in.device_capacity = dev->caps().capacity;
-  const auto activations = [&](bool ckpt) {
-    return model::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len, ckpt,
-                                   *ops);
+  const auto activations = [&](bool checkpointed) {
+    return model::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len,
+                                   checkpointed, *ops);
   };
-  const std::uint64_t with_ckpt = activations(true), without = activations(false);
+  const std::uint64_t with_checkpointing = activations(true), without = activations(false);
   // Note [Checkpointing by choice]: an explicit choice (EngineOptions, or strata.checkpoint_activations
   // true / false) stands, and a plan that does not fit then fails as any other. "auto" keeps every
   // activation when the plan without checkpointing fits the device (recomputing costs about a third of a
   // step), and checkpoints otherwise.
   using CK = StrataConfig::Checkpointing;
   if (opts.checkpoint_activations) {
-    ckpt = *opts.checkpoint_activations;
+    checkpoint_activations = *opts.checkpoint_activations;
   } else if (cfg.strata.checkpoint_activations != CK::automatic) {
-    ckpt = cfg.strata.checkpoint_activations == CK::on;
+    checkpoint_activations = cfg.strata.checkpoint_activations == CK::on;
   } else {
     in.activations = without;
-    ckpt = zero3::plan_memory(in, cfg.zero_optimization).memory.device_need() > in.device_capacity;
+    checkpoint_activations =
+        zero3::plan_memory(in, cfg.zero_optimization).memory.device_need() > in.device_capacity;
   }
-  in.activations = ckpt ? with_ckpt : without;
+  in.activations = checkpoint_activations ? with_checkpointing : without;
   Plan p = zero3::plan_memory(in, cfg.zero_optimization);
   const auto& oo = cfg.zero_optimization.offload_optimizer;
   if (oo.ratio_auto && oo.device != OffloadDevice::none && cfg.zero_optimization.stage == 3) {
@@ -73,9 +74,9 @@ void Engine::Impl::plan_memory() {
     p = zero3::plan_memory(in, cfg.zero_optimization);
   }
   plan = p.memory;
-  plan.checkpoint_activations = ckpt;
+  plan.checkpoint_activations = checkpoint_activations;
   plan.device_headroom = dev->caps().reserved;
-  plan.device_activations_checkpointed = with_ckpt;
+  plan.device_activations_checkpointed = with_checkpointing;
   plan.device_activations_all = without;
   slots.resize(in.chunks.size());
   for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -87,7 +88,7 @@ void Engine::Impl::plan_memory() {
     s.persistent = in.chunks[i].persistent;
     s.gather_block = p.gather_block[i];
     s.grad_block = p.grad_block[i];
-    s.h = in.homes_of(in.chunks[i]);
+    s.homes = in.homes_of(in.chunks[i]);
     s.route = p.routes[i];
   }
   groups = in.groups;
@@ -254,7 +255,7 @@ void Engine::Impl::check_fits() const {
   const std::uint64_t need = plan.device_need();
   if (need > caps.capacity) {
     std::string todo;
-    if (!ckpt)
+    if (!checkpoint_activations)
       todo += cat("checkpoint activations (strata.checkpoint_activations true or \"auto\": ",
                   format_size(plan.device_activations_checkpointed), " of activations instead of ",
                   format_size(plan.device_activations_all), "), ");

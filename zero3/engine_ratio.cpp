@@ -4,7 +4,7 @@
 // ratio < 1, the first (1 - ratio) x G of the G optimizer sub-groups (device_optimizer_groups in
 // zero3/placement.h: DeepSpeed's rule, the first ones stay) keep their fp32 master, optimizer states and
 // gradient accumulator on the device; the rest are offloaded as the config says. A chunk's homes are
-// ChunkSlot.h. What follows from them is per chunk, so the two kinds mix in one step:
+// ChunkSlot.homes. What follows from them is per chunk, so the two kinds mix in one step:
 //   - gradients: a device-home chunk's hand-off adds into its device shard (as offload_optimizer none);
 //   - the norm and overflow check: the CPU's reductions over addressable shards, the compute interface's
 //     over device shards reached by stream work only (grad_stats), summed;
@@ -88,7 +88,7 @@ double Engine::Impl::device_optimizer_rate(std::size_t n) {
     else
       ops->adamw(Tensor{base, DType::fp32, n}, Tensor{base + n, DType::fp32, n},
                  Tensor{base + 2 * n, DType::fp32, n}, Tensor{base + 3 * n, DType::fp32, n},
-                 Tensor{base + 4 * n, wd, n}, hp, step, 1.0f);
+                 Tensor{base + 4 * n, working_dtype, n}, hp, step, 1.0f);
     compute_stream->synchronize();
     const double t = seconds_since(t0);
     if (step > 1) best = best == 0 ? t : std::min(best, t);
@@ -101,7 +101,7 @@ int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloade
   // The host backend's device is the CPU: its optimizer is the same SIMD code on the model's cpus. Sharing
   // the cpus with the CPU optimizer (strata.cpu_optim.cores 0) the two would take turns; with cores of the
   // optimizer's own, the model's cpus already take their share of the update after backward (Note [The
-  // optimizer's tail] in engine_step.cpp). Either way a split only moves gradient adds onto the model's
+  // optimizer's tail] in engine_update.cpp). Either way a split only moves gradient adds onto the model's
   // cpus and sub-groups out of the overlap with backward.
   if (!by_ops) {
     if (comm->rank() == 0)
@@ -159,7 +159,8 @@ int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloade
   int best = 0;
   for (int k = 1; k <= fits; ++k)
     if (cost(k) < cost(best) * (1 - 1e-3)) best = k;
-  // Each rank timed its own optimizers; rank 0's choice is every rank's (Note [Ranks agree] in engine_plan.cpp).
+  // Each rank timed its own optimizers; rank 0's choice is every rank's (Note [Ranks agree] in
+  // engine_plan.cpp).
   if (world > 1) comm->host_broadcast(&best, sizeof best, 0);
   if (comm->rank() == 0)
     STRATA_LOG_INFO("zero3: offload_optimizer.ratio auto: ", 1.0 - double(best) / double(std::max(G, 1)),

@@ -50,13 +50,13 @@ struct WaitTimer {
 // buffer, its optimizer step counter.
 struct ChunkSlot {
   int id = 0;
-  std::string name;         // "block.3"
-  std::size_t numel = 0;    // gathered elements (padded_numel)
-  comm::ShardRange shard;   // this rank's slice of the chunk
-  tiering::ShardTensors t;  // param (working dtype), grad, master, exp_avg, exp_avg_sq (fp32)
+  std::string name;               // "block.3"
+  std::size_t numel = 0;          // gathered elements (padded_numel)
+  comm::ShardRange shard;         // this rank's slice of the chunk
+  tiering::ShardTensors tensors;  // param (working dtype), grad, master, exp_avg, exp_avg_sq (fp32)
   // Their homes: the config's (EngineState::homes), or with master, states and gradients on the device when
   // offload_optimizer.ratio keeps the chunk's sub-group there.
-  tiering::ShardHomes h;
+  tiering::ShardHomes homes;
   // How it is updated, as the plan decided (Note [Update routes] in placement.cpp).
   UpdateRoute route;
   // Below stage3_param_persistence_threshold: kept gathered after release whatever its reuse distance
@@ -78,7 +78,7 @@ struct ChunkSlot {
   // The gathered working params, widened to fp32, on the device. `gathered` and `gradbuf` are registered
   // once and pinned; their device blocks come and go (allocate, then evict of a never-valid copy frees).
   enum class Gather : std::uint8_t { absent, in_flight, ready, held };
-  Gather g = Gather::absent;
+  Gather gather = Gather::absent;
   tiering::TensorId gathered = 0;
   void* gptr = nullptr;               // (numel) in the ops' activation dtype (act)
   std::unique_ptr<Event> ready;       // recorded on the gather stream after the widening pass
@@ -117,7 +117,7 @@ struct EngineState {
   model::ModelConfig mcfg;
   model::ModelLayout layout;
   EngineOptions opts;
-  DType wd = DType::bf16;  // working dtype
+  DType working_dtype = DType::bf16;  // of the working params (bf16, fp16 or fp32)
   tiering::ShardHomes homes;
   int n_states = 2;  // optimizer state tensors per parameter besides the master (Adam 2, Adagrad 1, Lion 1)
 
@@ -148,7 +148,7 @@ struct EngineState {
   // device the CPU cannot address): the CPU never dereferences a device pointer.
   bool by_ops = false;
   // The rank's cpus, split between the CPU optimizer and the host backend's compute (Note [Cores] in
-  // engine.cpp).
+  // engine_plan.cpp).
   std::vector<int> compute_cpus, optimizer_cpus;
   std::unique_ptr<cpu_optim::Optimizer> opt;  // the CPU optimizer (and its threads' reductions and adds)
   LossScaler scaler;
@@ -168,12 +168,12 @@ struct EngineState {
   int micro_steps = 0;   // backwards since the last step()
   bool in_pass = false;  // between begin_pass and end_pass
 
-  std::size_t wd_bytes() const { return std::size_t(dtype_bytes(wd)); }
+  std::size_t working_dtype_bytes() const { return std::size_t(dtype_bytes(working_dtype)); }
   std::size_t param_numel(const ChunkSlot& s) const { return replicated ? s.numel : s.shard.numel; }
   std::size_t param_offset(const ChunkSlot& s) const { return replicated ? s.shard.offset : 0; }
   // This rank's slice of the working params at their home (device or pinned memory).
   void* my_params(const ChunkSlot& s) const {
-    return static_cast<char*>(s.param_home) + param_offset(s) * dtype_bytes(wd);
+    return static_cast<char*>(s.param_home) + param_offset(s) * dtype_bytes(working_dtype);
   }
   // The optimizer's tensors of a chunk: its master and the states the optimizer type keeps.
   std::vector<tiering::TensorId> optimizer_tensors(const ChunkSlot& s) const;

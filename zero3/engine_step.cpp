@@ -59,13 +59,13 @@ StepResult Engine::Impl::step() {
   try {
     grads.sync();
   } catch (...) {
-    overlap.undo(false);  // updates made from gradients that may not have arrived
+    overlap.undo(UndoAs::cancellation);  // updates made from gradients that may not have arrived
     throw;
   }
   {
     const WaitTimer tw(*compute_stream);
-    overlap.settle(-1);  // the last step's updates left to the worker (chunks no backward reached)
-    overlap.wait();      // the updates made during backward (Note [Optimizer overlap] in engine_overlap.cpp)
+    overlap.settle_all();  // the last step's updates left to the worker (chunks no backward reached)
+    overlap.wait();  // the updates made during backward (Note [Optimizer overlap] in engine_overlap.cpp)
     times.wait += tw.idle_seconds();
   }
   // No gather still reads the working params the update writes (the compute stream, not the host, waited
@@ -95,7 +95,7 @@ StepResult Engine::Impl::step() {
     r.grad_norm = gs.norm;
     const std::int64_t step_no = applied_steps + 1;
     // The updates made during backward assumed this factor, rate and step; otherwise they are undone.
-    if (!overlap.assumed(gs.factor, r.lr, step_no)) overlap.undo(true);
+    if (!overlap.assumed(gs.factor, r.lr, step_no)) overlap.undo(UndoAs::rollback);
     overlap.clipped(gs.clipped);
     // Those made during backward stand; the others are made now (updater: each as its route says) or, where
     // the route defers them, left to the overlap's worker, which makes them while the next forward starts.
@@ -126,7 +126,7 @@ StepResult Engine::Impl::step() {
     if (replicated) cache.all_gather_params();
     cache.drop_all_gathered();
   } else {
-    overlap.undo(true);
+    overlap.undo(UndoAs::rollback);
     r.grad_norm = finite ? std::sqrt(sum_sq) / r.loss_scale : std::numeric_limits<double>::infinity();
     ++skipped;
   }
@@ -191,8 +191,8 @@ Engine::Impl::StepCounts Engine::Impl::step_counts() {
 void Engine::begin_pass() {
   Impl& im = *impl_;
   STRATA_CHECK(!im.in_pass, "zero3: begin_pass inside a pass");
-  im.dev->bind_thread();   // Note [thread device] in core/device.h: whichever thread trains
-  im.overlap.undo(false);  // a forward before step() sees the params of the last step
+  im.dev->bind_thread();                  // Note [thread device] in core/device.h: whichever thread trains
+  im.overlap.undo(UndoAs::cancellation);  // a forward before step() sees the params of the last step
   im.tm->set_step(im.global_step + 1, tiering::Phase::forward);
   im.in_pass = true;
   // Another micro-batch of this step follows: its pass uses the same parameters, so chunks may stay
@@ -260,12 +260,12 @@ void Engine::backward(model::TrainableModel& model, std::optional<std::int64_t> 
     im.compute_stream->record(*im.backward_end);
     im.times.backward += seconds_since(t0);
   } catch (...) {
-    im.overlap.end_backward(false);
+    im.overlap.end_backward(BackwardEnd::failed);
     end_pass();
     throw;
   }
   im.grads.end_backward();
-  im.overlap.end_backward(true);
+  im.overlap.end_backward(BackwardEnd::completed);
   end_pass();
   im.loss_sum += im.forward_loss;
   ++im.micro_steps;
@@ -330,12 +330,13 @@ void Engine::read_params(int id, float* out) {
   Impl& im = *impl_;
   im.dev->bind_thread();
   const ChunkSlot& s = im.slots.at(std::size_t(id));
-  im.overlap.settle(-1);
-  im.overlap.undo(false);  // the params of the last step
+  im.overlap.settle_all();
+  im.overlap.undo(UndoAs::cancellation);  // the params of the last step
   std::memset(out, 0, s.numel * sizeof(float));
   im.gather_stream->synchronize();  // replicated params: the step's all-gather has landed
   const std::size_t n = im.param_numel(s), at = im.replicated ? 0 : s.shard.offset;
-  im.with_host_copy(s.t.param, [&](const void* p) { model::convert_to_f32(im.wd, p, n, out + at); });
+  im.with_host_copy(s.tensors.param,
+                    [&](const void* p) { model::convert_to_f32(im.working_dtype, p, n, out + at); });
   // The other ranks' shards, in place, in host memory (collective: every rank reads the same chunk).
   if (im.world > 1 && !im.replicated)
     im.comm->host_all_gather(out + s.shard.offset, out, s.shard.numel * sizeof(float));
@@ -345,10 +346,10 @@ std::vector<float> Engine::master_params(int id) {
   Impl& im = *impl_;
   im.dev->bind_thread();
   const ChunkSlot& s = im.slots.at(std::size_t(id));
-  im.overlap.settle(-1);
-  im.overlap.undo(false);
+  im.overlap.settle_all();
+  im.overlap.undo(UndoAs::cancellation);
   std::vector<float> out(s.shard.numel);
-  im.with_host_copy(s.t.master,
+  im.with_host_copy(s.tensors.master,
                     [&](const void* p) { std::memcpy(out.data(), p, out.size() * sizeof(float)); });
   return out;
 }

@@ -21,21 +21,21 @@
 namespace strata::zero3 {
 
 void Updater::open() {
-  if (std::any_of(e_.slots.begin(), e_.slots.end(),
+  if (std::any_of(engine_.slots.begin(), engine_.slots.end(),
                   [](const ChunkSlot& s) { return s.route.params == UpdateRoute::Params::staged; }))
-    param_staging_ = PinnedBuffer(*e_.dev, e_.largest_shard * e_.wd_bytes());
+    param_staging_ = PinnedBuffer(*engine_.dev, engine_.largest_shard * engine_.working_dtype_bytes());
 }
 
 void Updater::wait_all(std::vector<tiering::Move>& moves) {
-  const WaitTimer tw(*e_.compute_stream);
+  const WaitTimer tw(*engine_.compute_stream);
   for (const tiering::Move& m : moves) m.wait();
   moves.clear();
-  e_.times.wait += tw.idle_seconds();
+  engine_.times.wait += tw.idle_seconds();
 }
 
 void Updater::update(const std::vector<int>& chunks, double lr, float factor, std::int64_t step_no) {
   if (std::any_of(chunks.begin(), chunks.end(), [&](int c) {
-        return e_.slots[std::size_t(c)].route.stepper == UpdateRoute::Stepper::nvme_pipeline;
+        return engine_.slots[std::size_t(c)].route.stepper == UpdateRoute::Stepper::nvme_pipeline;
       }))
     return update_through_nvme(lr, factor, step_no);
   std::vector<tiering::Move> writes;
@@ -46,17 +46,17 @@ void Updater::update(const std::vector<int>& chunks, double lr, float factor, st
 
 void Updater::update_chunk(ChunkSlot& s, float* master, float* m, float* v, void* out, double lr,
                            float factor, std::int64_t step_no, cpu_optim::Optimizer* with) {
-  cpu_optim::Optimizer& optimizer = with ? *with : *e_.opt;
+  cpu_optim::Optimizer& optimizer = with ? *with : *engine_.opt;
   const std::size_t n = s.shard.numel;
   cpu_optim::Shard sh;
   sh.params = master;
   sh.grads = s.grad;
   sh.exp_avg = m;
   sh.exp_avg_sq = v;
-  sh.out = e_.wd == DType::fp32 ? nullptr : out;
+  sh.out = engine_.working_dtype == DType::fp32 ? nullptr : out;
   sh.n = n;
-  sh.out_dtype = e_.wd == DType::fp16 ? DType::fp16 : DType::bf16;
-  const OptimizerConfig& o = e_.cfg.optimizer;
+  sh.out_dtype = engine_.working_dtype == DType::fp16 ? DType::fp16 : DType::bf16;
+  const OptimizerConfig& o = engine_.cfg.optimizer;
   switch (o.type) {
     case OptimizerType::Adam:
     case OptimizerType::AdamW:
@@ -83,25 +83,26 @@ void Updater::update_chunk(ChunkSlot& s, float* master, float* m, float* v, void
                      step_no, sh, factor);
       break;
   }
-  if (e_.wd == DType::fp32) std::memcpy(out, master, n * sizeof(float));
+  if (engine_.working_dtype == DType::fp32) std::memcpy(out, master, n * sizeof(float));
 }
 
 void* Updater::param_out(ChunkSlot& s) {
   switch (s.route.params) {
     case UpdateRoute::Params::home:  // in place
-      return e_.homes.param == Tier::pinned ? s.param_home : e_.my_params(s);
+      return engine_.homes.param == Tier::pinned ? s.param_home : engine_.my_params(s);
     case UpdateRoute::Params::staged:
       return param_staging_.data();
     case UpdateRoute::Params::nvme:
       break;
   }
-  e_.tm->pin(s.t.param);
-  return e_.tm->allocate(s.t.param, Tier::pinned);
+  engine_.tm->pin(s.tensors.param);
+  return engine_.tm->allocate(s.tensors.param, Tier::pinned);
 }
 
 void Updater::param_written(ChunkSlot& s, std::vector<tiering::Move>& writes) {
   if (s.route.params == UpdateRoute::Params::staged) {  // param_staging_ -> the device home; reused after
-    e_.to_device(e_.my_params(s), param_staging_.data(), s.shard.numel * e_.wd_bytes());
+    engine_.to_device(engine_.my_params(s), param_staging_.data(),
+                      s.shard.numel * engine_.working_dtype_bytes());
     return;
   }
   if (s.route.params != UpdateRoute::Params::nvme) return;
@@ -109,7 +110,7 @@ void Updater::param_written(ChunkSlot& s, std::vector<tiering::Move>& writes) {
 }
 
 kernels::Ops::AdamW Updater::device_adamw(double lr) const {
-  const OptimizerConfig& o = e_.cfg.optimizer;
+  const OptimizerConfig& o = engine_.cfg.optimizer;
   return {.lr = float(lr),
           .beta1 = float(o.betas[0]),
           .beta2 = float(o.betas[1]),
@@ -125,26 +126,27 @@ void Updater::update_chunk_on_device(ChunkSlot& s, void* out, double lr, float f
   const kernels::Ops::AdamW hp = device_adamw(lr);
   // New working params straight into a device home; for a home in host memory, into the chunk's gradient
   // buffer block (free between passes; the working set has room for it), then copied off the device.
-  void* scratch = e_.homes.param == Tier::device ? nullptr : cache_.device_alloc(s.gradbuf, true);
-  e_.ops->adamw(Tensor{s.master, DType::fp32, n}, Tensor{s.grad, DType::fp32, n},
-                Tensor{s.exp_avg, DType::fp32, n}, Tensor{s.exp_avg_sq, DType::fp32, n},
-                Tensor{scratch ? scratch : out, e_.wd, n}, hp, step_no, factor);
+  void* scratch =
+      engine_.homes.param == Tier::device ? nullptr : cache_.device_alloc(s.gradbuf, AllocFor::demand);
+  engine_.ops->adamw(Tensor{s.master, DType::fp32, n}, Tensor{s.grad, DType::fp32, n},
+                     Tensor{s.exp_avg, DType::fp32, n}, Tensor{s.exp_avg_sq, DType::fp32, n},
+                     Tensor{scratch ? scratch : out, engine_.working_dtype, n}, hp, step_no, factor);
   s.opt = {.step = step_no, .finite = true};
   if (scratch) {
-    e_.from_device(out, scratch, n * e_.wd_bytes());
-    e_.tm->evict(s.gradbuf, Tier::device, Tier::pinned);  // frees the block (never valid: no copy)
+    engine_.from_device(out, scratch, n * engine_.working_dtype_bytes());
+    engine_.tm->evict(s.gradbuf, Tier::device, Tier::pinned);  // frees the block (never valid: no copy)
   }
 }
 
 void Updater::update_group(const std::vector<int>& group, double lr, float factor, std::int64_t step_no,
                            std::vector<tiering::Move>& writes) {
   for (int c : group) {
-    ChunkSlot& s = e_.slots[std::size_t(c)];
+    ChunkSlot& s = engine_.slots[std::size_t(c)];
     float *master = s.master, *m = s.exp_avg, *v = s.exp_avg_sq;
     switch (s.route.stepper) {
       case UpdateRoute::Stepper::device_ops:  // the compute interface's optimizer, on the compute stream
         update_chunk_on_device(s, param_out(s), lr, factor, step_no);
-        ++e_.updates.device_optimizer;
+        ++engine_.updates.device_optimizer;
         param_written(s, writes);
         break;
       case UpdateRoute::Stepper::model_cpus:  // the device optimizer over directly addressed memory
@@ -152,15 +154,15 @@ void Updater::update_group(const std::vector<int>& group, double lr, float facto
         if (s.route.params == UpdateRoute::Params::nvme) finish_device_updates(writes);  // one pinned copy
         break;
       case UpdateRoute::Stepper::nvme_pipeline:  // the pipeline has read them into pinned memory
-        master = static_cast<float*>(e_.tm->data(s.t.master, Tier::pinned));
-        if (e_.cfg.optimizer.type != OptimizerType::Adagrad)
-          m = static_cast<float*>(e_.tm->data(s.t.exp_avg, Tier::pinned));
-        if (e_.cfg.optimizer.type != OptimizerType::Lion)
-          v = static_cast<float*>(e_.tm->data(s.t.exp_avg_sq, Tier::pinned));
+        master = static_cast<float*>(engine_.tm->data(s.tensors.master, Tier::pinned));
+        if (engine_.cfg.optimizer.type != OptimizerType::Adagrad)
+          m = static_cast<float*>(engine_.tm->data(s.tensors.exp_avg, Tier::pinned));
+        if (engine_.cfg.optimizer.type != OptimizerType::Lion)
+          v = static_cast<float*>(engine_.tm->data(s.tensors.exp_avg_sq, Tier::pinned));
         [[fallthrough]];
       case UpdateRoute::Stepper::cpu_optimizer:
         update_chunk(s, master, m, v, param_out(s), lr, factor, step_no);
-        ++e_.updates.cpu_optimizer;
+        ++engine_.updates.cpu_optimizer;
         param_written(s, writes);
         break;
     }
@@ -169,11 +171,12 @@ void Updater::update_group(const std::vector<int>& group, double lr, float facto
 
 cpu_optim::Optimizer& Updater::host_device_optimizer() {
   if (!device_opt_)
-    device_opt_ = std::make_unique<cpu_optim::Optimizer>(cpu_optim::Options{
-        .simd = e_.cfg.strata.cpu_optim.simd,
-        .threads = e_.compute_cpus.empty() ? int(e_.cfg.strata.threads) : int(e_.compute_cpus.size()),
-        .pin = !e_.compute_cpus.empty() && e_.cfg.strata.cpu_optim.pin_threads,
-        .cpus = e_.compute_cpus});
+    device_opt_ = std::make_unique<cpu_optim::Optimizer>(
+        cpu_optim::Options{.simd = engine_.cfg.strata.cpu_optim.simd,
+                           .threads = engine_.compute_cpus.empty() ? int(engine_.cfg.strata.threads)
+                                                                   : int(engine_.compute_cpus.size()),
+                           .pin = !engine_.compute_cpus.empty() && engine_.cfg.strata.cpu_optim.pin_threads,
+                           .cpus = engine_.compute_cpus});
   return *device_opt_;
 }
 
@@ -188,23 +191,23 @@ cpu_optim::Optimizer& Updater::host_device_optimizer() {
 // marks the chunks that may go (UpdateRoute.tail); the share is taken here, of those left after backward.
 void Updater::update_rest(const std::vector<int>& chunks, double lr, float factor, std::int64_t step_no,
                           std::vector<tiering::Move>& writes) {
-  const bool helper =
-      std::any_of(chunks.begin(), chunks.end(), [&](int c) { return e_.slots[std::size_t(c)].route.tail; });
+  const bool helper = std::any_of(chunks.begin(), chunks.end(),
+                                  [&](int c) { return engine_.slots[std::size_t(c)].route.tail; });
   if (!helper) return update_group(chunks, lr, factor, step_no, writes);
   std::uint64_t total = 0, device = 0;
   std::vector<int> on_device, cpu;
   for (int c : chunks) {
-    const std::uint64_t n = e_.slots[std::size_t(c)].shard.numel;
+    const std::uint64_t n = engine_.slots[std::size_t(c)].shard.numel;
     total += n;
-    if (!e_.slots[std::size_t(c)].route.device_optimizer()) continue;
+    if (!engine_.slots[std::size_t(c)].route.device_optimizer()) continue;
     device += n;
     on_device.push_back(c);
   }
-  const double share =
-      double(e_.compute_cpus.size()) / double(e_.compute_cpus.size() + e_.optimizer_cpus.size());
+  const double share = double(engine_.compute_cpus.size()) /
+                       double(engine_.compute_cpus.size() + engine_.optimizer_cpus.size());
   const double target = share * double(total);
   for (int c : chunks) {
-    ChunkSlot& s = e_.slots[std::size_t(c)];
+    ChunkSlot& s = engine_.slots[std::size_t(c)];
     if (s.route.device_optimizer()) continue;  // update_group below
     const double n = double(s.shard.numel);
     if (!s.route.tail || double(device) + n / 2 > target) {
@@ -221,31 +224,31 @@ void Updater::update_rest(const std::vector<int>& chunks, double lr, float facto
 void Updater::update_on_model_cpus(ChunkSlot& s, double lr, float factor, std::int64_t step_no) {
   void* out = param_out(s);
   cpu_optim::Optimizer* with = &host_device_optimizer();
-  e_.compute_stream->host_fn([this, &s, out, lr, factor, step_no, with] {
+  engine_.compute_stream->host_fn([this, &s, out, lr, factor, step_no, with] {
     update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, out, lr, factor, step_no, with);
   });
   device_updates_.push_back(s.id);
-  ++e_.updates.model_cpus;
+  ++engine_.updates.model_cpus;
 }
 
 void Updater::finish_device_updates(std::vector<tiering::Move>& writes) {
   if (device_updates_.empty()) return;
   const std::vector<int> done = std::exchange(device_updates_, {});
-  const WaitTimer tw(*e_.compute_stream);
-  e_.compute_stream->synchronize();  // raises an update that failed
-  e_.times.wait += tw.idle_seconds();
-  for (int c : done) param_written(e_.slots[std::size_t(c)], writes);
+  const WaitTimer tw(*engine_.compute_stream);
+  engine_.compute_stream->synchronize();  // raises an update that failed
+  engine_.times.wait += tw.idle_seconds();
+  for (int c : done) param_written(engine_.slots[std::size_t(c)], writes);
 }
 
 // Every sub-group: the overlap does not run with NVMe-resident states, so step() leaves every chunk here.
 void Updater::update_through_nvme(double lr, float factor, std::int64_t step_no) {
-  const auto& oo = e_.cfg.zero_optimization.offload_optimizer;
+  const auto& oo = engine_.cfg.zero_optimization.offload_optimizer;
   // The sub-groups offload_optimizer.ratio keeps on the device first (the device optimizer's work is
   // enqueued and runs beside the swaps below), then the swapped ones through the pipeline.
   std::vector<const std::vector<int>*> swapped;
   std::vector<tiering::Move> device_writes;
-  for (const auto& g : e_.groups) {
-    if (e_.slots[std::size_t(g.front())].route.stepper != UpdateRoute::Stepper::nvme_pipeline)
+  for (const auto& g : engine_.groups) {
+    if (engine_.slots[std::size_t(g.front())].route.stepper != UpdateRoute::Stepper::nvme_pipeline)
       update_group(g, lr, factor, step_no, device_writes);
     else
       swapped.push_back(&g);
@@ -256,43 +259,43 @@ void Updater::update_through_nvme(double lr, float factor, std::int64_t step_no)
   std::size_t oldest = 0;  // the oldest sub-group whose writes have not been waited for
   auto read = [&](std::size_t i) {
     for (int c : *swapped[i]) {
-      const ChunkSlot& s = e_.slots[std::size_t(c)];
-      for (tiering::TensorId id : e_.optimizer_tensors(s)) {
-        e_.tm->pin(id);
-        reads[i].push_back(e_.tm->fetch(id, Tier::pinned));
+      const ChunkSlot& s = engine_.slots[std::size_t(c)];
+      for (tiering::TensorId id : engine_.optimizer_tensors(s)) {
+        engine_.tm->pin(id);
+        reads[i].push_back(engine_.tm->fetch(id, Tier::pinned));
       }
       if (s.route.grads_nvme) {
-        e_.tm->pin(s.t.grad);
-        reads[i].push_back(e_.tm->fetch(s.t.grad, Tier::pinned));
+        engine_.tm->pin(s.tensors.grad);
+        reads[i].push_back(engine_.tm->fetch(s.tensors.grad, Tier::pinned));
       }
     }
     issued[i] = true;
   };
   for (std::size_t i = 0; i < G; ++i) {
-    while (!issued[i] && i - oldest + 1 > e_.group_window && oldest < i) wait_all(writes[oldest++]);
+    while (!issued[i] && i - oldest + 1 > engine_.group_window && oldest < i) wait_all(writes[oldest++]);
     if (!issued[i]) read(i);
     if (oo.pipeline_read && i + 1 < G) {
-      while (i + 2 - oldest > e_.group_window && oldest < i) wait_all(writes[oldest++]);
-      if (i + 2 - oldest <= e_.group_window) read(i + 1);
+      while (i + 2 - oldest > engine_.group_window && oldest < i) wait_all(writes[oldest++]);
+      if (i + 2 - oldest <= engine_.group_window) read(i + 1);
     }
     wait_all(reads[i]);
     for (int c : *swapped[i]) {
-      ChunkSlot& s = e_.slots[std::size_t(c)];
-      if (s.route.grads_nvme) s.grad = static_cast<float*>(e_.tm->data(s.t.grad, Tier::pinned));
+      ChunkSlot& s = engine_.slots[std::size_t(c)];
+      if (s.route.grads_nvme) s.grad = static_cast<float*>(engine_.tm->data(s.tensors.grad, Tier::pinned));
     }
     std::vector<tiering::Move> param_writes;
     update_group(*swapped[i], lr, factor, step_no, param_writes);
     for (int c : *swapped[i]) {
-      ChunkSlot& s = e_.slots[std::size_t(c)];
-      for (tiering::TensorId id : e_.optimizer_tensors(s)) {
-        e_.tm->mark_written(id, Tier::pinned);
-        e_.tm->unpin(id);
-        writes[i].push_back(e_.tm->evict(id, Tier::pinned, Tier::nvme));
+      ChunkSlot& s = engine_.slots[std::size_t(c)];
+      for (tiering::TensorId id : engine_.optimizer_tensors(s)) {
+        engine_.tm->mark_written(id, Tier::pinned);
+        engine_.tm->unpin(id);
+        writes[i].push_back(engine_.tm->evict(id, Tier::pinned, Tier::nvme));
       }
       if (s.route.grads_nvme) {  // read, not written: the pinned copy is dropped
         s.grad = nullptr;
-        e_.tm->unpin(s.t.grad);
-        e_.tm->evict(s.t.grad, Tier::pinned, Tier::nvme);
+        engine_.tm->unpin(s.tensors.grad);
+        engine_.tm->evict(s.tensors.grad, Tier::pinned, Tier::nvme);
       }
     }
     for (tiering::Move& m : param_writes) writes[i].push_back(std::move(m));

@@ -16,7 +16,7 @@ class ChunkCache;
 
 class Updater {
  public:
-  Updater(EngineState& e, ChunkCache& cache) : e_(e), cache_(cache) {}
+  Updater(EngineState& e, ChunkCache& cache) : engine_(e), cache_(cache) {}
 
   // After the plan: pinned staging for the new working params of a device home the CPU steps.
   void open();
@@ -59,7 +59,7 @@ class Updater {
   void param_written(ChunkSlot& s, std::vector<tiering::Move>& writes);
   void wait_all(std::vector<tiering::Move>& moves);
 
-  EngineState& e_;
+  EngineState& engine_;
   ChunkCache& cache_;
   std::unique_ptr<cpu_optim::Optimizer> device_opt_;
   std::vector<int> device_updates_;

@@ -45,6 +45,19 @@ int resolve_seq_len(const model::ModelConfig& m, int requested, const std::strin
   return T;
 }
 
+Overrides parse_sets(const std::vector<std::string>& sets) {
+  Overrides o;
+  for (const std::string& s : sets) {
+    const auto eq = s.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError(
+          cat("--set \"", s, "\": expected name=value, e.g. --set lr=3e-4 (names: docs/config.md)"));
+    nlohmann::json v = nlohmann::json::parse(s.substr(eq + 1), nullptr, /*allow_exceptions=*/false);
+    o[s.substr(0, eq)] = v.is_discarded() ? nlohmann::json(s.substr(eq + 1)) : v;
+  }
+  return o;
+}
+
 Config resolve_config(const ConfigSource& source, Overrides overrides, const model::ModelConfig& m,
                       const comm::RankInfo& ri, const RunFacts& run) {
   // Hugging Face's integration fills hidden_size from the model ("auto" bucket sizes); so do we, unless an

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "comm/comm.h"
 #include "config/config.h"
@@ -51,6 +52,10 @@ ModelSource open_model(const std::string& spec, Weights weights);
 // below 1, beyond the model's max_seq_len, or beyond a sliding window the model cannot train past
 // (ModelConfig::check_sequence) — before any weight is read.
 int resolve_seq_len(const model::ModelConfig& m, int requested, const std::string& flag);
+
+// The command line's `--set name=value` overrides (names: docs/config.md): numbers, booleans and JSON arrays
+// (betas) parse as JSON, anything else is kept as a string. ConfigError for a pair without a name or "=".
+Overrides parse_sets(const std::vector<std::string>& sets);
 
 // Where the config comes from: a file, or a document already read (`origin` names it in errors).
 struct ConfigSource {

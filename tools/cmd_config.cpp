@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "session/session.h"
 #include "tools/cli.h"
 #include "zero3/placement.h"
 
@@ -22,28 +23,13 @@ struct ConfigOpts {
   std::int64_t steps = -1;  // -1: the run's length is not given (it comes at training)
 };
 
-Overrides parse_sets(const std::vector<std::string>& sets) {
-  Overrides o;
-  for (const auto& s : sets) {
-    auto eq = s.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw ConfigError("--set \"" + s +
-                        "\": expected name=value, e.g. --set lr=3e-4 (names: docs/config.md)");
-    std::string name = s.substr(0, eq), value = s.substr(eq + 1);
-    // Numbers, booleans and JSON arrays (betas) parse as JSON; anything else is kept as a string.
-    nlohmann::json v = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
-    o[name] = v.is_discarded() ? nlohmann::json(value) : v;
-  }
-  return o;
-}
-
 int run_config(const ConfigOpts& opts) {
   RunFacts run;
   if (opts.steps >= 0)
     run = {.total_steps = opts.steps, .from = detail::cat("--steps ", opts.steps)};
   else
     run.length_later = true;
-  Config cfg = Config::load(opts.path, parse_sets(opts.sets), opts.world_size, run);
+  Config cfg = Config::load(opts.path, session::parse_sets(opts.sets), opts.world_size, run);
   std::fputs(cfg.resolved_table().c_str(), stdout);
   // Note [Loud auto] in config/config.cpp: the values chosen for the user, as strata train prints them.
   const std::vector<std::string> chosen = cfg.auto_report();

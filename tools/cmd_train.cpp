@@ -72,20 +72,6 @@ std::string duration(double s) {
   return b;
 }
 
-// "name=value" pairs for the config's command-line overrides (names in docs/config.md).
-Overrides parse_sets(const std::vector<std::string>& sets) {
-  Overrides o;
-  for (const std::string& s : sets) {
-    const auto eq = s.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw ConfigError(
-          cat("--set \"", s, "\": expected name=value, e.g. --set lr=3e-4 (names: docs/config.md)"));
-    nlohmann::json v = nlohmann::json::parse(s.substr(eq + 1), nullptr, /*allow_exceptions=*/false);
-    o[s.substr(0, eq)] = v.is_discarded() ? nlohmann::json(s.substr(eq + 1)) : v;
-  }
-  return o;
-}
-
 // The global step of the checkpoint --load will read; 0 when it cannot be told here (the engine's load
 // then says why).
 std::int64_t checkpoint_step(const std::string& dir, const std::string& tag) {
@@ -619,7 +605,7 @@ int run_train(const TrainOpts& o) {
     std::snprintf(e, sizeof e, "%g", o.epochs);
     run.from = cat("--epochs ", e);
   }
-  Config cfg = session::resolve_config({.path = o.config}, parse_sets(o.sets), mcfg, ri, run);
+  Config cfg = session::resolve_config({.path = o.config}, session::parse_sets(o.sets), mcfg, ri, run);
   // Where the run will write, checked now rather than after the training.
   if (!o.save.empty()) check_output_dir(o.save, "--save");
   // --export NAME.safetensors: one file; any other path: a Hugging Face model directory.

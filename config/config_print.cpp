@@ -150,8 +150,8 @@ std::string config_reference_markdown() {
   md +=
       "- **The schedule's length is the run's.** `scheduler.params.total_num_steps` \"auto\", or left out\n"
       "  where the scheduler needs it, takes `strata train`'s `--steps` (counted on from the checkpoint\n"
-      "  `--load` resumes), `--max-steps` or `--epochs`; in Python the `total_steps` override gives it. A "
-      "file\n"
+      "  `--load` resumes), `--max-steps` or `--epochs`; in Python the `total_steps` override gives it,\n"
+      "  and `strata config FILE --steps N` shows the schedule so resolved. A file\n"
       "  that sets another total is kept, with a warning naming both. `strata.warmup_ratio` gives the "
       "warmup\n"
       "  as a share of those steps where `warmup_num_steps` is \"auto\" or left out (the stock configs "

@@ -12,11 +12,11 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 
 #include "core/error.h"
+#include "session/session.h"
 #include "tools/memprof/html.h"
 #include "tools/memprof/memprof.h"
 
@@ -134,14 +134,13 @@ int main(int argc, char** argv) {
           "memprof estimate: give --model PRESET_OR_JSON, or --params N with --largest-layer M");
     // What strata train's --model takes: a model JSON file, else a preset's name.
     if (!model.empty())
-      in.model = model.ends_with(".json") || std::filesystem::exists(model)
-                     ? strata::model::ModelConfig::from_file(model)
-                     : strata::model::ModelConfig::preset(model);
+      in.model = strata::session::open_model(model, strata::session::Weights::fresh_only).config;
     if (!params.empty()) {
       in.params = parse_count(params, "--params");
       in.largest_layer = parse_count(largest, "--largest-layer");
     }
-    if (!config.empty()) in.config = strata::Config::load(config, {}, in.world);
+    // Memory does not depend on the schedule: a length the config leaves to the run stays open.
+    if (!config.empty()) in.config = strata::Config::load(config, {}, in.world, {.length_later = true});
     in.sub_group_size = parse_count(sub_group, "--sub-group-size");
     std::vector<strata::memprof::EstimateRow> rows = strata::memprof::estimate(in);
     if (as_json)

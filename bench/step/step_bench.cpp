@@ -67,6 +67,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "session/session.h"
 #include "zero3/engine.h"
 
 namespace {
@@ -92,9 +93,9 @@ struct Opts {
   std::uint64_t max_in_cpu = 1000000000;
 };
 
+// A preset or a model JSON, as strata train's --model takes it.
 model::ModelConfig load_model(const std::string& spec) {
-  if (spec.ends_with(".json")) return model::ModelConfig::from_file(spec);
-  return model::ModelConfig::preset(spec);
+  return session::open_model(spec, session::Weights::fresh_only).config;
 }
 
 model::Batch random_batch(const model::ModelConfig& m, int B, int T, std::uint64_t seed) {

@@ -512,9 +512,12 @@ void ConfigParser::resolve_schedule() {
       run_total_steps(run, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps);
   const std::string from = run.from.empty() ? std::string("the run") : run.from;
   const bool has_total = s.type == SchedulerType::WarmupDecayLR || s.type == SchedulerType::WarmupCosineLR;
+  // Taken from the run, or an "auto" an override filled (Python's total_steps, as --steps): the length of a
+  // run, which a cosine too short for its warmup may be stretched past (below). A file's value is kept.
   bool total_from_run = false;
   if (has_total) {
     if (given[i_total] || overridden[i_total]) {
+      total_from_run = is_auto[i_total];
       if (run_total > 0 && s.total_num_steps != run_total)
         warn(detail::cat("scheduler.params.total_num_steps: ",
                          given[i_total] ? "the file sets " : "override total_steps gives ", s.total_num_steps,
@@ -541,7 +544,8 @@ void ConfigParser::resolve_schedule() {
   }
   resolve_warmup(has_total ? s.total_num_steps : run_total);
   // A cosine needs more steps than its warmup (at least 2, as DeepSpeed counts it): a run shorter than that
-  // (a smoke test of --steps 1) still trains, its schedule stretched to the shortest one past its end.
+  // (a smoke test of --steps 1, or total_steps=1) still trains, its schedule stretched to the shortest one
+  // past its end.
   if (total_from_run && s.type == SchedulerType::WarmupCosineLR) {
     const std::int64_t shortest = std::max<std::int64_t>(2, s.warmup_num_steps) + 1;
     if (s.total_num_steps < shortest) {

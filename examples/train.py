@@ -8,9 +8,12 @@ os.makedirs(out, exist_ok=True)
 docs = sorted(p for p in glob.glob(root + "/**/*.md", recursive=True) if "/build" not in p[len(root):])
 open(out + "/text.txt", "wb").write(b"".join(open(p, "rb").read() for p in docs))  # the demo's text
 strata.text_to_tokens(out + "/text.txt", out + "/tokens.bin")  # bytes as tokens, as `strata train --text`
-engine, _, _, _ = strata.initialize(config=root + "/configs/demo_cpu.json", model="10m", seq_len=64)
+steps = int(os.environ.get("DEMO_STEPS", 60))
+# The stock config leaves the schedule's length to the run ("auto"): total_steps gives it, as --steps does.
+engine, _, _, _ = strata.initialize(config=root + "/configs/demo_cpu.json", model="10m", seq_len=64,
+                                    total_steps=steps)
 loader = engine.token_loader(out + "/tokens.bin")
-for step in range(int(os.environ.get("DEMO_STEPS", 60))):
+for step in range(steps):
     for _ in range(engine.gradient_accumulation_steps()):
         loss = engine(next(loader))
         engine.backward(loss)

@@ -169,6 +169,21 @@ TEST(RunLength, ADifferentTotalInTheFileIsKeptWithAWarning) {
                             "step 30 (--steps 30)"));
 }
 
+// A run shorter than a cosine's warmup still trains, whether --steps or the total_steps override (Python's
+// length of the run) gave the "auto" total; a total the file sets is the user's and stays refused.
+TEST(RunLength, AShortRunStretchesTheCosinePastItsEnd) {
+  nlohmann::json doc = cosine({{"warmup_num_steps", "auto"}, {"total_num_steps", "auto"}});
+  const Config by_run = Config::parse(doc, {}, 1, "config", {.total_steps = 2, .from = "--steps 2"});
+  const Config by_override = Config::parse(doc, {{"total_steps", 2}});
+  EXPECT_EQ(by_run.scheduler.total_num_steps, 3);
+  EXPECT_EQ(by_override.scheduler.total_num_steps, 3);
+  EXPECT_TRUE(reports(by_override,
+                      "scheduler.params.total_num_steps = 3: given as override total_steps; raised to 3"));
+  doc["scheduler"]["params"]["total_num_steps"] = 2;
+  EXPECT_TRUE(testing::contains(testing::parse_error(doc),
+                                "total_num_steps: 2 must be greater than warmup_num_steps"));
+}
+
 TEST(RunLength, EpochsCountOptimizerStepsAsTransformersDoes) {
   // 7 micro-batches an epoch with accumulation 2: 3 steps an epoch (the rest is dropped), 2.5 epochs: 8.
   RunFacts run{.epochs = 2.5,

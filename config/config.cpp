@@ -495,9 +495,6 @@ std::int64_t run_total_steps(const RunFacts& run, std::int64_t micro_batch, std:
   return std::int64_t(std::ceil(run.epochs * double(per_epoch) - 1e-9));
 }
 
-// The source of a schedule value `strata config` leaves to the run (RunFacts::length_later).
-constexpr const char* kLeftToTheRun = "auto→the run's length";
-
 void ConfigParser::resolve_schedule() {
   auto& s = cfg.scheduler;
   if (s.type == SchedulerType::none) {
@@ -785,26 +782,6 @@ Config Config::load(const std::string& path, const Overrides& overrides, int wor
     throw ConfigError(detail::cat(path, ": malformed JSON: ", what));
   }
   return parse(doc, overrides, world_size, path, run);
-}
-
-std::vector<std::string> Config::auto_report() const {
-  Config copy = *this;  // read() takes a mutable Config
-  std::vector<std::string> lines;
-  for (std::size_t i = 0; i < options().size() && i < reasons_.size(); ++i) {
-    if (reasons_[i].empty() || sources_[i].empty()) continue;
-    const Option& o = options()[i];
-    if (sources_[i] == kLeftToTheRun) {
-      lines.push_back(detail::cat(o.path, " = (the run's): ", reasons_[i]));
-      continue;
-    }
-    const nlohmann::json v = copy.zero_optimization.offload_optimizer.ratio_auto &&
-                                     std::string_view(o.path) == "zero_optimization.offload_optimizer.ratio"
-                                 ? nlohmann::json("auto")
-                                 : read(o, copy);
-    lines.push_back(
-        detail::cat(o.path, " = ", v.is_string() ? v.get<std::string>() : show(v), ": ", reasons_[i]));
-  }
-  return lines;
 }
 
 std::string Config::source(std::string_view key) const {

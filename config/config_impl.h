@@ -60,6 +60,10 @@ struct AutoValue {
   std::string why = {};
 };
 
+// The source of a schedule value `strata config` leaves to the run (RunFacts::length_later): the parser
+// sets it, Config::auto_report shows it.
+inline constexpr const char* kLeftToTheRun = "auto→the run's length";
+
 inline constexpr double kUnbounded = std::numeric_limits<double>::infinity();
 
 struct Option {

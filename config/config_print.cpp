@@ -57,6 +57,26 @@ std::string pad(std::string s, std::size_t width) {
 
 }  // namespace
 
+std::vector<std::string> Config::auto_report() const {
+  Config copy = *this;  // read() takes a mutable Config
+  std::vector<std::string> lines;
+  for (std::size_t i = 0; i < options().size() && i < reasons_.size(); ++i) {
+    if (reasons_[i].empty() || sources_[i].empty()) continue;
+    const Option& o = options()[i];
+    if (sources_[i] == kLeftToTheRun) {
+      lines.push_back(detail::cat(o.path, " = (the run's): ", reasons_[i]));
+      continue;
+    }
+    const nlohmann::json v = copy.zero_optimization.offload_optimizer.ratio_auto &&
+                                     std::string_view(o.path) == "zero_optimization.offload_optimizer.ratio"
+                                 ? nlohmann::json("auto")
+                                 : read(o, copy);
+    lines.push_back(
+        detail::cat(o.path, " = ", v.is_string() ? v.get<std::string>() : show(v), ": ", reasons_[i]));
+  }
+  return lines;
+}
+
 std::string Config::resolved_table() const {
   Config copy = *this;  // read() takes a mutable Config; the copy keeps this method const
   std::vector<std::array<std::string, 3>> rows;

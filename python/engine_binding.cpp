@@ -93,16 +93,14 @@ class Core {
        std::optional<bool> checkpoint_activations) {
     const comm::RankInfo ri = session::ranks();  // as strata train
     source_ = resolve_model(model_spec);
-    mcfg_ = source_.config;
-    if (source_.hf) source_dir_ = source_.hf->dir;
     // Checked before the config, as strata train does.
-    seq_len_ = session::resolve_seq_len(mcfg_, seq_len, "initialize: seq_len");
+    seq_len_ = session::resolve_seq_len(source_.config, seq_len, "initialize: seq_len");
     cfg_ = session::resolve_config(
         config_is_path ? session::ConfigSource{.path = config, .doc = std::nullopt, .origin = config}
                        : session::ConfigSource{.path = "",
                                                .doc = parse_json(config, "initialize(config=dict)"),
                                                .origin = "initialize(config=dict)"},
-        parse_overrides(overrides), mcfg_, ri);
+        parse_overrides(overrides), source_.config, ri);
     local_rank_ = ri.local_rank;
     rank_ = ri.rank;
     world_ = ri.world_size;
@@ -222,7 +220,7 @@ class Core {
                             " is a file; give a directory for the model (or NAME.safetensors for one file)"));
     collective("engine.export", [&] {
       py::gil_scoped_release nogil;
-      zero3::export_model(e, path, source_dir_);
+      zero3::export_model(e, path, source_.hf ? source_.hf->dir : std::string());
     });
   }
 
@@ -237,7 +235,7 @@ class Core {
                                                                   .seed = std::uint64_t(cfg_.strata.seed),
                                                                   .shuffle = shuffle,
                                                                   .drop_last_batch = true,
-                                                                  .vocab_size = mcfg_.vocab_size});
+                                                                  .vocab_size = source_.config.vocab_size});
   }
 
   // ---- state ----
@@ -253,7 +251,7 @@ class Core {
   int local_rank() const { return local_rank_; }
   int seq_len() const { return seq_len_; }
   std::string config_json() const { return cfg_.to_json().dump(); }
-  const model::ModelConfig& model_config() const { return mcfg_; }
+  const model::ModelConfig& model_config() const { return source_.config; }
   std::string device_name() { return engine().device().caps().name; }
   std::uint64_t device_capacity() { return engine().device().caps().capacity; }
   std::string memory_snapshot() {
@@ -344,7 +342,7 @@ class Core {
     const TokenArray ids = read_tokens(input_ids, "input_ids");
     std::optional<TokenArray> lab;
     if (!labels.is_none()) lab = read_tokens(labels, "labels");
-    const std::int64_t V = mcfg_.vocab_size;
+    const std::int64_t V = source_.config.vocab_size;
     const int mb = engine().micro_batch();
     if (ids.rows < 1 || ids.rows > mb)
       throw ConfigError(cat(call, ": input_ids has ", ids.rows, " rows; a micro-batch holds 1 to ", mb,
@@ -398,9 +396,7 @@ class Core {
   }
 
   Config cfg_;
-  model::ModelConfig mcfg_;
   session::ModelSource source_;  // the model and, for a Hugging Face one, where its weights are
-  std::string source_dir_;  // a Hugging Face directory the model came from (its tokenizer files are exported)
   int seq_len_ = 0, local_rank_ = 0, rank_ = 0, world_ = 1;
   std::optional<std::int64_t> step_counted_;  // the pending forward's num_items_in_batch
   std::unique_ptr<zero3::Engine> engine_;

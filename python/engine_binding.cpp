@@ -101,10 +101,11 @@ class Core {
                                                .doc = parse_json(config, "initialize(config=dict)"),
                                                .origin = "initialize(config=dict)"},
         parse_overrides(overrides), source_.config, ri);
-    local_rank_ = ri.local_rank;
-    rank_ = ri.rank;
-    world_ = ri.world_size;
+    ri_ = ri;
     collective("strata.initialize", [&] {
+      // The files the engine writes from its start (Note [Outputs up front] in session/session.cpp); the
+      // checkpoints and the export are checked when they are written, the same way.
+      session::check_outputs({.trace = cfg_.strata.memprof.path});
       py::gil_scoped_release nogil;
       session::Trainer t = session::build(cfg_, source_, seq_len_, ri,
                                           {.backend = backend,
@@ -191,6 +192,7 @@ class Core {
     between_steps("save_checkpoint");
     const nlohmann::json cs = parse_json(client_state, "save_checkpoint: client_state");
     return collective("engine.save_checkpoint", [&] {
+      check_written(e, {.save = {dir, "engine.save_checkpoint(save_dir)"}});
       py::gil_scoped_release nogil;
       return e.save_checkpoint(dir, cs, data ? &data->loader() : nullptr, tag);
     });
@@ -215,10 +217,8 @@ class Core {
     zero3::Engine& e = engine();
     if (e.forward_pending()) e.abandon_forward();
     if (path.empty()) throw ConfigError("engine.export: give a directory (or NAME.safetensors for one file)");
-    if (!path.ends_with(".safetensors") && fs::exists(path) && !fs::is_directory(path))
-      throw ConfigError(cat("engine.export: ", path,
-                            " is a file; give a directory for the model (or NAME.safetensors for one file)"));
     collective("engine.export", [&] {
+      check_written(e, {.export_to = {path, "engine.export(path)"}});
       py::gil_scoped_release nogil;
       zero3::export_model(e, path, source_.hf ? source_.hf->dir : std::string());
     });
@@ -226,16 +226,8 @@ class Core {
 
   // ---- data ----
   std::unique_ptr<TokenLoader> token_loader(const std::string& path, bool shuffle) {
-    zero3::Engine& e = engine();
-    comm::Communicator& c = e.communicator();
-    return std::make_unique<TokenLoader>(path, model::DataOptions{.batch_size = e.micro_batch(),
-                                                                  .seq_len = seq_len_,
-                                                                  .rank = c.rank(),
-                                                                  .world = c.world_size(),
-                                                                  .seed = std::uint64_t(cfg_.strata.seed),
-                                                                  .shuffle = shuffle,
-                                                                  .drop_last_batch = true,
-                                                                  .vocab_size = source_.config.vocab_size});
+    return std::make_unique<TokenLoader>(
+        path, session::loader_options(engine(), cfg_, source_.config, seq_len_, {.shuffle = shuffle}));
   }
 
   // ---- state ----
@@ -248,7 +240,7 @@ class Core {
   std::int64_t train_batch_size() { return cfg_.train_batch_size; }
   int rank() { return engine().communicator().rank(); }
   int world_size() { return engine().communicator().world_size(); }
-  int local_rank() const { return local_rank_; }
+  int local_rank() const { return ri_.local_rank; }
   int seq_len() const { return seq_len_; }
   std::string config_json() const { return cfg_.to_json().dump(); }
   const model::ModelConfig& model_config() const { return source_.config; }
@@ -282,6 +274,13 @@ class Core {
     return *engine_;
   }
 
+  // A checkpoint's or the export's destination, checked as strata train checks --save and --export before
+  // its first step: the directory created and writable, with room for what goes there.
+  void check_written(zero3::Engine& e, const session::OutputPlan& plan) {
+    session::check_outputs(plan);
+    session::check_output_room(plan, session::output_sizes(e, ri_), ri_.local_size);
+  }
+
   // Checkpoints are taken between optimizer steps (the engine's rule), with no forward pending.
   void between_steps(const char* what) {
     zero3::Engine& e = engine();
@@ -302,11 +301,12 @@ class Core {
   // with status 1 within seconds). At one rank every error is raised.
   template <class F>
   auto collective(const char* call, F&& f) -> decltype(f()) {
-    if (world_ == 1) return f();
+    if (ri_.world_size == 1) return f();
     try {
       return f();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "strata: error on rank %d of %d in %s: %s\n", rank_, world_, call, e.what());
+      std::fprintf(stderr, "strata: error on rank %d of %d in %s: %s\n", ri_.rank, ri_.world_size, call,
+                   e.what());
       std::fflush(stderr);
       comm::abort_all(1);
     }
@@ -321,7 +321,7 @@ class Core {
     } catch (...) {
       refused = std::current_exception();
     }
-    if (world_ > 1) {
+    if (ri_.world_size > 1) {
       comm::Communicator& c = engine().communicator();
       bool all = false;
       {
@@ -397,7 +397,8 @@ class Core {
 
   Config cfg_;
   session::ModelSource source_;  // the model and, for a Hugging Face one, where its weights are
-  int seq_len_ = 0, local_rank_ = 0, rank_ = 0, world_ = 1;
+  comm::RankInfo ri_;            // the launcher's (session::ranks)
+  int seq_len_ = 0;
   std::optional<std::int64_t> step_counted_;  // the pending forward's num_items_in_batch
   std::unique_ptr<zero3::Engine> engine_;
   std::unique_ptr<model::TrainableModel> model_;  // runs on engine_'s device: destroyed first

@@ -5,7 +5,9 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
+#include "model/architecture.h"
 #include "model/make_model.h"
 #include "model/safetensors.h"
 
@@ -77,7 +79,8 @@ Trainer build(Config& cfg, const ModelSource& source, int seq_len, const comm::R
   // The initial weights, read chunk by chunk while the engine initialises them (memory-mapped).
   std::unique_ptr<model::WeightsSource> weights;
   if (source.hf && opts.read_weights) {
-    weights = std::make_unique<model::WeightsSource>(source.hf->weights, model::ModelLayout(source.config));
+    weights = std::make_unique<model::WeightsSource>(
+        source.hf->weights, model::architecture(source.config).layout(source.config));
     weights->warn_unused(opts.weights_flag);
   }
   zero3::EngineOptions eo;
@@ -92,6 +95,96 @@ Trainer build(Config& cfg, const ModelSource& source, int seq_len, const comm::R
   t.engine = std::make_unique<zero3::Engine>(cfg, source.config, std::move(eo));
   t.model = model::make_model(source.config, t.engine->model_options());
   return t;
+}
+
+// Note [Outputs up front]: everything a run will write — checkpoints, the exported model, the monitors'
+// files, the memprof trace — has its directory created and probed before the engine is built (a bad one
+// is refused in a second, not after the NVMe state is written), and the room the checkpoint and the
+// export take is checked once the engine knows their size, before the first step: a run never trains for
+// hours to fail at its save. Both front-ends call the same two functions, so the same bad directory gets
+// the same message at the same point, the output named as that front-end's user gave it. Python knows its
+// checkpoint and export destinations only when it writes them, and checks them then, the same way.
+void check_outputs(const OutputPlan& plan) {
+  namespace fs = std::filesystem;
+  if (!plan.save.path.empty()) check_output_dir(plan.save.path, plan.save.what);
+  // NAME.safetensors: one file, in a directory; any other path: a Hugging Face model directory.
+  if (const Output& e = plan.export_to; !e.path.empty()) {
+    if (e.path.ends_with(".safetensors")) {
+      check_output_dir(fs::absolute(e.path).parent_path().string(), cat(e.what, "'s directory"));
+    } else {
+      std::error_code ec;
+      if (fs::exists(e.path, ec) && !fs::is_directory(e.path, ec))
+        throw ConfigError(
+            cat(e.what, " ", e.path,
+                " is a file; give a directory for the model (or NAME.safetensors for one file)"));
+      check_output_dir(e.path, e.what);
+    }
+  }
+  for (const Output& m : plan.monitors)
+    if (!m.path.empty()) check_output_dir(m.path, m.what);
+  if (!plan.trace.empty()) {
+    std::error_code ec;
+    if (fs::is_directory(plan.trace, ec))
+      throw ConfigError(cat("strata.memprof.path ", plan.trace,
+                            " is a directory; give the trace file to write (e.g. run.memprof.jsonl)"));
+    check_output_dir(fs::absolute(plan.trace).parent_path().string(), "strata.memprof.path's directory");
+  }
+}
+
+OutputSizes output_sizes(const zero3::Engine& engine, const comm::RankInfo& ri) {
+  OutputSizes s;
+  s.checkpoint = engine.checkpoint_bytes();
+  if (ri.rank == 0) {
+    // bf16 weights as the export writes them (model::save_weights, save_pretrained), and room for the
+    // headers, config.json and the tokenizer files copied along.
+    s.exported = std::uint64_t(1) << 20;
+    for (const model::ChunkLayout& c : engine.layout().chunks())
+      for (const model::TensorSpec& t : c.stored) s.exported += std::uint64_t(t.numel) * 2;
+  }
+  return s;
+}
+
+namespace {
+
+// ConfigError when the file system holding `dir` has less than `need` bytes free; `what_takes` says what
+// the bytes are for ("a checkpoint of this run takes").
+void check_room(const Output& out, const std::string& dir, std::uint64_t need, const std::string& what_takes,
+                const std::string& whose) {
+  if (out.path.empty() || need == 0) return;
+  const std::optional<std::uint64_t> room = free_disk_bytes(dir);
+  if (!room || *room >= need) return;
+  throw ConfigError(cat(out.what, " ", out.path, ": ", what_takes, " ", format_bytes(need), whose,
+                        " and the file system has ", format_bytes(*room),
+                        " free; free space or choose another ", out.what, " directory"));
+}
+
+}  // namespace
+
+void check_output_room(const OutputPlan& plan, const OutputSizes& sizes, int local_ranks) {
+  // Every rank on this machine writes its part of a checkpoint at the same time.
+  const int ranks = std::max(1, local_ranks);
+  check_room(plan.save, plan.save.path, sizes.checkpoint * std::uint64_t(ranks),
+             "a checkpoint of this run takes", ranks > 1 ? " for the ranks on this machine" : "");
+  const std::string& e = plan.export_to.path;
+  check_room(plan.export_to,
+             e.ends_with(".safetensors") ? std::filesystem::absolute(e).parent_path().string() : e,
+             sizes.exported, "the exported model takes", "");
+}
+
+model::DataOptions loader_shape(int micro_batch, int seq_len, int rank, int world) {
+  return {
+      .batch_size = micro_batch, .seq_len = seq_len, .rank = rank, .world = world, .drop_last_batch = true};
+}
+
+model::DataOptions loader_options(zero3::Engine& engine, const Config& cfg, const model::ModelConfig& m,
+                                  int seq_len, const DataChoices& choices) {
+  comm::Communicator& c = engine.communicator();
+  model::DataOptions o = loader_shape(engine.micro_batch(), seq_len, c.rank(), c.world_size());
+  o.seed = std::uint64_t(cfg.strata.seed);
+  o.shuffle = choices.shuffle;
+  o.vocab_size = m.vocab_size;
+  o.source = choices.source;
+  return o;
 }
 
 }  // namespace strata::session

@@ -8,8 +8,11 @@
 //   const int T = session::resolve_seq_len(src.config, requested, "--seq-len");
 //   ... the front-end's own inputs (token files: --epochs needs them for the run's length) ...
 //   Config cfg = session::resolve_config({.path = "ds.json"}, sets, src.config, ri, run_facts);
-//   ... the front-end's own outputs (directories, monitors) ...
+//   const session::OutputPlan out{.save = {"ckpt", "--save"}, .trace = cfg.strata.memprof.path};
+//   session::check_outputs(out);                                    // every directory, before the engine
 //   session::Trainer t = session::build(cfg, src, T, ri, {.backend = "host", .weights_flag = "--init-from"});
+//   session::check_output_room(out, session::output_sizes(*t.engine, ri), ri.local_size);
+//   model::DataLoader data(file, session::loader_options(*t.engine, cfg, src.config, T));
 //   t.engine->train_batch(*t.model, data);
 //
 // Every refusal is a ConfigError naming the flag or argument the front-end passed in.
@@ -25,6 +28,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "model/config.h"
+#include "model/data_loader.h"
 #include "model/hf_dir.h"
 #include "model/trainable.h"
 #include "zero3/engine.h"
@@ -93,5 +97,65 @@ struct Trainer {
 // files when asked, and the model that runs on the engine's chunks.
 Trainer build(Config& cfg, const ModelSource& source, int seq_len, const comm::RankInfo& ri,
               const BuildOptions& opts);
+
+// ---- what the run writes (Note [Outputs up front] in session.cpp) ----
+
+// One output the user named: where, and the flag or key that gave it, as messages name it ("--save",
+// "engine.export(path)", "csv_monitor.output_path/job_name:"). An empty path: none.
+struct Output {
+  std::string path = {};
+  std::string what = {};
+};
+
+// Every place a run writes, each checked the same way whichever front-end asks.
+struct OutputPlan {
+  // The checkpoint directory (--save; engine.save_checkpoint(save_dir)).
+  Output save = {};
+  // The exported model: a Hugging Face model directory, or NAME.safetensors, one file (--export;
+  // engine.export(path)).
+  Output export_to = {};
+  // strata.memprof.path: the trace file, whose directory is checked.
+  std::string trace = {};
+  // Directories rank 0's monitors write into (csv_monitor, tensorboard).
+  std::vector<Output> monitors = {};
+};
+
+// Creates each directory of `plan` (and its parents) and checks a file can be created in it
+// (check_output_dir), before the engine exists: ConfigError naming the output's flag or key, the path and
+// what to do when one is a file, cannot be created or is not writable, or when an export directory or the
+// trace names a file where a directory is wanted (or the other way round).
+void check_outputs(const OutputPlan& plan);
+
+// Bytes the outputs will hold on this machine's file systems.
+struct OutputSizes {
+  std::uint64_t checkpoint = 0;  // one checkpoint, this rank's part (zero3::Engine::checkpoint_bytes)
+  std::uint64_t exported = 0;  // the exported model (bf16 weights and headers); rank 0 writes it, 0 elsewhere
+};
+// The sizes for the engine's model and this rank.
+OutputSizes output_sizes(const zero3::Engine& engine, const comm::RankInfo& ri);
+
+// Refuses, before the first step, a checkpoint directory whose file system has less free than
+// sizes.checkpoint for each of the `local_ranks` ranks on this machine, or an export destination with less
+// than sizes.exported: ConfigError naming the output, both sizes and what to do.
+void check_output_room(const OutputPlan& plan, const OutputSizes& sizes, int local_ranks);
+
+// ---- the data ----
+
+// The shape of the loader and this rank's share (Note [Samples and sharding] in model/data_loader.h):
+// `micro_batch` rows of `seq_len` tokens, rank `rank` of `world` (padded to a multiple of the world,
+// never truncated), and a last short batch skipped. What counts an epoch's batches (--epochs) before the
+// config is resolved; loader_options adds the rest.
+model::DataOptions loader_shape(int micro_batch, int seq_len, int rank, int world);
+
+// What one front-end chooses of the loader.
+struct DataChoices {
+  bool shuffle = true;      // false: the samples in file order (engine.token_loader(shuffle=False))
+  std::string source = {};  // how messages name the data ("--text book.txt"); "": the file's path
+};
+
+// The data loader both front-ends train with: loader_shape at the engine's micro-batch and ranks,
+// shuffled by strata.seed and the epoch, every token checked against the model's vocabulary.
+model::DataOptions loader_options(zero3::Engine& engine, const Config& cfg, const model::ModelConfig& m,
+                                  int seq_len, const DataChoices& choices = {});
 
 }  // namespace strata::session

@@ -28,7 +28,6 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/error.h"
-#include "core/files.h"
 #include "core/log.h"
 #include "kernels/cpu/ops.h"
 #include "model/eval.h"
@@ -594,11 +593,7 @@ int run_train(const TrainOpts& o) {
   } else {
     run.epochs = o.epochs;
     run.micro_batches_per_epoch = [&](std::int64_t micro_batch) {
-      return model::DataLoader(file, {.batch_size = int(micro_batch),
-                                      .seq_len = seq_len,
-                                      .rank = ri.rank,
-                                      .world = ri.world_size,
-                                      .drop_last_batch = true})
+      return model::DataLoader(file, session::loader_shape(int(micro_batch), seq_len, ri.rank, ri.world_size))
           .batches_per_epoch();
     };
     char e[32];
@@ -606,30 +601,19 @@ int run_train(const TrainOpts& o) {
     run.from = cat("--epochs ", e);
   }
   Config cfg = session::resolve_config({.path = o.config}, session::parse_sets(o.sets), mcfg, ri, run);
-  // Where the run will write, checked now rather than after the training.
-  if (!o.save.empty()) check_output_dir(o.save, "--save");
-  // --export NAME.safetensors: one file; any other path: a Hugging Face model directory.
-  const bool export_file = o.export_path.ends_with(".safetensors");
-  if (!o.export_path.empty()) {
-    if (export_file) {
-      const std::filesystem::path parent = std::filesystem::absolute(o.export_path).parent_path();
-      check_output_dir(parent.string(), "--export's directory");
-    } else {
-      if (std::filesystem::exists(o.export_path) && !std::filesystem::is_directory(o.export_path))
-        throw ConfigError(
-            cat("--export ", o.export_path,
-                " is a file; give a directory for the model (or NAME.safetensors for one file)"));
-      check_output_dir(o.export_path, "--export");
-    }
-  }
-  // csv_monitor's folder (rank 0 writes it), created and probed now.
+  // Where the run will write, created and probed now rather than after the training (Note [Outputs up
+  // front] in session/session.cpp); the monitors' folders are rank 0's.
   const std::string csv_dir =
       cfg.csv_monitor.enabled && ri.rank == 0 ? CsvMonitor::directory(cfg.csv_monitor) : std::string();
-  if (!csv_dir.empty()) check_output_dir(csv_dir, "csv_monitor.output_path/job_name:");
   const std::string tb_dir = cfg.tensorboard.enabled && ri.rank == 0
                                  ? TensorBoardMonitor::directory(cfg.tensorboard)
                                  : std::string();
-  if (!tb_dir.empty()) check_output_dir(tb_dir, "tensorboard.output_path/job_name:");
+  const session::OutputPlan outputs{.save = {o.save, "--save"},
+                                    .export_to = {o.export_path, "--export"},
+                                    .trace = cfg.strata.memprof.path,
+                                    .monitors = {{csv_dir, "csv_monitor.output_path/job_name:"},
+                                                 {tb_dir, "tensorboard.output_path/job_name:"}}};
+  session::check_outputs(outputs);
   session::Trainer trainer =
       session::build(cfg, src, seq_len, ri,
                      {.backend = o.backend, .device_memory_cap = device_cap, .read_weights = !resume});
@@ -637,14 +621,9 @@ int run_train(const TrainOpts& o) {
   model::TrainableModel& model = *trainer.model;
   const int rank = engine.communicator().rank(), world = engine.communicator().world_size();
   const bool lead = rank == 0;
-  model::DataLoader data(file, {.batch_size = engine.micro_batch(),
-                                .seq_len = seq_len,
-                                .rank = rank,
-                                .world = world,
-                                .seed = std::uint64_t(cfg.strata.seed),
-                                .drop_last_batch = true,
-                                .vocab_size = mcfg.vocab_size,
-                                .source = o.text.empty() ? o.data : cat("--text ", o.text)});
+  model::DataLoader data(
+      file, session::loader_options(engine, cfg, mcfg, seq_len,
+                                    {.source = o.text.empty() ? o.data : cat("--text ", o.text)}));
   // --eval-data: strata eval's loss (model/eval.h) over the held-out file, on the engine's own weights,
   // every --eval-interval steps and at the end. Every rank evaluates the same sequences (the engine's
   // gathers are collective); rank 0 prints. Checked now, before any step.
@@ -653,18 +632,9 @@ int run_train(const TrainOpts& o) {
     eval_file.emplace(model::TokenFile::open(o.eval_data));
     model::check_eval_inputs(mcfg, *eval_file, seq_len, int(engine.micro_batch()), o.eval_batches);
   }
-  // Room for the checkpoints --save will write, checked before training rather than at the end.
-  if (!o.save.empty()) {
-    if (const std::optional<std::uint64_t> room = free_disk_bytes(o.save)) {
-      const std::uint64_t free = *room;
-      const std::uint64_t need = engine.checkpoint_bytes() * std::uint64_t(std::max(1, ri.local_size));
-      if (free < need)
-        throw ConfigError(cat("--save ", o.save, ": a checkpoint of this run takes ", format_bytes(need),
-                              ri.local_size > 1 ? " for the ranks on this machine" : "",
-                              " and the file system has ", format_bytes(free),
-                              " free; free space or choose another --save directory"));
-    }
-  }
+  // Room for the checkpoints --save and the model --export will write, checked before training rather
+  // than at the end.
+  session::check_output_room(outputs, session::output_sizes(engine, ri), ri.local_size);
   // Note [Resuming from nothing]: every rank decided from its own view of --load; they must agree, or one
   // would load (collectively) while another starts fresh.
   if (world > 1 && !o.load.empty()) {
@@ -721,8 +691,7 @@ int run_train(const TrainOpts& o) {
   LoopTotals totals = train_loop(run_parts, steps, first, tty, client_state);
   if (!o.save.empty()) totals.saved = engine.save_checkpoint(o.save, client_state, &data);
   if (!o.export_path.empty() && totals.stopped_by == 0) {
-    zero3::export_model(engine, o.export_path, hf ? hf->dir : std::string());
-    if (export_file)
+    if (zero3::export_model(engine, o.export_path, hf ? hf->dir : std::string()))
       std::fprintf(out, "exported weights to %s\n", o.export_path.c_str());
     else
       std::fprintf(out, "exported the model to %s (Hugging Face directory)\n", o.export_path.c_str());

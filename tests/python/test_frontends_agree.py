@@ -70,3 +70,55 @@ def test_both_refuse_a_sequence_past_the_sliding_window_before_loading(strata_bi
     assert "--seq-len: " + said.group(0) in c.stderr
     assert "initialize: seq_len: " + said.group(0) in p.stdout, p.stdout
     assert "zero3:" not in c.stderr and "zero3:" not in p.stderr  # refused before the engine
+
+
+def test_both_refuse_an_output_directory_they_cannot_create_before_the_engine(strata_bin, token_file, tmp_path):
+    """strata.memprof.path in a directory that cannot be created (/proc takes no new entries): the same
+    refusal from both, naming the key, before the engine exists (session::check_outputs, Note [Outputs up
+    front] in session/session.cpp)."""
+    cfg = json.loads((sup.SOURCE_DIR / "configs" / "demo_cpu.json").read_text())
+    cfg["strata"]["memprof"] = {"path": "/proc/strata-trace/run.memprof.jsonl"}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    c = cli(strata_bin, tmp_path, "--config", path, "--model", sup.MODEL, "--data", token_file,
+            "--seq-len", sup.SEQ_LEN, "--steps", 1)
+    assert c.returncode != 0
+    p = python(tmp_path, f"""
+        import strata
+        try:
+            strata.initialize({str(path)!r}, {sup.MODEL!r}, seq_len={sup.SEQ_LEN}, total_steps=1)
+        except strata.ConfigError as e:
+            print("refused:", e)
+        """)
+    assert p.returncode == 0, p.stderr
+    said = re.search(r"strata\.memprof\.path's directory /proc/strata-trace: cannot create the directory[^\n]*",
+                     c.stderr)
+    assert said, c.stderr
+    assert "refused: " + said.group(0) in p.stdout, p.stdout
+    assert "zero3:" not in c.stderr and "zero3:" not in p.stderr  # refused before the engine
+    assert not re.search(r"(^|\n)step ", c.stdout)
+
+
+def test_both_refuse_a_checkpoint_directory_they_cannot_create_the_same_way(strata_bin, token_file, tmp_path):
+    """--save DIR and engine.save_checkpoint(DIR) where DIR cannot be created: the same message but for the
+    argument's name; strata train before its first step, Python when it is called (the first time it knows
+    the directory), before anything is written."""
+    bad = "/proc/strata-ckpt"
+    c = cli(strata_bin, tmp_path, "--config", sup.SOURCE_DIR / "configs" / "demo_cpu.json", "--model", sup.MODEL,
+            "--data", token_file, "--seq-len", sup.SEQ_LEN, "--steps", 1, "--save", bad)
+    assert c.returncode != 0
+    assert not re.search(r"(^|\n)step ", c.stdout)
+    p = python(tmp_path, f"""
+        import strata
+        engine, _, _, _ = strata.initialize({str(sup.SOURCE_DIR / "configs" / "demo_cpu.json")!r}, {sup.MODEL!r},
+                                            seq_len={sup.SEQ_LEN}, total_steps=1)
+        try:
+            engine.save_checkpoint({bad!r})
+        except strata.ConfigError as e:
+            print("refused:", e)
+        """)
+    assert p.returncode == 0, p.stderr
+    said = re.search(re.escape(bad) + r": cannot create the directory[^\n]*", c.stderr)
+    assert said, c.stderr
+    assert "--save " + said.group(0) in c.stderr
+    assert "refused: engine.save_checkpoint(save_dir) " + said.group(0) in p.stdout, p.stdout

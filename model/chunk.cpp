@@ -9,6 +9,7 @@
 #include <tbb/parallel_for.h>
 
 #include "core/error.h"
+#include "model/architecture.h"
 
 namespace strata::model {
 namespace {
@@ -104,6 +105,12 @@ InMemoryChunks::~InMemoryChunks() {
   std::free(grads_);
 }
 
+const float* ChunkView::f32() const {
+  STRATA_CHECK(dtype == DType::fp32, "ChunkView: chunk ", layout ? layout->name : std::string("?"), " holds ",
+               dtype_name(dtype), ", not fp32");
+  return static_cast<const float*>(data);
+}
+
 void ChunkProvider::read_params(int id, float* out) {
   ChunkView v = acquire(id);
   if (v.dtype != DType::fp32) {
@@ -111,7 +118,7 @@ void ChunkProvider::read_params(int id, float* out) {
     STRATA_CHECK(false, "ChunkProvider::read_params: chunk ", id, " is gathered as ", dtype_name(v.dtype),
                  "; this provider must override read_params");
   }
-  std::memcpy(out, v.data, v.layout->padded_numel * sizeof(float));
+  std::memcpy(out, v.f32(), v.layout->padded_numel * sizeof(float));
   release(id);
 }
 
@@ -120,7 +127,7 @@ ChunkView InMemoryChunks::acquire(int id) {
   STRATA_CHECK(!held_[size_t(id)], "chunk ", id, " (", c.name, ") acquired while already held");
   held_[size_t(id)] = 1;
   calls_.push_back({Op::acquire, id});
-  return ChunkView{&c, params_ + c.flat_offset};
+  return ChunkView{&c, params_ + c.flat_offset, DType::fp32};
 }
 
 void InMemoryChunks::release(int id) {
@@ -146,7 +153,8 @@ void InMemoryChunks::release_grads(int id) {
 }
 
 void InMemoryChunks::init(uint64_t seed) {
-  for (int c = 0; c < layout_.num_chunks(); ++c) init_chunk(layout_, c, seed, params(c));
+  const Architecture& arch = architecture(layout_.config());
+  for (int c = 0; c < layout_.num_chunks(); ++c) arch.init_chunk(layout_, c, seed, params(c));
 }
 
 std::size_t InMemoryChunks::host_bytes() const {

@@ -2,7 +2,7 @@
 //
 // Example (what LlamaModel does for each chunk; the engine implements ChunkProvider):
 //   ChunkView p = chunks.acquire(id);             // may block until the gathered params are resident
-//   const float* wq = p.tensor(kWq);              // (Hq*D, C) fp32, read-only, valid until release
+//   const void* wq = p.tensor(kWq);               // (Hq*D, C) of p.dtype, read-only, valid until release
 //   ... forward ...
 //   chunks.release(id);
 //   // backward, reverse order:
@@ -31,12 +31,20 @@
 
 namespace strata::model {
 
+// A chunk's gathered parameters: padded_numel elements of `dtype` (fp32, or bf16 / fp16 as raw 16-bit
+// patterns), so the pointer is untyped. tensor(index) steps by the dtype's size; f32() reads the elements
+// as fp32 after checking that they are.
 struct ChunkView {
   const ChunkLayout* layout = nullptr;
-  const float* data = nullptr;  // (padded_numel) of `dtype`, read-only, device memory
-  DType dtype = DType::fp32;    // the compute interface's activation dtype (kernels/ops.h)
+  const void* data = nullptr;  // (padded_numel) of `dtype`, read-only, device memory
+  DType dtype = DType::fp32;   // the compute interface's activation dtype (kernels/ops.h)
 
-  const float* tensor(int index) const { return data + layout->at(index).offset; }
+  // The first element of tensor `index` (BlockTensor, ...): its offset in elements of `dtype` past data.
+  const void* tensor(int index) const {
+    return static_cast<const char*>(data) + layout->at(index).offset * dtype_bytes(dtype);
+  }
+  // The elements as fp32; strata::Error naming the chunk and its dtype when they are not fp32.
+  const float* f32() const;
 };
 
 class ChunkProvider {
@@ -61,10 +69,11 @@ class ChunkProvider {
   virtual bool orders_grads_by_stream() const { return false; }
 };
 
-// Fills chunk `id` (padded_numel floats) with the initial parameters: weight matrices N(0, 0.02), the
-// residual output projections (wo, w_down) N(0, 0.02 / sqrt(2 n_layers)), norm weights 1, padding 0.
-// Each value depends only on (seed, chunk id, tensor index, element index), so any implementation of
-// ChunkProvider, sharded or not, initialises bit-identically.
+// Fills chunk `id` (padded_numel floats) with the Llama-style decoder's initial parameters (what its
+// Architecture::init_chunk does, model/architecture.h): weight matrices N(0, 0.02), the residual output
+// projections (wo, w_down) N(0, 0.02 / sqrt(2 n_layers)), norm weights 1, padding 0. Each value depends
+// only on (seed, chunk id, tensor index, element index), so any implementation of ChunkProvider, sharded
+// or not, initialises bit-identically.
 void init_chunk(const ModelLayout& layout, int id, uint64_t seed, float* data);
 
 // Every chunk in ordinary memory: parameters and gradient accumulators laid end to end (chunk c at
@@ -88,7 +97,7 @@ class InMemoryChunks final : public ChunkProvider {
   float* acquire_grads(int id) override;
   void release_grads(int id) override;
 
-  void init(uint64_t seed);  // init_chunk on every chunk
+  void init(uint64_t seed);  // the architecture's init_chunk on every chunk (model/architecture.h)
   float* params(int id) { return params_ + layout_.chunk(id).flat_offset; }
   const float* params(int id) const { return params_ + layout_.chunk(id).flat_offset; }
   // The gradients are allocated on first use: evaluation and export never take them.

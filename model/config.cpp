@@ -44,19 +44,19 @@ constexpr Key kKeys[] = {
 constexpr Family kFamilies[] = {
     // model_type, architecture, hidden_act, act, qkv_bias, bias_key, qk_norm, fused, norm_offset,
     // embed_scale, tied, hidden_act_alias, hidden_activation, window_key, longrope, mlp_bias_key,
-    // dropout_keys
+    // dropout_keys, computed_by
     {"llama", "LlamaForCausalLM", "silu", MlpActivation::silu, false, true, false, false, 0.0f, false, false,
-     nullptr, nullptr, WindowKey::none, false, true, false},
+     nullptr, nullptr, WindowKey::none, false, true, false, "llama-decoder"},
     {"mistral", "MistralForCausalLM", "silu", MlpActivation::silu, false, false, false, false, 0.0f, false,
-     false, nullptr, nullptr, WindowKey::sliding_window, false, false, false},
+     false, nullptr, nullptr, WindowKey::sliding_window, false, false, false, "llama-decoder"},
     {"qwen2", "Qwen2ForCausalLM", "silu", MlpActivation::silu, true, false, false, false, 0.0f, false, false,
-     nullptr, nullptr, WindowKey::use_sliding_window, false, false, false},
+     nullptr, nullptr, WindowKey::use_sliding_window, false, false, false, "llama-decoder"},
     {"qwen3", "Qwen3ForCausalLM", "silu", MlpActivation::silu, false, true, true, false, 0.0f, false, false,
-     nullptr, nullptr, WindowKey::use_sliding_window, false, false, false},
+     nullptr, nullptr, WindowKey::use_sliding_window, false, false, false, "llama-decoder"},
     {"phi3", "Phi3ForCausalLM", "silu", MlpActivation::silu, false, false, false, true, 0.0f, false, false,
-     nullptr, nullptr, WindowKey::sliding_window, true, false, true},
+     nullptr, nullptr, WindowKey::sliding_window, true, false, true, "llama-decoder"},
     {"gemma", "GemmaForCausalLM", "gelu_pytorch_tanh", MlpActivation::gelu_tanh, false, true, false, false,
-     1.0f, true, true, "gelu", "gelu_pytorch_tanh", WindowKey::none, false, false, false},
+     1.0f, true, true, "gelu", "gelu_pytorch_tanh", WindowKey::none, false, false, false, "llama-decoder"},
 };
 
 // Hugging Face config.json keys that do not change what the decoder computes (pretraining_tp splits the

@@ -115,6 +115,9 @@ struct Family {
   bool longrope;      // rope_scaling may be Phi-3's longrope (or "su")
   bool mlp_bias_key;  // config.json has mlp_bias (written false)
   bool dropout_keys;  // config.json has resid_pdrop and embd_pdrop (written 0)
+  // The architecture that computes it (model/architecture.h, Architecture::name): "llama-decoder" for every
+  // family today, each being the Llama-style decoder with the options above.
+  const char* computed_by;
 };
 
 // The family named `model_type`; ConfigError listing the families for another.

@@ -23,8 +23,7 @@ DeviceChunks::DeviceChunks(Device& dev, kernels::Ops& ops, const InMemoryChunks&
 }
 
 ChunkView DeviceChunks::acquire(int id) {
-  return {&layout_.chunk(id), static_cast<const float*>(params_.at(std::size_t(id)).data()),
-          ops_.caps().activation};
+  return {&layout_.chunk(id), params_.at(std::size_t(id)).data(), ops_.caps().activation};
 }
 
 float* DeviceChunks::acquire_grads(int id) {

@@ -273,16 +273,6 @@ kernels::OpShapes LlamaModel::op_shapes(const ModelConfig& cfg, int B, int T) {
           .head_norm = cfg.traits().qk_norm};
 }
 
-// The planning functions of the seam (model/trainable.h): every ModelConfig describes this decoder.
-std::size_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
-                             const kernels::Ops& ops) {
-  return LlamaModel::activation_bytes(cfg, B, T, checkpoint_activations, ops);
-}
-
-kernels::OpShapes op_shapes(const ModelConfig& cfg, int B, int T) {
-  return LlamaModel::op_shapes(cfg, B, T);
-}
-
 std::vector<float> LlamaModel::logits() const {
   const size_t n = size_t(B_) * size_t(T_) * size_t(cfg_.vocab_size);
   std::vector<float> out(n);
@@ -298,8 +288,7 @@ Tensor LlamaModel::weight(const ChunkView& p, int index) const {
   const TensorSpec& t = p.layout->at(index);
   STRATA_CHECK(p.dtype == act_, "LlamaModel: chunk ", p.layout->name, " is gathered as ", dtype_name(p.dtype),
                ", the ops compute in ", dtype_name(act_));
-  return Tensor{reinterpret_cast<char*>(const_cast<float*>(p.data)) + t.offset * dtype_bytes(p.dtype),
-                p.dtype, t.numel};
+  return Tensor{const_cast<void*>(p.tensor(index)), p.dtype, t.numel};
 }
 
 Tensor LlamaModel::grad(const ChunkView& p, float* g, int index) {

@@ -44,7 +44,8 @@
 
 namespace strata::model {
 
-// The decoder every ModelConfig describes today: a TrainableModel (model/trainable.h), the engine's seam.
+// The decoder every ModelConfig describes today: a TrainableModel (model/trainable.h), the engine's seam,
+// made and planned for through its Architecture, "llama-decoder" (model/architecture.h).
 class LlamaModel final : public TrainableModel {
  public:
   explicit LlamaModel(const ModelConfig& cfg, ModelOptions opts = {});
@@ -70,7 +71,7 @@ class LlamaModel final : public TrainableModel {
   void backward(ChunkProvider& chunks) { backward(chunks, 1.0f); }
 
   // (B, T, V) after forward, on the host (copied from the device).
-  std::vector<float> logits() const;
+  std::vector<float> logits() const override;
   // Bytes of activations and scratch currently allocated (grows to the largest B × T seen).
   size_t activation_bytes() const;
   // Device bytes of activations and scratch a forward and backward over (B, T) allocate with `ops`

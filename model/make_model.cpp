@@ -1,11 +1,11 @@
 #include "model/make_model.h"
 
-#include "model/llama.h"
+#include "model/architecture.h"
 
 namespace strata::model {
 
 std::unique_ptr<TrainableModel> make_model(const ModelConfig& cfg, const ModelOptions& opts) {
-  return std::make_unique<LlamaModel>(cfg, opts);
+  return architecture(cfg).make_model(cfg, opts);
 }
 
 }  // namespace strata::model

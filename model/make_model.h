@@ -5,9 +5,8 @@
 //   std::unique_ptr<strata::model::TrainableModel> m = strata::model::make_model(cfg,
 //   engine.model_options()); engine.train_batch(*m, data);
 //
-// Every family Strata computes (model/config.h's kFamilies: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma) is
-// the Llama-style decoder with the family's options (model/llama.h), so today this is one class; a family
-// with other arithmetic gets its own here, looked up from cfg.family.
+// A shorthand for architecture(cfg).make_model(cfg, opts): the architecture is looked up from cfg.family
+// (model/architecture.h, Note [Architectures]).
 #pragma once
 
 #include <memory>

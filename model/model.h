@@ -24,6 +24,7 @@
 // The engine (zero3/) implements ChunkProvider instead of InMemoryChunks; the model code is the same.
 #pragma once
 
+#include "model/architecture.h"
 #include "model/chunk.h"
 #include "model/config.h"
 #include "model/data_loader.h"

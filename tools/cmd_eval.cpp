@@ -29,7 +29,7 @@
 #include "model/eval.h"
 #include "model/hf_dir.h"
 #include "model/layout.h"
-#include "model/llama.h"
+#include "model/make_model.h"
 #include "model/safetensors.h"
 #include "model/token_file.h"
 #include "tools/cli.h"
@@ -73,7 +73,8 @@ int run_eval(const EvalOpts& o) {
     host.reset();
   }
   model::ChunkProvider& chunks = on_device ? static_cast<model::ChunkProvider&>(*on_device) : *host;
-  model::LlamaModel m(cfg, {.checkpoint_activations = true, .device = dev.get(), .ops = ops.get()});
+  const std::unique_ptr<model::TrainableModel> m =
+      model::make_model(cfg, {.checkpoint_activations = true, .device = dev.get(), .ops = ops.get()});
 
   const std::int64_t all = model::eval_sequences(data.size(), o.seq_len);
   const std::int64_t S = o.max_batches > 0 ? std::min<std::int64_t>(all, o.max_batches * o.batch_size) : all;
@@ -95,7 +96,7 @@ int run_eval(const EvalOpts& o) {
         mask->path().c_str(), mask->counted(), mask->size(), in_range, (long long)S, last,
         mask->size() - last - 1);
   }
-  const model::EvalResult r = model::evaluate(m, chunks, data, o.seq_len, o.batch_size, o.max_batches);
+  const model::EvalResult r = model::evaluate(*m, chunks, data, o.seq_len, o.batch_size, o.max_batches);
   if (data.mask())
     std::printf("eval loss %.9g ppl %.9g tokens %lld counted %lld\n", r.loss, r.ppl, (long long)r.tokens,
                 (long long)r.counted);
@@ -110,8 +111,8 @@ int run_eval(const EvalOpts& o) {
     for (int b = 0; b < B; ++b)
       data.read(std::size_t(b) * std::size_t(o.seq_len), std::size_t(o.seq_len),
                 in.data() + std::size_t(b) * o.seq_len);
-    m.forward(chunks, in.data(), nullptr, B, o.seq_len);
-    const std::vector<float> lg = m.logits();
+    m->forward(chunks, in.data(), nullptr, B, o.seq_len);
+    const std::vector<float> lg = m->logits();
     std::FILE* f = std::fopen(o.logits.c_str(), "wb");
     if (!f || std::fwrite(lg.data(), sizeof(float), lg.size(), f) != lg.size() || std::fclose(f) != 0)
       throw IoError(cat("--logits ", o.logits, ": cannot write ", lg.size() * sizeof(float), " bytes"));

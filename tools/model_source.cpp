@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/architecture.h"
 #include "model/dtype.h"
 #include "model/layout.h"
 #include "model/safetensors.h"
@@ -45,7 +46,8 @@ ModelSource open_model_source(const std::string& path, const char* flag) {
 
 std::unique_ptr<model::InMemoryChunks> load_params(const ModelSource& src, CheckpointWeights which) {
   if (src.ckpt) return zero3::read_checkpoint_weights(*src.ckpt, which);
-  auto chunks = std::make_unique<model::InMemoryChunks>(model::ModelLayout(src.hf->config));
+  auto chunks =
+      std::make_unique<model::InMemoryChunks>(model::architecture(src.hf->config).layout(src.hf->config));
   model::load_weights(src.hf->weights, *chunks);
   return chunks;
 }

@@ -5,8 +5,8 @@
 //   strata::Config cfg = strata::Config::load("configs/zero3_nvme.json");
 //   strata::zero3::Engine engine(cfg, strata::model::ModelConfig::preset("1b"),
 //                                {.backend = "host", .device_memory_cap = 1ull << 30, .seq_len = 1024});
-//   strata::model::LlamaModel model(engine.layout().config(), engine.model_options());
-//   for (int i = 0; i < steps; ++i) engine.train_batch(model, data);       // forward, backward, step
+//   auto model = strata::model::make_model(engine.layout().config(), engine.model_options());
+//   for (int i = 0; i < steps; ++i) engine.train_batch(*model, data);      // forward, backward, step
 //   engine.save_checkpoint("ckpt", {{"note", "nightly"}}, &data);
 //
 // One concern per header:

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/architecture.h"
 #include "tools/memprof/memprof.h"
 #include "zero3/placement.h"
 
@@ -30,8 +31,8 @@ namespace {
 std::optional<model::ModelLayout> layout_of(const EstimateInput& in) {
   if (!in.model) return std::nullopt;
   in.model->validate("memprof estimate --model");
-  return model::ModelLayout(*in.model,
-                            {.tensor_align = 16, .chunk_multiple = zero3::chunk_multiple(in.world)});
+  return model::architecture(*in.model).layout(
+      *in.model, {.tensor_align = 16, .chunk_multiple = zero3::chunk_multiple(in.world)});
 }
 
 // P and M: given, or the model's parameters and its largest chunk.

@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/architecture.h"
 #include "model/dtype.h"
 #include "model/layout.h"
 #include "zero3/checkpoint.h"
@@ -66,7 +67,7 @@ std::unique_ptr<model::InMemoryChunks> read_checkpoint_weights(const CheckpointM
   for (int q = 1; q < world; ++q) ranks.push_back(std::make_unique<CheckpointReader>(c.dir, c.tag, q));
   auto reader = [&](int q) -> const CheckpointReader& { return q == 0 ? r0 : *ranks[std::size_t(q - 1)]; };
 
-  auto chunks = std::make_unique<model::InMemoryChunks>(model::ModelLayout(c.config));
+  auto chunks = std::make_unique<model::InMemoryChunks>(model::architecture(c.config).layout(c.config));
   std::vector<unsigned char> raw;
   for (const model::ChunkLayout& ch : chunks->layout().chunks()) {
     const std::string name = ch.name + suffix;
@@ -100,7 +101,7 @@ std::unique_ptr<model::InMemoryChunks> read_checkpoint_weights(const CheckpointM
 
 bool has_master_weights(const CheckpointModel& c) {
   const CheckpointReader r0(c.dir, c.tag, 0);
-  const model::ModelLayout layout(c.config);
+  const model::ModelLayout layout = model::architecture(c.config).layout(c.config);
   for (const model::ChunkLayout& ch : layout.chunks())
     if (r0.find(ch.name + ".master") == nullptr) return false;
   return true;

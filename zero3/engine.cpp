@@ -12,6 +12,7 @@
 #include "core/topology.h"
 #include "cpu_optim/cpu_optim.h"
 #include "kernels/cpu/ops.h"
+#include "model/architecture.h"
 #include "zero3/engine_impl.h"
 
 namespace strata::zero3 {
@@ -47,7 +48,7 @@ DeviceOptions device_options(const Config& cfg, const EngineOptions& opts) {
   // of STRATA_LOCAL_DEVICES, which `strata launch` sets (Note [STRATA_LOCAL_DEVICES] in comm/devices.h).
   d.ordinal = comm::local_device_ordinal(int(cfg.strata.device), comm::rank_from_env().local_rank);
   d.memory_cap = opts.device_memory_cap ? opts.device_memory_cap : cfg.strata.device_memory_cap;
-  d.check_thread_device = opts.check_thread_device;
+  d.check_thread_device = opts.testing.check_thread_device;
   return d;
 }
 
@@ -82,8 +83,9 @@ EngineState::EngineState(const Config& c, const model::ModelConfig& m, const Eng
       mcfg(m),
       // One rank: chunks padded to 64 elements. N ranks: each shard a whole number of the gradient norm's
       // blocks, so the norm sums the same partials in the same order at any world size (Note [Ranks]).
-      layout((m.validate("model"), m), {.tensor_align = 16, .chunk_multiple = chunk_multiple(c.world_size)}),
+      layout(model::architecture((m.validate("model"), m)).layout(m, layout_options(c.world_size))),
       opts(o),
+      rule(c.optimizer),
       scaler(c.fp16),
       sched(c.scheduler, c.optimizer.lr) {}
 
@@ -97,23 +99,25 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
     comm = owned_comm.get();
   }
   world = comm->world_size();
-  replicated = world > 1 && cfg.zero_optimization.stage < 3;
   // (offload_param and NVMe offload need stage 3: the config refuses them below it, as DeepSpeed does.)
   if (world != cfg.world_size)
     throw ConfigError(cat("the config was resolved for world_size ", cfg.world_size, " but ", world,
                           " ranks are training (", comm->name(),
                           "); load the config with the launcher's world size (train_batch_size = "
                           "train_micro_batch_size_per_gpu x gradient_accumulation_steps x ranks)"));
-  working_dtype = cfg.bf16.enabled ? DType::bf16 : cfg.fp16.enabled ? DType::fp16 : DType::fp32;
+  // The plan's engine-wide facts (Note [Update routes]), copied.
+  const EngineFacts facts = engine_facts(cfg, world);
+  replicated = facts.replicated;
+  working_dtype = facts.working;
+  n_states = facts.optimizer_states;
   const auto& z = cfg.zero_optimization;
   homes = shard_homes(cfg);
-  n_states = cfg.optimizer.type == OptimizerType::Adam || cfg.optimizer.type == OptimizerType::AdamW ? 2 : 1;
-  by_ops = !dev->caps().host_addressable || opts.device_state_by_ops;
+  by_ops = !dev->caps().host_addressable || opts.testing.device_state_by_ops;
   // The device optimizer is the compute interface's AdamW; the others run on the CPU only.
   const bool partial = partial_offload(z);
-  if (by_ops && n_states != 2 && (homes.master == Tier::device || partial))
+  if (by_ops && !rule.adam_family() && (homes.master == Tier::device || partial))
     throw ConfigError(
-        cat("optimizer.type ", cfg.optimizer.type == OptimizerType::Lion ? "Lion" : "Adagrad",
+        cat("optimizer.type ", rule.name(),
             homes.master == Tier::device ? " with offload_optimizer.device = none"
                                          : " with offload_optimizer.ratio below 1",
             " needs an optimizer on the device, and the ", to_string(dev->caps().backend), " backend (",
@@ -140,7 +144,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   ops = kernels::make_ops(*dev, *compute_stream,
                           {.matmul = cfg.bf16.enabled ? DType::bf16 : DType::fp32,
                            .cpus = compute_cpus,
-                           .workspace_bytes = opts.ops_workspace_bytes,
+                           .workspace_bytes = opts.testing.ops_workspace_bytes,
                            .deterministic_attention = cfg.strata.deterministic_attention});
   act = ops->caps().activation;
   // On the host backend with cores of the optimizer's own, the copies run there too (Note [Cores]).
@@ -181,7 +185,8 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   init_chunks();
   grads.open();
   updater.open();
-  overlap.plan([this] { return overlap_room(); });
+  choose_overlap();
+  overlap.open();
 }
 
 Engine::Impl::~Impl() {
@@ -286,6 +291,7 @@ void Engine::Impl::init_chunks() {
   std::vector<float> full, zeros;
   std::vector<std::uint16_t> half;
   std::vector<tiering::Move> writes;
+  const model::Architecture& arch = model::architecture(mcfg);
   for (ChunkSlot& s : slots) {
     const std::size_t n = s.shard.numel;
     s.tensors = tm->register_shard({.prefix = s.name,
@@ -299,7 +305,7 @@ void Engine::Impl::init_chunks() {
     if (opts.init_params)
       opts.init_params(layout.chunk(s.id), full.data());
     else
-      model::init_chunk(layout, s.id, seed, full.data());
+      arch.init_chunk(layout, s.id, seed, full.data());
     const float* mine = full.data() + s.shard.offset;
     writes.push_back(put(s.tensors.master, s.homes.master, mine, n * 4));
     // The working params: this rank's shard, or the whole chunk when replicated (stages 1 and 2).
@@ -331,9 +337,8 @@ void Engine::Impl::init_chunks() {
     if (s.homes.grad != Tier::nvme) s.grad = static_cast<float*>(tm->data(s.tensors.grad, s.homes.grad));
     if (s.homes.master != Tier::nvme) {
       s.master = static_cast<float*>(tm->data(s.tensors.master, s.homes.master));
-      if (cfg.optimizer.type != OptimizerType::Adagrad)
-        s.exp_avg = static_cast<float*>(tm->data(s.tensors.exp_avg, s.homes.optim));
-      if (cfg.optimizer.type != OptimizerType::Lion)
+      if (rule.keeps_exp_avg()) s.exp_avg = static_cast<float*>(tm->data(s.tensors.exp_avg, s.homes.optim));
+      if (rule.keeps_exp_avg_sq())
         s.exp_avg_sq = static_cast<float*>(tm->data(s.tensors.exp_avg_sq, s.homes.optim));
     }
     for (const tiering::Move& w : writes) w.wait();
@@ -388,14 +393,10 @@ Event& EngineState::computed(ChunkSlot& s) {
 }
 
 std::vector<tiering::TensorId> EngineState::optimizer_tensors(const ChunkSlot& s) const {
-  switch (cfg.optimizer.type) {
-    case OptimizerType::Adagrad:
-      return {s.tensors.master, s.tensors.exp_avg_sq};
-    case OptimizerType::Lion:
-      return {s.tensors.master, s.tensors.exp_avg};
-    default:
-      return {s.tensors.master, s.tensors.exp_avg, s.tensors.exp_avg_sq};
-  }
+  std::vector<tiering::TensorId> ids{s.tensors.master};
+  if (rule.keeps_exp_avg()) ids.push_back(s.tensors.exp_avg);
+  if (rule.keeps_exp_avg_sq()) ids.push_back(s.tensors.exp_avg_sq);
+  return ids;
 }
 
 // ------------------------------------------------------------------------------------------ public API

@@ -7,10 +7,10 @@
 //   auto mcfg = strata::model::ModelConfig::preset("10m");
 //   strata::zero3::Engine engine(cfg, mcfg, {.backend = "host", .device_memory_cap = 1ull << 30,
 //                                             .seq_len = 256});
-//   strata::model::LlamaModel model(mcfg, engine.model_options());   // runs on the engine's device
+//   auto model = strata::model::make_model(mcfg, engine.model_options());  // on the engine's device
 //   strata::model::DataLoader data(file, {.batch_size = engine.micro_batch(), .seq_len = 256, ...});
 //   for (int i = 0; i < 100; ++i) {
-//     strata::zero3::StepResult r = engine.train_batch(model, data);  // accumulation steps + optimizer
+//     strata::zero3::StepResult r = engine.train_batch(*model, data);  // accumulation steps + optimizer
 //     std::printf("step %lld loss %.4f\n", (long long)r.step, r.loss);
 //   }
 //   engine.save_checkpoint("ckpt", {{"epoch", 1}}, &data);           // ckpt/global_step100, ckpt/latest
@@ -75,17 +75,10 @@
 
 namespace strata::zero3 {
 
-struct EngineOptions {
-  // Command-line overrides of strata.backend ("auto", "host", "cuda"; "" keeps the config's) and of
-  // strata.device_memory_cap (bytes; 0 keeps the config's).
-  std::string backend;
-  std::uint64_t device_memory_cap = 0;
-  // The tokens per sequence the model will run at (0: the model's max_seq_len) and whether it checkpoints
-  // activations: the device plan reserves the activations of a micro-batch of that shape (what
-  // model::activation_bytes says for the engine's ops). No value: strata.checkpoint_activations
-  // decides ("auto": on only when the activations without checkpointing would not fit the device).
-  int seq_len = 0;
-  std::optional<bool> checkpoint_activations = std::nullopt;
+// What tests set to reach the engine's paths without the hardware or the failure they need (a device the
+// CPU cannot address, another workspace, a thread on the wrong device, an overflow, other measured rates).
+// A run leaves them at their defaults: strata train and strata.initialize never set them.
+struct EngineTestHooks {
   // Treat the device's memory as not host-addressable even where it is (the host backend): model state at
   // home on the device is then initialised, reduced, updated and checkpointed by stream work — copies and
   // the compute interface's ops, the device optimizer among them — exactly as on cuda. For tests of that
@@ -95,10 +88,32 @@ struct EngineOptions {
   // the implementation's own (cuda: cuBLASLt's 32 MiB; the CPU: the process's stand-in, 0 in the product
   // and cuda's size in the engine and model tests, Note [Workspace stand-in] in kernels/workspace_standin.h).
   std::optional<std::size_t> ops_workspace_bytes = std::nullopt;
-  // Tests only: the host backend refuses a device call from a thread not bound to the device (core/device.h,
+  // The host backend refuses a device call from a thread not bound to the device (core/device.h,
   // Note [thread device]; DeviceOptions::check_thread_device), so that a thread of the engine's that
   // would touch another rank's GPU on cuda is found without one. Use a strata.device other than 0.
   bool check_thread_device = false;
+  // Called on the training thread with chunk `chunk`'s gradient buffer (numel fp32, device
+  // memory the CPU addresses) once the model's ops have written it and before it is handed to the shard —
+  // to put an overflow into the backward that ends a step. Null: not called.
+  std::function<void(int chunk, float* grads, std::size_t numel)> gradient_hook = nullptr;
+  // offload_optimizer.ratio "auto" passes this rank's measured rates (elements a second of
+  // the CPU optimizer and of the device optimizer) through it before choosing, so that a test can give
+  // ranks different measurements. Null: not called.
+  std::function<void(double& cpu_rate, double& device_rate)> measured_rates = nullptr;
+};
+
+struct EngineOptions {
+  // Command-line overrides of strata.backend ("auto", "host", "cuda"; "" keeps the config's) and of
+  // strata.device_memory_cap (bytes; 0 keeps the config's).
+  std::string backend;
+  std::uint64_t device_memory_cap = 0;
+  // The tokens per sequence the model will run at (0: the model's max_seq_len) and whether it checkpoints
+  // activations: the device plan reserves the activations of a micro-batch of that shape (what the
+  // model's Architecture::activation_bytes says for the engine's ops). No value:
+  // strata.checkpoint_activations decides ("auto": on only when the activations without checkpointing
+  // would not fit the device).
+  int seq_len = 0;
+  std::optional<bool> checkpoint_activations = std::nullopt;
   // The ranks to train over (not owned; the engine dup()s it for its streams). Null: the launcher's
   // (comm::make_communicator: MPI or NCCL under mpirun, else a single rank). Its world size must be the
   // config's world_size.
@@ -106,17 +121,10 @@ struct EngineOptions {
   // The initial parameters, chunk by chunk: fills `out` with the full fp32 parameters of `chunk` (the
   // engine's layout of it: padded_numel floats, zero-filled, tensors at its offsets) in place of the seeded
   // random initialisation — e.g. model::WeightsSource::read_chunk for `strata train --init-from`. Called
-  // once per chunk in chunk order on every rank; each rank keeps its shard. Null: model::init_chunk with
-  // strata.seed.
+  // once per chunk in chunk order on every rank; each rank keeps its shard. Null: the model's
+  // Architecture::init_chunk with strata.seed (model/architecture.h).
   std::function<void(const model::ChunkLayout& chunk, float* out)> init_params = nullptr;
-  // Tests only: called on the training thread with chunk `chunk`'s gradient buffer (numel fp32, device
-  // memory the CPU addresses) once the model's ops have written it and before it is handed to the shard —
-  // to put an overflow into the backward that ends a step. Null: not called.
-  std::function<void(int chunk, float* grads, std::size_t numel)> gradient_hook = nullptr;
-  // Tests only: offload_optimizer.ratio "auto" passes this rank's measured rates (elements a second of
-  // the CPU optimizer and of the device optimizer) through it before choosing, so that a test can give
-  // ranks different measurements. Null: not called.
-  std::function<void(double& cpu_rate, double& device_rate)> measured_rates = nullptr;
+  EngineTestHooks testing = {};
 };
 
 // Seconds of one optimizer step (its accumulation micro-steps included). `wait` is the part of the
@@ -259,7 +267,7 @@ class Engine final : public model::ChunkProvider {
   // that to each backward; with "micro_batches", none.
   StepResult train_batch(model::TrainableModel& model, model::DataLoader& data);
   // The compute interface the model must run on (its device memory counts against the cap), and the
-  // ModelOptions that say so: model::LlamaModel model(mcfg, engine.model_options()).
+  // ModelOptions that say so: model::make_model(mcfg, engine.model_options()) (model/make_model.h).
   kernels::Ops& ops();
   model::ModelOptions model_options();
   // For a model driven by its caller rather than through TrainableModel: its acquires between begin_pass and

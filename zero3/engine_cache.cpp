@@ -79,7 +79,7 @@ prefetch::Residency ChunkCache::residency(int c) {
     case ChunkSlot::Gather::in_flight:
       // With N ranks the answer must not depend on timing (Note [Ranks]): a gather stays in flight until
       // its acquire (or drop) waits for it.
-      if (engine_.world > 1 || !s.ready->query()) return prefetch::Residency::in_flight;
+      if (s.route.lockstep || !s.ready->query()) return prefetch::Residency::in_flight;
       finish_fetch(s);
       return prefetch::Residency::resident;
     default:
@@ -152,7 +152,7 @@ bool ChunkCache::start_fetch(int c, bool demand) {
   ChunkSlot& s = engine_.slots[std::size_t(c)];
   STRATA_CHECK(s.gather == ChunkSlot::Gather::absent, "zero3: chunk ", s.name, " gathered twice");
   overlap_.settle(c);  // the last step's update of this chunk, left to the worker, writes its params
-  const bool from_nvme = engine_.homes.param == Tier::nvme;
+  const bool from_nvme = s.route.param_home == Tier::nvme;
   const auto& z = engine_.cfg.zero_optimization;
   if (from_nvme && !demand && nvme_param_reads_ >= z.offload_param.buffer_count) {
     // Is the pinned copy cached? Then no read buffer is needed.
@@ -197,10 +197,10 @@ bool ChunkCache::start_fetch(int c, bool demand) {
   // dtype at its place in the chunk, on the gather stream. With N ranks the all-gather (in place) then
   // brings the other ranks' shards.
   char* mine =
-      static_cast<char*>(s.gptr) + (engine_.replicated ? 0 : s.shard.offset) * dtype_bytes(engine_.act);
+      static_cast<char*>(s.gptr) + (s.route.all_gather ? s.shard.offset : 0) * dtype_bytes(engine_.act);
   engine_.gather_ops->cast(kernels::Tensor{mine, engine_.act, n},
                            kernels::Tensor{const_cast<void*>(src), engine_.working_dtype, n});
-  if (engine_.world > 1 && !engine_.replicated)
+  if (s.route.all_gather)
     engine_.gather_comm->all_gather(mine, s.gptr, n, engine_.act, engine_.gather_stream.get());
   engine_.gather_stream->record(*s.ready);
   s.reader = s.ready.get();
@@ -336,7 +336,7 @@ model::ChunkView ChunkCache::acquire(int c) {
                " is not resident after acquire");
   s.gather = ChunkSlot::Gather::held;
   s.last_use = ++use_clock_;
-  return model::ChunkView{&engine_.layout.chunk(c), static_cast<const float*>(s.gptr), engine_.act};
+  return model::ChunkView{&engine_.layout.chunk(c), s.gptr, engine_.act};
 }
 
 void ChunkCache::release(int c) {

@@ -13,6 +13,7 @@
 
 #include "core/files.h"
 #include "core/log.h"
+#include "model/architecture.h"
 #include "model/hf_dir.h"
 #include "model/safetensors.h"
 #include "zero3/checkpoint.h"
@@ -22,20 +23,6 @@ namespace strata::zero3 {
 namespace {
 
 using detail::cat;
-
-const char* optimizer_name(OptimizerType t) {
-  switch (t) {
-    case OptimizerType::Adam:
-      return "Adam";
-    case OptimizerType::AdamW:
-      return "AdamW";
-    case OptimizerType::Adagrad:
-      return "Adagrad";
-    case OptimizerType::Lion:
-      return "Lion";
-  }
-  return "?";
-}
 
 // The update the optimizer states belong to: Adam with adam_w_mode (DeepSpeed's default) is AdamW's, so
 // a checkpoint of one resumes under the other.
@@ -96,7 +83,7 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
       {"skipped_steps", skipped},
       {"model", mcfg.to_json()},
       {"working_dtype", dtype_name(working_dtype)},
-      {"optimizer", optimizer_name(cfg.optimizer.type)},
+      {"optimizer", rule.name()},
       {"config", cfg.to_json()},
       {"loss_scaler", scaler.state()},
       {"scheduler", sched.state()},
@@ -184,7 +171,7 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
   bool saved_w_mode = true;  // DeepSpeed's default, and what a checkpoint without its config means
   if (const auto c = meta.find("config"); c != meta.end() && c->is_object())
     saved_w_mode = c->value("/optimizer/params/adam_w_mode"_json_pointer, true);
-  const std::string ours = optimizer_name(cfg.optimizer.type);
+  const std::string ours = rule.name();
   if (update_rule(saved_opt, saved_w_mode) != update_rule(ours, cfg.optimizer.adam_w_mode))
     throw ConfigError(cat(
         "checkpoint ", r.path(), " holds ", saved_opt,
@@ -206,8 +193,7 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
   // [q, q + 1) x padded / saved_world. This rank's shard of the current layout is put together from the
   // saved shards it overlaps (the same rank's alone when the world size is unchanged); elements beyond the
   // saved chunk's end are padding, zero.
-  const model::ModelLayout saved_layout(mcfg,
-                                        {.tensor_align = 16, .chunk_multiple = chunk_multiple(saved_world)});
+  const model::ModelLayout saved_layout = model::architecture(mcfg).layout(mcfg, layout_options(saved_world));
   std::vector<std::unique_ptr<CheckpointReader>> readers;
   readers.resize(std::size_t(saved_world));
   auto reader = [&](int q) -> CheckpointReader& {

@@ -67,6 +67,12 @@ using detail::cat;
 
 namespace {
 
+// The route's norm is taken on the device by the compute interface (the device optimizer's gradients on a
+// device reached by stream work only); the others by the CPU optimizer's reductions.
+bool on_device(const UpdateRoute& r) {
+  return r.norm == UpdateRoute::Norm::device || r.norm == UpdateRoute::Norm::device_ranks;
+}
+
 // dst += src, one fp32 add per element (Ops::add's arithmetic, on the host).
 void add_into(float* dst, const float* src, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
@@ -79,10 +85,10 @@ void GradientPath::open() {
   expected_.assign(C, 0);
   seen_.assign(C, 0);
   if (std::any_of(engine_.slots.begin(), engine_.slots.end(),
-                  [](const ChunkSlot& s) { return s.homes.grad == Tier::pinned; }))
+                  [](const ChunkSlot& s) { return s.route.grad_shard == Tier::pinned; }))
     staging_ = PinnedBuffer(*engine_.dev, engine_.largest_shard * sizeof(float));
   if (std::any_of(engine_.slots.begin(), engine_.slots.end(),
-                  [](const ChunkSlot& s) { return s.homes.grad == Tier::nvme; }))
+                  [](const ChunkSlot& s) { return s.route.grads_nvme; }))
     nvme_staging_id_ = engine_.tm->register_tensor({.name = "zero3.grad_staging",
                                                     .kind = tiering::Kind::staging,
                                                     .dtype = DType::fp32,
@@ -90,9 +96,9 @@ void GradientPath::open() {
                                                     .home = Tier::pinned,
                                                     .chunk = -1,
                                                     .shard = -1});
-  out_stats_.assign(C, HostStats{});
-  if (engine_.by_ops && std::any_of(engine_.slots.begin(), engine_.slots.end(),
-                                    [](const ChunkSlot& s) { return s.homes.grad == Tier::device; })) {
+  out_stats_.assign(C, ShardNorm{});
+  if (std::any_of(engine_.slots.begin(), engine_.slots.end(),
+                  [](const ChunkSlot& s) { return on_device(s.route); })) {
     stats_id_ = engine_.tm->register_tensor({.name = "zero3.grad_stats",
                                              .kind = tiering::Kind::grad,
                                              .dtype = DType::u8,
@@ -127,11 +133,11 @@ void GradientPath::release_grads(int c) {
   ChunkSlot& s = engine_.slots[std::size_t(c)];
   STRATA_CHECK(s.gbuf != nullptr, "zero3: gradients of chunk ", s.name, " released but not held");
   overlap_.settle(c);  // the last step's update of this chunk, left to the worker, reads its gradients
-  if (engine_.opts.gradient_hook) {
+  if (engine_.opts.testing.gradient_hook) {
     STRATA_CHECK(engine_.dev->caps().host_addressable,
-                 "zero3: EngineOptions.gradient_hook needs addressable memory");
+                 "zero3: EngineOptions.testing.gradient_hook needs addressable memory");
     engine_.compute_stream->synchronize();
-    engine_.opts.gradient_hook(c, s.gbuf, s.numel);
+    engine_.opts.testing.gradient_hook(c, s.gbuf, s.numel);
   }
   ++seen_[std::size_t(c)];
   const bool final = final_handoff(s);
@@ -151,7 +157,7 @@ void GradientPath::release_grads(int c) {
                       s.handed_off.get());  // frees the block once read
     s.gbuf = nullptr;
     if (final) flush_local_accumulator(s);
-    overlap_.handed_off(s, *engine_.grad_stream, seen_[std::size_t(c)], expected_[std::size_t(c)]);
+    overlap_.handed_off(s, handoff_stream(s), seen_[std::size_t(c)], expected_[std::size_t(c)]);
     return;
   }
   // This rank's slice of the buffer: with N ranks, the sum over ranks left there by the reduce-scatter
@@ -165,10 +171,7 @@ void GradientPath::release_grads(int c) {
   float* buffer = s.gbuf;
   s.gbuf = nullptr;
   hand_to_shard(s, buffer + s.shard.offset, s.gradbuf, final);
-  // The stream the hand-off ends on: the gradient stream, or the compute stream for one rank's device home.
-  overlap_.handed_off(
-      s, s.homes.grad == Tier::device && engine_.world == 1 ? *engine_.compute_stream : *engine_.grad_stream,
-      seen_[std::size_t(c)], expected_[std::size_t(c)]);
+  overlap_.handed_off(s, handoff_stream(s), seen_[std::size_t(c)], expected_[std::size_t(c)]);
 }
 
 void GradientPath::flush_local_accumulator(ChunkSlot& s) {
@@ -188,17 +191,19 @@ void GradientPath::hand_to_shard(ChunkSlot& s, const float* src, tiering::Tensor
   ++engine_.transfers.grad_handoffs;
   engine_.transfers.grad_bytes += n * sizeof(float);
   const kernels::Tensor from{const_cast<float*>(src), DType::fp32, n};
-  if (s.homes.grad == Tier::device) {
+  if (s.route.grad_shard == Tier::device) {
     // Copied into the empty shard or added to it: with one rank on the compute stream after the model's
-    // ops; with N on the gradient stream after the reduce-scatter. The block is freed after that stream.
-    kernels::Ops& o = engine_.world > 1 ? *engine_.grad_ops : *engine_.ops;
+    // ops; with N on the gradient stream after the reduce-scatter (the route's hand-off stream). The block
+    // is freed after that stream.
+    const bool on_grad_stream = s.route.handoff == UpdateRoute::Handoff::grad_stream;
+    kernels::Ops& o = on_grad_stream ? *engine_.grad_ops : *engine_.ops;
     const kernels::Tensor to{s.grad, DType::fp32, n};
     if (fresh)
       o.cast(to, from);
     else
       o.add(to, from);
     const Event* after = nullptr;
-    if (engine_.world > 1) {
+    if (on_grad_stream) {
       if (!s.handed_off) s.handed_off = engine_.dev->create_event();
       engine_.grad_stream->record(*s.handed_off);
       after = s.handed_off.get();
@@ -207,7 +212,8 @@ void GradientPath::hand_to_shard(ChunkSlot& s, const float* src, tiering::Tensor
     }
     engine_.tm->evict(buffer, Tier::device, Tier::pinned, after);  // frees the block (never valid: no copy)
   } else {
-    if (engine_.world == 1) engine_.grad_stream->wait(engine_.computed(s));
+    // Once the model's ops are done (a reduction waited for them already).
+    if (s.route.reduce == UpdateRoute::Reduce::none) engine_.grad_stream->wait(engine_.computed(s));
     if (s.route.grads == UpdateRoute::Grads::device_accumulator && (s.acc || (fresh && !final))) {
       // Summed on the device (the same copy-then-add as below), and across to the shard once, at the
       // chunk's final hand-off of the step (or when the step's last backward ends).
@@ -321,20 +327,7 @@ void GradientPath::to_nvme(ChunkSlot& s, float* dst, const float* staged, bool f
     });
   else
     add_on_host(dst, staged, n);
-  out_stats_[std::size_t(s.id)] = with_stats ? host_stats(dst, n) : HostStats{};
-}
-
-GradientPath::HostStats GradientPath::host_stats(const float* g, std::size_t n) const {
-  HostStats st;
-  st.valid = true;
-  if (engine_.world > 1) {
-    st.blocks = engine_.opt->grad_block_sums(g, DType::fp32, n, 1.0f);
-    return st;
-  }
-  const cpu_optim::GradStats r = engine_.opt->grad_stats(g, DType::fp32, n, 1.0f);
-  st.sum_sq = r.sum_sq;
-  st.finite = r.finite;
-  return st;
+  out_stats_[std::size_t(s.id)] = with_stats ? shard_norm(s.route, *engine_.opt, dst, n) : ShardNorm{};
 }
 
 void GradientPath::drain_nvme_writes() {
@@ -398,13 +391,20 @@ void GradientPath::sync() {
   engine_.times.wait += t0.idle_seconds();
 }
 
-void GradientPath::stats(double& sum_sq, bool& finite) {
-  using kernels::Tensor;
-  // The device optimizer's gradients on a device reached by stream work only are reduced there; the others
-  // (pinned memory, or a device the CPU addresses) by the CPU optimizer's reductions.
-  auto on_device = [&](const ChunkSlot& s) { return s.route.stepper == UpdateRoute::Stepper::device_ops; };
-  // Taken by the overlap's worker from the final gradients (Note [Optimizer overlap]).
-  auto early = [&](std::size_t i) { return overlap_.early_stats(i); };
+ShardNorm shard_norm(const UpdateRoute& r, cpu_optim::Optimizer& opt, const float* g, std::size_t n) {
+  ShardNorm st;
+  st.valid = true;
+  if (r.norm == UpdateRoute::Norm::host_blocks) {
+    st.blocks = opt.grad_block_sums(g, DType::fp32, n, 1.0f);
+    return st;
+  }
+  const cpu_optim::GradStats x = opt.grad_stats(g, DType::fp32, n, 1.0f);
+  st.sum_sq = x.sum_sq;
+  st.finite = x.finite;
+  return st;
+}
+
+void GradientPath::settle_nvme_stats() {
   // Gradients on NVMe: taken on the way out (Note [Gradients through NVMe]), else read back once here.
   for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
     ChunkSlot& s = engine_.slots[i];
@@ -414,108 +414,116 @@ void GradientPath::stats(double& sum_sq, bool& finite) {
       tm.pin(s.tensors.grad);
       float* g = static_cast<float*>(tm.allocate(s.tensors.grad, Tier::pinned));
       std::memset(g, 0, s.shard.numel * sizeof(float));
-      out_stats_[i] = host_stats(g, s.shard.numel);
+      out_stats_[i] = shard_norm(s.route, *engine_.opt, g, s.shard.numel);
       tm.mark_written(s.tensors.grad, Tier::pinned);
       tm.unpin(s.tensors.grad);
       tm.evict(s.tensors.grad, Tier::pinned, Tier::nvme).wait();
     } else if (!out_stats_[i].valid) {
       engine_.with_host_copy(s.tensors.grad, [&](const void* g) {
-        out_stats_[i] = host_stats(static_cast<const float*>(g), s.shard.numel);
+        out_stats_[i] = shard_norm(s.route, *engine_.opt, static_cast<const float*>(g), s.shard.numel);
       });
     }
   }
-  bool any_device = false, any_host = false;
+}
+
+const ShardNorm* GradientPath::taken_norm(std::size_t i) const {
+  if (engine_.slots[i].route.grads_nvme) return &out_stats_[i];  // on the way out, or read back
+  return overlap_.early_stats(i);  // taken by the overlap's worker from the final gradients
+}
+
+void GradientPath::sum_block_norms(double& sum_sq, bool& finite) {
+  // Each rank's per-block partial sums, all-gathered: chunk c's norm is its blocks' partials added in
+  // global block order — rank 0's shard, then rank 1's, ... — the same additions one rank makes over the
+  // whole chunk (shards are whole blocks: the layout's chunk_multiple). So the norm, the clipping and the
+  // step are those of one rank, bit for bit.
+  auto summed = [](const ChunkSlot& s) {
+    return s.route.norm == UpdateRoute::Norm::host_blocks && (s.route.grads_nvme || !s.grads_fresh);
+  };
+  const std::size_t per_shard =
+      (engine_.largest_shard + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
+  std::vector<double> mine(engine_.slots.size() * per_shard, 0.0);
+  for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
+    const ChunkSlot& s = engine_.slots[i];
+    if (!summed(s)) continue;  // zeroed (its partials are 0), or reduced on the device
+    const ShardNorm* taken = taken_norm(i);
+    const std::vector<double> b =
+        taken ? taken->blocks : shard_norm(s.route, *engine_.opt, s.grad, s.shard.numel).blocks;
+    std::copy(b.begin(), b.end(), mine.begin() + std::ptrdiff_t(i * per_shard));
+  }
+  const int world = engine_.comm->world_size();
+  std::vector<double> all(mine.size() * std::size_t(world));
+  engine_.comm->host_all_gather(mine.data(), all.data(), mine.size() * sizeof(double));  // host memory
+  for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
+    if (!summed(engine_.slots[i])) continue;
+    const std::size_t blocks =
+        (engine_.slots[i].shard.numel + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
+    double chunk = 0.0;
+    for (int r = 0; r < world; ++r)
+      for (std::size_t b = 0; b < blocks; ++b) chunk += all[std::size_t(r) * mine.size() + i * per_shard + b];
+    sum_sq += chunk;
+    finite = finite && std::isfinite(chunk);
+  }
+}
+
+void GradientPath::sum_device_norms(double& sum_sq, bool& finite) {
+  std::vector<char> host(engine_.slots.size() * 16);
+  engine_.from_device(host.data(), stats_, host.size());
+  double dev_sq = 0;
+  bool dev_finite = true, over_ranks = false;
+  for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
+    const ChunkSlot& s = engine_.slots[i];
+    if (!on_device(s.route)) continue;
+    over_ranks = over_ranks || s.route.norm == UpdateRoute::Norm::device_ranks;  // every rank alike
+    if (s.grads_fresh) continue;
+    double sq;
+    std::int32_t bad;
+    std::memcpy(&sq, host.data() + 16 * i, sizeof sq);
+    std::memcpy(&bad, host.data() + 16 * i + 8, sizeof bad);
+    dev_sq += sq;
+    dev_finite = dev_finite && bad == 0;
+  }
+  if (over_ranks) {  // the device reductions' sums of each rank's shards (not the one-rank bits)
+    dev_sq = engine_.comm->all_reduce_sum(dev_sq);
+    dev_finite = engine_.comm->all_reduce_and(dev_finite);
+  }
+  sum_sq += dev_sq;
+  finite = finite && dev_finite;
+}
+
+void GradientPath::stats(double& sum_sq, bool& finite) {
+  using kernels::Tensor;
+  settle_nvme_stats();
+  // In chunk order: one rank's host shards summed here; the device's reduced there and read back below,
+  // all at once; N ranks' host shards by their blocks' partials below.
+  bool any_device = false, any_blocks = false;
   for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
     ChunkSlot& s = engine_.slots[i];
+    const UpdateRoute::Norm norm = s.route.norm;
+    any_device = any_device || on_device(s.route);
+    any_blocks = any_blocks || norm == UpdateRoute::Norm::host_blocks;
     const Tensor g{s.grad, DType::fp32, s.shard.numel};
-    (on_device(s) ? any_device : any_host) = true;
-    if (s.route.grads_nvme) {
-      if (engine_.world > 1) continue;  // below, from the blocks
-      sum_sq += out_stats_[i].sum_sq;
-      finite = finite && out_stats_[i].finite;
-      continue;
-    }
-    if (s.grads_fresh) {  // no gradients reached this chunk this step
-      if (on_device(s))
+    if (s.grads_fresh && !s.route.grads_nvme) {  // no gradients reached this chunk this step
+      if (on_device(s.route))
         engine_.ops->zero(g);
       else
         std::memset(s.grad, 0, s.shard.numel * sizeof(float));
       continue;
     }
-    if (on_device(s)) {  // on the compute stream, after the gradient adds; read back below, all at once
+    if (on_device(s.route)) {  // on the compute stream, after the gradient adds
       engine_.ops->squared_norm(Tensor{stats_ + 16 * i, DType::u8, 8}, g);
       engine_.ops->nonfinite_check(Tensor{stats_ + 16 * i + 8, DType::i32, 1}, g);
       continue;
     }
-    if (engine_.world > 1) continue;  // below: the partials of every rank's shard
-    if (const OptimizerOverlap::GradStats* st = early(i)) {
-      sum_sq += st->sum_sq;
-      finite = finite && st->finite;
-      continue;
-    }
-    const cpu_optim::GradStats st = engine_.opt->grad_stats(s.grad, DType::fp32, s.shard.numel, 1.0f);
+    if (norm == UpdateRoute::Norm::host_blocks) continue;  // below: the partials of every rank's shard
+    const ShardNorm* taken = taken_norm(i);
+    const ShardNorm st = taken ? *taken : shard_norm(s.route, *engine_.opt, s.grad, s.shard.numel);
     sum_sq += st.sum_sq;
     finite = finite && st.finite;
   }
-  if (engine_.world > 1 && any_host) {
-    // Each rank's per-block partial sums, all-gathered: chunk c's norm is its blocks' partials added in
-    // global block order — rank 0's shard, then rank 1's, ... — the same additions one rank makes over
-    // the whole chunk (shards are whole blocks: the layout's chunk_multiple). So the norm, the clipping
-    // and the step are those of one rank, bit for bit.
-    const std::size_t per_shard =
-        (engine_.largest_shard + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
-    std::vector<double> mine(engine_.slots.size() * per_shard, 0.0);
-    for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
-      ChunkSlot& s = engine_.slots[i];
-      if (s.route.grads_nvme) {  // taken on the way out, or read back above (zeros: all partials 0)
-        std::copy(out_stats_[i].blocks.begin(), out_stats_[i].blocks.end(),
-                  mine.begin() + std::ptrdiff_t(i * per_shard));
-        continue;
-      }
-      if (s.grads_fresh || on_device(s)) continue;  // zeroed above (its partials are 0), or reduced there
-      const std::vector<double> b =
-          early(i) ? early(i)->blocks
-                   : engine_.opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
-      std::copy(b.begin(), b.end(), mine.begin() + std::ptrdiff_t(i * per_shard));
-    }
-    std::vector<double> all(mine.size() * std::size_t(engine_.world));
-    engine_.comm->host_all_gather(mine.data(), all.data(), mine.size() * sizeof(double));  // host memory
-    for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
-      if ((engine_.slots[i].grads_fresh && !engine_.slots[i].route.grads_nvme) || on_device(engine_.slots[i]))
-        continue;
-      const std::size_t blocks =
-          (engine_.slots[i].shard.numel + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
-      double chunk = 0.0;
-      for (int r = 0; r < engine_.world; ++r)
-        for (std::size_t b = 0; b < blocks; ++b)
-          chunk += all[std::size_t(r) * mine.size() + i * per_shard + b];
-      sum_sq += chunk;
-      finite = finite && std::isfinite(chunk);
-    }
-  }
-  if (any_device) {
-    std::vector<char> host(engine_.slots.size() * 16);
-    engine_.from_device(host.data(), stats_, host.size());
-    double dev_sq = 0;
-    bool dev_finite = true;
-    for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
-      if (engine_.slots[i].grads_fresh || !on_device(engine_.slots[i])) continue;
-      double sq;
-      std::int32_t bad;
-      std::memcpy(&sq, host.data() + 16 * i, sizeof sq);
-      std::memcpy(&bad, host.data() + 16 * i + 8, sizeof bad);
-      dev_sq += sq;
-      dev_finite = dev_finite && bad == 0;
-    }
-    if (engine_.world > 1) {  // the device reductions' sums of each rank's shards (not the one-rank bits)
-      dev_sq = engine_.comm->all_reduce_sum(dev_sq);
-      dev_finite = engine_.comm->all_reduce_and(dev_finite);
-    }
-    sum_sq += dev_sq;
-    finite = finite && dev_finite;
-  }
+  if (any_blocks) sum_block_norms(sum_sq, finite);
+  if (any_device) sum_device_norms(sum_sq, finite);
   for (ChunkSlot& s : engine_.slots) s.grads_fresh = false;
-  for (HostStats& st : out_stats_) st = HostStats{};
+  for (ShardNorm& st : out_stats_) st = ShardNorm{};
 }
 
 }  // namespace strata::zero3

@@ -42,6 +42,11 @@ class GradientPath {
   void stats(double& sum_sq, bool& finite);
 
  private:
+  // The stream a hand-off of chunk s ends on (UpdateRoute::Handoff).
+  Stream& handoff_stream(const ChunkSlot& s) const {
+    return s.route.handoff == UpdateRoute::Handoff::compute_stream ? *engine_.compute_stream
+                                                                   : *engine_.grad_stream;
+  }
   bool final_handoff(const ChunkSlot& s) const {
     const int n = expected_[std::size_t(s.id)];
     return last_micro_ && n > 0 && seen_[std::size_t(s.id)] == n;
@@ -69,14 +74,14 @@ class GradientPath {
   float* nvme_staging();
   void release_nvme_staging();
   void to_nvme(ChunkSlot& s, float* dst, const float* staged, bool fresh, bool with_stats);
-  // The squared norm, finiteness and (N ranks) per-block partial sums of a host-readable gradient shard.
-  struct HostStats {
-    bool valid = false;
-    double sum_sq = 0;
-    bool finite = true;
-    std::vector<double> blocks;
-  };
-  HostStats host_stats(const float* g, std::size_t n) const;
+  // stats() in pieces: the NVMe shards' statistics made whole (zeros for a shard no gradient reached, a
+  // read back for one without them); chunk i's statistics taken before stats() (on the way to NVMe, or by
+  // the overlap's worker), or null; N ranks' host shards summed by their blocks' partials over every rank;
+  // the device's reductions read back (summed over the ranks at N).
+  void settle_nvme_stats();
+  const ShardNorm* taken_norm(std::size_t i) const;
+  void sum_block_norms(double& sum_sq, bool& finite);
+  void sum_device_norms(double& sum_sq, bool& finite);
   // Waits for the NVMe gradient writes still in flight (raising a failed one).
   void drain_nvme_writes();
   // Waits for the oldest write in flight; a failed one raises its error with the chunk and the bytes.
@@ -105,7 +110,7 @@ class GradientPath {
     tiering::Move move;
   };
   std::deque<NvmeWrite> nvme_writes_;
-  std::vector<HostStats> out_stats_;
+  std::vector<ShardNorm> out_stats_;
   // by_ops: the per-chunk gradient statistics on the device (16 bytes a chunk: the fp64 squared norm and the
   // int32 non-finite flag), a tensor of the device state.
   tiering::TensorId stats_id_ = 0;

@@ -68,6 +68,10 @@ struct Engine::Impl final : EngineState {
   // The overlap's room for its rollback copies: half of what the plans of the ranks on this machine leave
   // of check_fits' 90% of RAM, shared between them, the least over ranks (a collective).
   std::uint64_t overlap_room();
+  // The optimizer overlapped with backward where the config asks for it (placement's overlap_asked and
+  // plan_overlap, over the chunks' routes and overlap_room()): the routes and the memory plan updated, or
+  // a warning saying why not.
+  void choose_overlap();
 
   // ---- the step (engine_step.cpp) ----
   StepResult step();

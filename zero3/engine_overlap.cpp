@@ -72,17 +72,11 @@ namespace strata::zero3 {
 
 using detail::cat;
 
-namespace {
-
-constexpr std::size_t kCopyAlign = 64;
-
-}  // namespace
-
 std::vector<std::pair<void*, std::size_t>> OptimizerOverlap::regions(ChunkSlot& s) const {
   const std::size_t n = s.shard.numel;
   std::vector<std::pair<void*, std::size_t>> r{{s.master, n * sizeof(float)}};
-  if (engine_.cfg.optimizer.type != OptimizerType::Adagrad) r.emplace_back(s.exp_avg, n * sizeof(float));
-  if (engine_.cfg.optimizer.type != OptimizerType::Lion) r.emplace_back(s.exp_avg_sq, n * sizeof(float));
+  if (engine_.rule.keeps_exp_avg()) r.emplace_back(s.exp_avg, n * sizeof(float));
+  if (engine_.rule.keeps_exp_avg_sq()) r.emplace_back(s.exp_avg_sq, n * sizeof(float));
   if (s.route.params != UpdateRoute::Params::staged)
     r.emplace_back(engine_.my_params(s), n * engine_.working_dtype_bytes());
   return r;
@@ -93,42 +87,19 @@ std::byte* OptimizerOverlap::staging(const ChunkSlot& s) const {
   return backup_.get() + backup_at_[std::size_t(s.id)] + states;
 }
 
-void OptimizerOverlap::plan(const std::function<std::uint64_t()>& room_for_copies) {
-  using OV = StrataConfig::Overlap;
-  const OV mode = engine_.cfg.strata.overlap_optimizer;
-  // "auto": where the model computes on a device and the optimizer in pinned host memory — the CPU is
-  // otherwise idle during backward. On the host backend only when the optimizer has cores of its own
-  // (strata.cpu_optim.cores, Note [Cores] in engine_plan.cpp): sharing them, the early updates slow backward
-  // as much as they save (measured: bench/RESULTS.md).
-  if (mode == OV::off || (mode == OV::automatic && (engine_.homes.master != Tier::pinned ||
-                                                    (engine_.dev->caps().backend == BackendKind::host &&
-                                                     engine_.cfg.strata.cpu_optim.cores == 0))))
-    return;
+void OptimizerOverlap::open() {
   const std::size_t C = engine_.slots.size();
-  // Bytes of host memory a chunk's copies take: master and optimizer states in fp32, working params.
-  const std::uint64_t per = 4 * std::uint64_t(1 + engine_.n_states) + engine_.working_dtype_bytes();
-  const std::uint64_t room = room_for_copies();
-  const auto copy_bytes = [&](int c) {
-    return (engine_.slots[std::size_t(c)].shard.numel * per + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
-  };
-  // The plan decides which chunks (Note [Update routes] in placement.cpp).
-  std::vector<UpdateRoute> routes(C);
-  for (std::size_t i = 0; i < C; ++i) routes[i] = engine_.slots[i].route;
-  const OverlapDecision d = zero3::plan_overlap(routes, engine_.plan, engine_.planned, room, copy_bytes);
-  if (d.chunks == 0) {
-    if (engine_.comm->rank() == 0 && (!d.ratio_keeps_all || mode == OV::on))
-      STRATA_LOG_WARN("zero3: strata.overlap_optimizer is true but ", d.why_not);
-    return;
-  }
+  // The copies of the chunks the plan overlaps (UpdateRoute.overlap), the last chunk's first.
   std::uint64_t total = 0;
+  int chunks = 0;
   backup_at_.assign(C, 0);
   for (std::size_t i = C; i-- > 0;) {
-    engine_.slots[i].route = routes[i];
-    if (!routes[i].overlap) continue;
+    if (!engine_.slots[i].route.overlap) continue;
     backup_at_[i] = total;
-    total += copy_bytes(int(i));
+    total += overlap_copy_bytes(engine_.planned, engine_.slots[i].shard.numel);
+    ++chunks;
   }
-  const int chunks = d.chunks;
+  if (chunks == 0) return;
   backup_ = std::make_unique<std::byte[]>(total);
   state_.assign(C, State::idle);
   copied_.assign(C, 0);
@@ -149,7 +120,7 @@ void OptimizerOverlap::begin_backward() {
   // A second backward ending the accumulation before step() (more micro-batches than configured): what
   // the first one updated is undone, and this one updates again with every gradient.
   undo(UndoAs::cancellation);
-  for (auto& st : grad_stats_) st.ready = false;
+  for (auto& st : grad_stats_) st.valid = false;
   armed_ = engine_.micro_steps + 1 >= engine_.cfg.gradient_accumulation_steps;
   if (armed_ && last_clipped_) {
     armed_ = false;
@@ -258,15 +229,7 @@ void OptimizerOverlap::worker() {
 void OptimizerOverlap::take_grad_stats(int c) {
   ChunkSlot& s = engine_.slots[std::size_t(c)];
   final_grads_[std::size_t(c)]->synchronize();
-  GradStats& st = grad_stats_[std::size_t(c)];
-  if (engine_.world > 1) {
-    st.blocks = engine_.opt->grad_block_sums(s.grad, DType::fp32, s.shard.numel, 1.0f);
-  } else {
-    const cpu_optim::GradStats g = engine_.opt->grad_stats(s.grad, DType::fp32, s.shard.numel, 1.0f);
-    st.sum_sq = g.sum_sq;
-    st.finite = g.finite;
-  }
-  st.ready = true;
+  grad_stats_[std::size_t(c)] = shard_norm(s.route, *engine_.opt, s.grad, s.shard.numel);
 }
 
 // On the worker: chunk c's gradient statistics, its copies, then its update as step() would make it
@@ -328,7 +291,7 @@ void OptimizerOverlap::undo(UndoAs as) {
   }
   if (as ==
       UndoAs::cancellation)  // gradients may still change before the step: their statistics are taken again
-    for (auto& st : grad_stats_) st.ready = false;
+    for (auto& st : grad_stats_) st.valid = false;
   const auto t0 = Clock::now();
   bool any = false;
   for (std::size_t c = 0; c < engine_.slots.size(); ++c) {

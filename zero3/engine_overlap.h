@@ -61,11 +61,10 @@ class OptimizerOverlap {
   OptimizerOverlap(const OptimizerOverlap&) = delete;
   OptimizerOverlap& operator=(const OptimizerOverlap&) = delete;
 
-  // Decides whether it runs and for which chunks (the plan's plan_overlap; the engine's construction, after
-  // the chunks exist), with the bytes of host memory `room_for_copies()` gives the rollback copies (a
-  // collective, called on every rank when the config lets the overlap run). Off: every call below does
-  // nothing.
-  void plan(const std::function<std::uint64_t()>& room_for_copies);
+  // After the plan chose the chunks updated during backward (their routes' `overlap`, Note [Update
+  // routes]; the engine's choose_overlap): their rollback copies' host memory and the events. With none,
+  // every call below does nothing.
+  void open();
   bool on() const { return on_; }
 
   // The backward: before the model's (whether this one ends the step's accumulation) and after it.
@@ -96,14 +95,8 @@ class OptimizerOverlap {
   void settle(int c);
   void settle_all();
   // Chunk c's gradient statistics taken on the worker from its final gradients, or null (not taken).
-  struct GradStats {
-    bool ready = false;
-    double sum_sq = 0;
-    bool finite = true;
-    std::vector<double> blocks;  // world > 1: the per-block partials
-  };
-  const GradStats* early_stats(std::size_t c) const {
-    return on_ && grad_stats_[c].ready ? &grad_stats_[c] : nullptr;
+  const ShardNorm* early_stats(std::size_t c) const {
+    return on_ && grad_stats_[c].valid ? &grad_stats_[c] : nullptr;
   }
   const OverlapStats& stats() const { return stats_; }
   void stop();  // joins the worker
@@ -112,7 +105,7 @@ class OptimizerOverlap {
   enum class State : std::uint8_t { idle, queued, done, failed };
   void worker();
   void update(int c);
-  void take_grad_stats(int c);  // on the worker: chunk c's GradStats
+  void take_grad_stats(int c);  // on the worker: chunk c's ShardNorm
   // Waits under `mu_` until `settled()`; rethrows a deferred update that failed.
   void settle_until(const std::function<bool()>& settled);
   // What a chunk's copies hold, in their order in `backup_`: master, the optimizer's states, and the
@@ -143,7 +136,7 @@ class OptimizerOverlap {
   // Per chunk: its gradients' statistics, taken by the worker from the final gradients (every chunk whose
   // gradients the CPU reduces, overlapped or not), for step()'s norm: the same function on the same bytes.
   // Ready until the next backward or a cancellation.
-  std::vector<GradStats> grad_stats_;
+  std::vector<ShardNorm> grad_stats_;
   // The worker thread and its queue of chunks (Note [Overlap locking]).
   std::vector<State> state_;
   std::thread worker_;

@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "core/topology.h"
+#include "model/architecture.h"
 #include "zero3/engine_impl.h"
 
 namespace strata::zero3 {
@@ -39,7 +40,8 @@ void Engine::Impl::plan_memory() {
   // The compute interface's scratch for the model's shapes and the engine's own reductions (the longest
   // shard), taken now so that the ops never grow it during a step; then what every Ops holds (Note
   // [Ops device memory] in kernels/ops.h).
-  kernels::OpShapes shapes = model::op_shapes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len);
+  const model::Architecture& arch = model::architecture(mcfg);
+  kernels::OpShapes shapes = arch.op_shapes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len);
   for (const PlannedChunk& c : in.chunks)
     shapes.reduce_numel = std::max<std::size_t>(shapes.reduce_numel, c.shard.numel);
   ops->reserve_scratch(ops->scratch_bytes(shapes));
@@ -48,8 +50,8 @@ void Engine::Impl::plan_memory() {
   in.ops = *std::max_element(ops_bytes.begin(), ops_bytes.end());
   in.device_capacity = dev->caps().capacity;
   const auto activations = [&](bool checkpointed) {
-    return model::activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len,
-                                   checkpointed, *ops);
+    return arch.activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len, checkpointed,
+                                 *ops);
   };
   const std::uint64_t with_checkpointing = activations(true), without = activations(false);
   // Note [Checkpointing by choice]: an explicit choice (EngineOptions, or strata.checkpoint_activations
@@ -85,6 +87,8 @@ void Engine::Impl::plan_memory() {
     s.name = layout.chunk(int(i)).name;
     s.numel = in.chunks[i].numel;
     s.shard = in.chunks[i].shard;
+    s.param_numel = in.chunks[i].param_numel;
+    s.param_offset = in.chunks[i].param_offset;
     s.persistent = in.chunks[i].persistent;
     s.gather_block = p.gather_block[i];
     s.grad_block = p.grad_block[i];
@@ -326,6 +330,24 @@ void Engine::Impl::check_fits() const {
         ", offload_optimizer.device = ", offload_name(z.offload_optimizer.device), "). The largest is the ",
         largest->what, ": ", largest->advice, " (docs/train.md, \"Where the state lives\")"));
   }
+}
+
+void Engine::Impl::choose_overlap() {
+  planned.overlap_auto_here = dev->caps().backend != BackendKind::host || cfg.strata.cpu_optim.cores > 0;
+  if (!overlap_asked(planned)) return;
+  const std::uint64_t room = overlap_room();  // a collective: every rank asks alike
+  std::vector<UpdateRoute> routes(slots.size());
+  for (std::size_t i = 0; i < slots.size(); ++i) routes[i] = slots[i].route;
+  const OverlapDecision d = zero3::plan_overlap(routes, plan, planned, room, [&](int c) {
+    return overlap_copy_bytes(planned, slots[std::size_t(c)].shard.numel);
+  });
+  if (d.chunks == 0) {
+    if (comm->rank() == 0 &&
+        (!d.ratio_keeps_all || cfg.strata.overlap_optimizer == StrataConfig::Overlap::on))
+      STRATA_LOG_WARN("zero3: strata.overlap_optimizer is true but ", d.why_not);
+    return;
+  }
+  for (std::size_t i = 0; i < slots.size(); ++i) slots[i].route = routes[i];
 }
 
 }  // namespace strata::zero3

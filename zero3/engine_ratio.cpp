@@ -147,7 +147,7 @@ int Engine::Impl::choose_device_groups(const PlanInput& in, const Plan& offloade
       fits = 0;
     }
   }
-  if (opts.measured_rates) opts.measured_rates(cpu_rate, dev_rate);
+  if (opts.testing.measured_rates) opts.testing.measured_rates(cpu_rate, dev_rate);
   std::uint64_t total = 0;
   for (std::uint64_t x : numel) total += x;
   auto cost = [&](int k) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu_optim/cpu_optim.h"
+#include "cpu_optim/rule.h"
 #include "nvme/engine.h"
 #include "nvme/swap_store.h"
 #include "tiering/trace_writer.h"
@@ -50,9 +51,12 @@ struct WaitTimer {
 // buffer, its optimizer step counter.
 struct ChunkSlot {
   int id = 0;
-  std::string name;               // "block.3"
-  std::size_t numel = 0;          // gathered elements (padded_numel)
-  comm::ShardRange shard;         // this rank's slice of the chunk
+  std::string name;        // "block.3"
+  std::size_t numel = 0;   // gathered elements (padded_numel)
+  comm::ShardRange shard;  // this rank's slice of the chunk
+  // Its working-param tensor's elements and where this rank's slice starts in it (PlannedChunk): the
+  // shard at 0, or (replicated) the whole chunk, the slice at shard.offset.
+  std::size_t param_numel = 0, param_offset = 0;
   tiering::ShardTensors tensors;  // param (working dtype), grad, master, exp_avg, exp_avg_sq (fp32)
   // Their homes: the config's (EngineState::homes), or with master, states and gradients on the device when
   // offload_optimizer.ratio keeps the chunk's sub-group there.
@@ -119,7 +123,9 @@ struct EngineState {
   EngineOptions opts;
   DType working_dtype = DType::bf16;  // of the working params (bf16, fp16 or fp32)
   tiering::ShardHomes homes;
-  int n_states = 2;  // optimizer state tensors per parameter besides the master (Adam 2, Adagrad 1, Lion 1)
+  // The optimizer the config names: its states (exp_avg, exp_avg_sq), name and hyper-parameters.
+  cpu_optim::Rule rule;
+  int n_states = 2;  // rule.states(): state tensors per parameter besides the master
 
   std::unique_ptr<Device> dev;
   // The ranks: `comm` for the training thread's collectives (norms, losses, checkpoints), one dup for
@@ -144,8 +150,8 @@ struct EngineState {
   std::unique_ptr<kernels::Ops> gather_ops;  // on gather_stream: the gathers' casts
   std::unique_ptr<kernels::Ops> grad_ops;    // on grad_stream: reduced and accumulated gradients
   DType act = DType::fp32;                   // the ops' activation dtype: gathered chunks hold it
-  // State at home on the device is reached by stream work only (EngineOptions.device_state_by_ops, or a
-  // device the CPU cannot address): the CPU never dereferences a device pointer.
+  // State at home on the device is reached by stream work only (EngineOptions.testing.device_state_by_ops, or
+  // a device the CPU cannot address): the CPU never dereferences a device pointer.
   bool by_ops = false;
   // The rank's cpus, split between the CPU optimizer and the host backend's compute (Note [Cores] in
   // engine_plan.cpp).
@@ -169,8 +175,8 @@ struct EngineState {
   bool in_pass = false;  // between begin_pass and end_pass
 
   std::size_t working_dtype_bytes() const { return std::size_t(dtype_bytes(working_dtype)); }
-  std::size_t param_numel(const ChunkSlot& s) const { return replicated ? s.numel : s.shard.numel; }
-  std::size_t param_offset(const ChunkSlot& s) const { return replicated ? s.shard.offset : 0; }
+  std::size_t param_numel(const ChunkSlot& s) const { return s.param_numel; }
+  std::size_t param_offset(const ChunkSlot& s) const { return s.param_offset; }
   // This rank's slice of the working params at their home (device or pinned memory).
   void* my_params(const ChunkSlot& s) const {
     return static_cast<char*>(s.param_home) + param_offset(s) * dtype_bytes(working_dtype);
@@ -208,6 +214,17 @@ struct EngineState {
     tm->evict(id, Tier::pinned, Tier::nvme);  // the NVMe copy is still valid: the pinned one is dropped
   }
 };
+
+// A gradient shard's part of step()'s norm, by the CPU optimizer's reductions (the route's Norm): its squared
+// norm and finiteness at one rank, or its per-block partial sums at N (Note [Ranks]). One function for
+// the gradient path and the overlap's worker (engine_grads.cpp), so both take the same sums.
+struct ShardNorm {
+  bool valid = false;
+  double sum_sq = 0;
+  bool finite = true;
+  std::vector<double> blocks;
+};
+ShardNorm shard_norm(const UpdateRoute& r, cpu_optim::Optimizer& opt, const float* g, std::size_t n);
 
 // Bytes of RAM (0: unknown).
 std::uint64_t physical_memory();

@@ -115,7 +115,10 @@ StepResult Engine::Impl::step() {
     if (kept) overlap.count_kept_step();
     ++applied_steps;
     sched.step();
-    if (by_ops && homes.param == Tier::device) {
+    const auto any_route = [&](bool UpdateRoute::*what) {
+      return std::any_of(slots.begin(), slots.end(), [&](const ChunkSlot& s) { return s.route.*what; });
+    };
+    if (any_route(&UpdateRoute::gathers_wait_update)) {
       // Gathers read the new working params after the compute stream has written them.
       if (!updated) updated = dev->create_event();
       compute_stream->record(*updated);
@@ -123,7 +126,7 @@ StepResult Engine::Impl::step() {
     }
     // Stages 1 and 2: each rank updated its slice of every chunk's working params; the all-gather (on the
     // gather stream, before any later gather reads them) gives every rank all of them.
-    if (replicated) cache.all_gather_params();
+    if (any_route(&UpdateRoute::all_gather_after_step)) cache.all_gather_params();
     cache.drop_all_gathered();
   } else {
     overlap.undo(UndoAs::rollback);
@@ -137,9 +140,9 @@ StepResult Engine::Impl::step() {
   r.step = global_step;
   r.applied = applied;
   // Every rank's micro-batches: the mean of world x micro_steps losses, and their tokens.
-  const double losses = world > 1 ? comm->all_reduce_sum(loss_sum) : loss_sum;
+  const double losses = comm->all_reduce_sum(loss_sum);  // one rank: loss_sum
   r.loss = micro_steps > 0 ? losses / (double(micro_steps) * world) : 0.0;
-  r.tokens = world > 1 ? std::int64_t(comm->all_reduce_sum(double(tokens))) : tokens;
+  r.tokens = std::int64_t(comm->all_reduce_sum(double(tokens)));
   // Note [Loss weighting]: the mean over the counted targets where the backwards weighed by them.
   const StepCounts all = step_counts();
   r.counted = all.counted;
@@ -166,8 +169,7 @@ Engine::Impl::StepCounts Engine::Impl::step_counts() {
                .least = counted_min,
                .most = counted_max,
                .weighed_by_count = weighed_by_count && micro_steps > 0};
-  if (world == 1) return c;
-  // Every rank's, summed in rank order (Note [Loss weighting]).
+  // Every rank's, summed in rank order (Note [Loss weighting]); one rank's: its own.
   struct Mine {
     double counted_loss_sum;
     std::int64_t counted, least, most, weighed;
@@ -320,8 +322,7 @@ StepResult Engine::train_batch(model::TrainableModel& model, model::DataLoader& 
     batches.push_back(data.next());
     mine += batches.back().counted;
   }
-  const std::int64_t total =
-      im.world > 1 ? std::int64_t(im.comm->all_reduce_sum(double(mine))) : mine;  // exact below 2^53
+  const std::int64_t total = std::int64_t(im.comm->all_reduce_sum(double(mine)));  // exact below 2^53
   for (const model::Batch& b : batches) forward_backward(model, b, total);
   return step();
 }
@@ -334,12 +335,11 @@ void Engine::read_params(int id, float* out) {
   im.overlap.undo(UndoAs::cancellation);  // the params of the last step
   std::memset(out, 0, s.numel * sizeof(float));
   im.gather_stream->synchronize();  // replicated params: the step's all-gather has landed
-  const std::size_t n = im.param_numel(s), at = im.replicated ? 0 : s.shard.offset;
+  const std::size_t n = im.param_numel(s), at = s.route.all_gather ? s.shard.offset : 0;
   im.with_host_copy(s.tensors.param,
                     [&](const void* p) { model::convert_to_f32(im.working_dtype, p, n, out + at); });
   // The other ranks' shards, in place, in host memory (collective: every rank reads the same chunk).
-  if (im.world > 1 && !im.replicated)
-    im.comm->host_all_gather(out + s.shard.offset, out, s.shard.numel * sizeof(float));
+  if (s.route.all_gather) im.comm->host_all_gather(out + s.shard.offset, out, s.shard.numel * sizeof(float));
 }
 
 std::vector<float> Engine::master_params(int id) {

@@ -56,40 +56,14 @@ void Updater::update_chunk(ChunkSlot& s, float* master, float* m, float* v, void
   sh.out = engine_.working_dtype == DType::fp32 ? nullptr : out;
   sh.n = n;
   sh.out_dtype = engine_.working_dtype == DType::fp16 ? DType::fp16 : DType::bf16;
-  const OptimizerConfig& o = engine_.cfg.optimizer;
-  switch (o.type) {
-    case OptimizerType::Adam:
-    case OptimizerType::AdamW:
-      optimizer.adam(s.opt,
-                     {.lr = float(lr),
-                      .beta1 = float(o.betas[0]),
-                      .beta2 = float(o.betas[1]),
-                      .eps = float(o.eps),
-                      .weight_decay = float(o.weight_decay),
-                      .adamw = o.type == OptimizerType::AdamW || o.adam_w_mode,
-                      .bias_correction = o.bias_correction},
-                     step_no, sh, factor);
-      break;
-    case OptimizerType::Adagrad:
-      optimizer.adagrad(s.opt, {.lr = float(lr), .eps = float(o.eps), .weight_decay = float(o.weight_decay)},
-                        step_no, sh, factor);
-      break;
-    case OptimizerType::Lion:
-      optimizer.lion(s.opt,
-                     {.lr = float(lr),
-                      .beta1 = float(o.betas[0]),
-                      .beta2 = float(o.betas[1]),
-                      .weight_decay = float(o.weight_decay)},
-                     step_no, sh, factor);
-      break;
-  }
+  engine_.rule.step(optimizer, s.opt, lr, step_no, sh, factor);
   if (engine_.working_dtype == DType::fp32) std::memcpy(out, master, n * sizeof(float));
 }
 
 void* Updater::param_out(ChunkSlot& s) {
   switch (s.route.params) {
     case UpdateRoute::Params::home:  // in place
-      return engine_.homes.param == Tier::pinned ? s.param_home : engine_.my_params(s);
+      return engine_.my_params(s);
     case UpdateRoute::Params::staged:
       return param_staging_.data();
     case UpdateRoute::Params::nvme:
@@ -110,14 +84,14 @@ void Updater::param_written(ChunkSlot& s, std::vector<tiering::Move>& writes) {
 }
 
 kernels::Ops::AdamW Updater::device_adamw(double lr) const {
-  const OptimizerConfig& o = engine_.cfg.optimizer;
-  return {.lr = float(lr),
-          .beta1 = float(o.betas[0]),
-          .beta2 = float(o.betas[1]),
-          .eps = float(o.eps),
-          .weight_decay = float(o.weight_decay),
-          .adamw_mode = o.type == OptimizerType::AdamW || o.adam_w_mode,
-          .bias_correction = o.bias_correction};
+  const cpu_optim::AdamParams a = engine_.rule.adam(lr);
+  return {.lr = a.lr,
+          .beta1 = a.beta1,
+          .beta2 = a.beta2,
+          .eps = a.eps,
+          .weight_decay = a.weight_decay,
+          .adamw_mode = a.adamw,
+          .bias_correction = a.bias_correction};
 }
 
 void Updater::update_chunk_on_device(ChunkSlot& s, void* out, double lr, float factor, std::int64_t step_no) {
@@ -127,7 +101,7 @@ void Updater::update_chunk_on_device(ChunkSlot& s, void* out, double lr, float f
   // New working params straight into a device home; for a home in host memory, into the chunk's gradient
   // buffer block (free between passes; the working set has room for it), then copied off the device.
   void* scratch =
-      engine_.homes.param == Tier::device ? nullptr : cache_.device_alloc(s.gradbuf, AllocFor::demand);
+      s.route.param_home == Tier::device ? nullptr : cache_.device_alloc(s.gradbuf, AllocFor::demand);
   engine_.ops->adamw(Tensor{s.master, DType::fp32, n}, Tensor{s.grad, DType::fp32, n},
                      Tensor{s.exp_avg, DType::fp32, n}, Tensor{s.exp_avg_sq, DType::fp32, n},
                      Tensor{scratch ? scratch : out, engine_.working_dtype, n}, hp, step_no, factor);
@@ -155,9 +129,9 @@ void Updater::update_group(const std::vector<int>& group, double lr, float facto
         break;
       case UpdateRoute::Stepper::nvme_pipeline:  // the pipeline has read them into pinned memory
         master = static_cast<float*>(engine_.tm->data(s.tensors.master, Tier::pinned));
-        if (engine_.cfg.optimizer.type != OptimizerType::Adagrad)
+        if (engine_.rule.keeps_exp_avg())
           m = static_cast<float*>(engine_.tm->data(s.tensors.exp_avg, Tier::pinned));
-        if (engine_.cfg.optimizer.type != OptimizerType::Lion)
+        if (engine_.rule.keeps_exp_avg_sq())
           v = static_cast<float*>(engine_.tm->data(s.tensors.exp_avg_sq, Tier::pinned));
         [[fallthrough]];
       case UpdateRoute::Stepper::cpu_optimizer:

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "cpu_optim/rule.h"
 #include "tiering/caching_allocator.h"
 
 namespace strata::zero3 {
@@ -63,18 +64,28 @@ void keep_optimizer_on_device(PlanInput& in, int groups) {
     for (int c : in.groups[std::size_t(g)]) in.chunks[std::size_t(c)].device_optimizer = true;
 }
 
+EngineFacts engine_facts(const Config& cfg, int world) {
+  const ZeroConfig& z = cfg.zero_optimization;
+  return {.replicated = world > 1 && z.stage<3, .local_accumulation = world> 1 && z.stage == 1,
+          .working = cfg.bf16.enabled   ? DType::bf16
+                     : cfg.fp16.enabled ? DType::fp16
+                                        : DType::fp32,
+          .optimizer_states = cpu_optim::Rule(cfg.optimizer).states()};
+}
+
 PlanInput plan_input(const Config& cfg, const std::vector<ChunkSize>& chunks, int world, int rank,
                      DType activation) {
   const ZeroConfig& z = cfg.zero_optimization;
-  const bool replicated = world > 1 && z.stage < 3;  // stages 1 and 2: every rank holds all working params
+  const EngineFacts f = engine_facts(cfg, world);
+  const bool replicated = f.replicated;
   PlanInput in;
   in.homes = shard_homes(cfg);
-  in.optimizer_states =
-      cfg.optimizer.type == OptimizerType::Adam || cfg.optimizer.type == OptimizerType::AdamW ? 2 : 1;
-  in.working = cfg.bf16.enabled ? DType::bf16 : cfg.fp16.enabled ? DType::fp16 : DType::fp32;
+  in.optimizer_states = f.optimizer_states;
+  in.working = f.working;
   in.activation = activation;
   in.accumulation_steps = int(std::max<std::int64_t>(1, cfg.gradient_accumulation_steps));
-  in.local_accumulation = world > 1 && z.stage == 1;
+  in.local_accumulation = f.local_accumulation;
+  in.overlap = cfg.strata.overlap_optimizer;
   in.world = world;
   in.replicated = replicated;
   for (const ChunkSize& cs : chunks) {
@@ -82,6 +93,7 @@ PlanInput plan_input(const Config& cfg, const std::vector<ChunkSize>& chunks, in
     c.numel = cs.padded_numel;
     c.shard = comm::shard_range(cs.padded_numel, world, rank);
     c.param_numel = replicated ? c.numel : c.shard.numel;
+    c.param_offset = replicated ? c.shard.offset : 0;
     c.persistent = cs.numel < z.stage3_param_persistence_threshold;
     in.chunks.push_back(c);
   }
@@ -134,6 +146,19 @@ PlanInput plan_input(const Config& cfg, const model::ModelLayout& layout, bool t
 //   overlap     updated during backward; defer: else after step() on the overlap's worker (plan_overlap)
 //   tail        the model's idle cpus may take it after backward (host backend, optimizer cores of its own)
 //
+// and what the other parts need to know of the chunk, so that none of them tests a home, the world size,
+// the device kind or the stage itself:
+//
+//   gathered    from param_home; all_gather: stage 3 at N ranks; lockstep: N ranks (Note [Ranks])
+//   handed off  to the grad_shard's tier, ending on the compute stream (a device shard at one rank) or the
+//               gradient stream
+//   norm        device | device_ranks (the compute interface's reductions) | host | host_blocks (N ranks)
+//   after step  gathers_wait_update (a device home reached by streams), all_gather_after_step (stages 1
+//               and 2 at N ranks: replicated params)
+//
+// Engine-wide facts (replicated params, the working dtype, the optimizer's states: engine_facts) and
+// whether the overlap runs for which chunks (overlap_asked, plan_overlap) are decided here too; the
+// engine copies them.
 // strata train prints them with the plan (docs/train.md, "How each chunk is updated").
 namespace {
 
@@ -165,6 +190,17 @@ UpdateRoute route_of(const PlanInput& in, std::size_t c, bool accumulate) {
   else if (h.param == Tier::device && in.device_state_by_ops && r.stepper != R::Stepper::device_ops)
     r.params = R::Params::staged;
   r.tail = in.tail_on_model_cpus && h.param != Tier::nvme && r.stepper == R::Stepper::cpu_optimizer;
+  r.param_home = h.param;
+  r.all_gather = in.world > 1 && !in.replicated;
+  r.lockstep = in.world > 1;
+  r.grad_shard = h.grad;
+  r.handoff = h.grad == Tier::device && in.world == 1 ? R::Handoff::compute_stream : R::Handoff::grad_stream;
+  if (r.stepper == R::Stepper::device_ops)
+    r.norm = in.world > 1 ? R::Norm::device_ranks : R::Norm::device;
+  else
+    r.norm = in.world > 1 ? R::Norm::host_blocks : R::Norm::host;
+  r.gathers_wait_update = in.device_state_by_ops && h.param == Tier::device;
+  r.all_gather_after_step = in.replicated;
   return r;
 }
 
@@ -286,6 +322,23 @@ std::string describe(const std::vector<UpdateRoute>& routes, const std::string& 
     a = b;
   }
   return s;
+}
+
+bool overlap_asked(const PlanInput& in) {
+  using OV = StrataConfig::Overlap;
+  // "auto": where the model computes on a device and the optimizer in pinned host memory — the CPU is
+  // otherwise idle during backward. On the host backend only when the optimizer has cores of its own
+  // (strata.cpu_optim.cores, Note [Cores]): sharing them, the early updates slow backward as much as they
+  // save (measured: bench/RESULTS.md).
+  return in.overlap == OV::on ||
+         (in.overlap == OV::automatic && in.homes.master == Tier::pinned && in.overlap_auto_here);
+}
+
+std::uint64_t overlap_copy_bytes(const PlanInput& in, std::uint64_t shard_numel) {
+  constexpr std::uint64_t kCopyAlign = 64;
+  const std::uint64_t per =
+      4 * std::uint64_t(1 + in.optimizer_states) + std::uint64_t(dtype_bytes(in.working));
+  return (shard_numel * per + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
 }
 
 OverlapDecision plan_overlap(std::vector<UpdateRoute>& routes, MemoryPlan& m, const PlanInput& in,

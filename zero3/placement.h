@@ -132,10 +132,30 @@ nlohmann::json to_json(const MemoryPlan& p);
 std::string describe(const MemoryPlan& p, tiering::Tier grad_home, bool each_rank);
 
 // Chunks are padded to a multiple of this many elements at `world` ranks: 64 for one rank; for N, shards
-// of whole gradient-norm blocks (Note [Ranks] in engine_cache.cpp).
+// of whole gradient-norm blocks (Note [Ranks]).
 inline std::size_t chunk_multiple(int world) {
   return world == 1 ? 64 : std::size_t(world) * cpu_optim::kGradStatsBlock;
 }
+// Every tensor of a chunk starts at a multiple of this many elements (16 fp32: 64 bytes), in the engine's
+// layouts and the checkpoints'.
+inline constexpr std::size_t kTensorAlign = 16;
+// The layout options of the engine's chunks at `world` ranks (and of a checkpoint saved at `world`).
+inline model::LayoutOptions layout_options(int world) {
+  return {.tensor_align = kTensorAlign, .chunk_multiple = chunk_multiple(world)};
+}
+
+// What the plan decides for the whole engine from the config and the world size, computed here once: the
+// plan's input and the engine copy it (Note [Update routes]).
+struct EngineFacts {
+  // Stages 1 and 2 at several ranks: every rank keeps the whole chunk's working params.
+  bool replicated = false;
+  // Stage 1 at several ranks: the device accumulators hold whole chunks, summed locally over the
+  // micro-batches and reduced once a step (Note [Stage 1 accumulates locally]).
+  bool local_accumulation = false;
+  DType working = DType::bf16;  // the working params' dtype: bf16, fp16 or fp32
+  int optimizer_states = 2;     // state tensors per parameter beside the master (cpu_optim::Rule)
+};
+EngineFacts engine_facts(const Config& cfg, int world);
 
 // One chunk as the plan sees it: gathered elements (padded), this rank's shard, and the elements of its
 // working-param tensor (the whole chunk when stages 1 and 2 replicate params over N ranks).
@@ -143,13 +163,41 @@ struct PlannedChunk {
   std::uint64_t numel = 0;
   comm::ShardRange shard;
   std::uint64_t param_numel = 0;
+  // Where this rank's slice starts in its working-param tensor: shard.offset where the tensor is the
+  // whole chunk (replicated), else 0.
+  std::uint64_t param_offset = 0;
   bool persistent = false;        // below stage3_param_persistence_threshold
   bool device_optimizer = false;  // its sub-group keeps the optimizer on the device (offload ratio < 1)
 };
 
-// How a chunk is updated (Note [Update routes] in placement.cpp): decided by the plan, once, and read by
-// the engine's gradient path and updater; no other code works it out again.
+// How a chunk is gathered, its gradients handed off and summed, its norm taken, and it is updated (Note
+// [Update routes]): decided by the plan, once, and read by the engine's parts (cache, gradient path,
+// updater, overlap, the step), which test no home, world size or device kind themselves.
 struct UpdateRoute {
+  // The working params' home: a gather reads it (NVMe through a pinned copy), the update writes it.
+  tiering::Tier param_home = tiering::Tier::pinned;
+  // Stage 3 at N ranks: a gather widens this rank's shard at its place in the chunk and an all-gather on
+  // the gather stream brings the others' (params partitioned). Without it the rank holds the chunk's
+  // working params whole (one rank, or stages 1 and 2: replicated).
+  bool all_gather = false;
+  // N ranks: every decision that orders a collective is the same on every rank (Note [Ranks]), so a gather
+  // in flight counts as in flight until an acquire waits for it, whatever the stream's progress.
+  bool lockstep = false;
+  // The fp32 gradient shard's home: device, pinned host memory, or NVMe (grads_nvme).
+  tiering::Tier grad_shard = tiering::Tier::pinned;
+  // The stream a gradient hand-off ends on: the compute stream where it is added into a device shard at
+  // one rank (after the model's ops), else the gradient stream (copies off the device, reductions).
+  enum class Handoff : std::uint8_t { compute_stream, grad_stream };
+  Handoff handoff = Handoff::grad_stream;
+  // How step()'s norm reads the chunk's gradients: by the compute interface on the device (summed over
+  // the ranks' shards at N), or by the CPU optimizer's reductions over the whole shard (one rank) or per
+  // block, all-gathered and added in global block order (N ranks; Note [Ranks]).
+  enum class Norm : std::uint8_t { device, device_ranks, host, host_blocks };
+  Norm norm = Norm::host;
+  // What follows the step: the gather stream waits for the compute stream's writes of the new working
+  // params (a device home reached by stream work only), and stages 1 and 2 all-gather the ranks' slices of
+  // them (replicated).
+  bool gathers_wait_update = false, all_gather_after_step = false;
   // Where the step's gradients of the chunk are summed over its micro-batches until the update.
   enum class Grads : std::uint8_t {
     device_shard,        // each hand-off added into the fp32 gradient shard at home on the device
@@ -222,6 +270,11 @@ struct PlanInput {
   // The host backend with cores of the optimizer's own (strata.cpu_optim.cores): the model's cpus take a
   // share of the CPU optimizer's chunks after backward (UpdateRoute.tail). The engine sets it.
   bool tail_on_model_cpus = false;
+  // strata.overlap_optimizer, and whether its "auto" turns the overlap on where the optimizer's state is in
+  // pinned host memory: the model computes on a device, or the host backend gives the optimizer cores of
+  // its own (Note [Optimizer overlap], "When"). The engine sets the second.
+  StrataConfig::Overlap overlap = StrataConfig::Overlap::off;
+  bool overlap_auto_here = false;
 };
 
 // Keeps the optimizer of the first `groups` sub-groups on the device (PlannedChunk.device_optimizer); 0
@@ -279,5 +332,11 @@ struct OverlapDecision {
 };
 OverlapDecision plan_overlap(std::vector<UpdateRoute>& routes, MemoryPlan& m, const PlanInput& in,
                              std::uint64_t room, const std::function<std::uint64_t(int chunk)>& copy_bytes);
+// Whether the config asks for the overlap here (PlanInput.overlap: true, or "auto" where it pays); only
+// then does the engine measure the room for its copies (a collective) and call plan_overlap.
+bool overlap_asked(const PlanInput& in);
+// Host bytes of one chunk's rollback copies: its master and optimizer states in fp32 and its working
+// params, for a shard of `shard_numel` elements, rounded up to 64 bytes.
+std::uint64_t overlap_copy_bytes(const PlanInput& in, std::uint64_t shard_numel);
 
 }  // namespace strata::zero3

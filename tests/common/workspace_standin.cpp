@@ -3,7 +3,7 @@
 // workspace from its device as a stand-in (kernels/workspace_standin.h, Note [Workspace stand-in]), so a
 // device cap a test computes without the compute interface's own bytes fails in CI, as it would on a GPU.
 // A test that wants another workspace says so with OpsOptions.workspace_bytes or
-// EngineOptions.ops_workspace_bytes (0: none).
+// EngineOptions.testing.ops_workspace_bytes (0: none).
 #include "kernels/workspace_standin.h"
 
 namespace {

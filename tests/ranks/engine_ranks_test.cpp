@@ -46,9 +46,8 @@ RunResult train(const Config& cfg, comm::Communicator& c, const std::string& tok
            {.backend = "host",
             .device_memory_cap = in.cap,
             .seq_len = 32,
-            .device_state_by_ops = in.by_ops,
             .communicator = &c,
-            .measured_rates = in.rates});
+            .testing = {.device_state_by_ops = in.by_ops, .measured_rates = in.rates}});
   model::TokenFile file = model::TokenFile::open(tokens);
   model::DataLoader data(file, {.batch_size = e.micro_batch(),
                                 .seq_len = 32,

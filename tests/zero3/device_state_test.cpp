@@ -34,7 +34,10 @@ class StateOnTheDevice : public ::testing::TestWithParam<Case> {
     return make_config(std::get<1>(GetParam()), std::get<2>(GetParam()), d.path(), extra);
   }
   EngineOptions by_ops() const {
-    return {.backend = backend(), .device_memory_cap = 0, .seq_len = 32, .device_state_by_ops = true};
+    return {.backend = backend(),
+            .device_memory_cap = 0,
+            .seq_len = 32,
+            .testing = {.device_state_by_ops = true}};
   }
 };
 
@@ -156,8 +159,9 @@ TEST(DeviceStateByOps, ALionOptimizerOnTheDeviceIsRefusedNamingTheSettings) {
   const Config cfg = make_config(OffloadDevice::none, OffloadDevice::none, d.path(),
                                  {{"optimizer", {{"type", "Lion"}, {"params", {{"lr", 1e-4}}}}}});
   try {
-    Engine e(cfg, model::ModelConfig::preset("tiny"),
-             {.backend = "host", .device_memory_cap = 0, .seq_len = 32, .device_state_by_ops = true});
+    Engine e(
+        cfg, model::ModelConfig::preset("tiny"),
+        {.backend = "host", .device_memory_cap = 0, .seq_len = 32, .testing = {.device_state_by_ops = true}});
     FAIL() << "Lion on the device was accepted";
   } catch (const ConfigError& e) {
     const std::string what = e.what();

@@ -2,8 +2,8 @@
 // config over a token file whose loss mask makes micro-batches count different numbers of targets:
 // strata.loss_weighting "tokens" gives the gradients and loss of one big batch of all the rows,
 // "micro_batches" the mean of the micro-batches' means, and with equal counts the two are bit-identical.
-// The gradients are read through EngineOptions::gradient_hook, per chunk and micro-batch, as the model's
-// backward wrote them (scaled by the weighting, loss scale 1 under bf16 and fp32).
+// The gradients are read through EngineOptions::testing.gradient_hook, per chunk and micro-batch, as the
+// model's backward wrote them (scaled by the weighting, loss scale 1 under bf16 and fp32).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -59,12 +59,13 @@ Step train(const Config& cfg, const std::string& tokens, int steps = 1, int skip
   kernels::cpu::set_blas_threads(1);
   const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
   Step out;
-  Engine engine(
-      cfg, mcfg,
-      {.backend = "",
-       .device_memory_cap = 0,
-       .seq_len = kSeqLen,
-       .gradient_hook = [&out](int c, float* g, std::size_t n) { out.grads[c].emplace_back(g, g + n); }});
+  Engine engine(cfg, mcfg,
+                {.backend = "",
+                 .device_memory_cap = 0,
+                 .seq_len = kSeqLen,
+                 .testing = {.gradient_hook = [&out](int c, float* g, std::size_t n) {
+                   out.grads[c].emplace_back(g, g + n);
+                 }}});
   model::TokenFile file = model::TokenFile::open(tokens);
   model::DataLoader data(file, {.batch_size = engine.micro_batch(),
                                 .seq_len = kSeqLen,

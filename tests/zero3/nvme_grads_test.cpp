@@ -199,7 +199,7 @@ TEST(NvmeGradients, AKillDuringGradientWritesLosesNoCheckpoint) {
     int handoffs = 0;
     bool armed = false;
     EngineOptions o;
-    o.gradient_hook = [&](int, float*, std::size_t) {
+    o.testing.gradient_hook = [&](int, float*, std::size_t) {
       if (armed && ++handoffs == 3) ::raise(SIGKILL);  // earlier chunks' writes are in flight
     };
     Training t(cfg, tokens, 0, 4, o);

@@ -34,7 +34,7 @@ EngineOptions options(std::uint64_t cap, std::optional<std::size_t> workspace) {
   o.device_memory_cap = cap;
   o.seq_len = kSeqLen;
   o.checkpoint_activations = true;  // fixed, so that a smaller cap cannot fit by checkpointing instead
-  o.ops_workspace_bytes = workspace;
+  o.testing.ops_workspace_bytes = workspace;
   return o;
 }
 

@@ -37,8 +37,7 @@ Result run(const Config& cfg, const std::string& tokens, bool by_ops, int steps 
            {.backend = "host",
             .device_memory_cap = 0,
             .seq_len = kSeq,
-            .device_state_by_ops = by_ops,
-            .gradient_hook = std::move(hook)});
+            .testing = {.device_state_by_ops = by_ops, .gradient_hook = std::move(hook)}});
   model::TokenFile file = model::TokenFile::open(tokens);
   model::DataLoader data(file,
                          {.batch_size = e.micro_batch(), .seq_len = kSeq, .seed = 3, .vocab_size = 256});
@@ -90,7 +89,10 @@ class Overlap : public ::testing::TestWithParam<Case> {
   auto after_one_step(const ScratchDir& d, const std::string& tokens, bool overlap, F then) const {
     kernels::cpu::set_blas_threads(1);
     Engine e(with_overlap(config(d, {{"gradient_clipping", 1e9}}), overlap), kModel,
-             {.backend = "host", .device_memory_cap = 0, .seq_len = kSeq, .device_state_by_ops = by_ops()});
+             {.backend = "host",
+              .device_memory_cap = 0,
+              .seq_len = kSeq,
+              .testing = {.device_state_by_ops = by_ops()}});
     model::TokenFile file = model::TokenFile::open(tokens);
     model::DataLoader data(file,
                            {.batch_size = e.micro_batch(), .seq_len = kSeq, .seed = 3, .vocab_size = 256});

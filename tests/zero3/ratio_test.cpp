@@ -35,8 +35,7 @@ Result run(const Config& cfg, const std::string& tokens, bool by_ops, int steps 
            {.backend = "host",
             .device_memory_cap = cap,
             .seq_len = kSeq,
-            .device_state_by_ops = by_ops,
-            .measured_rates = std::move(rates)});
+            .testing = {.device_state_by_ops = by_ops, .measured_rates = std::move(rates)}});
   model::TokenFile file = model::TokenFile::open(tokens);
   model::DataLoader data(file,
                          {.batch_size = e.micro_batch(), .seq_len = kSeq, .seed = 3, .vocab_size = 256});
@@ -294,7 +293,10 @@ TEST(RatioRule, LionOnTheDeviceIsRefusedNamingTheRatio) {
                                   {"zero_optimization", {{"offload_optimizer", {{"ratio", 0.5}}}}}});
   try {
     Engine e(cfg, kModel,
-             {.backend = "host", .device_memory_cap = 0, .seq_len = kSeq, .device_state_by_ops = true});
+             {.backend = "host",
+              .device_memory_cap = 0,
+              .seq_len = kSeq,
+              .testing = {.device_state_by_ops = true}});
     FAIL() << "Lion with ratio 0.5 on the device was accepted";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("offload_optimizer.ratio"), std::string::npos) << e.what();

@@ -18,6 +18,9 @@ using G = UpdateRoute::Grads;
 using R = UpdateRoute::Reduce;
 using S = UpdateRoute::Stepper;
 using P = UpdateRoute::Params;
+using H = UpdateRoute::Handoff;
+using N = UpdateRoute::Norm;
+using T = tiering::Tier;
 
 // Four chunks of 10,048 elements (padded), each an optimizer sub-group of its own under make_config's
 // sub_group_size of 20,000 (two would be 20,096).
@@ -42,16 +45,51 @@ TEST(UpdateRoutes, FollowTheOffloadTargets) {
     bool by_ops;
     UpdateRoute want;
   } cases[] = {
-      {none, none, false, {.grads = G::device_shard, .stepper = S::cpu_optimizer}},
-      {none, none, true, {.grads = G::device_shard, .stepper = S::device_ops}},
+      {none,
+       none,
+       false,
+       {.param_home = T::device,
+        .grad_shard = T::device,
+        .handoff = H::compute_stream,
+        .grads = G::device_shard,
+        .stepper = S::cpu_optimizer}},
+      {none,
+       none,
+       true,
+       {.param_home = T::device,
+        .grad_shard = T::device,
+        .handoff = H::compute_stream,
+        .norm = N::device,
+        .gathers_wait_update = true,
+        .grads = G::device_shard,
+        .stepper = S::device_ops}},
       {cpu, cpu, false, {.grads = G::pinned_shard, .stepper = S::cpu_optimizer}},
-      {none, cpu, true, {.grads = G::pinned_shard, .stepper = S::cpu_optimizer, .params = P::staged}},
-      {none, cpu, false, {.grads = G::pinned_shard, .stepper = S::cpu_optimizer}},
+      {none,
+       cpu,
+       true,
+       {.param_home = T::device,
+        .gathers_wait_update = true,
+        .grads = G::pinned_shard,
+        .stepper = S::cpu_optimizer,
+        .params = P::staged}},
+      {none, cpu, false, {.param_home = T::device, .grads = G::pinned_shard, .stepper = S::cpu_optimizer}},
       {nvme,
        nvme,
        false,
-       {.grads = G::pinned_shard, .grads_nvme = true, .stepper = S::nvme_pipeline, .params = P::nvme}},
-      {cpu, none, true, {.grads = G::device_shard, .stepper = S::device_ops}},
+       {.param_home = T::nvme,
+        .grad_shard = T::nvme,
+        .grads = G::pinned_shard,
+        .grads_nvme = true,
+        .stepper = S::nvme_pipeline,
+        .params = P::nvme}},
+      {cpu,
+       none,
+       true,
+       {.grad_shard = T::device,
+        .handoff = H::compute_stream,
+        .norm = N::device,
+        .grads = G::device_shard,
+        .stepper = S::device_ops}},
   };
   for (const Case& c : cases) {
     const Plan p = plan_of(make_config(c.param, c.optim, "/tmp", one_micro), 1, c.by_ops);
@@ -60,6 +98,30 @@ TEST(UpdateRoutes, FollowTheOffloadTargets) {
       EXPECT_EQ(r, c.want) << offload_name(c.param) << "/" << offload_name(c.optim)
                            << (c.by_ops ? " by ops" : "") << ": " << describe(r) << " instead of "
                            << describe(c.want);
+  }
+}
+
+// N ranks: stage 3 gathers shards and all-gathers them; stages 1 and 2 keep the params whole and
+// all-gather the ranks' new slices after the step; the norm sums blocks over the ranks either way, and
+// nothing waits on timing (lockstep).
+TEST(UpdateRoutes, RanksDecideTheGatherTheNormAndWhatFollowsTheStep) {
+  for (int stage : {2, 3}) {
+    const Config cfg = make_config(OffloadDevice::none, OffloadDevice::cpu, "/tmp",
+                                   {{"zero_optimization", {{"stage", stage}}}}, 2);
+    for (const UpdateRoute& r : plan_of(cfg, 2).routes) {
+      EXPECT_EQ(r.all_gather, stage == 3) << "stage " << stage;
+      EXPECT_EQ(r.all_gather_after_step, stage == 2) << "stage " << stage;
+      EXPECT_TRUE(r.lockstep);
+      EXPECT_EQ(r.norm, N::host_blocks);
+      EXPECT_EQ(r.handoff, H::grad_stream);
+    }
+  }
+  for (const UpdateRoute& r :
+       plan_of(make_config(OffloadDevice::none, OffloadDevice::none, "/tmp", nlohmann::json::object(), 2), 2,
+               true)
+           .routes) {
+    EXPECT_EQ(r.norm, N::device_ranks);
+    EXPECT_EQ(r.handoff, H::grad_stream);  // after the reduce-scatter, not the model's ops
   }
 }
 

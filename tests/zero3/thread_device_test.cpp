@@ -29,7 +29,8 @@ TEST_P(ThreadDevice, EveryEngineThreadBindsItsDevice) {
   }
   const std::string tokens = make_tokens(d);
   const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
-  const EngineOptions o{.backend = "", .device_memory_cap = 0, .seq_len = 32, .check_thread_device = true};
+  const EngineOptions o{
+      .backend = "", .device_memory_cap = 0, .seq_len = 32, .testing = {.check_thread_device = true}};
   const std::string ckpt = d.file("ckpt");
   std::vector<double> straight;
   {

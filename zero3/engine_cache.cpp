@@ -45,7 +45,6 @@
 #include <limits>
 
 #include "core/log.h"
-#include "zero3/engine_overlap.h"
 
 namespace strata::zero3 {
 
@@ -151,7 +150,7 @@ void* ChunkCache::device_alloc(tiering::TensorId id, AllocFor who) {
 bool ChunkCache::start_fetch(int c, bool demand) {
   ChunkSlot& s = engine_.slots[std::size_t(c)];
   STRATA_CHECK(s.gather == ChunkSlot::Gather::absent, "zero3: chunk ", s.name, " gathered twice");
-  overlap_.settle(c);  // the last step's update of this chunk, left to the worker, writes its params
+  gate_.settle(c);  // the last step's update of this chunk, left to the worker, writes its params
   const bool from_nvme = s.route.param_home == Tier::nvme;
   const auto& z = engine_.cfg.zero_optimization;
   if (from_nvme && !demand && nvme_param_reads_ >= z.offload_param.buffer_count) {
@@ -314,7 +313,7 @@ model::ChunkView ChunkCache::acquire(int c) {
   STRATA_CHECK(s.gather != ChunkSlot::Gather::held, "zero3: chunk ", s.name, " acquired while already held");
   // A forward outside a training pass (an evaluation, even between the last backward and step()) sees
   // the last step's weights: the early updates are undone first (Note [Optimizer overlap]).
-  if (!engine_.in_pass) overlap_.undo(UndoAs::cancellation);
+  if (!engine_.in_pass) gate_.undo(UndoAs::cancellation);
   const WaitTimer t0(*engine_.compute_stream);
   // While the prefetcher makes c resident and then starts the fetches after it, c must not be chosen to
   // make room for them.

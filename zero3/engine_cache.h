@@ -10,20 +10,14 @@
 #include <vector>
 
 #include "prefetch/prefetch.h"
+#include "zero3/engine_gate.h"
 #include "zero3/engine_state.h"
 
 namespace strata::zero3 {
 
-class OptimizerOverlap;
-
-// Whom a device block is for (ChunkCache::device_alloc): a prefetch, which gets none when the allocator
-// refuses, or a demand (the chunk being acquired, a gradient buffer), which drops cached chunks until it
-// fits.
-enum class AllocFor : std::uint8_t { prefetch, demand };
-
-class ChunkCache final : public prefetch::FetchTarget {
+class ChunkCache final : public prefetch::FetchTarget, public DeviceRoom {
  public:
-  ChunkCache(EngineState& e, OptimizerOverlap& overlap) : engine_(e), overlap_(overlap) {}
+  ChunkCache(EngineState& e, UpdateGate& gate) : engine_(e), gate_(gate) {}
 
   // Makes the prefetcher (after the plan: its options are the config's stage3_* keys).
   void open();
@@ -33,17 +27,15 @@ class ChunkCache final : public prefetch::FetchTarget {
   model::ChunkView acquire(int c);
   void release(int c);
 
-  // A device block for `id`. A prefetch gets null when the allocator refuses; a demand drops cached chunks
-  // until it fits (OutOfMemory when none is left).
-  void* device_alloc(tiering::TensorId id, AllocFor who);
+  // ---- DeviceRoom (engine_gate.h) ----
+  void* device_alloc(tiering::TensorId id, AllocFor who) override;
+  void params_written(ChunkSlot& s, std::vector<tiering::Move>& writes) override;
+
   // Drops every gathered chunk (after the step: they are stale).
   void drop_all_gathered();
   // Stages 1 and 2 after the step: each rank updated its slice of every chunk's working params; the
   // all-gather (in place, on the gather stream) gives every rank all of them.
   void all_gather_params();
-  // The step wrote chunk s's new working params into their pinned copy (NVMe home): written through to
-  // NVMe, the pinned copy kept as a cache within offload_param.max_in_cpu elements.
-  void params_written(ChunkSlot& s, std::vector<tiering::Move>& writes);
   // A checkpoint load wrote every NVMe-resident param anew: no pinned copy counts as cached any more.
   void forget_param_copies() {
     param_cache_.clear();
@@ -77,7 +69,7 @@ class ChunkCache final : public prefetch::FetchTarget {
   void trim_param_cache();
 
   EngineState& engine_;
-  OptimizerOverlap& overlap_;
+  UpdateGate& gate_;
   std::unique_ptr<prefetch::Prefetcher> pf_;
   int acquiring_ = -1;  // the chunk acquire() is making resident (never dropped to make room meanwhile)
   std::uint64_t use_clock_ = 0;

@@ -241,9 +241,9 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
       read_into(id, s.name + "." + suffix, 4, s.shard.offset, n);
     }
     for (const tiering::Move& m : writes) m.wait();
-    s.opt = {.step = applied, .finite = true};
-    s.grads_fresh = true;
+    updater.set_shard_step(s, {.step = applied, .finite = true});
   }
+  grads.new_step();
   cache.forget_param_copies();
   scaler.load_state(meta.at("loss_scaler"));
   sched.load_state(meta.at("scheduler"));

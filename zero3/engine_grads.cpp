@@ -58,9 +58,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "zero3/engine_cache.h"
-#include "zero3/engine_overlap.h"
-
 namespace strata::zero3 {
 
 using detail::cat;
@@ -123,7 +120,7 @@ void GradientPath::end_backward() {
 float* GradientPath::acquire_grads(int c) {
   ChunkSlot& s = engine_.slots[std::size_t(c)];
   STRATA_CHECK(s.gbuf == nullptr, "zero3: gradients of chunk ", s.name, " acquired while held");
-  s.gbuf = static_cast<float*>(cache_.device_alloc(s.gradbuf, AllocFor::demand));
+  s.gbuf = static_cast<float*>(room_.device_alloc(s.gradbuf, AllocFor::demand));
   engine_.ops->zero(
       kernels::Tensor{s.gbuf, DType::fp32, s.numel});  // on the compute stream, before the model's ops
   return s.gbuf;
@@ -132,7 +129,7 @@ float* GradientPath::acquire_grads(int c) {
 void GradientPath::release_grads(int c) {
   ChunkSlot& s = engine_.slots[std::size_t(c)];
   STRATA_CHECK(s.gbuf != nullptr, "zero3: gradients of chunk ", s.name, " released but not held");
-  overlap_.settle(c);  // the last step's update of this chunk, left to the worker, reads its gradients
+  gate_.settle(c);  // the last step's update of this chunk, left to the worker, reads its gradients
   if (engine_.opts.testing.gradient_hook) {
     STRATA_CHECK(engine_.dev->caps().host_addressable,
                  "zero3: EngineOptions.testing.gradient_hook needs addressable memory");
@@ -148,7 +145,7 @@ void GradientPath::release_grads(int c) {
     if (s.acc) {
       engine_.grad_ops->add(kernels::Tensor{s.acc, DType::fp32, s.numel}, g);
     } else {
-      s.acc = static_cast<float*>(cache_.device_alloc(s.accbuf, AllocFor::demand));
+      s.acc = static_cast<float*>(room_.device_alloc(s.accbuf, AllocFor::demand));
       engine_.grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, s.numel}, g);
     }
     if (!s.handed_off) s.handed_off = engine_.dev->create_event();
@@ -157,7 +154,7 @@ void GradientPath::release_grads(int c) {
                       s.handed_off.get());  // frees the block once read
     s.gbuf = nullptr;
     if (final) flush_local_accumulator(s);
-    overlap_.handed_off(s, handoff_stream(s), seen_[std::size_t(c)], expected_[std::size_t(c)]);
+    gate_.handed_off(s, handoff_stream(s), seen_[std::size_t(c)], expected_[std::size_t(c)]);
     return;
   }
   // This rank's slice of the buffer: with N ranks, the sum over ranks left there by the reduce-scatter
@@ -171,7 +168,7 @@ void GradientPath::release_grads(int c) {
   float* buffer = s.gbuf;
   s.gbuf = nullptr;
   hand_to_shard(s, buffer + s.shard.offset, s.gradbuf, final);
-  overlap_.handed_off(s, handoff_stream(s), seen_[std::size_t(c)], expected_[std::size_t(c)]);
+  gate_.handed_off(s, handoff_stream(s), seen_[std::size_t(c)], expected_[std::size_t(c)]);
 }
 
 void GradientPath::flush_local_accumulator(ChunkSlot& s) {
@@ -221,7 +218,7 @@ void GradientPath::hand_to_shard(ChunkSlot& s, const float* src, tiering::Tensor
       if (s.acc) {
         engine_.grad_ops->add(acc_t, from);
       } else {
-        s.acc = static_cast<float*>(cache_.device_alloc(s.accbuf, AllocFor::demand));
+        s.acc = static_cast<float*>(room_.device_alloc(s.accbuf, AllocFor::demand));
         engine_.grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, n}, from);
       }
       if (final) flush_accumulator(s);
@@ -428,7 +425,7 @@ void GradientPath::settle_nvme_stats() {
 
 const ShardNorm* GradientPath::taken_norm(std::size_t i) const {
   if (engine_.slots[i].route.grads_nvme) return &out_stats_[i];  // on the way out, or read back
-  return overlap_.early_stats(i);  // taken by the overlap's worker from the final gradients
+  return gate_.early_stats(i);  // taken by the overlap's worker from the final gradients
 }
 
 void GradientPath::sum_block_norms(double& sum_sq, bool& finite) {

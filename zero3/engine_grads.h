@@ -8,17 +8,14 @@
 #include <deque>
 #include <vector>
 
+#include "zero3/engine_gate.h"
 #include "zero3/engine_state.h"
 
 namespace strata::zero3 {
 
-class ChunkCache;
-class OptimizerOverlap;
-
 class GradientPath {
  public:
-  GradientPath(EngineState& e, ChunkCache& cache, OptimizerOverlap& overlap)
-      : engine_(e), cache_(cache), overlap_(overlap) {}
+  GradientPath(EngineState& e, DeviceRoom& room, UpdateGate& gate) : engine_(e), room_(room), gate_(gate) {}
 
   // After the chunks exist: the pinned staging for accumulation into pinned shards, and with gradients on
   // a device reached by stream work only the per-chunk statistics tensor there.
@@ -32,6 +29,10 @@ class GradientPath {
   // become the expected ones (a chunk's hand-off is final in the step's last backward when it is its
   // expected-th).
   void begin_backward(bool last_micro);
+  // A step begins (after step(), or a checkpoint load): no gradient has reached any chunk yet.
+  void new_step() {
+    for (ChunkSlot& s : engine_.slots) s.grads_fresh = true;
+  }
   void end_backward();
   // The step's last backward ended, or step() came early: what still accumulates on the device crosses.
   void flush_accumulators();
@@ -90,8 +91,8 @@ class GradientPath {
   std::string write_context(int chunk) const;
 
   EngineState& engine_;
-  ChunkCache& cache_;
-  OptimizerOverlap& overlap_;
+  DeviceRoom& room_;
+  UpdateGate& gate_;
   // Gradient hand-offs per chunk in the last complete backward (0: unknown) and in this one.
   std::vector<int> expected_, seen_;
   bool last_micro_ = true;  // the backward in progress ends the step's accumulation

@@ -10,8 +10,11 @@
 //   Updater           engine_update.{h,cpp}   each chunk stepped as its route says, params written home
 //   OptimizerOverlap  engine_overlap.{h,cpp}  updates during backward, rollback, deferral
 //
-// Each chunk's UpdateRoute (Note [Update routes] in placement.cpp), decided by the plan, tells the parts
-// what to do with it. Impl itself builds everything (engine.cpp: the device, the tiers, the chunks;
+// Each chunk's UpdateRoute (Note [Update routes]), decided by the plan, tells the parts what to do with it;
+// they test no home, world size or device kind themselves. They meet through two interfaces
+// (engine_gate.h): the cache and the gradient path pass an UpdateGate (Impl forwards it to the overlap),
+// the updater asks a DeviceRoom (the cache) for device blocks; so no part calls back into one that calls
+// it. Each writes only its own fields of a ChunkSlot (grouped by owner in engine_state.h). Impl itself builds everything (engine.cpp: the device, the tiers, the chunks;
 // engine_plan.cpp: the plan, the cores, the ranks agreeing), drives a step (engine_step.cpp: forward,
 // backward, step() in the order of Note [The optimizer step]), measures the offload ratio (engine_ratio.cpp)
 // and saves and loads checkpoints (engine_checkpoint.cpp). One training thread calls every method.
@@ -31,7 +34,7 @@
 
 namespace strata::zero3 {
 
-struct Engine::Impl final : EngineState {
+struct Engine::Impl final : EngineState, private UpdateGate {
   Impl(const Config& cfg, const model::ModelConfig& mcfg, const EngineOptions& opts);
   ~Impl();
 
@@ -123,11 +126,22 @@ struct Engine::Impl final : EngineState {
   std::int64_t counted_min = INT64_MAX, counted_max = INT64_MIN;
   bool weighed_by_count = true;
 
-  // The parts (Note [Engine parts]); the overlap last, so that its worker stops first.
-  ChunkCache cache{*this, overlap};
-  GradientPath grads{*this, cache, overlap};
+  // The parts (Note [Engine parts]), each built on those before it: the cache and the gradient path pass
+  // the gate (UpdateGate, below: the overlap's), the updater asks the cache for room, the overlap drives
+  // the updater. The overlap last, so that its worker stops first.
+  ChunkCache cache{*this, *this};
+  GradientPath grads{*this, cache, *this};
   Updater updater{*this, cache};
   OptimizerOverlap overlap{*this, updater};
+
+ private:
+  // UpdateGate (engine_gate.h): the overlap's.
+  void settle(int c) override { overlap.settle(c); }
+  void undo(UndoAs as) override { overlap.undo(as); }
+  void handed_off(ChunkSlot& s, Stream& on, int seen, int expected) override {
+    overlap.handed_off(s, on, seen, expected);
+  }
+  const ShardNorm* early_stats(std::size_t c) const override { return overlap.early_stats(c); }
 };
 
 }  // namespace strata::zero3

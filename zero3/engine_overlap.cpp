@@ -195,8 +195,8 @@ void OptimizerOverlap::worker() {
     try {
       if (deferred) {
         ChunkSlot& s = engine_.slots[std::size_t(c)];
-        updater_.update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, engine_.my_params(s), deferred_lr_,
-                              deferred_factor_, deferred_step_);
+        updater_.update_chunk(s, s.grad, s.master, s.exp_avg, s.exp_avg_sq, engine_.my_params(s),
+                              deferred_lr_, deferred_factor_, deferred_step_);
       } else if (engine_.slots[std::size_t(c)].route.overlap) {
         update(c);
       } else {
@@ -247,8 +247,8 @@ void OptimizerOverlap::update(int c) {
   // Working params in place (pinned home, or a device the CPU addresses); a device home reached by stream
   // work only receives them at step(), from the staging after the copies.
   const bool staged = s.route.params == UpdateRoute::Params::staged;
-  updater_.update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, staged ? staging(s) : engine_.my_params(s), lr_,
-                        factor_, step_no_);
+  updater_.update_chunk(s, s.grad, s.master, s.exp_avg, s.exp_avg_sq,
+                        staged ? staging(s) : engine_.my_params(s), lr_, factor_, step_no_);
 }
 
 void OptimizerOverlap::wait() {
@@ -308,7 +308,7 @@ void OptimizerOverlap::undo(UndoAs as) {
       std::memcpy(p, b, bytes);
       b += bytes;
     }
-    s.opt = before_[c];
+    updater_.set_shard_step(s, before_[c]);
   }
   if (!any) return;
   if (as == UndoAs::rollback) {

@@ -16,15 +16,13 @@
 #include <utility>
 #include <vector>
 
+#include "zero3/engine_gate.h"
 #include "zero3/engine_state.h"
 
 namespace strata::zero3 {
 
 class Updater;
 
-// How undo() counts what it puts back (OverlapStats): a rollback (step() found the updates' assumption
-// false, or the step skipped) or a cancellation (anything else that must see the state before the step).
-enum class UndoAs : std::uint8_t { cancellation, rollback };
 // How the model's backward ended (end_backward): completed, or failed (its updates are cancelled).
 enum class BackwardEnd : std::uint8_t { completed, failed };
 

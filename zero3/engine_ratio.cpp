@@ -59,7 +59,7 @@ double Engine::Impl::cpu_optimizer_rate(std::size_t n) {
   double best = 0;
   for (int step = 1; step <= 1 + kTimedSteps; ++step) {
     const auto t0 = Clock::now();
-    updater.update_chunk(s, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step);
+    updater.update_chunk(s, s.grad, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step);
     const double t = seconds_since(t0);
     if (step > 1) best = best == 0 ? t : std::min(best, t);
   }
@@ -83,7 +83,8 @@ double Engine::Impl::device_optimizer_rate(std::size_t n) {
     const auto t0 = Clock::now();
     if (host)
       compute_stream->host_fn([&, step] {
-        updater.update_chunk(s, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step, host);
+        updater.update_chunk(s, s.grad, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step,
+                             host);
       });
     else
       ops->adamw(Tensor{base, DType::fp32, n}, Tensor{base + n, DType::fp32, n},

@@ -50,6 +50,7 @@ struct WaitTimer {
 // One chunk: its shard's five tensors in the tier manager, its gathered copy on the device, its gradient
 // buffer, its optimizer step counter.
 struct ChunkSlot {
+  // ---- the plan's: set once by the engine's construction, read by every part ----
   int id = 0;
   std::string name;        // "block.3"
   std::size_t numel = 0;   // gathered elements (padded_numel)
@@ -71,33 +72,36 @@ struct ChunkSlot {
   std::uint64_t gather_block = 0, grad_block = 0;
 
   // Stable addresses of the tensors whose home is the device or pinned host memory (pinned in the tier
-  // manager, so never moved); null for NVMe-resident ones.
-  void* param_home = nullptr;  // (shard.numel) working dtype
-  float* grad = nullptr;       // (shard.numel) fp32 accumulator; NVMe home: the pinned copy while the
-                               // swap pipeline holds it for the update, else null
+  // manager, so never moved); null for NVMe-resident ones. Set by the engine's construction.
+  void* param_home = nullptr;  // (param_numel) working dtype
+  float* grad = nullptr;       // (shard.numel) fp32 gradient shard
   float* master = nullptr;     // (shard.numel) fp32
   float* exp_avg = nullptr;    // (shard.numel) fp32
   float* exp_avg_sq = nullptr;
+  // The compute stream's work so far on this chunk (EngineState::computed records it; the cache and the
+  // gradient path wait on it).
+  std::unique_ptr<Event> computed;
 
+  // ---- the chunk cache's (engine_cache.cpp): written by ChunkCache only ----
   // The gathered working params, widened to fp32, on the device. `gathered` and `gradbuf` are registered
   // once and pinned; their device blocks come and go (allocate, then evict of a never-valid copy frees).
   enum class Gather : std::uint8_t { absent, in_flight, ready, held };
   Gather gather = Gather::absent;
   tiering::TensorId gathered = 0;
-  void* gptr = nullptr;               // (numel) in the ops' activation dtype (act)
-  std::unique_ptr<Event> ready;       // recorded on the gather stream after the widening pass
-  const Event* reader = nullptr;      // the last work reading the gathered block: `ready` or `computed`
-  std::unique_ptr<Event> computed;    // the compute stream's work so far on this chunk (computed())
-  std::unique_ptr<Event> handed_off;  // the gradient stream's copy of the gradient buffer
-  std::exception_ptr error;           // set by that pass before `ready` completes
-  bool pins_param = false;            // the gather holds a pin on the param's pinned copy (NVMe home)
-  bool counts_nvme_read = false;      // the gather occupies one of offload_param.buffer_count buffers
+  void* gptr = nullptr;           // (numel) in the ops' activation dtype (act)
+  std::unique_ptr<Event> ready;   // recorded on the gather stream after the widening pass
+  const Event* reader = nullptr;  // the last work reading the gathered block: `ready` or `computed`
+  std::exception_ptr error;       // set by that pass before `ready` completes
+  bool pins_param = false;        // the gather holds a pin on the param's pinned copy (NVMe home)
+  bool counts_nvme_read = false;  // the gather occupies one of offload_param.buffer_count buffers
   std::uint64_t last_use = 0;
 
+  // ---- the gradient path's (engine_grads.cpp): written by GradientPath only ----
   // The gradient buffer handed to the model (device, fp32, numel), between acquire_grads and release.
   tiering::TensorId gradbuf = 0;
-  float* gbuf = nullptr;    // non-null while handed out
-  bool grads_fresh = true;  // no gradient has reached this chunk yet this step
+  float* gbuf = nullptr;              // non-null while handed out
+  bool grads_fresh = true;            // no gradient has reached this chunk yet this step
+  std::unique_ptr<Event> handed_off;  // the gradient stream's copy of the gradient buffer
   // The route sums its gradients on the device (Note [Gradients off the device]; stage 1's local
   // accumulator: Note [Stage 1 accumulates locally]) and crosses to the shard once per step. `acc` (device,
   // fp32: shard.numel, the local one numel) is live from the step's first hand-off to its flush; while it
@@ -109,6 +113,7 @@ struct ChunkSlot {
   tiering::TensorId accbuf = 0;
   float* acc = nullptr;
 
+  // ---- the updater's (engine_update.cpp): written through Updater only (update_chunk, set_shard_step)
   cpu_optim::ShardStep opt;
 };
 

@@ -133,7 +133,7 @@ StepResult Engine::Impl::step() {
     r.grad_norm = finite ? std::sqrt(sum_sq) / r.loss_scale : std::numeric_limits<double>::infinity();
     ++skipped;
   }
-  for (ChunkSlot& s : slots) s.grads_fresh = true;
+  grads.new_step();
   ++global_step;
 
   times.optimizer += seconds_since(t1);

@@ -16,14 +16,23 @@
 #include <cstring>
 #include <utility>
 
-#include "zero3/engine_cache.h"
-
 namespace strata::zero3 {
 
 void Updater::open() {
   if (std::any_of(engine_.slots.begin(), engine_.slots.end(),
                   [](const ChunkSlot& s) { return s.route.params == UpdateRoute::Params::staged; }))
     param_staging_ = PinnedBuffer(*engine_.dev, engine_.largest_shard * engine_.working_dtype_bytes());
+  if (std::any_of(engine_.slots.begin(), engine_.slots.end(), [](const ChunkSlot& s) {
+        return s.route.stepper == UpdateRoute::Stepper::device_ops && s.route.param_home != Tier::device;
+      }))
+    scratch_id_ = engine_.tm->register_tensor({.name = "zero3.update_scratch",
+                                               .kind = tiering::Kind::staging,
+                                               .dtype = engine_.working_dtype,
+                                               .bytes = engine_.largest_shard * engine_.working_dtype_bytes(),
+                                               .home = Tier::device,
+                                               .chunk = -1,
+                                               .shard = -1});
+  if (scratch_id_) engine_.tm->pin(scratch_id_);
 }
 
 void Updater::wait_all(std::vector<tiering::Move>& moves) {
@@ -44,13 +53,13 @@ void Updater::update(const std::vector<int>& chunks, double lr, float factor, st
   wait_all(writes);
 }
 
-void Updater::update_chunk(ChunkSlot& s, float* master, float* m, float* v, void* out, double lr,
-                           float factor, std::int64_t step_no, cpu_optim::Optimizer* with) {
+void Updater::update_chunk(ChunkSlot& s, const float* g, float* master, float* m, float* v, void* out,
+                           double lr, float factor, std::int64_t step_no, cpu_optim::Optimizer* with) {
   cpu_optim::Optimizer& optimizer = with ? *with : *engine_.opt;
   const std::size_t n = s.shard.numel;
   cpu_optim::Shard sh;
   sh.params = master;
-  sh.grads = s.grad;
+  sh.grads = g;
   sh.exp_avg = m;
   sh.exp_avg_sq = v;
   sh.out = engine_.working_dtype == DType::fp32 ? nullptr : out;
@@ -80,7 +89,7 @@ void Updater::param_written(ChunkSlot& s, std::vector<tiering::Move>& writes) {
     return;
   }
   if (s.route.params != UpdateRoute::Params::nvme) return;
-  cache_.params_written(s, writes);
+  room_.params_written(s, writes);
 }
 
 kernels::Ops::AdamW Updater::device_adamw(double lr) const {
@@ -98,17 +107,18 @@ void Updater::update_chunk_on_device(ChunkSlot& s, void* out, double lr, float f
   using kernels::Tensor;
   const std::size_t n = s.shard.numel;
   const kernels::Ops::AdamW hp = device_adamw(lr);
-  // New working params straight into a device home; for a home in host memory, into the chunk's gradient
-  // buffer block (free between passes; the working set has room for it), then copied off the device.
+  // New working params straight into a device home; for a home in host memory, into the updater's own
+  // device scratch (asked of the cache's room between passes, where the working set has room for it),
+  // then copied off the device.
   void* scratch =
-      s.route.param_home == Tier::device ? nullptr : cache_.device_alloc(s.gradbuf, AllocFor::demand);
+      s.route.param_home == Tier::device ? nullptr : room_.device_alloc(scratch_id_, AllocFor::demand);
   engine_.ops->adamw(Tensor{s.master, DType::fp32, n}, Tensor{s.grad, DType::fp32, n},
                      Tensor{s.exp_avg, DType::fp32, n}, Tensor{s.exp_avg_sq, DType::fp32, n},
                      Tensor{scratch ? scratch : out, engine_.working_dtype, n}, hp, step_no, factor);
   s.opt = {.step = step_no, .finite = true};
   if (scratch) {
     engine_.from_device(out, scratch, n * engine_.working_dtype_bytes());
-    engine_.tm->evict(s.gradbuf, Tier::device, Tier::pinned);  // frees the block (never valid: no copy)
+    engine_.tm->evict(scratch_id_, Tier::device, Tier::pinned);  // frees the block (never valid: no copy)
   }
 }
 
@@ -117,6 +127,7 @@ void Updater::update_group(const std::vector<int>& group, double lr, float facto
   for (int c : group) {
     ChunkSlot& s = engine_.slots[std::size_t(c)];
     float *master = s.master, *m = s.exp_avg, *v = s.exp_avg_sq;
+    const float* g = s.grad;
     switch (s.route.stepper) {
       case UpdateRoute::Stepper::device_ops:  // the compute interface's optimizer, on the compute stream
         update_chunk_on_device(s, param_out(s), lr, factor, step_no);
@@ -129,13 +140,15 @@ void Updater::update_group(const std::vector<int>& group, double lr, float facto
         break;
       case UpdateRoute::Stepper::nvme_pipeline:  // the pipeline has read them into pinned memory
         master = static_cast<float*>(engine_.tm->data(s.tensors.master, Tier::pinned));
+        // With the gradients on NVMe, the pinned copy the pipeline read with the states.
+        if (s.route.grads_nvme) g = static_cast<const float*>(engine_.tm->data(s.tensors.grad, Tier::pinned));
         if (engine_.rule.keeps_exp_avg())
           m = static_cast<float*>(engine_.tm->data(s.tensors.exp_avg, Tier::pinned));
         if (engine_.rule.keeps_exp_avg_sq())
           v = static_cast<float*>(engine_.tm->data(s.tensors.exp_avg_sq, Tier::pinned));
         [[fallthrough]];
       case UpdateRoute::Stepper::cpu_optimizer:
-        update_chunk(s, master, m, v, param_out(s), lr, factor, step_no);
+        update_chunk(s, g, master, m, v, param_out(s), lr, factor, step_no);
         ++engine_.updates.cpu_optimizer;
         param_written(s, writes);
         break;
@@ -199,7 +212,7 @@ void Updater::update_on_model_cpus(ChunkSlot& s, double lr, float factor, std::i
   void* out = param_out(s);
   cpu_optim::Optimizer* with = &host_device_optimizer();
   engine_.compute_stream->host_fn([this, &s, out, lr, factor, step_no, with] {
-    update_chunk(s, s.master, s.exp_avg, s.exp_avg_sq, out, lr, factor, step_no, with);
+    update_chunk(s, s.grad, s.master, s.exp_avg, s.exp_avg_sq, out, lr, factor, step_no, with);
   });
   device_updates_.push_back(s.id);
   ++engine_.updates.model_cpus;
@@ -253,10 +266,6 @@ void Updater::update_through_nvme(double lr, float factor, std::int64_t step_no)
       if (i + 2 - oldest <= engine_.group_window) read(i + 1);
     }
     wait_all(reads[i]);
-    for (int c : *swapped[i]) {
-      ChunkSlot& s = engine_.slots[std::size_t(c)];
-      if (s.route.grads_nvme) s.grad = static_cast<float*>(engine_.tm->data(s.tensors.grad, Tier::pinned));
-    }
     std::vector<tiering::Move> param_writes;
     update_group(*swapped[i], lr, factor, step_no, param_writes);
     for (int c : *swapped[i]) {
@@ -267,7 +276,6 @@ void Updater::update_through_nvme(double lr, float factor, std::int64_t step_no)
         writes[i].push_back(engine_.tm->evict(id, Tier::pinned, Tier::nvme));
       }
       if (s.route.grads_nvme) {  // read, not written: the pinned copy is dropped
-        s.grad = nullptr;
         engine_.tm->unpin(s.tensors.grad);
         engine_.tm->evict(s.tensors.grad, Tier::pinned, Tier::nvme);
       }

@@ -8,15 +8,14 @@
 #include <memory>
 #include <vector>
 
+#include "zero3/engine_gate.h"
 #include "zero3/engine_state.h"
 
 namespace strata::zero3 {
 
-class ChunkCache;
-
 class Updater {
  public:
-  Updater(EngineState& e, ChunkCache& cache) : engine_(e), cache_(cache) {}
+  Updater(EngineState& e, DeviceRoom& room) : engine_(e), room_(room) {}
 
   // After the plan: pinned staging for the new working params of a device home the CPU steps.
   void open();
@@ -25,10 +24,12 @@ class Updater {
   // (update_rest); through the NVMe pipeline by sub-group where the routes say so. Returns when every new
   // working param is home.
   void update(const std::vector<int>& chunks, double lr, float factor, std::int64_t step_no);
-  // The CPU optimizer's update of one chunk (`with`: another cpu_optim::Optimizer than the engine's), the
-  // new working params to `out`.
-  void update_chunk(ChunkSlot& s, float* master, float* m, float* v, void* out, double lr, float factor,
-                    std::int64_t step_no, cpu_optim::Optimizer* with = nullptr);
+  // The CPU optimizer's update of one chunk from its fp32 gradients `g` (`with`: another cpu_optim::Optimizer
+  // than the engine's), the new working params to `out`.
+  void update_chunk(ChunkSlot& s, const float* g, float* master, float* m, float* v, void* out, double lr,
+                    float factor, std::int64_t step_no, cpu_optim::Optimizer* with = nullptr);
+  // Chunk s's optimizer step bookkeeping, put back by a rollback (the overlap) or read from a checkpoint.
+  void set_shard_step(ChunkSlot& s, cpu_optim::ShardStep st) { s.opt = st; }
   // The host backend's device optimizer: the SIMD CPU optimizer with its own threads on the cpus the model's
   // ops compute on (compute_cpus; every cpu when the cores are shared), run from the compute stream. Made on
   // first use.
@@ -60,12 +61,15 @@ class Updater {
   void wait_all(std::vector<tiering::Move>& moves);
 
   EngineState& engine_;
-  ChunkCache& cache_;
+  DeviceRoom& room_;
   std::unique_ptr<cpu_optim::Optimizer> device_opt_;
   std::vector<int> device_updates_;
   // Pinned staging for new working params that the CPU optimizer computes for a device home reached by
   // stream work only (largest shard, working dtype).
   PinnedBuffer param_staging_;
+  // Device scratch for the new working params the device optimizer computes for a home in host memory
+  // (largest shard, working dtype): a block only during the update (update_chunk_on_device).
+  tiering::TensorId scratch_id_ = 0;
 };
 
 }  // namespace strata::zero3

@@ -109,7 +109,6 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   const EngineFacts facts = engine_facts(cfg, world);
   replicated = facts.replicated;
   working_dtype = facts.working;
-  n_states = facts.optimizer_states;
   const auto& z = cfg.zero_optimization;
   homes = shard_homes(cfg);
   by_ops = !dev->caps().host_addressable || opts.testing.device_state_by_ops;
@@ -233,9 +232,9 @@ void Engine::Impl::open_tiers() {
     if (plan.nvme_state > plan.nvme_params)
       what += cat(
           what.empty() ? "" : " and ", format_size(plan.nvme_state - plan.nvme_params),
-          " of fp32 master weights, ", n_states, " optimizer state", n_states > 1 ? "s" : "",
+          " of fp32 master weights, ", rule.states(), " optimizer state", rule.states() > 1 ? "s" : "",
           homes.grad == Tier::nvme ? " and gradients" : "", " (offload_optimizer, ",
-          4 * (1 + n_states + (homes.grad == Tier::nvme ? 1 : 0)), " bytes a parameter",
+          4 * (1 + rule.states() + (homes.grad == Tier::nvme ? 1 : 0)), " bytes a parameter",
           homes.grad == Tier::nvme ? "; strata.nvme_gradients false keeps the gradients in host memory" : "",
           ")");
     so.capacity_why =

@@ -83,7 +83,7 @@ std::vector<std::pair<void*, std::size_t>> OptimizerOverlap::regions(ChunkSlot& 
 }
 
 std::byte* OptimizerOverlap::staging(const ChunkSlot& s) const {
-  const std::size_t states = std::size_t(1 + engine_.n_states) * s.shard.numel * sizeof(float);
+  const std::size_t states = std::size_t(1 + engine_.rule.states()) * s.shard.numel * sizeof(float);
   return backup_.get() + backup_at_[std::size_t(s.id)] + states;
 }
 

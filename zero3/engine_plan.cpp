@@ -242,16 +242,16 @@ void Engine::Impl::check_fits() const {
                       z.offload_param.buffer_count, " read buffers holds ", largest,
                       " elements (docs/train.md, \"Where the state lives\")");
   }
-  const int swapped = 1 + n_states + (homes.grad == Tier::nvme ? 1 : 0);
+  const int swapped = 1 + rule.states() + (homes.grad == Tier::nvme ? 1 : 0);
   if (homes.master == Tier::nvme && z.offload_optimizer.buffer_count < swapped)
     throw ConfigError(cat(
         "zero_optimization.offload_optimizer.buffer_count: ", z.offload_optimizer.buffer_count,
         " is fewer than the ", swapped,
         " tensors per parameter the optimizer swaps "
         "(fp32 master, ",
-        n_states, " state", n_states > 1 ? "s" : "", homes.grad == Tier::nvme ? " and the gradients" : "",
-        "); raise it to at least ", swapped, " (", 2 * swapped,
-        " lets the reads of one sub-group overlap the update of another)",
+        rule.states(), " state", rule.states() > 1 ? "s" : "",
+        homes.grad == Tier::nvme ? " and the gradients" : "", "); raise it to at least ", swapped, " (",
+        2 * swapped, " lets the reads of one sub-group overlap the update of another)",
         homes.grad == Tier::nvme ? ", or set strata.nvme_gradients to false (gradients in pinned host memory)"
                                  : ""));
 

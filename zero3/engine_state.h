@@ -130,7 +130,6 @@ struct EngineState {
   tiering::ShardHomes homes;
   // The optimizer the config names: its states (exp_avg, exp_avg_sq), name and hyper-parameters.
   cpu_optim::Rule rule;
-  int n_states = 2;  // rule.states(): state tensors per parameter besides the master
 
   std::unique_ptr<Device> dev;
   // The ranks: `comm` for the training thread's collectives (norms, losses, checkpoints), one dup for

@@ -78,19 +78,17 @@ nvme::AioOptions aio_options(const Config& cfg) {
 
 }  // namespace
 
-EngineState::EngineState(const Config& c, const model::ModelConfig& m, const EngineOptions& o)
+EngineEnv::EngineEnv(const Config& c, const model::ModelConfig& m, const EngineOptions& o)
     : cfg(c),
       mcfg(m),
       // One rank: chunks padded to 64 elements. N ranks: each shard a whole number of the gradient norm's
       // blocks, so the norm sums the same partials in the same order at any world size (Note [Ranks]).
       layout(model::architecture((m.validate("model"), m)).layout(m, layout_options(c.world_size))),
       opts(o),
-      rule(c.optimizer),
-      scaler(c.fp16),
-      sched(c.scheduler, c.optimizer.lr) {}
+      rule(c.optimizer) {}
 
 Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOptions& o)
-    : EngineState(c, m, o) {
+    : EngineEnv(c, m, o), scaler(c.fp16), sched(c.scheduler, c.optimizer.lr) {
   dev = open_device(device_options(cfg, opts));
   if (opts.communicator) {
     comm = opts.communicator;
@@ -274,12 +272,12 @@ tiering::Move Engine::Impl::put(tiering::TensorId id, Tier home, const void* src
   return {};
 }
 
-void EngineState::to_device(void* dst, const void* src, std::size_t bytes) {
+void EngineEnv::to_device(void* dst, const void* src, std::size_t bytes) const {
   compute_stream->copy_async(dst, src, bytes, CopyKind::host_to_device);
   compute_stream->synchronize();
 }
 
-void EngineState::from_device(void* dst, const void* src, std::size_t bytes) {
+void EngineEnv::from_device(void* dst, const void* src, std::size_t bytes) const {
   compute_stream->copy_async(dst, src, bytes, CopyKind::device_to_host);
   compute_stream->synchronize();
 }
@@ -342,35 +340,10 @@ void Engine::Impl::init_chunks() {
     }
     for (const tiering::Move& w : writes) w.wait();
     writes.clear();
-    // The device-side buffers the model reads and writes (blocks allocated only while in use).
-    s.gathered = tm->register_tensor({.name = s.name + ".gathered",
-                                      .kind = tiering::Kind::param,
-                                      .dtype = act,
-                                      .bytes = s.numel * dtype_bytes(act),
-                                      .home = Tier::device,
-                                      .chunk = s.id,
-                                      .shard = -1});
-    s.gradbuf = tm->register_tensor({.name = s.name + ".gradbuf",
-                                     .kind = tiering::Kind::grad,
-                                     .dtype = DType::fp32,
-                                     .bytes = s.numel * sizeof(float),
-                                     .home = Tier::device,
-                                     .chunk = s.id,
-                                     .shard = -1});
-    tm->pin(s.gathered);
-    tm->pin(s.gradbuf);
-    if (s.accumulates()) {  // its device accumulator (Note [Gradients off the device]), a block while live
-      s.accbuf = tm->register_tensor(
-          {.name = s.name + ".grad_acc",
-           .kind = tiering::Kind::grad,
-           .dtype = DType::fp32,
-           .bytes = (s.route.grads == UpdateRoute::Grads::local_accumulator ? s.numel : s.shard.numel) *
-                    sizeof(float),
-           .home = Tier::device,
-           .chunk = s.id,
-           .shard = -1});  // transient, as the gradient buffer
-      tm->pin(s.accbuf);
-    }
+    // The device-side buffers the model reads and writes (blocks allocated only while in use): the
+    // gathered copy, the cache's; the gradient buffer and accumulator, the gradient path's.
+    cache.add_chunk(s);
+    grads.add_chunk(s);
   }
   STRATA_LOG_INFO("zero3: ", mcfg.name, " (", mcfg.num_parameters(), " parameters, ", slots.size(),
                   " chunks, ", groups.size(), " optimizer sub-group", groups.size() > 1 ? "s" : "", ") on ",
@@ -385,13 +358,7 @@ void Engine::Impl::init_chunks() {
                     dev->caps().capacity - plan.device_cache + persistent_bytes, " bytes keeps them");
 }
 
-Event& EngineState::computed(ChunkSlot& s) {
-  if (!s.computed) s.computed = dev->create_event();
-  compute_stream->record(*s.computed);
-  return *s.computed;
-}
-
-std::vector<tiering::TensorId> EngineState::optimizer_tensors(const ChunkSlot& s) const {
+std::vector<tiering::TensorId> EngineEnv::optimizer_tensors(const ChunkSlot& s) const {
   std::vector<tiering::TensorId> ids{s.tensors.master};
   if (rule.keeps_exp_avg()) ids.push_back(s.tensors.exp_avg);
   if (rule.keeps_exp_avg_sq()) ids.push_back(s.tensors.exp_avg_sq);
@@ -479,7 +446,14 @@ const prefetch::PrefetchStats& Engine::prefetch_stats() const {
   return impl_->cache.prefetcher().stats();
 }
 const TransferStats& Engine::transfer_stats() const {
-  return impl_->transfers;
+  // The cache counts the gathers, the gradient path the rest.
+  Impl& im = *impl_;
+  const TransferStats& c = im.cache.transfers();
+  im.transfers = im.grads.transfers();
+  im.transfers.gathers = c.gathers;
+  im.transfers.gather_bytes = c.gather_bytes;
+  im.transfers.gather_host_waits = c.gather_host_waits;
+  return im.transfers;
 }
 nvme::IoStats Engine::nvme_stats() const {
   return impl_->aio ? impl_->aio->stats() : nvme::IoStats{};
@@ -488,7 +462,7 @@ const OverlapStats& Engine::overlap_stats() const {
   return impl_->overlap.stats();
 }
 const UpdateStats& Engine::update_stats() const {
-  return impl_->updates;
+  return impl_->updater.stats();
 }
 tiering::TierManager& Engine::tiers() {
   return *impl_->tm;

@@ -48,71 +48,105 @@
 
 namespace strata::zero3 {
 
+using Gather = CacheEntry::Gather;
+
 void ChunkCache::open() {
-  const auto& z = engine_.cfg.zero_optimization;
+  const auto& z = env_.cfg.zero_optimization;
   prefetch::PrefetchOptions po;
   po.bucket_numel = z.stage3_prefetch_bucket_size;
   po.max_live_numel = z.stage3_max_live_parameters;
   po.max_reuse_distance = z.stage3_max_reuse_distance;
   pf_ = std::make_unique<prefetch::Prefetcher>(*this, po);
+  entries_.reserve(env_.slots.size());  // never moved: a gather's host function holds its `error`
+}
+
+void ChunkCache::add_chunk(const ChunkSlot& s) {
+  STRATA_CHECK(std::size_t(s.id) == entries_.size(), "zero3: chunk ", s.name, " added out of order");
+  CacheEntry& e = entries_.emplace_back();
+  e.gathered = env_.tm->register_tensor({.name = s.name + ".gathered",
+                                         .kind = tiering::Kind::param,
+                                         .dtype = env_.act,
+                                         .bytes = s.numel * dtype_bytes(env_.act),
+                                         .home = Tier::device,
+                                         .chunk = s.id,
+                                         .shard = -1});
+  env_.tm->pin(e.gathered);
+}
+
+void ChunkCache::begin_pass(bool repeat) {
+  STRATA_CHECK(!in_pass_, "zero3: begin_pass inside a pass");
+  in_pass_ = true;
+  pf_->begin_pass(repeat);
+}
+
+void ChunkCache::end_pass() {
+  STRATA_CHECK(in_pass_, "zero3: end_pass without begin_pass");
+  in_pass_ = false;
+  pf_->end_pass();
+}
+
+void ChunkCache::abandon_pass() {
+  in_pass_ = false;
+  pf_->abandon_pass();
 }
 
 // ----------------------------------------------------------------------------- prefetch::FetchTarget
 
 std::uint64_t ChunkCache::numel(int c) const {
-  return engine_.slots[std::size_t(c)].numel;
+  return slot(c).numel;
 }
 
 std::uint64_t ChunkCache::live_numel() const {
   std::uint64_t n = 0;
-  for (const ChunkSlot& s : engine_.slots)
-    if (s.gather != ChunkSlot::Gather::absent) n += s.numel;
+  for (std::size_t c = 0; c < entries_.size(); ++c)
+    if (entries_[c].gather != Gather::absent) n += env_.slots[c].numel;
   return n;
 }
 
 prefetch::Residency ChunkCache::residency(int c) {
-  ChunkSlot& s = engine_.slots[std::size_t(c)];
-  switch (s.gather) {
-    case ChunkSlot::Gather::absent:
+  CacheEntry& e = entries_[std::size_t(c)];
+  switch (e.gather) {
+    case Gather::absent:
       return prefetch::Residency::absent;
-    case ChunkSlot::Gather::in_flight:
+    case Gather::in_flight:
       // With N ranks the answer must not depend on timing (Note [Ranks]): a gather stays in flight until
       // its acquire (or drop) waits for it.
-      if (s.route.lockstep || !s.ready->query()) return prefetch::Residency::in_flight;
-      finish_fetch(s);
+      if (slot(c).route.lockstep || !e.ready->query()) return prefetch::Residency::in_flight;
+      finish_fetch(c);
       return prefetch::Residency::resident;
     default:
       return prefetch::Residency::resident;
   }
 }
 
-bool ChunkCache::cached(const ChunkSlot& s) const {
-  return s.id != acquiring_ &&
-         (s.gather == ChunkSlot::Gather::ready || s.gather == ChunkSlot::Gather::in_flight);
+bool ChunkCache::cached(int c) const {
+  const Gather g = entries_[std::size_t(c)].gather;
+  return c != acquiring_ && (g == Gather::ready || g == Gather::in_flight);
 }
 
 std::uint64_t ChunkCache::cache_bytes() const {
   std::uint64_t b = 0;
-  for (const ChunkSlot& s : engine_.slots)
-    if (cached(s)) b += s.gather_block;
+  for (std::size_t c = 0; c < entries_.size(); ++c)
+    if (cached(int(c))) b += env_.slots[c].gather_block;
   return b;
 }
 
-std::int64_t ChunkCache::next_use(const ChunkSlot& s) const {
-  return engine_.in_pass ? pf_->upcoming(s.id) : -1;
+std::int64_t ChunkCache::next_use(int c) const {
+  return in_pass_ ? pf_->upcoming(c) : -1;
 }
 
-ChunkSlot* ChunkCache::victim(std::int64_t for_position) {
+int ChunkCache::victim(std::int64_t for_position) const {
   constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
-  ChunkSlot* best = nullptr;
+  int best = -1;
   std::int64_t best_next = 0;
-  for (ChunkSlot& s : engine_.slots) {
-    if (!cached(s)) continue;
-    const std::int64_t q = next_use(s);
+  for (int c = 0; c < int(entries_.size()); ++c) {
+    if (!cached(c)) continue;
+    const std::int64_t q = next_use(c);
     const std::int64_t next = q < 0 ? never : q;
     if (for_position >= 0 && next <= for_position) continue;
-    if (!best || next > best_next || (next == best_next && s.last_use < best->last_use)) {
-      best = &s;
+    if (best < 0 || next > best_next ||
+        (next == best_next && entries_[std::size_t(c)].last_use < entries_[std::size_t(best)].last_use)) {
+      best = c;
       best_next = next;
     }
   }
@@ -120,13 +154,13 @@ ChunkSlot* ChunkCache::victim(std::int64_t for_position) {
 }
 
 bool ChunkCache::fit_cache(std::uint64_t more, std::int64_t for_position) {
-  if (more > engine_.plan.device_cache) return false;
+  if (more > env_.plan.device_cache) return false;
   std::uint64_t bytes = cache_bytes();
-  while (bytes + more > engine_.plan.device_cache) {
-    ChunkSlot* v = victim(for_position);
-    if (!v) return false;
-    bytes -= v->gather_block;
-    drop_gathered(*v);
+  while (bytes + more > env_.plan.device_cache) {
+    const int v = victim(for_position);
+    if (v < 0) return false;
+    bytes -= slot(v).gather_block;
+    drop_gathered(v);
   }
   return true;
 }
@@ -134,57 +168,57 @@ bool ChunkCache::fit_cache(std::uint64_t more, std::int64_t for_position) {
 void* ChunkCache::device_alloc(tiering::TensorId id, AllocFor who) {
   for (;;) {
     try {
-      return engine_.tm->allocate(id, Tier::device);
+      return env_.tm->allocate(id, Tier::device);
     } catch (const OutOfMemory&) {
       // A prefetch never takes room from the cache's budget that is not there; a demand (the chunk being
       // acquired, a gradient buffer) may take the whole cache. With none left, the model holds more at
       // once than the plan's working set.
       if (who == AllocFor::prefetch) return nullptr;
-      ChunkSlot* v = victim(kAnyCached);
-      if (!v) throw;
-      drop_gathered(*v);
+      const int v = victim(kAnyCached);
+      if (v < 0) throw;
+      drop_gathered(v);
     }
   }
 }
 
 bool ChunkCache::start_fetch(int c, bool demand) {
-  ChunkSlot& s = engine_.slots[std::size_t(c)];
-  STRATA_CHECK(s.gather == ChunkSlot::Gather::absent, "zero3: chunk ", s.name, " gathered twice");
+  const ChunkSlot& s = slot(c);
+  CacheEntry& e = entries_[std::size_t(c)];
+  STRATA_CHECK(e.gather == Gather::absent, "zero3: chunk ", s.name, " gathered twice");
   gate_.settle(c);  // the last step's update of this chunk, left to the worker, writes its params
   const bool from_nvme = s.route.param_home == Tier::nvme;
-  const auto& z = engine_.cfg.zero_optimization;
+  const auto& z = env_.cfg.zero_optimization;
   if (from_nvme && !demand && nvme_param_reads_ >= z.offload_param.buffer_count) {
     // Is the pinned copy cached? Then no read buffer is needed.
-    if (!tiering::has(engine_.tm->info(s.tensors.param).valid, Tier::pinned)) return false;
+    if (!tiering::has(env_.tm->info(s.tensors.param).valid, Tier::pinned)) return false;
   }
   // A prefetch goes into the cache: it must fit the cache's budget, making room only by dropping chunks
   // used after it. A demand fetch is for a chunk about to be held (the working set).
-  if (!demand && !fit_cache(s.gather_block, std::max<std::int64_t>(0, next_use(s)))) return false;
-  void* g = device_alloc(s.gathered, demand ? AllocFor::demand : AllocFor::prefetch);
+  if (!demand && !fit_cache(s.gather_block, std::max<std::int64_t>(0, next_use(c)))) return false;
+  void* g = device_alloc(e.gathered, demand ? AllocFor::demand : AllocFor::prefetch);
   if (!g) return false;
-  s.gptr = g;
+  e.gptr = g;
 
   const void* src = s.param_home;
   tiering::Move read;
   if (from_nvme) {
-    engine_.tm->pin(s.tensors.param);
-    s.pins_param = true;
-    read = engine_.tm->fetch(s.tensors.param, Tier::pinned);
-    src = engine_.tm->data(s.tensors.param, Tier::pinned);
+    env_.tm->pin(s.tensors.param);
+    e.pins_param = true;
+    read = env_.tm->fetch(s.tensors.param, Tier::pinned);
+    src = env_.tm->data(s.tensors.param, Tier::pinned);
     if (read) {
-      s.counts_nvme_read = true;
+      e.counts_nvme_read = true;
       ++nvme_param_reads_;
     }
   }
-  if (!s.ready) s.ready = engine_.dev->create_event();
-  s.error = nullptr;
-  const std::size_t n =
-      engine_.param_numel(s);  // replicated (stages 1 and 2): the whole chunk, no all-gather
-  std::exception_ptr* err = &s.error;
+  if (!e.ready) e.ready = env_.dev->create_event();
+  e.error = nullptr;
+  const std::size_t n = s.param_numel;  // replicated (stages 1 and 2): the whole chunk, no all-gather
+  std::exception_ptr* err = &e.error;
   if (read) {
     // The NVMe read must land in the pinned copy before the cast reads it; its failure is kept for the
     // acquire that waits for this gather.
-    engine_.gather_stream->host_fn([read, err] {
+    env_.gather_stream->host_fn([read, err] {
       try {
         read.wait();
       } catch (...) {
@@ -195,112 +229,114 @@ bool ChunkCache::start_fetch(int c, bool demand) {
   // The source is device memory or pinned host memory; the cast widens this rank's shard to the ops'
   // dtype at its place in the chunk, on the gather stream. With N ranks the all-gather (in place) then
   // brings the other ranks' shards.
-  char* mine =
-      static_cast<char*>(s.gptr) + (s.route.all_gather ? s.shard.offset : 0) * dtype_bytes(engine_.act);
-  engine_.gather_ops->cast(kernels::Tensor{mine, engine_.act, n},
-                           kernels::Tensor{const_cast<void*>(src), engine_.working_dtype, n});
-  if (s.route.all_gather)
-    engine_.gather_comm->all_gather(mine, s.gptr, n, engine_.act, engine_.gather_stream.get());
-  engine_.gather_stream->record(*s.ready);
-  s.reader = s.ready.get();
-  s.gather = ChunkSlot::Gather::in_flight;
-  ++engine_.transfers.gathers;
-  engine_.transfers.gather_bytes += n * engine_.working_dtype_bytes();
+  char* mine = static_cast<char*>(e.gptr) + (s.route.all_gather ? s.shard.offset : 0) * dtype_bytes(env_.act);
+  env_.gather_ops->cast(kernels::Tensor{mine, env_.act, n},
+                        kernels::Tensor{const_cast<void*>(src), env_.working_dtype, n});
+  if (s.route.all_gather) env_.gather_comm->all_gather(mine, e.gptr, n, env_.act, env_.gather_stream.get());
+  env_.gather_stream->record(*e.ready);
+  e.reader = e.ready.get();
+  e.gather = Gather::in_flight;
+  ++transfers_.gathers;
+  transfers_.gather_bytes += n * env_.working_dtype_bytes();
   return true;
 }
 
-void ChunkCache::finish_fetch(ChunkSlot& s) {
-  s.gather = ChunkSlot::Gather::ready;
-  if (s.counts_nvme_read) {
+void ChunkCache::finish_fetch(int c) {
+  const ChunkSlot& s = slot(c);
+  CacheEntry& e = entries_[std::size_t(c)];
+  e.gather = Gather::ready;
+  if (e.counts_nvme_read) {
     --nvme_param_reads_;
-    s.counts_nvme_read = false;
+    e.counts_nvme_read = false;
   }
-  if (s.pins_param) {
-    engine_.tm->unpin(s.tensors.param);
-    s.pins_param = false;
+  if (e.pins_param) {
+    env_.tm->unpin(s.tensors.param);
+    e.pins_param = false;
     // The pinned copy stays as a cache, least recently used first out, within plan.param_cache elements.
-    auto it = std::find(param_cache_.begin(), param_cache_.end(), s.id);
+    auto it = std::find(param_cache_.begin(), param_cache_.end(), c);
     if (it == param_cache_.end())
       param_cache_numel_ += s.shard.numel;
     else
       param_cache_.erase(it);
-    param_cache_.push_back(s.id);
+    param_cache_.push_back(c);
     trim_param_cache();
   }
-  if (s.error) {
-    std::exception_ptr e = s.error;
-    s.error = nullptr;
-    drop_gathered(s);
-    std::rethrow_exception(e);
+  if (e.error) {
+    std::exception_ptr err = e.error;
+    e.error = nullptr;
+    drop_gathered(c);
+    std::rethrow_exception(err);
   }
 }
 
 void ChunkCache::trim_param_cache() {
-  const std::uint64_t limit = engine_.plan.param_cache;
+  const std::uint64_t limit = env_.plan.param_cache;
   while (param_cache_numel_ > limit && !param_cache_.empty()) {
-    ChunkSlot& old = engine_.slots[std::size_t(param_cache_.front())];
-    if (old.pins_param) break;  // its gather is still reading the pinned copy
+    const int old = param_cache_.front();
+    if (entries_[std::size_t(old)].pins_param) break;  // its gather is still reading the pinned copy
     param_cache_.pop_front();
-    param_cache_numel_ -= old.shard.numel;
-    engine_.tm->evict(old.tensors.param, Tier::pinned, Tier::nvme);  // a valid NVMe copy exists: just dropped
+    param_cache_numel_ -= slot(old).shard.numel;
+    // A valid NVMe copy exists: just dropped.
+    env_.tm->evict(slot(old).tensors.param, Tier::pinned, Tier::nvme);
   }
 }
 
 void ChunkCache::wait_fetch(int c) {
-  ChunkSlot& s = engine_.slots[std::size_t(c)];
-  STRATA_CHECK(s.gather == ChunkSlot::Gather::in_flight, "zero3: wait for chunk ", s.name,
+  CacheEntry& e = entries_[std::size_t(c)];
+  STRATA_CHECK(e.gather == Gather::in_flight, "zero3: wait for chunk ", slot(c).name,
                " with no gather in flight");
   // Note [Gather]: the compute stream waits for the gather; the host waits only where it reads, for a
   // gather from an NVMe home (its read's outcome, and the pinned copy it unpins).
-  if (s.pins_param) {
-    s.ready->synchronize();
-    ++engine_.transfers.gather_host_waits;
+  if (e.pins_param) {
+    e.ready->synchronize();
+    ++transfers_.gather_host_waits;
   } else {
-    engine_.compute_stream->wait(*s.ready);
+    env_.compute_stream->wait(*e.ready);
   }
-  finish_fetch(s);
+  finish_fetch(c);
 }
 
-void ChunkCache::drop_gathered(ChunkSlot& s) {
+void ChunkCache::drop_gathered(int c) {
+  CacheEntry& e = entries_[std::size_t(c)];
   // A gather from NVMe still in flight holds a read buffer and a pin: the host settles it first.
-  if (s.gather == ChunkSlot::Gather::in_flight && s.pins_param) s.ready->synchronize(), finish_fetch(s);
+  if (e.gather == Gather::in_flight && e.pins_param) e.ready->synchronize(), finish_fetch(c);
   // Never marked valid on the device (nothing moves it), so this frees the block without a copy — once its
   // last reader is done: the compute stream's ops enqueued before its release (which waited for the
   // gather), or the gather itself when no acquire came.
-  if (s.gptr) engine_.tm->evict(s.gathered, Tier::device, Tier::pinned, s.reader);
-  s.gptr = nullptr;
-  s.reader = nullptr;
-  s.gather = ChunkSlot::Gather::absent;
+  if (e.gptr) env_.tm->evict(e.gathered, Tier::device, Tier::pinned, e.reader);
+  e.gptr = nullptr;
+  e.reader = nullptr;
+  e.gather = Gather::absent;
 }
 
 void ChunkCache::drop_all_gathered() {
-  for (ChunkSlot& s : engine_.slots) {
-    STRATA_CHECK(s.gather != ChunkSlot::Gather::held, "zero3: chunk ", s.name,
-                 " is still held at the optimizer step");
-    if (s.gather != ChunkSlot::Gather::absent) drop_gathered(s);
+  for (int c = 0; c < int(entries_.size()); ++c) {
+    const Gather g = entries_[std::size_t(c)].gather;
+    STRATA_CHECK(g != Gather::held, "zero3: chunk ", slot(c).name, " is still held at the optimizer step");
+    if (g != Gather::absent) drop_gathered(c);
   }
 }
 
 void ChunkCache::all_gather_params() {
-  for (ChunkSlot& s : engine_.slots)
-    engine_.gather_comm->all_gather(engine_.my_params(s), s.param_home, s.shard.numel, engine_.working_dtype,
-                                    engine_.gather_stream.get());
+  for (const ChunkSlot& s : env_.slots)
+    env_.gather_comm->all_gather(env_.my_params(s), s.param_home, s.shard.numel, env_.working_dtype,
+                                 env_.gather_stream.get());
 }
 
-void ChunkCache::params_written(ChunkSlot& s, std::vector<tiering::Move>& writes) {
-  engine_.tm->mark_written(s.tensors.param, Tier::pinned);
-  engine_.tm->unpin(s.tensors.param);
+void ChunkCache::params_written(const ChunkSlot& s, std::vector<tiering::Move>& writes) {
+  env_.tm->mark_written(s.tensors.param, Tier::pinned);
+  env_.tm->unpin(s.tensors.param);
   auto it = std::find(param_cache_.begin(), param_cache_.end(), s.id);
   const bool cached = it != param_cache_.end();
   if (cached) param_cache_.erase(it);
   const std::uint64_t others = param_cache_numel_ - (cached ? s.shard.numel : 0);
-  if (others + s.shard.numel <= engine_.plan.param_cache) {
+  if (others + s.shard.numel <= env_.plan.param_cache) {
     writes.push_back(
-        engine_.tm->fetch(s.tensors.param, Tier::nvme));  // write through; the pinned copy stays a cache
+        env_.tm->fetch(s.tensors.param, Tier::nvme));  // write through; the pinned copy stays a cache
     param_cache_.push_back(s.id);
     param_cache_numel_ = others + s.shard.numel;
   } else {
-    writes.push_back(engine_.tm->evict(s.tensors.param, Tier::pinned, Tier::nvme));
+    writes.push_back(env_.tm->evict(s.tensors.param, Tier::pinned, Tier::nvme));
     param_cache_numel_ = others;
   }
 }
@@ -308,46 +344,49 @@ void ChunkCache::params_written(ChunkSlot& s, std::vector<tiering::Move>& writes
 // --------------------------------------------------------------------------------- ChunkProvider
 
 model::ChunkView ChunkCache::acquire(int c) {
-  STRATA_CHECK(c >= 0 && c < int(engine_.slots.size()), "zero3: chunk ", c, " does not exist");
-  ChunkSlot& s = engine_.slots[std::size_t(c)];
-  STRATA_CHECK(s.gather != ChunkSlot::Gather::held, "zero3: chunk ", s.name, " acquired while already held");
+  STRATA_CHECK(c >= 0 && c < int(entries_.size()), "zero3: chunk ", c, " does not exist");
+  CacheEntry& e = entries_[std::size_t(c)];
+  STRATA_CHECK(e.gather != Gather::held, "zero3: chunk ", slot(c).name, " acquired while already held");
   // A forward outside a training pass (an evaluation, even between the last backward and step()) sees
   // the last step's weights: the early updates are undone first (Note [Optimizer overlap]).
-  if (!engine_.in_pass) gate_.undo(UndoAs::cancellation);
-  const WaitTimer t0(*engine_.compute_stream);
+  if (!in_pass_) gate_.undo(UndoAs::cancellation);
+  const WaitTimer t0(*env_.compute_stream);
   // While the prefetcher makes c resident and then starts the fetches after it, c must not be chosen to
   // make room for them.
   acquiring_ = c;
   try {
-    if (engine_.in_pass) {
+    if (in_pass_) {
       pf_->acquire(c);
     } else {  // outside training (weight export): on demand
       if (residency(c) == prefetch::Residency::absent) start_fetch(c, true);
-      if (s.gather == ChunkSlot::Gather::in_flight) wait_fetch(c);
+      if (e.gather == Gather::in_flight) wait_fetch(c);
     }
   } catch (...) {
     acquiring_ = -1;
     throw;
   }
   acquiring_ = -1;
-  engine_.times.wait += t0.idle_seconds();
-  STRATA_CHECK(s.gather == ChunkSlot::Gather::ready && s.gptr, "zero3: chunk ", s.name,
+  wait_ += t0.idle_seconds();
+  STRATA_CHECK(e.gather == Gather::ready && e.gptr, "zero3: chunk ", slot(c).name,
                " is not resident after acquire");
-  s.gather = ChunkSlot::Gather::held;
-  s.last_use = ++use_clock_;
-  return model::ChunkView{&engine_.layout.chunk(c), s.gptr, engine_.act};
+  e.gather = Gather::held;
+  e.last_use = ++use_clock_;
+  return model::ChunkView{&env_.layout.chunk(c), e.gptr, env_.act};
 }
 
 void ChunkCache::release(int c) {
-  ChunkSlot& s = engine_.slots[std::size_t(c)];
-  STRATA_CHECK(s.gather == ChunkSlot::Gather::held, "zero3: chunk ", s.name, " released but not held");
-  s.gather = ChunkSlot::Gather::ready;
-  s.reader =
-      &engine_.computed(s);  // the last op reading the gathered copy: drop_gathered frees the block after it
-  const bool keep = engine_.in_pass && (s.persistent || pf_->keep_after_release(c)) &&
-                    live_numel() <= engine_.cfg.zero_optimization.stage3_max_live_parameters;
+  const ChunkSlot& s = slot(c);
+  CacheEntry& e = entries_[std::size_t(c)];
+  STRATA_CHECK(e.gather == Gather::held, "zero3: chunk ", s.name, " released but not held");
+  e.gather = Gather::ready;
+  // The last op reading the gathered copy: drop_gathered frees the block after it.
+  if (!e.released) e.released = env_.dev->create_event();
+  env_.compute_stream->record(*e.released);
+  e.reader = e.released.get();
+  const bool keep = in_pass_ && (s.persistent || pf_->keep_after_release(c)) &&
+                    live_numel() <= env_.cfg.zero_optimization.stage3_max_live_parameters;
   if (!keep) {
-    drop_gathered(s);
+    drop_gathered(c);
     return;
   }
   // Kept for reuse, it joins the cache, which must stay within its budget: the chunks used furthest in

@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "prefetch/prefetch.h"
@@ -15,13 +17,41 @@
 
 namespace strata::zero3 {
 
+// The cache's own per-chunk state: the gathered working params on the device, in the ops' activation
+// dtype. `gathered` is registered once and pinned; its device block comes and goes (allocate, then evict of
+// a never-valid copy frees). Written by ChunkCache only (and `error` by the gather stream's host function
+// of the gather in flight, before `ready` completes).
+struct CacheEntry {
+  enum class Gather : std::uint8_t { absent, in_flight, ready, held };
+  Gather gather = Gather::absent;
+  tiering::TensorId gathered = 0;
+  void* gptr = nullptr;             // (numel) in the ops' activation dtype (act)
+  std::unique_ptr<Event> ready;     // recorded on the gather stream after the widening pass
+  std::unique_ptr<Event> released;  // recorded on the compute stream at release: its ops reading the copy
+  const Event* reader = nullptr;    // the last work reading the gathered block: `ready` or `released`
+  std::exception_ptr error;         // set by that pass before `ready` completes
+  bool pins_param = false;          // the gather holds a pin on the param's pinned copy (NVMe home)
+  bool counts_nvme_read = false;    // the gather occupies one of offload_param.buffer_count buffers
+  std::uint64_t last_use = 0;
+};
+
 class ChunkCache final : public prefetch::FetchTarget, public DeviceRoom {
  public:
-  ChunkCache(EngineState& e, UpdateGate& gate) : engine_(e), gate_(gate) {}
+  ChunkCache(const EngineEnv& env, UpdateGate& gate) : env_(env), gate_(gate) {}
 
   // Makes the prefetcher (after the plan: its options are the config's stage3_* keys).
   void open();
+  // The engine's construction made chunk s (in chunk order): its gathered block registered.
+  void add_chunk(const ChunkSlot& s);
   prefetch::Prefetcher& prefetcher() { return *pf_; }
+
+  // ---- the pass (Engine::begin_pass / end_pass): the prefetcher's, and whether one is open ----
+  // `repeat`: another micro-batch of this step follows (Note [Reuse across passes] in prefetch.h).
+  void begin_pass(bool repeat);
+  void end_pass();
+  void abandon_pass();  // a forward that failed or whose backward will not run: not recorded
+  bool in_pass() const { return in_pass_; }
+  const CacheEntry& entry(int c) const { return entries_[std::size_t(c)]; }
 
   // ---- the model's acquire / release (model::ChunkProvider) ----
   model::ChunkView acquire(int c);
@@ -29,7 +59,7 @@ class ChunkCache final : public prefetch::FetchTarget, public DeviceRoom {
 
   // ---- DeviceRoom (engine_gate.h) ----
   void* device_alloc(tiering::TensorId id, AllocFor who) override;
-  void params_written(ChunkSlot& s, std::vector<tiering::Move>& writes) override;
+  void params_written(const ChunkSlot& s, std::vector<tiering::Move>& writes) override;
 
   // Drops every gathered chunk (after the step: they are stale).
   void drop_all_gathered();
@@ -49,35 +79,45 @@ class ChunkCache final : public prefetch::FetchTarget, public DeviceRoom {
   void wait_fetch(int c) override;
   std::uint64_t live_numel() const override;
 
+  // What the cache counted: its gathers (TransferStats' gather fields), and the seconds the host waited
+  // for them while the compute stream was idle since the last take_wait() (StepTimes.wait's share).
+  const TransferStats& transfers() const { return transfers_; }
+  double take_wait() { return std::exchange(wait_, 0.0); }
+
  private:
-  void finish_fetch(ChunkSlot& s);
-  void drop_gathered(ChunkSlot& s);
+  const ChunkSlot& slot(int c) const { return env_.slots[std::size_t(c)]; }
+  void finish_fetch(int c);
+  void drop_gathered(int c);
   // The cache (Note [Device room]): gathered chunks not held, ready or in flight, and the device bytes they
   // take.
-  bool cached(const ChunkSlot& s) const;
+  bool cached(int c) const;
   std::uint64_t cache_bytes() const;
-  // The trace position of the next acquire of `s` not yet made in this pass; -1: none (or unknown).
-  std::int64_t next_use(const ChunkSlot& s) const;
+  // The trace position of the next acquire of chunk c not yet made in this pass; -1: none (or unknown).
+  std::int64_t next_use(int c) const;
   // The cached chunk to drop first: the one used furthest in the future (never again: first of all), then
   // the least recently used. With `for_position` >= 0 (a prefetch for that position) only chunks used after
-  // it qualify; with kAnyCached every cached chunk does. Null when none does.
+  // it qualify; with kAnyCached every cached chunk does. -1 when none does.
   static constexpr std::int64_t kAnyCached = -1;
-  ChunkSlot* victim(std::int64_t for_position);
+  int victim(std::int64_t for_position) const;
   // Drops cached chunks, victim() first, until the cache plus `more` bytes fits plan.device_cache. False
   // when that cannot be done with the chunks victim(for_position) allows.
   bool fit_cache(std::uint64_t more, std::int64_t for_position);
   void trim_param_cache();
 
-  EngineState& engine_;
+  const EngineEnv& env_;
   UpdateGate& gate_;
+  std::vector<CacheEntry> entries_;  // per chunk
   std::unique_ptr<prefetch::Prefetcher> pf_;
-  int acquiring_ = -1;  // the chunk acquire() is making resident (never dropped to make room meanwhile)
+  bool in_pass_ = false;  // between begin_pass and end_pass
+  int acquiring_ = -1;    // the chunk acquire() is making resident (never dropped to make room meanwhile)
   std::uint64_t use_clock_ = 0;
   // NVMe-resident parameters: reads in flight (<= offload_param.buffer_count) and the pinned copies kept as
   // a cache (<= offload_param.max_in_cpu elements), least recently used first.
   int nvme_param_reads_ = 0;
   std::deque<int> param_cache_;
   std::uint64_t param_cache_numel_ = 0;
+  TransferStats transfers_;
+  double wait_ = 0;
 };
 
 }  // namespace strata::zero3

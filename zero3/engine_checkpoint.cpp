@@ -44,7 +44,7 @@ std::uint64_t Engine::Impl::checkpoint_bytes() const {
 
 std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& client_state,
                                const model::DataLoader* data, const std::string& tag) {
-  STRATA_CHECK(!in_pass && micro_steps == 0,
+  STRATA_CHECK(!cache.in_pass() && micro_steps == 0,
                "zero3: save_checkpoint is called between optimizer steps (after step(), before the next "
                "forward_backward)");
   grads.sync();
@@ -151,7 +151,7 @@ void Engine::Impl::warn_changed_settings(const std::string& path, const nlohmann
 }
 
 nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag, model::DataLoader* data) {
-  STRATA_CHECK(!in_pass && micro_steps == 0,
+  STRATA_CHECK(!cache.in_pass() && micro_steps == 0,
                "zero3: load_checkpoint is called between optimizer steps (before the next forward_backward)");
   // Rank 0's file and the metadata first: which ranks' files this rank needs depends on the saved world
   // size.
@@ -241,7 +241,7 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
       read_into(id, s.name + "." + suffix, 4, s.shard.offset, n);
     }
     for (const tiering::Move& m : writes) m.wait();
-    updater.set_shard_step(s, {.step = applied, .finite = true});
+    updater.set_shard_step(s.id, {.step = applied, .finite = true});
   }
   grads.new_step();
   cache.forget_param_copies();

@@ -31,6 +31,16 @@ enum class UndoAs : std::uint8_t { cancellation, rollback };
 // until it fits.
 enum class AllocFor : std::uint8_t { prefetch, demand };
 
+// What a backward is about to be, as the engine's step bookkeeping says (Engine::backward): whether it
+// ends the step's accumulation (its final hand-offs are the step's), and the rate, gradient factor and
+// step number the step would apply if it applied unclipped (what early updates assume).
+struct BackwardStart {
+  bool ends_step = true;
+  double lr = 0;
+  float unclipped_factor = 1;  // 1 / loss scale
+  std::int64_t step_no = 0;
+};
+
 class UpdateGate {
  public:
   // Waits for chunk c's update left to after the step (deferred); rethrows one that failed.
@@ -39,7 +49,7 @@ class UpdateGate {
   virtual void undo(UndoAs as) = 0;
   // A gradient hand-off of chunk s was enqueued on `on`, the `seen`-th of this backward where the last
   // complete one made `expected`.
-  virtual void handed_off(ChunkSlot& s, Stream& on, int seen, int expected) = 0;
+  virtual void handed_off(const ChunkSlot& s, Stream& on, int seen, int expected) = 0;
   // Chunk c's gradient statistics taken from its final gradients before step(), or null.
   virtual const ShardNorm* early_stats(std::size_t c) const = 0;
 
@@ -54,7 +64,7 @@ class DeviceRoom {
   virtual void* device_alloc(tiering::TensorId id, AllocFor who) = 0;
   // The step wrote chunk s's new working params into their pinned copy (NVMe home): written through to
   // NVMe, the pinned copy kept as a cache within offload_param.max_in_cpu elements.
-  virtual void params_written(ChunkSlot& s, std::vector<tiering::Move>& writes) = 0;
+  virtual void params_written(const ChunkSlot& s, std::vector<tiering::Move>& writes) = 0;
 
  protected:
   ~DeviceRoom() = default;

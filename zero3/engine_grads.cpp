@@ -77,40 +77,76 @@ void add_into(float* dst, const float* src, std::size_t n) {
 
 }  // namespace
 
-void GradientPath::open() {
-  const std::size_t C = engine_.slots.size();
-  expected_.assign(C, 0);
-  seen_.assign(C, 0);
-  if (std::any_of(engine_.slots.begin(), engine_.slots.end(),
-                  [](const ChunkSlot& s) { return s.route.grad_shard == Tier::pinned; }))
-    staging_ = PinnedBuffer(*engine_.dev, engine_.largest_shard * sizeof(float));
-  if (std::any_of(engine_.slots.begin(), engine_.slots.end(),
-                  [](const ChunkSlot& s) { return s.route.grads_nvme; }))
-    nvme_staging_id_ = engine_.tm->register_tensor({.name = "zero3.grad_staging",
-                                                    .kind = tiering::Kind::staging,
-                                                    .dtype = DType::fp32,
-                                                    .bytes = engine_.largest_shard * sizeof(float),
-                                                    .home = Tier::pinned,
-                                                    .chunk = -1,
-                                                    .shard = -1});
-  out_stats_.assign(C, ShardNorm{});
-  if (std::any_of(engine_.slots.begin(), engine_.slots.end(),
-                  [](const ChunkSlot& s) { return on_device(s.route); })) {
-    stats_id_ = engine_.tm->register_tensor({.name = "zero3.grad_stats",
-                                             .kind = tiering::Kind::grad,
-                                             .dtype = DType::u8,
-                                             .bytes = C * 16,
-                                             .home = Tier::device,
-                                             .chunk = -1,
-                                             .shard = -1});
-    stats_ = static_cast<char*>(engine_.tm->allocate(stats_id_, Tier::device));
-    engine_.tm->pin(stats_id_);
+void GradientPath::add_chunk(const ChunkSlot& s) {
+  STRATA_CHECK(std::size_t(s.id) == entries_.size(), "zero3: chunk ", s.name, " added out of order");
+  GradEntry& e = entries_.emplace_back();
+  e.gradbuf = env_.tm->register_tensor({.name = s.name + ".gradbuf",
+                                        .kind = tiering::Kind::grad,
+                                        .dtype = DType::fp32,
+                                        .bytes = s.numel * sizeof(float),
+                                        .home = Tier::device,
+                                        .chunk = s.id,
+                                        .shard = -1});
+  env_.tm->pin(e.gradbuf);
+  if (s.accumulates()) {  // its device accumulator (Note [Gradients off the device]), a block while live
+    e.accbuf = env_.tm->register_tensor(
+        {.name = s.name + ".grad_acc",
+         .kind = tiering::Kind::grad,
+         .dtype = DType::fp32,
+         .bytes = (s.route.grads == UpdateRoute::Grads::local_accumulator ? s.numel : s.shard.numel) *
+                  sizeof(float),
+         .home = Tier::device,
+         .chunk = s.id,
+         .shard = -1});  // transient, as the gradient buffer
+    env_.tm->pin(e.accbuf);
   }
 }
 
-void GradientPath::begin_backward(bool last_micro) {
+Event& GradientPath::computed(const ChunkSlot& s) {
+  GradEntry& e = entries_[std::size_t(s.id)];
+  if (!e.computed) e.computed = env_.dev->create_event();
+  env_.compute_stream->record(*e.computed);
+  return *e.computed;
+}
+
+void GradientPath::new_step() {
+  for (GradEntry& e : entries_) e.grads_fresh = true;
+}
+
+void GradientPath::open() {
+  const std::size_t C = env_.slots.size();
+  expected_.assign(C, 0);
+  seen_.assign(C, 0);
+  if (std::any_of(env_.slots.begin(), env_.slots.end(),
+                  [](const ChunkSlot& s) { return s.route.grad_shard == Tier::pinned; }))
+    staging_ = PinnedBuffer(*env_.dev, env_.largest_shard * sizeof(float));
+  if (std::any_of(env_.slots.begin(), env_.slots.end(),
+                  [](const ChunkSlot& s) { return s.route.grads_nvme; }))
+    nvme_staging_id_ = env_.tm->register_tensor({.name = "zero3.grad_staging",
+                                                 .kind = tiering::Kind::staging,
+                                                 .dtype = DType::fp32,
+                                                 .bytes = env_.largest_shard * sizeof(float),
+                                                 .home = Tier::pinned,
+                                                 .chunk = -1,
+                                                 .shard = -1});
+  out_stats_.assign(C, ShardNorm{});
+  if (std::any_of(env_.slots.begin(), env_.slots.end(),
+                  [](const ChunkSlot& s) { return on_device(s.route); })) {
+    stats_id_ = env_.tm->register_tensor({.name = "zero3.grad_stats",
+                                          .kind = tiering::Kind::grad,
+                                          .dtype = DType::u8,
+                                          .bytes = C * 16,
+                                          .home = Tier::device,
+                                          .chunk = -1,
+                                          .shard = -1});
+    stats_ = static_cast<char*>(env_.tm->allocate(stats_id_, Tier::device));
+    env_.tm->pin(stats_id_);
+  }
+}
+
+void GradientPath::begin_backward(const BackwardStart& b) {
   std::fill(seen_.begin(), seen_.end(), 0);
-  last_micro_ = last_micro;
+  last_micro_ = b.ends_step;
 }
 
 void GradientPath::end_backward() {
@@ -118,41 +154,43 @@ void GradientPath::end_backward() {
 }
 
 float* GradientPath::acquire_grads(int c) {
-  ChunkSlot& s = engine_.slots[std::size_t(c)];
-  STRATA_CHECK(s.gbuf == nullptr, "zero3: gradients of chunk ", s.name, " acquired while held");
-  s.gbuf = static_cast<float*>(room_.device_alloc(s.gradbuf, AllocFor::demand));
-  engine_.ops->zero(
-      kernels::Tensor{s.gbuf, DType::fp32, s.numel});  // on the compute stream, before the model's ops
-  return s.gbuf;
+  const ChunkSlot& s = env_.slots[std::size_t(c)];
+  GradEntry& e = entries_[std::size_t(c)];
+  STRATA_CHECK(e.gbuf == nullptr, "zero3: gradients of chunk ", s.name, " acquired while held");
+  e.gbuf = static_cast<float*>(room_.device_alloc(e.gradbuf, AllocFor::demand));
+  env_.ops->zero(
+      kernels::Tensor{e.gbuf, DType::fp32, s.numel});  // on the compute stream, before the model's ops
+  return e.gbuf;
 }
 
 void GradientPath::release_grads(int c) {
-  ChunkSlot& s = engine_.slots[std::size_t(c)];
-  STRATA_CHECK(s.gbuf != nullptr, "zero3: gradients of chunk ", s.name, " released but not held");
+  const ChunkSlot& s = env_.slots[std::size_t(c)];
+  GradEntry& e = entries_[std::size_t(c)];
+  STRATA_CHECK(e.gbuf != nullptr, "zero3: gradients of chunk ", s.name, " released but not held");
   gate_.settle(c);  // the last step's update of this chunk, left to the worker, reads its gradients
-  if (engine_.opts.testing.gradient_hook) {
-    STRATA_CHECK(engine_.dev->caps().host_addressable,
+  if (env_.opts.testing.gradient_hook) {
+    STRATA_CHECK(env_.dev->caps().host_addressable,
                  "zero3: EngineOptions.testing.gradient_hook needs addressable memory");
-    engine_.compute_stream->synchronize();
-    engine_.opts.testing.gradient_hook(c, s.gbuf, s.numel);
+    env_.compute_stream->synchronize();
+    env_.opts.testing.gradient_hook(c, e.gbuf, s.numel);
   }
   ++seen_[std::size_t(c)];
   const bool final = final_handoff(s);
-  if (s.route.reduce != UpdateRoute::Reduce::none) engine_.grad_stream->wait(engine_.computed(s));
+  if (s.route.reduce != UpdateRoute::Reduce::none) env_.grad_stream->wait(computed(s));
   if (s.route.grads == UpdateRoute::Grads::local_accumulator) {
     // Note [Stage 1 accumulates locally]: summed here, reduced once, at the final hand-off.
-    const kernels::Tensor g{s.gbuf, DType::fp32, s.numel};
-    if (s.acc) {
-      engine_.grad_ops->add(kernels::Tensor{s.acc, DType::fp32, s.numel}, g);
+    const kernels::Tensor g{e.gbuf, DType::fp32, s.numel};
+    if (e.acc) {
+      env_.grad_ops->add(kernels::Tensor{e.acc, DType::fp32, s.numel}, g);
     } else {
-      s.acc = static_cast<float*>(room_.device_alloc(s.accbuf, AllocFor::demand));
-      engine_.grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, s.numel}, g);
+      e.acc = static_cast<float*>(room_.device_alloc(e.accbuf, AllocFor::demand));
+      env_.grad_ops->cast(kernels::Tensor{e.acc, DType::fp32, s.numel}, g);
     }
-    if (!s.handed_off) s.handed_off = engine_.dev->create_event();
-    engine_.grad_stream->record(*s.handed_off);
-    engine_.tm->evict(s.gradbuf, Tier::device, Tier::pinned,
-                      s.handed_off.get());  // frees the block once read
-    s.gbuf = nullptr;
+    if (!e.handed_off) e.handed_off = env_.dev->create_event();
+    env_.grad_stream->record(*e.handed_off);
+    env_.tm->evict(e.gradbuf, Tier::device, Tier::pinned,
+                   e.handed_off.get());  // frees the block once read
+    e.gbuf = nullptr;
     if (final) flush_local_accumulator(s);
     gate_.handed_off(s, handoff_stream(s), seen_[std::size_t(c)], expected_[std::size_t(c)]);
     return;
@@ -160,40 +198,42 @@ void GradientPath::release_grads(int c) {
   // This rank's slice of the buffer: with N ranks, the sum over ranks left there by the reduce-scatter
   // (in place, on the gradient stream once the model's ops are done); with one, the whole buffer.
   if (s.route.reduce == UpdateRoute::Reduce::every_handoff) {
-    engine_.grad_comm->reduce_scatter(s.gbuf, s.gbuf + s.shard.offset, s.shard.numel, DType::fp32,
-                                      comm::ReduceOp::sum, engine_.grad_stream.get());
-    ++engine_.transfers.grad_reductions;
-    engine_.transfers.grad_reduction_bytes += s.numel * sizeof(float);
+    env_.grad_comm->reduce_scatter(e.gbuf, e.gbuf + s.shard.offset, s.shard.numel, DType::fp32,
+                                   comm::ReduceOp::sum, env_.grad_stream.get());
+    ++transfers_.grad_reductions;
+    transfers_.grad_reduction_bytes += s.numel * sizeof(float);
   }
-  float* buffer = s.gbuf;
-  s.gbuf = nullptr;
-  hand_to_shard(s, buffer + s.shard.offset, s.gradbuf, final);
+  float* buffer = e.gbuf;
+  e.gbuf = nullptr;
+  hand_to_shard(s, buffer + s.shard.offset, e.gradbuf, final);
   gate_.handed_off(s, handoff_stream(s), seen_[std::size_t(c)], expected_[std::size_t(c)]);
 }
 
-void GradientPath::flush_local_accumulator(ChunkSlot& s) {
-  engine_.grad_comm->reduce_scatter(s.acc, s.acc + s.shard.offset, s.shard.numel, DType::fp32,
-                                    comm::ReduceOp::sum, engine_.grad_stream.get());
-  ++engine_.transfers.grad_reductions;
-  engine_.transfers.grad_reduction_bytes += s.numel * sizeof(float);
-  float* acc = s.acc;
-  s.acc = nullptr;
-  hand_to_shard(s, acc + s.shard.offset, s.accbuf, /*final=*/true);
+void GradientPath::flush_local_accumulator(const ChunkSlot& s) {
+  GradEntry& e = entries_[std::size_t(s.id)];
+  env_.grad_comm->reduce_scatter(e.acc, e.acc + s.shard.offset, s.shard.numel, DType::fp32,
+                                 comm::ReduceOp::sum, env_.grad_stream.get());
+  ++transfers_.grad_reductions;
+  transfers_.grad_reduction_bytes += s.numel * sizeof(float);
+  float* acc = e.acc;
+  e.acc = nullptr;
+  hand_to_shard(s, acc + s.shard.offset, e.accbuf, /*final=*/true);
 }
 
-void GradientPath::hand_to_shard(ChunkSlot& s, const float* src, tiering::TensorId buffer, bool final) {
+void GradientPath::hand_to_shard(const ChunkSlot& s, const float* src, tiering::TensorId buffer, bool final) {
+  GradEntry& e = entries_[std::size_t(s.id)];
   const std::size_t n = s.shard.numel;
-  const bool fresh = s.grads_fresh;
-  s.grads_fresh = false;
-  ++engine_.transfers.grad_handoffs;
-  engine_.transfers.grad_bytes += n * sizeof(float);
+  const bool fresh = e.grads_fresh;
+  e.grads_fresh = false;
+  ++transfers_.grad_handoffs;
+  transfers_.grad_bytes += n * sizeof(float);
   const kernels::Tensor from{const_cast<float*>(src), DType::fp32, n};
   if (s.route.grad_shard == Tier::device) {
     // Copied into the empty shard or added to it: with one rank on the compute stream after the model's
     // ops; with N on the gradient stream after the reduce-scatter (the route's hand-off stream). The block
     // is freed after that stream.
     const bool on_grad_stream = s.route.handoff == UpdateRoute::Handoff::grad_stream;
-    kernels::Ops& o = on_grad_stream ? *engine_.grad_ops : *engine_.ops;
+    kernels::Ops& o = on_grad_stream ? *env_.grad_ops : *env_.ops;
     const kernels::Tensor to{s.grad, DType::fp32, n};
     if (fresh)
       o.cast(to, from);
@@ -201,25 +241,25 @@ void GradientPath::hand_to_shard(ChunkSlot& s, const float* src, tiering::Tensor
       o.add(to, from);
     const Event* after = nullptr;
     if (on_grad_stream) {
-      if (!s.handed_off) s.handed_off = engine_.dev->create_event();
-      engine_.grad_stream->record(*s.handed_off);
-      after = s.handed_off.get();
+      if (!e.handed_off) e.handed_off = env_.dev->create_event();
+      env_.grad_stream->record(*e.handed_off);
+      after = e.handed_off.get();
     } else {
-      after = &engine_.computed(s);
+      after = &computed(s);
     }
-    engine_.tm->evict(buffer, Tier::device, Tier::pinned, after);  // frees the block (never valid: no copy)
+    env_.tm->evict(buffer, Tier::device, Tier::pinned, after);  // frees the block (never valid: no copy)
   } else {
     // Once the model's ops are done (a reduction waited for them already).
-    if (s.route.reduce == UpdateRoute::Reduce::none) engine_.grad_stream->wait(engine_.computed(s));
-    if (s.route.grads == UpdateRoute::Grads::device_accumulator && (s.acc || (fresh && !final))) {
+    if (s.route.reduce == UpdateRoute::Reduce::none) env_.grad_stream->wait(computed(s));
+    if (s.route.grads == UpdateRoute::Grads::device_accumulator && (e.acc || (fresh && !final))) {
       // Summed on the device (the same copy-then-add as below), and across to the shard once, at the
       // chunk's final hand-off of the step (or when the step's last backward ends).
-      const kernels::Tensor acc_t{s.acc, DType::fp32, n};
-      if (s.acc) {
-        engine_.grad_ops->add(acc_t, from);
+      const kernels::Tensor acc_t{e.acc, DType::fp32, n};
+      if (e.acc) {
+        env_.grad_ops->add(acc_t, from);
       } else {
-        s.acc = static_cast<float*>(room_.device_alloc(s.accbuf, AllocFor::demand));
-        engine_.grad_ops->cast(kernels::Tensor{s.acc, DType::fp32, n}, from);
+        e.acc = static_cast<float*>(room_.device_alloc(e.accbuf, AllocFor::demand));
+        env_.grad_ops->cast(kernels::Tensor{e.acc, DType::fp32, n}, from);
       }
       if (final) flush_accumulator(s);
     } else if (s.route.grads_nvme) {  // Note [Gradients through NVMe]
@@ -230,40 +270,42 @@ void GradientPath::hand_to_shard(ChunkSlot& s, const float* src, tiering::Tensor
       // (the same arithmetic as the device-home path: a copy, or one fp32 add per element).
       float* dst = s.grad;
       if (fresh) {
-        engine_.grad_stream->copy_async(dst, src, n * sizeof(float), CopyKind::device_to_host);
+        env_.grad_stream->copy_async(dst, src, n * sizeof(float), CopyKind::device_to_host);
       } else {
         float* staged = static_cast<float*>(staging_.data());
-        engine_.grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
-        engine_.grad_stream->host_fn([this, dst, staged, n] { add_on_host(dst, staged, n); });
+        env_.grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
+        env_.grad_stream->host_fn([this, dst, staged, n] { add_on_host(dst, staged, n); });
       }
-      ++engine_.transfers.grad_offloads;
-      engine_.transfers.grad_offload_bytes += n * sizeof(float);
+      ++transfers_.grad_offloads;
+      transfers_.grad_offload_bytes += n * sizeof(float);
     }
-    if (!s.handed_off) s.handed_off = engine_.dev->create_event();
-    engine_.grad_stream->record(*s.handed_off);
-    engine_.tm->evict(buffer, Tier::device, Tier::pinned, s.handed_off.get());  // reused once read
+    if (!e.handed_off) e.handed_off = env_.dev->create_event();
+    env_.grad_stream->record(*e.handed_off);
+    env_.tm->evict(buffer, Tier::device, Tier::pinned, e.handed_off.get());  // reused once read
   }
 }
 
-void GradientPath::flush_accumulator(ChunkSlot& s) {
+void GradientPath::flush_accumulator(const ChunkSlot& s) {
+  GradEntry& e = entries_[std::size_t(s.id)];
   const std::size_t n = s.shard.numel;
   if (s.route.grads_nvme) {
     // The step's sum: crossing at the final hand-off, when the last backward ends, or when step() comes.
-    stage_for_nvme(s, s.acc, /*fresh=*/true, /*with_stats=*/true);
+    stage_for_nvme(s, e.acc, /*fresh=*/true, /*with_stats=*/true);
   } else {
-    engine_.grad_stream->copy_async(s.grad, s.acc, n * sizeof(float), CopyKind::device_to_host);
-    ++engine_.transfers.grad_offloads;
-    engine_.transfers.grad_offload_bytes += n * sizeof(float);
+    env_.grad_stream->copy_async(s.grad, e.acc, n * sizeof(float), CopyKind::device_to_host);
+    ++transfers_.grad_offloads;
+    transfers_.grad_offload_bytes += n * sizeof(float);
   }
-  if (!s.handed_off) s.handed_off = engine_.dev->create_event();
-  engine_.grad_stream->record(*s.handed_off);
-  engine_.tm->evict(s.accbuf, Tier::device, Tier::pinned,
-                    s.handed_off.get());  // frees the block after the copy
-  s.acc = nullptr;
+  if (!e.handed_off) e.handed_off = env_.dev->create_event();
+  env_.grad_stream->record(*e.handed_off);
+  env_.tm->evict(e.accbuf, Tier::device, Tier::pinned,
+                 e.handed_off.get());  // frees the block after the copy
+  e.acc = nullptr;
 }
 
-void GradientPath::stage_for_nvme(ChunkSlot& s, const float* src, bool fresh, bool with_stats) {
-  tiering::TierManager& tm = *engine_.tm;
+void GradientPath::stage_for_nvme(const ChunkSlot& s, const float* src, bool fresh, bool with_stats) {
+  GradEntry& e = entries_[std::size_t(s.id)];
+  tiering::TierManager& tm = *env_.tm;
   const std::size_t n = s.shard.numel;
   // The window, and this chunk's own earlier write done before its shard is touched again.
   auto own_write = [&] {
@@ -271,10 +313,10 @@ void GradientPath::stage_for_nvme(ChunkSlot& s, const float* src, bool fresh, bo
                        [&](const NvmeWrite& w) { return w.chunk == s.id; });
   };
   if (!nvme_writes_.empty() && (nvme_writes_.size() >= kNvmeGradWindow || own_write())) {
-    const WaitTimer tw(*engine_.compute_stream);
+    const WaitTimer tw(*env_.compute_stream);
     while (!nvme_writes_.empty() && (nvme_writes_.size() >= kNvmeGradWindow || own_write()))
       finish_oldest_write();
-    engine_.times.wait += tw.idle_seconds();
+    wait_ += tw.idle_seconds();
   }
   // The shard's pinned block: empty this step, or the NVMe copy read back into it to add to.
   tm.pin(s.tensors.grad);
@@ -291,40 +333,40 @@ void GradientPath::stage_for_nvme(ChunkSlot& s, const float* src, bool fresh, bo
   // host function touches memory only: the tier manager may wait for this stream's events under its
   // mutex, so nothing on the stream may take it.
   float* staged = nvme_staging();
-  engine_.grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
-  engine_.grad_stream->host_fn([this, &s, dst, staged, fresh, with_stats, read] {
+  env_.grad_stream->copy_async(staged, src, n * sizeof(float), CopyKind::device_to_host);
+  env_.grad_stream->host_fn([this, &s, dst, staged, fresh, with_stats, read] {
     read.wait();  // the NVMe copy is in the block (raises a failed read)
     to_nvme(s, dst, staged, fresh, with_stats);
   });
-  if (!s.handed_off) s.handed_off = engine_.dev->create_event();
-  engine_.grad_stream->record(*s.handed_off);
+  if (!e.handed_off) e.handed_off = env_.dev->create_event();
+  env_.grad_stream->record(*e.handed_off);
   // The write to NVMe, gated by the tier manager on that event; the block is freed once written.
   try {
     tm.mark_written(s.tensors.grad, Tier::pinned);
     tm.unpin(s.tensors.grad);
-    nvme_writes_.push_back({s.id, tm.evict(s.tensors.grad, Tier::pinned, Tier::nvme, s.handed_off.get())});
+    nvme_writes_.push_back({s.id, tm.evict(s.tensors.grad, Tier::pinned, Tier::nvme, e.handed_off.get())});
   } catch (const OutOfMemory& err) {
     throw OutOfMemory(write_context(s.id) + err.what());
   }
-  ++engine_.transfers.grad_offloads;
-  engine_.transfers.grad_offload_bytes += n * sizeof(float);
-  ++engine_.transfers.grad_nvme_writes;
-  engine_.transfers.grad_nvme_write_bytes += n * sizeof(float);
+  ++transfers_.grad_offloads;
+  transfers_.grad_offload_bytes += n * sizeof(float);
+  ++transfers_.grad_nvme_writes;
+  transfers_.grad_nvme_write_bytes += n * sizeof(float);
   if (!fresh) {
-    ++engine_.transfers.grad_nvme_reads;
-    engine_.transfers.grad_nvme_read_bytes += n * sizeof(float);
+    ++transfers_.grad_nvme_reads;
+    transfers_.grad_nvme_read_bytes += n * sizeof(float);
   }
 }
 
-void GradientPath::to_nvme(ChunkSlot& s, float* dst, const float* staged, bool fresh, bool with_stats) {
+void GradientPath::to_nvme(const ChunkSlot& s, float* dst, const float* staged, bool fresh, bool with_stats) {
   const std::size_t n = s.shard.numel;
   if (fresh)
-    engine_.opt->for_each_range(n, [dst, staged](std::size_t i0, std::size_t i1) {
+    env_.opt->for_each_range(n, [dst, staged](std::size_t i0, std::size_t i1) {
       std::memcpy(dst + i0, staged + i0, (i1 - i0) * sizeof(float));
     });
   else
     add_on_host(dst, staged, n);
-  out_stats_[std::size_t(s.id)] = with_stats ? shard_norm(s.route, *engine_.opt, dst, n) : ShardNorm{};
+  out_stats_[std::size_t(s.id)] = with_stats ? shard_norm(s.route, *env_.opt, dst, n) : ShardNorm{};
 }
 
 void GradientPath::drain_nvme_writes() {
@@ -333,8 +375,8 @@ void GradientPath::drain_nvme_writes() {
 
 float* GradientPath::nvme_staging() {
   if (!nvme_staged_) {
-    nvme_staged_ = static_cast<float*>(engine_.tm->allocate(nvme_staging_id_, Tier::pinned));
-    engine_.tm->pin(nvme_staging_id_);
+    nvme_staged_ = static_cast<float*>(env_.tm->allocate(nvme_staging_id_, Tier::pinned));
+    env_.tm->pin(nvme_staging_id_);
   }
   return nvme_staged_;
 }
@@ -343,8 +385,8 @@ void GradientPath::release_nvme_staging() {
   if (!nvme_staged_) return;
   // Never marked written: the evict frees the block without a copy. The gradient stream, its last
   // reader, is synchronised.
-  engine_.tm->unpin(nvme_staging_id_);
-  engine_.tm->evict(nvme_staging_id_, Tier::pinned, Tier::nvme);
+  env_.tm->unpin(nvme_staging_id_);
+  env_.tm->evict(nvme_staging_id_, Tier::pinned, Tier::nvme);
   nvme_staged_ = nullptr;
 }
 
@@ -361,31 +403,31 @@ void GradientPath::finish_oldest_write() {
 }
 
 std::string GradientPath::write_context(int chunk) const {
-  const ChunkSlot& s = engine_.slots[std::size_t(chunk)];
+  const ChunkSlot& s = env_.slots[std::size_t(chunk)];
   return cat("writing the fp32 gradients of chunk ", s.name, " (", s.shard.numel * sizeof(float),
              " bytes) to NVMe: ");
 }
 
 void GradientPath::flush_accumulators() {
-  for (ChunkSlot& s : engine_.slots)
-    if (s.acc)
+  for (const ChunkSlot& s : env_.slots)
+    if (entries_[std::size_t(s.id)].acc)
       s.route.grads == UpdateRoute::Grads::local_accumulator ? flush_local_accumulator(s)
                                                              : flush_accumulator(s);
 }
 
 void GradientPath::add_on_host(float* dst, const float* src, std::size_t n) {
-  engine_.opt->for_each_range(
+  env_.opt->for_each_range(
       n, [dst, src](std::size_t i0, std::size_t i1) { add_into(dst + i0, src + i0, i1 - i0); });
 }
 
 void GradientPath::sync() {
   flush_accumulators();  // a step before the configured micro-batches were all made
-  const WaitTimer t0(*engine_.compute_stream);
-  engine_.compute_stream->synchronize();  // gradients at home on the device are added there
-  engine_.grad_stream->synchronize();     // raises a failed copy or add of the gradient stream
-  drain_nvme_writes();                    // raises a failed write
+  const WaitTimer t0(*env_.compute_stream);
+  env_.compute_stream->synchronize();  // gradients at home on the device are added there
+  env_.grad_stream->synchronize();     // raises a failed copy or add of the gradient stream
+  drain_nvme_writes();                 // raises a failed write
   release_nvme_staging();
-  engine_.times.wait += t0.idle_seconds();
+  wait_ += t0.idle_seconds();
 }
 
 ShardNorm shard_norm(const UpdateRoute& r, cpu_optim::Optimizer& opt, const float* g, std::size_t n) {
@@ -403,28 +445,28 @@ ShardNorm shard_norm(const UpdateRoute& r, cpu_optim::Optimizer& opt, const floa
 
 void GradientPath::settle_nvme_stats() {
   // Gradients on NVMe: taken on the way out (Note [Gradients through NVMe]), else read back once here.
-  for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
-    ChunkSlot& s = engine_.slots[i];
+  for (std::size_t i = 0; i < env_.slots.size(); ++i) {
+    const ChunkSlot& s = env_.slots[i];
     if (!s.route.grads_nvme) continue;
-    if (s.grads_fresh) {  // no gradients reached this chunk this step: zeros for the update
-      tiering::TierManager& tm = *engine_.tm;
+    if (entries_[i].grads_fresh) {  // no gradients reached this chunk this step: zeros for the update
+      tiering::TierManager& tm = *env_.tm;
       tm.pin(s.tensors.grad);
       float* g = static_cast<float*>(tm.allocate(s.tensors.grad, Tier::pinned));
       std::memset(g, 0, s.shard.numel * sizeof(float));
-      out_stats_[i] = shard_norm(s.route, *engine_.opt, g, s.shard.numel);
+      out_stats_[i] = shard_norm(s.route, *env_.opt, g, s.shard.numel);
       tm.mark_written(s.tensors.grad, Tier::pinned);
       tm.unpin(s.tensors.grad);
       tm.evict(s.tensors.grad, Tier::pinned, Tier::nvme).wait();
     } else if (!out_stats_[i].valid) {
-      engine_.with_host_copy(s.tensors.grad, [&](const void* g) {
-        out_stats_[i] = shard_norm(s.route, *engine_.opt, static_cast<const float*>(g), s.shard.numel);
+      env_.with_host_copy(s.tensors.grad, [&](const void* g) {
+        out_stats_[i] = shard_norm(s.route, *env_.opt, static_cast<const float*>(g), s.shard.numel);
       });
     }
   }
 }
 
 const ShardNorm* GradientPath::taken_norm(std::size_t i) const {
-  if (engine_.slots[i].route.grads_nvme) return &out_stats_[i];  // on the way out, or read back
+  if (env_.slots[i].route.grads_nvme) return &out_stats_[i];  // on the way out, or read back
   return gate_.early_stats(i);  // taken by the overlap's worker from the final gradients
 }
 
@@ -433,27 +475,28 @@ void GradientPath::sum_block_norms(double& sum_sq, bool& finite) {
   // global block order — rank 0's shard, then rank 1's, ... — the same additions one rank makes over the
   // whole chunk (shards are whole blocks: the layout's chunk_multiple). So the norm, the clipping and the
   // step are those of one rank, bit for bit.
-  auto summed = [](const ChunkSlot& s) {
-    return s.route.norm == UpdateRoute::Norm::host_blocks && (s.route.grads_nvme || !s.grads_fresh);
+  auto summed = [&](const ChunkSlot& s) {
+    return s.route.norm == UpdateRoute::Norm::host_blocks &&
+           (s.route.grads_nvme || !entries_[std::size_t(s.id)].grads_fresh);
   };
   const std::size_t per_shard =
-      (engine_.largest_shard + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
-  std::vector<double> mine(engine_.slots.size() * per_shard, 0.0);
-  for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
-    const ChunkSlot& s = engine_.slots[i];
+      (env_.largest_shard + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
+  std::vector<double> mine(env_.slots.size() * per_shard, 0.0);
+  for (std::size_t i = 0; i < env_.slots.size(); ++i) {
+    const ChunkSlot& s = env_.slots[i];
     if (!summed(s)) continue;  // zeroed (its partials are 0), or reduced on the device
     const ShardNorm* taken = taken_norm(i);
     const std::vector<double> b =
-        taken ? taken->blocks : shard_norm(s.route, *engine_.opt, s.grad, s.shard.numel).blocks;
+        taken ? taken->blocks : shard_norm(s.route, *env_.opt, s.grad, s.shard.numel).blocks;
     std::copy(b.begin(), b.end(), mine.begin() + std::ptrdiff_t(i * per_shard));
   }
-  const int world = engine_.comm->world_size();
+  const int world = env_.comm->world_size();
   std::vector<double> all(mine.size() * std::size_t(world));
-  engine_.comm->host_all_gather(mine.data(), all.data(), mine.size() * sizeof(double));  // host memory
-  for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
-    if (!summed(engine_.slots[i])) continue;
+  env_.comm->host_all_gather(mine.data(), all.data(), mine.size() * sizeof(double));  // host memory
+  for (std::size_t i = 0; i < env_.slots.size(); ++i) {
+    if (!summed(env_.slots[i])) continue;
     const std::size_t blocks =
-        (engine_.slots[i].shard.numel + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
+        (env_.slots[i].shard.numel + cpu_optim::kGradStatsBlock - 1) / cpu_optim::kGradStatsBlock;
     double chunk = 0.0;
     for (int r = 0; r < world; ++r)
       for (std::size_t b = 0; b < blocks; ++b) chunk += all[std::size_t(r) * mine.size() + i * per_shard + b];
@@ -463,15 +506,15 @@ void GradientPath::sum_block_norms(double& sum_sq, bool& finite) {
 }
 
 void GradientPath::sum_device_norms(double& sum_sq, bool& finite) {
-  std::vector<char> host(engine_.slots.size() * 16);
-  engine_.from_device(host.data(), stats_, host.size());
+  std::vector<char> host(env_.slots.size() * 16);
+  env_.from_device(host.data(), stats_, host.size());
   double dev_sq = 0;
   bool dev_finite = true, over_ranks = false;
-  for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
-    const ChunkSlot& s = engine_.slots[i];
+  for (std::size_t i = 0; i < env_.slots.size(); ++i) {
+    const ChunkSlot& s = env_.slots[i];
     if (!on_device(s.route)) continue;
     over_ranks = over_ranks || s.route.norm == UpdateRoute::Norm::device_ranks;  // every rank alike
-    if (s.grads_fresh) continue;
+    if (entries_[i].grads_fresh) continue;
     double sq;
     std::int32_t bad;
     std::memcpy(&sq, host.data() + 16 * i, sizeof sq);
@@ -480,8 +523,8 @@ void GradientPath::sum_device_norms(double& sum_sq, bool& finite) {
     dev_finite = dev_finite && bad == 0;
   }
   if (over_ranks) {  // the device reductions' sums of each rank's shards (not the one-rank bits)
-    dev_sq = engine_.comm->all_reduce_sum(dev_sq);
-    dev_finite = engine_.comm->all_reduce_and(dev_finite);
+    dev_sq = env_.comm->all_reduce_sum(dev_sq);
+    dev_finite = env_.comm->all_reduce_and(dev_finite);
   }
   sum_sq += dev_sq;
   finite = finite && dev_finite;
@@ -493,33 +536,33 @@ void GradientPath::stats(double& sum_sq, bool& finite) {
   // In chunk order: one rank's host shards summed here; the device's reduced there and read back below,
   // all at once; N ranks' host shards by their blocks' partials below.
   bool any_device = false, any_blocks = false;
-  for (std::size_t i = 0; i < engine_.slots.size(); ++i) {
-    ChunkSlot& s = engine_.slots[i];
+  for (std::size_t i = 0; i < env_.slots.size(); ++i) {
+    const ChunkSlot& s = env_.slots[i];
     const UpdateRoute::Norm norm = s.route.norm;
     any_device = any_device || on_device(s.route);
     any_blocks = any_blocks || norm == UpdateRoute::Norm::host_blocks;
     const Tensor g{s.grad, DType::fp32, s.shard.numel};
-    if (s.grads_fresh && !s.route.grads_nvme) {  // no gradients reached this chunk this step
+    if (entries_[i].grads_fresh && !s.route.grads_nvme) {  // no gradients reached this chunk this step
       if (on_device(s.route))
-        engine_.ops->zero(g);
+        env_.ops->zero(g);
       else
         std::memset(s.grad, 0, s.shard.numel * sizeof(float));
       continue;
     }
     if (on_device(s.route)) {  // on the compute stream, after the gradient adds
-      engine_.ops->squared_norm(Tensor{stats_ + 16 * i, DType::u8, 8}, g);
-      engine_.ops->nonfinite_check(Tensor{stats_ + 16 * i + 8, DType::i32, 1}, g);
+      env_.ops->squared_norm(Tensor{stats_ + 16 * i, DType::u8, 8}, g);
+      env_.ops->nonfinite_check(Tensor{stats_ + 16 * i + 8, DType::i32, 1}, g);
       continue;
     }
     if (norm == UpdateRoute::Norm::host_blocks) continue;  // below: the partials of every rank's shard
     const ShardNorm* taken = taken_norm(i);
-    const ShardNorm st = taken ? *taken : shard_norm(s.route, *engine_.opt, s.grad, s.shard.numel);
+    const ShardNorm st = taken ? *taken : shard_norm(s.route, *env_.opt, s.grad, s.shard.numel);
     sum_sq += st.sum_sq;
     finite = finite && st.finite;
   }
   if (any_blocks) sum_block_norms(sum_sq, finite);
   if (any_device) sum_device_norms(sum_sq, finite);
-  for (ChunkSlot& s : engine_.slots) s.grads_fresh = false;
+  for (GradEntry& e : entries_) e.grads_fresh = false;
   for (ShardNorm& st : out_stats_) st = ShardNorm{};
 }
 

@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <deque>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "zero3/engine_gate.h"
@@ -13,26 +15,43 @@
 
 namespace strata::zero3 {
 
+// The gradient path's own per-chunk state. Written by GradientPath only.
+struct GradEntry {
+  // The gradient buffer handed to the model (device, fp32, numel), between acquire_grads and release:
+  // registered once and pinned, its device block allocated only while in use.
+  tiering::TensorId gradbuf = 0;
+  float* gbuf = nullptr;  // non-null while handed out
+  // The route's device accumulator (ChunkSlot::accumulates(); device, fp32: shard.numel, the local one
+  // numel), live from the step's first hand-off to its flush; while it is, the shard holds nothing.
+  tiering::TensorId accbuf = 0;
+  float* acc = nullptr;
+  bool grads_fresh = true;            // no gradient has reached this chunk yet this step
+  std::unique_ptr<Event> handed_off;  // the gradient stream's copy of the gradient buffer
+  std::unique_ptr<Event> computed;    // the compute stream at the hand-off: the model's ops on the buffer
+};
+
 class GradientPath {
  public:
-  GradientPath(EngineState& e, DeviceRoom& room, UpdateGate& gate) : engine_(e), room_(room), gate_(gate) {}
+  GradientPath(const EngineEnv& env, DeviceRoom& room, UpdateGate& gate)
+      : env_(env), room_(room), gate_(gate) {}
 
+  // The engine's construction made chunk s (in chunk order): its gradient buffer and accumulator registered.
+  void add_chunk(const ChunkSlot& s);
   // After the chunks exist: the pinned staging for accumulation into pinned shards, and with gradients on
   // a device reached by stream work only the per-chunk statistics tensor there.
   void open();
+  const GradEntry& entry(int c) const { return entries_[std::size_t(c)]; }
 
   // ---- the model's acquire_grads / release_grads (model::ChunkProvider) ----
   float* acquire_grads(int c);
   void release_grads(int c);
 
-  // A backward starts (`last_micro`: it ends the step's accumulation) / completed: its hand-offs per chunk
-  // become the expected ones (a chunk's hand-off is final in the step's last backward when it is its
-  // expected-th).
-  void begin_backward(bool last_micro);
+  // A backward starts (BackwardStart.ends_step: it ends the step's accumulation) / completed: its hand-offs
+  // per chunk become the expected ones (a chunk's hand-off is final in the step's last backward when it is
+  // its expected-th).
+  void begin_backward(const BackwardStart& b);
   // A step begins (after step(), or a checkpoint load): no gradient has reached any chunk yet.
-  void new_step() {
-    for (ChunkSlot& s : engine_.slots) s.grads_fresh = true;
-  }
+  void new_step();
   void end_backward();
   // The step's last backward ended, or step() came early: what still accumulates on the device crosses.
   void flush_accumulators();
@@ -42,25 +61,32 @@ class GradientPath {
   // shards no gradient reached), summed in chunk order.
   void stats(double& sum_sq, bool& finite);
 
+  // What the gradient path counted: its hand-offs, crossings and reductions (TransferStats' grad fields),
+  // and the seconds the host waited while the compute stream was idle since the last take_wait().
+  const TransferStats& transfers() const { return transfers_; }
+  double take_wait() { return std::exchange(wait_, 0.0); }
+
  private:
   // The stream a hand-off of chunk s ends on (UpdateRoute::Handoff).
   Stream& handoff_stream(const ChunkSlot& s) const {
-    return s.route.handoff == UpdateRoute::Handoff::compute_stream ? *engine_.compute_stream
-                                                                   : *engine_.grad_stream;
+    return s.route.handoff == UpdateRoute::Handoff::compute_stream ? *env_.compute_stream : *env_.grad_stream;
   }
+  // Records the compute stream's work enqueued so far on chunk s (GradEntry::computed) and returns it.
+  // Waits and frees made after it take that point (an event's later records do not move them).
+  Event& computed(const ChunkSlot& s);
   bool final_handoff(const ChunkSlot& s) const {
     const int n = expected_[std::size_t(s.id)];
     return last_micro_ && n > 0 && seen_[std::size_t(s.id)] == n;
   }
   // Hands this rank's slice `src` (in device block `buffer`, freed once read) to the chunk's fp32 gradient
   // shard: copied into it when it is empty this step, else added (Note [Gradients off the device]).
-  void hand_to_shard(ChunkSlot& s, const float* src, tiering::TensorId buffer, bool final);
+  void hand_to_shard(const ChunkSlot& s, const float* src, tiering::TensorId buffer, bool final);
   // Copies a live device accumulator into its (empty) pinned shard on the gradient stream and frees it
   // after the copy.
-  void flush_accumulator(ChunkSlot& s);
+  void flush_accumulator(const ChunkSlot& s);
   // Stage 1's local accumulator: reduce-scattered, its slice handed to the shard, freed (Note [Stage 1
   // accumulates locally]).
-  void flush_local_accumulator(ChunkSlot& s);
+  void flush_local_accumulator(const ChunkSlot& s);
   // dst += src (fp32, one add per element) on the CPU optimizer's threads: the gradient stream's add of a
   // staged gradient into a pinned shard.
   void add_on_host(float* dst, const float* src, std::size_t n);
@@ -68,13 +94,13 @@ class GradientPath {
   // through the pool's staging block and a pinned block (`fresh`: the shard is empty this step;
   // `with_stats`: take its statistics on the way). to_nvme is the gradient stream's part: staged into the
   // block, and the stats.
-  void stage_for_nvme(ChunkSlot& s, const float* src, bool fresh, bool with_stats);
+  void stage_for_nvme(const ChunkSlot& s, const float* src, bool fresh, bool with_stats);
   // The staging block of gradients on their way to NVMe: taken from the tier manager's pinned pool at the
   // first crossing of a step, given back once the step's writes are drained (sync), so that it shares the
   // pool's room with the optimizer's window (Note [Host memory bounded by buffers] in placement.cpp).
   float* nvme_staging();
   void release_nvme_staging();
-  void to_nvme(ChunkSlot& s, float* dst, const float* staged, bool fresh, bool with_stats);
+  void to_nvme(const ChunkSlot& s, float* dst, const float* staged, bool fresh, bool with_stats);
   // stats() in pieces: the NVMe shards' statistics made whole (zeros for a shard no gradient reached, a
   // read back for one without them); chunk i's statistics taken before stats() (on the way to NVMe, or by
   // the overlap's worker), or null; N ranks' host shards summed by their blocks' partials over every rank;
@@ -90,9 +116,10 @@ class GradientPath {
   // "writing the fp32 gradients of chunk block.3 (N bytes) to NVMe: "
   std::string write_context(int chunk) const;
 
-  EngineState& engine_;
+  const EngineEnv& env_;
   DeviceRoom& room_;
   UpdateGate& gate_;
+  std::vector<GradEntry> entries_;  // per chunk
   // Gradient hand-offs per chunk in the last complete backward (0: unknown) and in this one.
   std::vector<int> expected_, seen_;
   bool last_micro_ = true;  // the backward in progress ends the step's accumulation
@@ -116,6 +143,8 @@ class GradientPath {
   // int32 non-finite flag), a tensor of the device state.
   tiering::TensorId stats_id_ = 0;
   char* stats_ = nullptr;
+  TransferStats transfers_;
+  double wait_ = 0;
 };
 
 }  // namespace strata::zero3

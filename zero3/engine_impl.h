@@ -1,7 +1,9 @@
 // Internal to zero3: the engine, composed of its parts.
 //
-// Note [Engine parts]: Engine::Impl is the shared state (EngineState, engine_state.h) and four parts, each
-// with its own header and source and a narrow interface:
+// Note [Engine parts]: Engine::Impl is the environment the parts read (EngineEnv, engine_state.h: the
+// config, device, streams, ops, ranks, tier manager, plan and chunks, made at construction and const to
+// every part), the step's bookkeeping (below: counters, loss scale, rate) and four parts, each with its own
+// header and source, its own per-chunk state and a narrow interface:
 //
 //   ChunkCache        engine_cache.{h,cpp}    gathers (prefetched or on demand, the all-gather at N ranks),
 //                                             keep or drop on release, device room, NVMe params' copies
@@ -14,7 +16,10 @@
 // they test no home, world size or device kind themselves. They meet through two interfaces
 // (engine_gate.h): the cache and the gradient path pass an UpdateGate (Impl forwards it to the overlap),
 // the updater asks a DeviceRoom (the cache) for device blocks; so no part calls back into one that calls
-// it. Each writes only its own fields of a ChunkSlot (grouped by owner in engine_state.h). Impl itself builds everything (engine.cpp: the device, the tiers, the chunks;
+// it. Each keeps its own per-chunk record — the cache's CacheEntry, the gradient path's GradEntry, the
+// updater's ShardStep — beside the plan's ChunkSlot, which none writes; what a part needs of the step's
+// bookkeeping it is given (BackwardStart, a step's rate and factor), and what it counts (transfers, waits)
+// it keeps, for Impl to read. Impl itself builds everything (engine.cpp: the device, the tiers, the chunks;
 // engine_plan.cpp: the plan, the cores, the ranks agreeing), drives a step (engine_step.cpp: forward,
 // backward, step() in the order of Note [The optimizer step]), measures the offload ratio (engine_ratio.cpp)
 // and saves and loads checkpoints (engine_checkpoint.cpp). One training thread calls every method.
@@ -31,10 +36,12 @@
 #include "zero3/engine_overlap.h"
 #include "zero3/engine_state.h"
 #include "zero3/engine_update.h"
+#include "zero3/loss_scaler.h"
+#include "zero3/lr_schedule.h"
 
 namespace strata::zero3 {
 
-struct Engine::Impl final : EngineState, private UpdateGate {
+struct Engine::Impl final : EngineEnv, private UpdateGate {
   Impl(const Config& cfg, const model::ModelConfig& mcfg, const EngineOptions& opts);
   ~Impl();
 
@@ -103,6 +110,19 @@ struct Engine::Impl final : EngineState, private UpdateGate {
   nlohmann::json chunk_table() const;      // [{"name", "numel", "padded_numel"}] of this layout
   std::uint64_t checkpoint_bytes() const;  // Engine::checkpoint_bytes
 
+  // The step's bookkeeping: the loss scale and the rate, the steps taken, the backwards since the last
+  // step, and the times of the step in progress (the parts' waits are added at step()).
+  LossScaler scaler;
+  LrSchedule sched;
+  std::int64_t global_step = 0, applied_steps = 0, skipped = 0;
+  int micro_steps = 0;  // backwards since the last step()
+  StepTimes times;
+  // What the next backward is (Engine::backward): whether it ends the step's accumulation and what an
+  // unclipped step would apply.
+  BackwardStart backward_start() const;
+  // Engine::transfer_stats: the cache's and the gradient path's counts, merged when asked.
+  TransferStats transfers;
+
   // The model checkpoints activations (plan_memory decides, Note [Checkpointing by choice]).
   bool checkpoint_activations = true;
   // From plan_memory: the chunks that stay gathered all pass and their device bytes, and the tokens per
@@ -138,7 +158,7 @@ struct Engine::Impl final : EngineState, private UpdateGate {
   // UpdateGate (engine_gate.h): the overlap's.
   void settle(int c) override { overlap.settle(c); }
   void undo(UndoAs as) override { overlap.undo(as); }
-  void handed_off(ChunkSlot& s, Stream& on, int seen, int expected) override {
+  void handed_off(const ChunkSlot& s, Stream& on, int seen, int expected) override {
     overlap.handed_off(s, on, seen, expected);
   }
   const ShardNorm* early_stats(std::size_t c) const override { return overlap.early_stats(c); }

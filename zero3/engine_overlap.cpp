@@ -72,31 +72,31 @@ namespace strata::zero3 {
 
 using detail::cat;
 
-std::vector<std::pair<void*, std::size_t>> OptimizerOverlap::regions(ChunkSlot& s) const {
+std::vector<std::pair<void*, std::size_t>> OptimizerOverlap::regions(const ChunkSlot& s) const {
   const std::size_t n = s.shard.numel;
   std::vector<std::pair<void*, std::size_t>> r{{s.master, n * sizeof(float)}};
-  if (engine_.rule.keeps_exp_avg()) r.emplace_back(s.exp_avg, n * sizeof(float));
-  if (engine_.rule.keeps_exp_avg_sq()) r.emplace_back(s.exp_avg_sq, n * sizeof(float));
+  if (env_.rule.keeps_exp_avg()) r.emplace_back(s.exp_avg, n * sizeof(float));
+  if (env_.rule.keeps_exp_avg_sq()) r.emplace_back(s.exp_avg_sq, n * sizeof(float));
   if (s.route.params != UpdateRoute::Params::staged)
-    r.emplace_back(engine_.my_params(s), n * engine_.working_dtype_bytes());
+    r.emplace_back(env_.my_params(s), n * env_.working_dtype_bytes());
   return r;
 }
 
 std::byte* OptimizerOverlap::staging(const ChunkSlot& s) const {
-  const std::size_t states = std::size_t(1 + engine_.rule.states()) * s.shard.numel * sizeof(float);
+  const std::size_t states = std::size_t(1 + env_.rule.states()) * s.shard.numel * sizeof(float);
   return backup_.get() + backup_at_[std::size_t(s.id)] + states;
 }
 
 void OptimizerOverlap::open() {
-  const std::size_t C = engine_.slots.size();
+  const std::size_t C = env_.slots.size();
   // The copies of the chunks the plan overlaps (UpdateRoute.overlap), the last chunk's first.
   std::uint64_t total = 0;
   int chunks = 0;
   backup_at_.assign(C, 0);
   for (std::size_t i = C; i-- > 0;) {
-    if (!engine_.slots[i].route.overlap) continue;
+    if (!env_.slots[i].route.overlap) continue;
     backup_at_[i] = total;
-    total += overlap_copy_bytes(engine_.planned, engine_.slots[i].shard.numel);
+    total += overlap_copy_bytes(env_.planned, env_.slots[i].shard.numel);
     ++chunks;
   }
   if (chunks == 0) return;
@@ -107,29 +107,29 @@ void OptimizerOverlap::open() {
   deferred_.assign(C, 0);
   before_.resize(C);
   final_grads_.resize(C);
-  for (std::size_t i = 0; i < C; ++i) final_grads_[i] = engine_.dev->create_event();
+  for (std::size_t i = 0; i < C; ++i) final_grads_[i] = env_.dev->create_event();
   on_ = true;
-  if (engine_.comm->rank() == 0)
+  if (env_.comm->rank() == 0)
     STRATA_LOG_INFO("zero3: optimizer overlapped with backward for ", chunks, " of ", C, " chunks (",
-                    engine_.plan.overlap_groups, " of ", engine_.groups.size(),
-                    " sub-groups); rollback copies ", format_size(total), " of host memory");
+                    env_.plan.overlap_groups, " of ", env_.groups.size(), " sub-groups); rollback copies ",
+                    format_size(total), " of host memory");
 }
 
-void OptimizerOverlap::begin_backward() {
+void OptimizerOverlap::begin_backward(const BackwardStart& b) {
   if (!on_) return;
   // A second backward ending the accumulation before step() (more micro-batches than configured): what
   // the first one updated is undone, and this one updates again with every gradient.
   undo(UndoAs::cancellation);
   for (auto& st : grad_stats_) st.valid = false;
-  armed_ = engine_.micro_steps + 1 >= engine_.cfg.gradient_accumulation_steps;
+  armed_ = b.ends_step;
   if (armed_ && last_clipped_) {
     armed_ = false;
     ++stats_.waited;
   }
   if (!armed_) return;
-  lr_ = engine_.sched.lr();
-  factor_ = float(1.0 / engine_.scaler.scale());  // grad_scale's factor when clipping does not fire
-  step_no_ = engine_.applied_steps + 1;
+  lr_ = b.lr;
+  factor_ = b.unclipped_factor;
+  step_no_ = b.step_no;
 }
 
 void OptimizerOverlap::end_backward(BackwardEnd how) {
@@ -138,7 +138,7 @@ void OptimizerOverlap::end_backward(BackwardEnd how) {
   if (how == BackwardEnd::failed) undo(UndoAs::cancellation);
 }
 
-void OptimizerOverlap::handed_off(ChunkSlot& s, Stream& on, int seen, int expected) {
+void OptimizerOverlap::handed_off(const ChunkSlot& s, Stream& on, int seen, int expected) {
   if (!on_) return;
   const std::size_t c = std::size_t(s.id);
   // Chunks the optimizer does not update here still get their gradient statistics taken early, where the
@@ -168,16 +168,16 @@ void OptimizerOverlap::handed_off(ChunkSlot& s, Stream& on, int seen, int expect
 void OptimizerOverlap::worker() {
   // Its updates write device homes and wait for events (Note [thread device] in core/device.h).
   try {
-    engine_.dev->bind_thread();
+    env_.dev->bind_thread();
   } catch (...) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!error_) error_ = std::current_exception();
   }
   // With cores of its own (Note [Cores] in engine_plan.cpp) the worker's copies run there too, not on the
   // model's cpus.
-  if (engine_.cfg.strata.cpu_optim.cores > 0 && engine_.cfg.strata.cpu_optim.pin_threads) {
+  if (env_.cfg.strata.cpu_optim.cores > 0 && env_.cfg.strata.cpu_optim.pin_threads) {
     try {
-      pin_current_thread(engine_.optimizer_cpus);
+      pin_current_thread(env_.optimizer_cpus);
     } catch (const Error& e) {
       STRATA_WARN_ONCE("zero3: cannot pin the optimizer overlap's worker (", e.what(), "); running unpinned");
     }
@@ -194,10 +194,10 @@ void OptimizerOverlap::worker() {
     const bool deferred = deferred_[std::size_t(c)] != 0;  // set before queueing, cleared below
     try {
       if (deferred) {
-        ChunkSlot& s = engine_.slots[std::size_t(c)];
-        updater_.update_chunk(s, s.grad, s.master, s.exp_avg, s.exp_avg_sq, engine_.my_params(s),
-                              deferred_lr_, deferred_factor_, deferred_step_);
-      } else if (engine_.slots[std::size_t(c)].route.overlap) {
+        const ChunkSlot& s = env_.slots[std::size_t(c)];
+        updater_.update_chunk(s, s.grad, s.master, s.exp_avg, s.exp_avg_sq, env_.my_params(s), deferred_lr_,
+                              deferred_factor_, deferred_step_);
+      } else if (env_.slots[std::size_t(c)].route.overlap) {
         update(c);
       } else {
         take_grad_stats(c);
@@ -219,7 +219,7 @@ void OptimizerOverlap::worker() {
       state_[std::size_t(c)] = State::failed;
       if (!error_) error_ = err;
     } else {
-      state_[std::size_t(c)] = engine_.slots[std::size_t(c)].route.overlap ? State::done : State::idle;
+      state_[std::size_t(c)] = env_.slots[std::size_t(c)].route.overlap ? State::done : State::idle;
     }
     cv_.notify_all();
   }
@@ -227,28 +227,28 @@ void OptimizerOverlap::worker() {
 
 // On the worker: chunk c's gradient statistics, as GradientPath::stats() would take them.
 void OptimizerOverlap::take_grad_stats(int c) {
-  ChunkSlot& s = engine_.slots[std::size_t(c)];
+  const ChunkSlot& s = env_.slots[std::size_t(c)];
   final_grads_[std::size_t(c)]->synchronize();
-  grad_stats_[std::size_t(c)] = shard_norm(s.route, *engine_.opt, s.grad, s.shard.numel);
+  grad_stats_[std::size_t(c)] = shard_norm(s.route, *env_.opt, s.grad, s.shard.numel);
 }
 
 // On the worker: chunk c's gradient statistics, its copies, then its update as step() would make it
 // unclipped.
 void OptimizerOverlap::update(int c) {
-  ChunkSlot& s = engine_.slots[std::size_t(c)];
+  const ChunkSlot& s = env_.slots[std::size_t(c)];
   take_grad_stats(c);
   std::byte* b = backup_.get() + backup_at_[std::size_t(c)];
   for (const auto& [p, bytes] : regions(s)) {
     std::memcpy(b, p, bytes);
     b += bytes;
   }
-  before_[std::size_t(c)] = s.opt;
+  before_[std::size_t(c)] = updater_.shard_step(c);
   copied_[std::size_t(c)] = 1;  // from here on, undoing puts the copies back
   // Working params in place (pinned home, or a device the CPU addresses); a device home reached by stream
   // work only receives them at step(), from the staging after the copies.
   const bool staged = s.route.params == UpdateRoute::Params::staged;
-  updater_.update_chunk(s, s.grad, s.master, s.exp_avg, s.exp_avg_sq,
-                        staged ? staging(s) : engine_.my_params(s), lr_, factor_, step_no_);
+  updater_.update_chunk(s, s.grad, s.master, s.exp_avg, s.exp_avg_sq, staged ? staging(s) : env_.my_params(s),
+                        lr_, factor_, step_no_);
 }
 
 void OptimizerOverlap::wait() {
@@ -274,9 +274,9 @@ bool OptimizerOverlap::assumed(float factor, double lr, std::int64_t step_no) co
 }
 
 void OptimizerOverlap::keep(std::size_t c) {
-  ChunkSlot& s = engine_.slots[c];
+  const ChunkSlot& s = env_.slots[c];
   if (s.route.params == UpdateRoute::Params::staged)
-    engine_.to_device(engine_.my_params(s), staging(s), s.shard.numel * engine_.working_dtype_bytes());
+    env_.to_device(env_.my_params(s), staging(s), s.shard.numel * env_.working_dtype_bytes());
   state_[c] = State::idle;
   copied_[c] = 0;
   ++stats_.updates;
@@ -294,7 +294,7 @@ void OptimizerOverlap::undo(UndoAs as) {
     for (auto& st : grad_stats_) st.valid = false;
   const auto t0 = Clock::now();
   bool any = false;
-  for (std::size_t c = 0; c < engine_.slots.size(); ++c) {
+  for (std::size_t c = 0; c < env_.slots.size(); ++c) {
     if (state_[c] == State::idle) continue;
     const bool wrote = copied_[c] != 0;
     state_[c] = State::idle;
@@ -302,13 +302,13 @@ void OptimizerOverlap::undo(UndoAs as) {
     if (!wrote) continue;
     any = true;
     ++stats_.updates;
-    ChunkSlot& s = engine_.slots[c];
+    const ChunkSlot& s = env_.slots[c];
     const std::byte* b = backup_.get() + backup_at_[c];
     for (const auto& [p, bytes] : regions(s)) {
       std::memcpy(p, b, bytes);
       b += bytes;
     }
-    updater_.set_shard_step(s, before_[c]);
+    updater_.set_shard_step(int(c), before_[c]);
   }
   if (!any) return;
   if (as == UndoAs::rollback) {

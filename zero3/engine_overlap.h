@@ -48,13 +48,13 @@ enum class BackwardEnd : std::uint8_t { completed, failed };
 //   - Training thread only: on_, armed_, last_clipped_, stats_, worker_. Set once by plan(), before the
 //     worker starts: backup_at_, backup_, the vectors' sizes and final_grads_'s events (recorded by
 //     handed_off before it queues the chunk; the worker only waits for them).
-//   - The CPU optimizer (EngineState::opt, through updater_) is called by both threads at once, which
+//   - The CPU optimizer (EngineEnv::opt, through updater_) is called by both threads at once, which
 //     cpu_optim allows (its header: "Several threads may call one Optimizer at once").
 // Public methods take `mu_` only for the members above and never call one another under it; the worker
 // holds it only between chunks, never during an update.
 class OptimizerOverlap {
  public:
-  OptimizerOverlap(EngineState& e, Updater& updater) : engine_(e), updater_(updater) {}
+  OptimizerOverlap(const EngineEnv& env, Updater& updater) : env_(env), updater_(updater) {}
   ~OptimizerOverlap() { stop(); }
   OptimizerOverlap(const OptimizerOverlap&) = delete;
   OptimizerOverlap& operator=(const OptimizerOverlap&) = delete;
@@ -65,12 +65,13 @@ class OptimizerOverlap {
   void open();
   bool on() const { return on_; }
 
-  // The backward: before the model's (whether this one ends the step's accumulation) and after it.
-  void begin_backward();
+  // The backward: before the model's (whether it ends the step's accumulation, and what the step would be
+  // if it applied unclipped) and after it.
+  void begin_backward(const BackwardStart& b);
   void end_backward(BackwardEnd how);
   // A gradient hand-off of chunk s was enqueued on `on`, the `seen`-th of this backward where the last
   // complete one made `expected`: the chunk's last one starts its update (on the worker).
-  void handed_off(ChunkSlot& s, Stream& on, int seen, int expected);
+  void handed_off(const ChunkSlot& s, Stream& on, int seen, int expected);
   // Waits for the worker; rethrows the first failed update (after undoing every update).
   void wait();
   // Undoes every update made during backward (exactly: the copies are put back), counting it `as` a
@@ -109,10 +110,10 @@ class OptimizerOverlap {
   // What a chunk's copies hold, in their order in `backup_`: master, the optimizer's states, and the
   // working params unless they are staged (UpdateRoute::Params::staged: a device home reached by stream
   // work only), whose new values then follow the copies (staging()).
-  std::vector<std::pair<void*, std::size_t>> regions(ChunkSlot& s) const;
+  std::vector<std::pair<void*, std::size_t>> regions(const ChunkSlot& s) const;
   std::byte* staging(const ChunkSlot& s) const;
 
-  EngineState& engine_;
+  const EngineEnv& env_;
   Updater& updater_;
   bool on_ = false;
   // Where the rollback copies of the chunks updated during backward (UpdateRoute.overlap) are in `backup_`

@@ -52,14 +52,13 @@ double Engine::Impl::cpu_optimizer_rate(std::size_t n) {
   PinnedBuffer buf(*dev, n * (4 * sizeof(float) + sizeof(float)));
   std::memset(buf.data(), 0, buf.size());
   float* base = static_cast<float*>(buf.data());
-  ChunkSlot s;
-  s.shard.numel = n;
-  s.grad = base + n;
-  for (std::size_t i = 0; i < n; ++i) s.grad[i] = 1e-3f * float(i % 7);
+  cpu_optim::ShardStep st;
+  float* grad = base + n;
+  for (std::size_t i = 0; i < n; ++i) grad[i] = 1e-3f * float(i % 7);
   double best = 0;
   for (int step = 1; step <= 1 + kTimedSteps; ++step) {
     const auto t0 = Clock::now();
-    updater.update_chunk(s, s.grad, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step);
+    updater.step_shard(st, n, grad, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step);
     const double t = seconds_since(t0);
     if (step > 1) best = best == 0 ? t : std::min(best, t);
   }
@@ -73,9 +72,8 @@ double Engine::Impl::device_optimizer_rate(std::size_t n) {
   float* base = static_cast<float*>(buf.data());
   const kernels::Ops::AdamW hp = updater.device_adamw(1e-4);
   // The host backend's direct path: the SIMD optimizer on the compute cpus, from the compute stream.
-  ChunkSlot s;
-  s.shard.numel = n;
-  s.grad = base + n;
+  cpu_optim::ShardStep st;
+  float* grad = base + n;
   cpu_optim::Optimizer* host = by_ops ? nullptr : &updater.host_device_optimizer();
   double best = 0;
   for (int step = 1; step <= 1 + kTimedSteps; ++step) {
@@ -83,8 +81,8 @@ double Engine::Impl::device_optimizer_rate(std::size_t n) {
     const auto t0 = Clock::now();
     if (host)
       compute_stream->host_fn([&, step] {
-        updater.update_chunk(s, s.grad, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step,
-                             host);
+        updater.step_shard(st, n, grad, base, base + 2 * n, base + 3 * n, base + 4 * n, 1e-4, 1.0f, step,
+                           host);
       });
     else
       ops->adamw(Tensor{base, DType::fp32, n}, Tensor{base + n, DType::fp32, n},

@@ -1,7 +1,7 @@
-// Internal to zero3: the state the engine's parts share (Note [Engine parts] in engine_impl.h) — the config,
-// the device, its streams and ops, the ranks, the tier manager, the chunks and the plan — and the chunk
-// slot every part reads. One training thread calls every part; the gather and gradient streams run host
-// functions that touch only the buffers they were handed and a slot's `error`.
+// Internal to zero3: the environment the engine's parts share (Note [Engine parts] in engine_impl.h) — the
+// config, the device, its streams and ops, the ranks, the tier manager, the plan and its chunks — read-only
+// to every part. One training thread calls every part; the gather and gradient streams run host functions
+// that touch only the buffers they were handed and what their part gave them (a gather's error slot).
 #pragma once
 
 #include <algorithm>
@@ -18,8 +18,6 @@
 #include "nvme/swap_store.h"
 #include "tiering/trace_writer.h"
 #include "zero3/engine.h"
-#include "zero3/loss_scaler.h"
-#include "zero3/lr_schedule.h"
 
 namespace strata::zero3 {
 
@@ -47,10 +45,11 @@ struct WaitTimer {
   double busy0_;
 };
 
-// One chunk: its shard's five tensors in the tier manager, its gathered copy on the device, its gradient
-// buffer, its optimizer step counter.
+// One chunk as the plan laid it out: its shard's five tensors in the tier manager, their homes and stable
+// addresses, and its route. Set once by the engine's construction, then read by every part, never written:
+// what each part keeps per chunk is its own (ChunkCache's CacheEntry, GradientPath's GradEntry, Updater's
+// ShardStep), so no part writes another's per-chunk state.
 struct ChunkSlot {
-  // ---- the plan's: set once by the engine's construction, read by every part ----
   int id = 0;
   std::string name;        // "block.3"
   std::size_t numel = 0;   // gathered elements (padded_numel)
@@ -59,7 +58,7 @@ struct ChunkSlot {
   // shard at 0, or (replicated) the whole chunk, the slice at shard.offset.
   std::size_t param_numel = 0, param_offset = 0;
   tiering::ShardTensors tensors;  // param (working dtype), grad, master, exp_avg, exp_avg_sq (fp32)
-  // Their homes: the config's (EngineState::homes), or with master, states and gradients on the device when
+  // Their homes: the config's (EngineEnv::homes), or with master, states and gradients on the device when
   // offload_optimizer.ratio keeps the chunk's sub-group there.
   tiering::ShardHomes homes;
   // How it is updated, as the plan decided (Note [Update routes] in placement.cpp).
@@ -72,55 +71,29 @@ struct ChunkSlot {
   std::uint64_t gather_block = 0, grad_block = 0;
 
   // Stable addresses of the tensors whose home is the device or pinned host memory (pinned in the tier
-  // manager, so never moved); null for NVMe-resident ones. Set by the engine's construction.
+  // manager, so never moved); null for NVMe-resident ones. The pointees are the parts' to write as their
+  // routes say (the gradient path the gradient shard, the updater the master, states and working params).
   void* param_home = nullptr;  // (param_numel) working dtype
   float* grad = nullptr;       // (shard.numel) fp32 gradient shard
   float* master = nullptr;     // (shard.numel) fp32
   float* exp_avg = nullptr;    // (shard.numel) fp32
   float* exp_avg_sq = nullptr;
-  // The compute stream's work so far on this chunk (EngineState::computed records it; the cache and the
-  // gradient path wait on it).
-  std::unique_ptr<Event> computed;
 
-  // ---- the chunk cache's (engine_cache.cpp): written by ChunkCache only ----
-  // The gathered working params, widened to fp32, on the device. `gathered` and `gradbuf` are registered
-  // once and pinned; their device blocks come and go (allocate, then evict of a never-valid copy frees).
-  enum class Gather : std::uint8_t { absent, in_flight, ready, held };
-  Gather gather = Gather::absent;
-  tiering::TensorId gathered = 0;
-  void* gptr = nullptr;           // (numel) in the ops' activation dtype (act)
-  std::unique_ptr<Event> ready;   // recorded on the gather stream after the widening pass
-  const Event* reader = nullptr;  // the last work reading the gathered block: `ready` or `computed`
-  std::exception_ptr error;       // set by that pass before `ready` completes
-  bool pins_param = false;        // the gather holds a pin on the param's pinned copy (NVMe home)
-  bool counts_nvme_read = false;  // the gather occupies one of offload_param.buffer_count buffers
-  std::uint64_t last_use = 0;
-
-  // ---- the gradient path's (engine_grads.cpp): written by GradientPath only ----
-  // The gradient buffer handed to the model (device, fp32, numel), between acquire_grads and release.
-  tiering::TensorId gradbuf = 0;
-  float* gbuf = nullptr;              // non-null while handed out
-  bool grads_fresh = true;            // no gradient has reached this chunk yet this step
-  std::unique_ptr<Event> handed_off;  // the gradient stream's copy of the gradient buffer
   // The route sums its gradients on the device (Note [Gradients off the device]; stage 1's local
-  // accumulator: Note [Stage 1 accumulates locally]) and crosses to the shard once per step. `acc` (device,
-  // fp32: shard.numel, the local one numel) is live from the step's first hand-off to its flush; while it
-  // is, the shard holds nothing.
+  // accumulator: Note [Stage 1 accumulates locally]) and crosses to the shard once per step.
   bool accumulates() const {
     return route.grads == UpdateRoute::Grads::device_accumulator ||
            route.grads == UpdateRoute::Grads::local_accumulator;
   }
-  tiering::TensorId accbuf = 0;
-  float* acc = nullptr;
-
-  // ---- the updater's (engine_update.cpp): written through Updater only (update_chunk, set_shard_step)
-  cpu_optim::ShardStep opt;
 };
 
-// What every part of the engine reads: made by Engine::Impl's construction (engine.cpp), then changed only
-// where a comment says so.
-struct EngineState {
-  EngineState(const Config& cfg, const model::ModelConfig& mcfg, const EngineOptions& opts);
+// The environment every part of the engine reads: the config, the device, its streams and ops, the ranks,
+// the tier manager, the plan and the chunks it laid out. Made by Engine::Impl's construction (engine.cpp,
+// engine_plan.cpp), before any part runs; the parts hold it const. What changes from step to step — the
+// step counters, the loss scale and rate, the pass — is Engine::Impl's (engine_impl.h) and reaches a part
+// as an argument; what a part counts (its transfers, its waits) is the part's own.
+struct EngineEnv {
+  EngineEnv(const Config& cfg, const model::ModelConfig& mcfg, const EngineOptions& opts);
 
   Config cfg;
   model::ModelConfig mcfg;
@@ -160,9 +133,9 @@ struct EngineState {
   // The rank's cpus, split between the CPU optimizer and the host backend's compute (Note [Cores] in
   // engine_plan.cpp).
   std::vector<int> compute_cpus, optimizer_cpus;
-  std::unique_ptr<cpu_optim::Optimizer> opt;  // the CPU optimizer (and its threads' reductions and adds)
-  LossScaler scaler;
-  LrSchedule sched;
+  // The CPU optimizer (and its threads' reductions and adds). Several threads may call it at once
+  // (cpu_optim.h), which the training thread and the overlap's worker do.
+  std::unique_ptr<cpu_optim::Optimizer> opt;
   // The plan (zero3/placement.h) and what it was made from; the chunks and optimizer sub-groups it laid out.
   MemoryPlan plan;
   PlanInput planned;
@@ -170,13 +143,6 @@ struct EngineState {
   std::vector<std::vector<int>> groups;  // optimizer sub-groups: consecutive chunks, <= sub_group_size
   std::size_t group_window = 1;          // NVMe sub-groups whose states may be in pinned memory at once
   std::uint64_t largest_shard = 0;       // elements
-
-  TransferStats transfers;
-  UpdateStats updates;
-  StepTimes times;  // the step in progress
-  std::int64_t global_step = 0, applied_steps = 0, skipped = 0;
-  int micro_steps = 0;   // backwards since the last step()
-  bool in_pass = false;  // between begin_pass and end_pass
 
   std::size_t working_dtype_bytes() const { return std::size_t(dtype_bytes(working_dtype)); }
   std::size_t param_numel(const ChunkSlot& s) const { return s.param_numel; }
@@ -189,15 +155,12 @@ struct EngineState {
   std::vector<tiering::TensorId> optimizer_tensors(const ChunkSlot& s) const;
   // Synchronous copies between host memory and device memory, on the compute stream (ordered after the
   // ops that wrote the device side): initialisation, checkpoints and staged params when `by_ops`.
-  void to_device(void* dst, const void* src, std::size_t bytes);
-  void from_device(void* dst, const void* src, std::size_t bytes);
-  // Records the compute stream's work enqueued so far into s.computed and returns it. Waits and frees made
-  // after it take that point (an event's later records do not move them).
-  Event& computed(ChunkSlot& s);
+  void to_device(void* dst, const void* src, std::size_t bytes) const;
+  void from_device(void* dst, const void* src, std::size_t bytes) const;
   // Calls fn(ptr) with a host-readable copy of tensor `id` (fetched from NVMe into pinned memory if that is
   // the only copy, and dropped again after).
   template <typename Fn>
-  void with_host_copy(tiering::TensorId id, Fn&& fn) {
+  void with_host_copy(tiering::TensorId id, Fn&& fn) const {
     const tiering::TierMask valid = tm->info(id).valid;
     if (tiering::has(valid, Tier::pinned)) return fn(static_cast<const void*>(tm->data(id, Tier::pinned)));
     if (tiering::has(valid, Tier::device)) {

@@ -52,8 +52,15 @@ void Engine::Impl::settle_backward() {
   times.backward += seconds_since(t0);
 }
 
+BackwardStart Engine::Impl::backward_start() const {
+  return {.ends_step = micro_steps + 1 >= cfg.gradient_accumulation_steps,
+          .lr = sched.lr(),
+          .unclipped_factor = float(1.0 / scaler.scale()),  // grad_scale's factor when clipping does not fire
+          .step_no = applied_steps + 1};
+}
+
 StepResult Engine::Impl::step() {
-  STRATA_CHECK(!in_pass, "zero3: step() inside a forward/backward pass");
+  STRATA_CHECK(!cache.in_pass(), "zero3: step() inside a forward/backward pass");
   settle_backward();
   const auto t1 = Clock::now();
   try {
@@ -148,6 +155,7 @@ StepResult Engine::Impl::step() {
   r.counted = all.counted;
   if (all.weighed_by_count && all.counted > 0 && all.least != all.most)
     r.loss = all.counted_loss_sum / double(all.counted);
+  times.wait += cache.take_wait() + grads.take_wait() + updater.take_wait();  // the parts' share
   r.times = times;
   r.times.total = times.forward + times.backward + times.optimizer;
   micro_steps = 0;
@@ -192,21 +200,17 @@ Engine::Impl::StepCounts Engine::Impl::step_counts() {
 
 void Engine::begin_pass() {
   Impl& im = *impl_;
-  STRATA_CHECK(!im.in_pass, "zero3: begin_pass inside a pass");
+  STRATA_CHECK(!im.cache.in_pass(), "zero3: begin_pass inside a pass");
   im.dev->bind_thread();                  // Note [thread device] in core/device.h: whichever thread trains
   im.overlap.undo(UndoAs::cancellation);  // a forward before step() sees the params of the last step
   im.tm->set_step(im.global_step + 1, tiering::Phase::forward);
-  im.in_pass = true;
   // Another micro-batch of this step follows: its pass uses the same parameters, so chunks may stay
   // gathered from one to the next where the cache has room (Note [Reuse across passes] in prefetch.h).
-  im.cache.prefetcher().begin_pass(im.micro_steps + 1 < im.cfg.gradient_accumulation_steps);
+  im.cache.begin_pass(!im.backward_start().ends_step);
 }
 
 void Engine::end_pass() {
-  Impl& im = *impl_;
-  STRATA_CHECK(im.in_pass, "zero3: end_pass without begin_pass");
-  im.in_pass = false;
-  im.cache.prefetcher().end_pass();
+  impl_->cache.end_pass();
 }
 
 float Engine::forward(model::TrainableModel& model, const std::int32_t* inputs, const std::int32_t* targets,
@@ -249,15 +253,15 @@ void Engine::backward(model::TrainableModel& model, std::optional<std::int64_t> 
   im.dev->bind_thread();
   im.forward_open = false;
   im.tm->set_step(im.global_step + 1, tiering::Phase::backward);
-  const bool last_micro = im.micro_steps + 1 >= im.cfg.gradient_accumulation_steps;
-  im.grads.begin_backward(last_micro);
+  const BackwardStart start = im.backward_start();
+  im.grads.begin_backward(start);
   try {
     const auto t0 = Clock::now();
-    im.overlap.begin_backward();
+    im.overlap.begin_backward(start);
     model.backward(*this, float(factor));
     // The step's last backward: what is still accumulating on the device crosses now (a chunk whose last
     // hand-off was not known to be its last: the first step's).
-    if (last_micro) im.grads.flush_accumulators();
+    if (start.ends_step) im.grads.flush_accumulators();
     if (!im.backward_end) im.backward_end = im.dev->create_event();
     im.compute_stream->record(*im.backward_end);
     im.times.backward += seconds_since(t0);
@@ -287,8 +291,7 @@ void Engine::abandon_forward() {
 }
 
 void Engine::Impl::abandon_pass() {
-  in_pass = false;
-  cache.prefetcher().abandon_pass();
+  cache.abandon_pass();
   tm->set_step(global_step, tiering::Phase::idle);
 }
 

@@ -9,7 +9,7 @@
 // per parameter) sub-groups hold pinned buffers at once; the oldest write is waited for to make room.
 // With the gradients on NVMe too (Note [Gradients through NVMe] in engine_grads.cpp) each chunk's gradient
 // shard is read with its states (a tensor per parameter more in the window), read by the update through
-// ChunkSlot.grad, and dropped after it: its NVMe copy stays valid and is overwritten by the next step's.
+// the pinned copy, and dropped after it: its NVMe copy stays valid and is overwritten by the next step's.
 #include "zero3/engine_update.h"
 
 #include <algorithm>
@@ -19,32 +19,33 @@
 namespace strata::zero3 {
 
 void Updater::open() {
-  if (std::any_of(engine_.slots.begin(), engine_.slots.end(),
+  steps_.assign(env_.slots.size(), cpu_optim::ShardStep{});
+  if (std::any_of(env_.slots.begin(), env_.slots.end(),
                   [](const ChunkSlot& s) { return s.route.params == UpdateRoute::Params::staged; }))
-    param_staging_ = PinnedBuffer(*engine_.dev, engine_.largest_shard * engine_.working_dtype_bytes());
-  if (std::any_of(engine_.slots.begin(), engine_.slots.end(), [](const ChunkSlot& s) {
+    param_staging_ = PinnedBuffer(*env_.dev, env_.largest_shard * env_.working_dtype_bytes());
+  if (std::any_of(env_.slots.begin(), env_.slots.end(), [](const ChunkSlot& s) {
         return s.route.stepper == UpdateRoute::Stepper::device_ops && s.route.param_home != Tier::device;
       }))
-    scratch_id_ = engine_.tm->register_tensor({.name = "zero3.update_scratch",
-                                               .kind = tiering::Kind::staging,
-                                               .dtype = engine_.working_dtype,
-                                               .bytes = engine_.largest_shard * engine_.working_dtype_bytes(),
-                                               .home = Tier::device,
-                                               .chunk = -1,
-                                               .shard = -1});
-  if (scratch_id_) engine_.tm->pin(scratch_id_);
+    scratch_id_ = env_.tm->register_tensor({.name = "zero3.update_scratch",
+                                            .kind = tiering::Kind::staging,
+                                            .dtype = env_.working_dtype,
+                                            .bytes = env_.largest_shard * env_.working_dtype_bytes(),
+                                            .home = Tier::device,
+                                            .chunk = -1,
+                                            .shard = -1});
+  if (scratch_id_) env_.tm->pin(scratch_id_);
 }
 
 void Updater::wait_all(std::vector<tiering::Move>& moves) {
-  const WaitTimer tw(*engine_.compute_stream);
+  const WaitTimer tw(*env_.compute_stream);
   for (const tiering::Move& m : moves) m.wait();
   moves.clear();
-  engine_.times.wait += tw.idle_seconds();
+  wait_ += tw.idle_seconds();
 }
 
 void Updater::update(const std::vector<int>& chunks, double lr, float factor, std::int64_t step_no) {
   if (std::any_of(chunks.begin(), chunks.end(), [&](int c) {
-        return engine_.slots[std::size_t(c)].route.stepper == UpdateRoute::Stepper::nvme_pipeline;
+        return env_.slots[std::size_t(c)].route.stepper == UpdateRoute::Stepper::nvme_pipeline;
       }))
     return update_through_nvme(lr, factor, step_no);
   std::vector<tiering::Move> writes;
@@ -53,39 +54,43 @@ void Updater::update(const std::vector<int>& chunks, double lr, float factor, st
   wait_all(writes);
 }
 
-void Updater::update_chunk(ChunkSlot& s, const float* g, float* master, float* m, float* v, void* out,
+void Updater::update_chunk(const ChunkSlot& s, const float* g, float* master, float* m, float* v, void* out,
                            double lr, float factor, std::int64_t step_no, cpu_optim::Optimizer* with) {
-  cpu_optim::Optimizer& optimizer = with ? *with : *engine_.opt;
-  const std::size_t n = s.shard.numel;
+  step_shard(steps_[std::size_t(s.id)], s.shard.numel, g, master, m, v, out, lr, factor, step_no, with);
+}
+
+void Updater::step_shard(cpu_optim::ShardStep& st, std::size_t n, const float* g, float* master, float* m,
+                         float* v, void* out, double lr, float factor, std::int64_t step_no,
+                         cpu_optim::Optimizer* with) const {
+  cpu_optim::Optimizer& optimizer = with ? *with : *env_.opt;
   cpu_optim::Shard sh;
   sh.params = master;
   sh.grads = g;
   sh.exp_avg = m;
   sh.exp_avg_sq = v;
-  sh.out = engine_.working_dtype == DType::fp32 ? nullptr : out;
+  sh.out = env_.working_dtype == DType::fp32 ? nullptr : out;
   sh.n = n;
-  sh.out_dtype = engine_.working_dtype == DType::fp16 ? DType::fp16 : DType::bf16;
-  engine_.rule.step(optimizer, s.opt, lr, step_no, sh, factor);
-  if (engine_.working_dtype == DType::fp32) std::memcpy(out, master, n * sizeof(float));
+  sh.out_dtype = env_.working_dtype == DType::fp16 ? DType::fp16 : DType::bf16;
+  env_.rule.step(optimizer, st, lr, step_no, sh, factor);
+  if (env_.working_dtype == DType::fp32) std::memcpy(out, master, n * sizeof(float));
 }
 
-void* Updater::param_out(ChunkSlot& s) {
+void* Updater::param_out(const ChunkSlot& s) {
   switch (s.route.params) {
     case UpdateRoute::Params::home:  // in place
-      return engine_.my_params(s);
+      return env_.my_params(s);
     case UpdateRoute::Params::staged:
       return param_staging_.data();
     case UpdateRoute::Params::nvme:
       break;
   }
-  engine_.tm->pin(s.tensors.param);
-  return engine_.tm->allocate(s.tensors.param, Tier::pinned);
+  env_.tm->pin(s.tensors.param);
+  return env_.tm->allocate(s.tensors.param, Tier::pinned);
 }
 
-void Updater::param_written(ChunkSlot& s, std::vector<tiering::Move>& writes) {
+void Updater::param_written(const ChunkSlot& s, std::vector<tiering::Move>& writes) {
   if (s.route.params == UpdateRoute::Params::staged) {  // param_staging_ -> the device home; reused after
-    engine_.to_device(engine_.my_params(s), param_staging_.data(),
-                      s.shard.numel * engine_.working_dtype_bytes());
+    env_.to_device(env_.my_params(s), param_staging_.data(), s.shard.numel * env_.working_dtype_bytes());
     return;
   }
   if (s.route.params != UpdateRoute::Params::nvme) return;
@@ -93,7 +98,7 @@ void Updater::param_written(ChunkSlot& s, std::vector<tiering::Move>& writes) {
 }
 
 kernels::Ops::AdamW Updater::device_adamw(double lr) const {
-  const cpu_optim::AdamParams a = engine_.rule.adam(lr);
+  const cpu_optim::AdamParams a = env_.rule.adam(lr);
   return {.lr = a.lr,
           .beta1 = a.beta1,
           .beta2 = a.beta2,
@@ -103,7 +108,8 @@ kernels::Ops::AdamW Updater::device_adamw(double lr) const {
           .bias_correction = a.bias_correction};
 }
 
-void Updater::update_chunk_on_device(ChunkSlot& s, void* out, double lr, float factor, std::int64_t step_no) {
+void Updater::update_chunk_on_device(const ChunkSlot& s, void* out, double lr, float factor,
+                                     std::int64_t step_no) {
   using kernels::Tensor;
   const std::size_t n = s.shard.numel;
   const kernels::Ops::AdamW hp = device_adamw(lr);
@@ -112,26 +118,26 @@ void Updater::update_chunk_on_device(ChunkSlot& s, void* out, double lr, float f
   // then copied off the device.
   void* scratch =
       s.route.param_home == Tier::device ? nullptr : room_.device_alloc(scratch_id_, AllocFor::demand);
-  engine_.ops->adamw(Tensor{s.master, DType::fp32, n}, Tensor{s.grad, DType::fp32, n},
-                     Tensor{s.exp_avg, DType::fp32, n}, Tensor{s.exp_avg_sq, DType::fp32, n},
-                     Tensor{scratch ? scratch : out, engine_.working_dtype, n}, hp, step_no, factor);
-  s.opt = {.step = step_no, .finite = true};
+  env_.ops->adamw(Tensor{s.master, DType::fp32, n}, Tensor{s.grad, DType::fp32, n},
+                  Tensor{s.exp_avg, DType::fp32, n}, Tensor{s.exp_avg_sq, DType::fp32, n},
+                  Tensor{scratch ? scratch : out, env_.working_dtype, n}, hp, step_no, factor);
+  steps_[std::size_t(s.id)] = {.step = step_no, .finite = true};
   if (scratch) {
-    engine_.from_device(out, scratch, n * engine_.working_dtype_bytes());
-    engine_.tm->evict(scratch_id_, Tier::device, Tier::pinned);  // frees the block (never valid: no copy)
+    env_.from_device(out, scratch, n * env_.working_dtype_bytes());
+    env_.tm->evict(scratch_id_, Tier::device, Tier::pinned);  // frees the block (never valid: no copy)
   }
 }
 
 void Updater::update_group(const std::vector<int>& group, double lr, float factor, std::int64_t step_no,
                            std::vector<tiering::Move>& writes) {
   for (int c : group) {
-    ChunkSlot& s = engine_.slots[std::size_t(c)];
+    const ChunkSlot& s = env_.slots[std::size_t(c)];
     float *master = s.master, *m = s.exp_avg, *v = s.exp_avg_sq;
     const float* g = s.grad;
     switch (s.route.stepper) {
       case UpdateRoute::Stepper::device_ops:  // the compute interface's optimizer, on the compute stream
         update_chunk_on_device(s, param_out(s), lr, factor, step_no);
-        ++engine_.updates.device_optimizer;
+        ++updates_.device_optimizer;
         param_written(s, writes);
         break;
       case UpdateRoute::Stepper::model_cpus:  // the device optimizer over directly addressed memory
@@ -139,17 +145,17 @@ void Updater::update_group(const std::vector<int>& group, double lr, float facto
         if (s.route.params == UpdateRoute::Params::nvme) finish_device_updates(writes);  // one pinned copy
         break;
       case UpdateRoute::Stepper::nvme_pipeline:  // the pipeline has read them into pinned memory
-        master = static_cast<float*>(engine_.tm->data(s.tensors.master, Tier::pinned));
+        master = static_cast<float*>(env_.tm->data(s.tensors.master, Tier::pinned));
         // With the gradients on NVMe, the pinned copy the pipeline read with the states.
-        if (s.route.grads_nvme) g = static_cast<const float*>(engine_.tm->data(s.tensors.grad, Tier::pinned));
-        if (engine_.rule.keeps_exp_avg())
-          m = static_cast<float*>(engine_.tm->data(s.tensors.exp_avg, Tier::pinned));
-        if (engine_.rule.keeps_exp_avg_sq())
-          v = static_cast<float*>(engine_.tm->data(s.tensors.exp_avg_sq, Tier::pinned));
+        if (s.route.grads_nvme) g = static_cast<const float*>(env_.tm->data(s.tensors.grad, Tier::pinned));
+        if (env_.rule.keeps_exp_avg())
+          m = static_cast<float*>(env_.tm->data(s.tensors.exp_avg, Tier::pinned));
+        if (env_.rule.keeps_exp_avg_sq())
+          v = static_cast<float*>(env_.tm->data(s.tensors.exp_avg_sq, Tier::pinned));
         [[fallthrough]];
       case UpdateRoute::Stepper::cpu_optimizer:
         update_chunk(s, g, master, m, v, param_out(s), lr, factor, step_no);
-        ++engine_.updates.cpu_optimizer;
+        ++updates_.cpu_optimizer;
         param_written(s, writes);
         break;
     }
@@ -158,12 +164,11 @@ void Updater::update_group(const std::vector<int>& group, double lr, float facto
 
 cpu_optim::Optimizer& Updater::host_device_optimizer() {
   if (!device_opt_)
-    device_opt_ = std::make_unique<cpu_optim::Optimizer>(
-        cpu_optim::Options{.simd = engine_.cfg.strata.cpu_optim.simd,
-                           .threads = engine_.compute_cpus.empty() ? int(engine_.cfg.strata.threads)
-                                                                   : int(engine_.compute_cpus.size()),
-                           .pin = !engine_.compute_cpus.empty() && engine_.cfg.strata.cpu_optim.pin_threads,
-                           .cpus = engine_.compute_cpus});
+    device_opt_ = std::make_unique<cpu_optim::Optimizer>(cpu_optim::Options{
+        .simd = env_.cfg.strata.cpu_optim.simd,
+        .threads = env_.compute_cpus.empty() ? int(env_.cfg.strata.threads) : int(env_.compute_cpus.size()),
+        .pin = !env_.compute_cpus.empty() && env_.cfg.strata.cpu_optim.pin_threads,
+        .cpus = env_.compute_cpus});
   return *device_opt_;
 }
 
@@ -178,23 +183,23 @@ cpu_optim::Optimizer& Updater::host_device_optimizer() {
 // marks the chunks that may go (UpdateRoute.tail); the share is taken here, of those left after backward.
 void Updater::update_rest(const std::vector<int>& chunks, double lr, float factor, std::int64_t step_no,
                           std::vector<tiering::Move>& writes) {
-  const bool helper = std::any_of(chunks.begin(), chunks.end(),
-                                  [&](int c) { return engine_.slots[std::size_t(c)].route.tail; });
+  const bool helper =
+      std::any_of(chunks.begin(), chunks.end(), [&](int c) { return env_.slots[std::size_t(c)].route.tail; });
   if (!helper) return update_group(chunks, lr, factor, step_no, writes);
   std::uint64_t total = 0, device = 0;
   std::vector<int> on_device, cpu;
   for (int c : chunks) {
-    const std::uint64_t n = engine_.slots[std::size_t(c)].shard.numel;
+    const std::uint64_t n = env_.slots[std::size_t(c)].shard.numel;
     total += n;
-    if (!engine_.slots[std::size_t(c)].route.device_optimizer()) continue;
+    if (!env_.slots[std::size_t(c)].route.device_optimizer()) continue;
     device += n;
     on_device.push_back(c);
   }
-  const double share = double(engine_.compute_cpus.size()) /
-                       double(engine_.compute_cpus.size() + engine_.optimizer_cpus.size());
+  const double share =
+      double(env_.compute_cpus.size()) / double(env_.compute_cpus.size() + env_.optimizer_cpus.size());
   const double target = share * double(total);
   for (int c : chunks) {
-    ChunkSlot& s = engine_.slots[std::size_t(c)];
+    const ChunkSlot& s = env_.slots[std::size_t(c)];
     if (s.route.device_optimizer()) continue;  // update_group below
     const double n = double(s.shard.numel);
     if (!s.route.tail || double(device) + n / 2 > target) {
@@ -208,34 +213,34 @@ void Updater::update_rest(const std::vector<int>& chunks, double lr, float facto
   update_group(cpu, lr, factor, step_no, writes);
 }
 
-void Updater::update_on_model_cpus(ChunkSlot& s, double lr, float factor, std::int64_t step_no) {
+void Updater::update_on_model_cpus(const ChunkSlot& s, double lr, float factor, std::int64_t step_no) {
   void* out = param_out(s);
   cpu_optim::Optimizer* with = &host_device_optimizer();
-  engine_.compute_stream->host_fn([this, &s, out, lr, factor, step_no, with] {
+  env_.compute_stream->host_fn([this, &s, out, lr, factor, step_no, with] {
     update_chunk(s, s.grad, s.master, s.exp_avg, s.exp_avg_sq, out, lr, factor, step_no, with);
   });
   device_updates_.push_back(s.id);
-  ++engine_.updates.model_cpus;
+  ++updates_.model_cpus;
 }
 
 void Updater::finish_device_updates(std::vector<tiering::Move>& writes) {
   if (device_updates_.empty()) return;
   const std::vector<int> done = std::exchange(device_updates_, {});
-  const WaitTimer tw(*engine_.compute_stream);
-  engine_.compute_stream->synchronize();  // raises an update that failed
-  engine_.times.wait += tw.idle_seconds();
-  for (int c : done) param_written(engine_.slots[std::size_t(c)], writes);
+  const WaitTimer tw(*env_.compute_stream);
+  env_.compute_stream->synchronize();  // raises an update that failed
+  wait_ += tw.idle_seconds();
+  for (int c : done) param_written(env_.slots[std::size_t(c)], writes);
 }
 
 // Every sub-group: the overlap does not run with NVMe-resident states, so step() leaves every chunk here.
 void Updater::update_through_nvme(double lr, float factor, std::int64_t step_no) {
-  const auto& oo = engine_.cfg.zero_optimization.offload_optimizer;
+  const auto& oo = env_.cfg.zero_optimization.offload_optimizer;
   // The sub-groups offload_optimizer.ratio keeps on the device first (the device optimizer's work is
   // enqueued and runs beside the swaps below), then the swapped ones through the pipeline.
   std::vector<const std::vector<int>*> swapped;
   std::vector<tiering::Move> device_writes;
-  for (const auto& g : engine_.groups) {
-    if (engine_.slots[std::size_t(g.front())].route.stepper != UpdateRoute::Stepper::nvme_pipeline)
+  for (const auto& g : env_.groups) {
+    if (env_.slots[std::size_t(g.front())].route.stepper != UpdateRoute::Stepper::nvme_pipeline)
       update_group(g, lr, factor, step_no, device_writes);
     else
       swapped.push_back(&g);
@@ -246,38 +251,38 @@ void Updater::update_through_nvme(double lr, float factor, std::int64_t step_no)
   std::size_t oldest = 0;  // the oldest sub-group whose writes have not been waited for
   auto read = [&](std::size_t i) {
     for (int c : *swapped[i]) {
-      const ChunkSlot& s = engine_.slots[std::size_t(c)];
-      for (tiering::TensorId id : engine_.optimizer_tensors(s)) {
-        engine_.tm->pin(id);
-        reads[i].push_back(engine_.tm->fetch(id, Tier::pinned));
+      const ChunkSlot& s = env_.slots[std::size_t(c)];
+      for (tiering::TensorId id : env_.optimizer_tensors(s)) {
+        env_.tm->pin(id);
+        reads[i].push_back(env_.tm->fetch(id, Tier::pinned));
       }
       if (s.route.grads_nvme) {
-        engine_.tm->pin(s.tensors.grad);
-        reads[i].push_back(engine_.tm->fetch(s.tensors.grad, Tier::pinned));
+        env_.tm->pin(s.tensors.grad);
+        reads[i].push_back(env_.tm->fetch(s.tensors.grad, Tier::pinned));
       }
     }
     issued[i] = true;
   };
   for (std::size_t i = 0; i < G; ++i) {
-    while (!issued[i] && i - oldest + 1 > engine_.group_window && oldest < i) wait_all(writes[oldest++]);
+    while (!issued[i] && i - oldest + 1 > env_.group_window && oldest < i) wait_all(writes[oldest++]);
     if (!issued[i]) read(i);
     if (oo.pipeline_read && i + 1 < G) {
-      while (i + 2 - oldest > engine_.group_window && oldest < i) wait_all(writes[oldest++]);
-      if (i + 2 - oldest <= engine_.group_window) read(i + 1);
+      while (i + 2 - oldest > env_.group_window && oldest < i) wait_all(writes[oldest++]);
+      if (i + 2 - oldest <= env_.group_window) read(i + 1);
     }
     wait_all(reads[i]);
     std::vector<tiering::Move> param_writes;
     update_group(*swapped[i], lr, factor, step_no, param_writes);
     for (int c : *swapped[i]) {
-      ChunkSlot& s = engine_.slots[std::size_t(c)];
-      for (tiering::TensorId id : engine_.optimizer_tensors(s)) {
-        engine_.tm->mark_written(id, Tier::pinned);
-        engine_.tm->unpin(id);
-        writes[i].push_back(engine_.tm->evict(id, Tier::pinned, Tier::nvme));
+      const ChunkSlot& s = env_.slots[std::size_t(c)];
+      for (tiering::TensorId id : env_.optimizer_tensors(s)) {
+        env_.tm->mark_written(id, Tier::pinned);
+        env_.tm->unpin(id);
+        writes[i].push_back(env_.tm->evict(id, Tier::pinned, Tier::nvme));
       }
       if (s.route.grads_nvme) {  // read, not written: the pinned copy is dropped
-        engine_.tm->unpin(s.tensors.grad);
-        engine_.tm->evict(s.tensors.grad, Tier::pinned, Tier::nvme);
+        env_.tm->unpin(s.tensors.grad);
+        env_.tm->evict(s.tensors.grad, Tier::pinned, Tier::nvme);
       }
     }
     for (tiering::Move& m : param_writes) writes[i].push_back(std::move(m));

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "zero3/engine_gate.h"
@@ -15,9 +16,10 @@ namespace strata::zero3 {
 
 class Updater {
  public:
-  Updater(EngineState& e, DeviceRoom& room) : engine_(e), room_(room) {}
+  Updater(const EngineEnv& env, DeviceRoom& room) : env_(env), room_(room) {}
 
-  // After the plan: pinned staging for the new working params of a device home the CPU steps.
+  // After the plan and the chunks: each chunk's optimizer step bookkeeping, and pinned staging for the new
+  // working params of a device home the CPU steps.
   void open();
   // The update of `chunks` (those the overlap did not make during backward) at rate `lr`, gradient factor
   // and step number: in addressable memory, with a share on the model's idle cpus where the routes allow
@@ -26,10 +28,20 @@ class Updater {
   void update(const std::vector<int>& chunks, double lr, float factor, std::int64_t step_no);
   // The CPU optimizer's update of one chunk from its fp32 gradients `g` (`with`: another cpu_optim::Optimizer
   // than the engine's), the new working params to `out`.
-  void update_chunk(ChunkSlot& s, const float* g, float* master, float* m, float* v, void* out, double lr,
-                    float factor, std::int64_t step_no, cpu_optim::Optimizer* with = nullptr);
-  // Chunk s's optimizer step bookkeeping, put back by a rollback (the overlap) or read from a checkpoint.
-  void set_shard_step(ChunkSlot& s, cpu_optim::ShardStep st) { s.opt = st; }
+  void update_chunk(const ChunkSlot& s, const float* g, float* master, float* m, float* v, void* out,
+                    double lr, float factor, std::int64_t step_no, cpu_optim::Optimizer* with = nullptr);
+  // The same update of any `n`-element shard whose bookkeeping is `st` (the offload ratio's timed sample).
+  void step_shard(cpu_optim::ShardStep& st, std::size_t n, const float* g, float* master, float* m, float* v,
+                  void* out, double lr, float factor, std::int64_t step_no,
+                  cpu_optim::Optimizer* with = nullptr) const;
+  // Chunk c's optimizer step bookkeeping (the updater's own per-chunk state: written by its updates),
+  // read by the overlap before an early update, put back by a rollback, or read from a checkpoint.
+  const cpu_optim::ShardStep& shard_step(int c) const { return steps_[std::size_t(c)]; }
+  void set_shard_step(int c, cpu_optim::ShardStep st) { steps_[std::size_t(c)] = st; }
+  // Who stepped the chunks (UpdateStats), and the seconds the host waited while the compute stream was
+  // idle since the last take_wait().
+  const UpdateStats& stats() const { return updates_; }
+  double take_wait() { return std::exchange(wait_, 0.0); }
   // The host backend's device optimizer: the SIMD CPU optimizer with its own threads on the cpus the model's
   // ops compute on (compute_cpus; every cpu when the cores are shared), run from the compute stream. Made on
   // first use.
@@ -48,20 +60,21 @@ class Updater {
   void update_through_nvme(double lr, float factor, std::int64_t step_no);
   // The compute interface's AdamW on the compute stream (Stepper::device_ops), the new working params to
   // their home (through the device's scratch and pinned staging when that home is host memory).
-  void update_chunk_on_device(ChunkSlot& s, void* out, double lr, float factor, std::int64_t step_no);
+  void update_chunk_on_device(const ChunkSlot& s, void* out, double lr, float factor, std::int64_t step_no);
   // The host backend's direct path: the device optimizer's updates enqueued (their new working params
   // written straight home), finished by finish_device_updates after the CPU optimizer's share of the step:
   // the compute stream is waited for and the params' writes issued.
-  void update_on_model_cpus(ChunkSlot& s, double lr, float factor, std::int64_t step_no);
+  void update_on_model_cpus(const ChunkSlot& s, double lr, float factor, std::int64_t step_no);
   void finish_device_updates(std::vector<tiering::Move>& writes);
   // Where the update writes the new working params (the route's Params), and after it: staged ones to the
   // device, NVMe ones written out.
-  void* param_out(ChunkSlot& s);
-  void param_written(ChunkSlot& s, std::vector<tiering::Move>& writes);
+  void* param_out(const ChunkSlot& s);
+  void param_written(const ChunkSlot& s, std::vector<tiering::Move>& writes);
   void wait_all(std::vector<tiering::Move>& moves);
 
-  EngineState& engine_;
+  const EngineEnv& env_;
   DeviceRoom& room_;
+  std::vector<cpu_optim::ShardStep> steps_;  // per chunk
   std::unique_ptr<cpu_optim::Optimizer> device_opt_;
   std::vector<int> device_updates_;
   // Pinned staging for new working params that the CPU optimizer computes for a device home reached by
@@ -70,6 +83,8 @@ class Updater {
   // Device scratch for the new working params the device optimizer computes for a home in host memory
   // (largest shard, working dtype): a block only during the update (update_chunk_on_device).
   tiering::TensorId scratch_id_ = 0;
+  UpdateStats updates_;
+  double wait_ = 0;
 };
 
 }  // namespace strata::zero3

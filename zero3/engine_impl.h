@@ -51,7 +51,15 @@ struct Engine::Impl final : EngineEnv, private UpdateGate {
   // One collective on each stream's communicator, so that NCCL has made its connections (and taken their
   // device memory) before measure_capacity (Note [Device memory outside the pool] in engine.cpp).
   void warm_up_communicators();
+  // The plan (placement.h) made here, in pieces: the input with what this rank measured (its ops' device
+  // memory, the capacity), the checkpointing choice (Note [Checkpointing by choice]), the plan with
+  // offload_optimizer.ratio "auto" chosen, the chunks laid out from it, and the ratio's log line.
   void plan_memory();
+  PlanInput measured_plan_input();
+  bool choose_checkpointing(PlanInput in, std::uint64_t activations_all) const;
+  Plan plan_with_ratio(PlanInput& in);
+  void lay_out_chunks(const PlanInput& in, const Plan& p);
+  void report_ratio() const;
   // offload_optimizer.ratio "auto": how many sub-groups keep the optimizer on the device (plan_memory;
   // `in` planned with none there). Note [Offload ratio].
   int choose_device_groups(const PlanInput& in, const Plan& offloaded);
@@ -84,7 +92,15 @@ struct Engine::Impl final : EngineEnv, private UpdateGate {
   void choose_overlap();
 
   // ---- the step (engine_step.cpp) ----
+  // step() in the order of Note [The optimizer step]: the gradients and the overlap's work settled, the
+  // norm, whether the step applies (the loss scaler, or a finite norm), the update (apply_update: the
+  // early updates kept or undone, the rest made or deferred, what follows the step), then the result made
+  // from the step's losses and the bookkeeping reset (close_step).
   StepResult step();
+  void settle_for_step();
+  bool step_applies(bool finite);
+  void apply_update(const GradScale& gs, double lr);
+  void close_step(StepResult& r);
   // Ends the open pass without recording it (a forward that failed or whose backward will not run).
   void abandon_pass();
   // The model's backward returns with its ops still running (Note [Device work in stream order]); the next

@@ -31,6 +31,27 @@ std::uint64_t Engine::Impl::overlap_room() {
 }
 
 void Engine::Impl::plan_memory() {
+  PlanInput in = measured_plan_input();
+  const model::Architecture& arch = model::architecture(mcfg);
+  const auto activations = [&](bool checkpointed) {
+    return arch.activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len, checkpointed,
+                                 *ops);
+  };
+  const std::uint64_t with_checkpointing = activations(true), without = activations(false);
+  checkpoint_activations = choose_checkpointing(in, without);
+  in.activations = checkpoint_activations ? with_checkpointing : without;
+  const Plan p = plan_with_ratio(in);
+  plan = p.memory;
+  plan.checkpoint_activations = checkpoint_activations;
+  plan.device_headroom = dev->caps().reserved;
+  plan.device_activations_checkpointed = with_checkpointing;
+  plan.device_activations_all = without;
+  lay_out_chunks(in, p);
+  planned = std::move(in);
+  report_ratio();
+}
+
+PlanInput Engine::Impl::measured_plan_input() {
   // Chunks, shards and sub-groups as zero3/placement.h lays them out — the computation `memprof estimate`
   // makes too.
   PlanInput in = plan_input(cfg, layout, mcfg.tie_embeddings, world, comm->rank(), act);
@@ -40,8 +61,8 @@ void Engine::Impl::plan_memory() {
   // The compute interface's scratch for the model's shapes and the engine's own reductions (the longest
   // shard), taken now so that the ops never grow it during a step; then what every Ops holds (Note
   // [Ops device memory] in kernels/ops.h).
-  const model::Architecture& arch = model::architecture(mcfg);
-  kernels::OpShapes shapes = arch.op_shapes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len);
+  kernels::OpShapes shapes =
+      model::architecture(mcfg).op_shapes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len);
   for (const PlannedChunk& c : in.chunks)
     shapes.reduce_numel = std::max<std::size_t>(shapes.reduce_numel, c.shard.numel);
   ops->reserve_scratch(ops->scratch_bytes(shapes));
@@ -49,37 +70,32 @@ void Engine::Impl::plan_memory() {
       every_ranks(ops->device_bytes() + gather_ops->device_bytes() + grad_ops->device_bytes());
   in.ops = *std::max_element(ops_bytes.begin(), ops_bytes.end());
   in.device_capacity = dev->caps().capacity;
-  const auto activations = [&](bool checkpointed) {
-    return arch.activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len, checkpointed,
-                                 *ops);
-  };
-  const std::uint64_t with_checkpointing = activations(true), without = activations(false);
-  // Note [Checkpointing by choice]: an explicit choice (EngineOptions, or strata.checkpoint_activations
-  // true / false) stands, and a plan that does not fit then fails as any other. "auto" keeps every
-  // activation when the plan without checkpointing fits the device (recomputing costs about a third of a
-  // step), and checkpoints otherwise.
+  return in;
+}
+
+// Note [Checkpointing by choice]: an explicit choice (EngineOptions, or strata.checkpoint_activations
+// true / false) stands, and a plan that does not fit then fails as any other. "auto" keeps every
+// activation when the plan without checkpointing fits the device (recomputing costs about a third of a
+// step), and checkpoints otherwise.
+bool Engine::Impl::choose_checkpointing(PlanInput in, std::uint64_t activations_all) const {
   using CK = StrataConfig::Checkpointing;
-  if (opts.checkpoint_activations) {
-    checkpoint_activations = *opts.checkpoint_activations;
-  } else if (cfg.strata.checkpoint_activations != CK::automatic) {
-    checkpoint_activations = cfg.strata.checkpoint_activations == CK::on;
-  } else {
-    in.activations = without;
-    checkpoint_activations =
-        zero3::plan_memory(in, cfg.zero_optimization).memory.device_need() > in.device_capacity;
-  }
-  in.activations = checkpoint_activations ? with_checkpointing : without;
+  if (opts.checkpoint_activations) return *opts.checkpoint_activations;
+  if (cfg.strata.checkpoint_activations != CK::automatic) return cfg.strata.checkpoint_activations == CK::on;
+  in.activations = activations_all;
+  return zero3::plan_memory(in, cfg.zero_optimization).memory.device_need() > in.device_capacity;
+}
+
+Plan Engine::Impl::plan_with_ratio(PlanInput& in) {
   Plan p = zero3::plan_memory(in, cfg.zero_optimization);
   const auto& oo = cfg.zero_optimization.offload_optimizer;
   if (oo.ratio_auto && oo.device != OffloadDevice::none && cfg.zero_optimization.stage == 3) {
     keep_optimizer_on_device(in, choose_device_groups(in, p));
     p = zero3::plan_memory(in, cfg.zero_optimization);
   }
-  plan = p.memory;
-  plan.checkpoint_activations = checkpoint_activations;
-  plan.device_headroom = dev->caps().reserved;
-  plan.device_activations_checkpointed = with_checkpointing;
-  plan.device_activations_all = without;
+  return p;
+}
+
+void Engine::Impl::lay_out_chunks(const PlanInput& in, const Plan& p) {
   slots.resize(in.chunks.size());
   for (std::size_t i = 0; i < slots.size(); ++i) {
     ChunkSlot& s = slots[i];
@@ -96,24 +112,28 @@ void Engine::Impl::plan_memory() {
     s.route = p.routes[i];
   }
   groups = in.groups;
-  planned = std::move(in);
-  if (plan.device_optimizer_groups > 0 && comm->rank() == 0)
+  largest_shard = p.largest_shard;
+  persistent_bytes = p.persistent_bytes;
+  persistent_chunks = p.persistent_chunks;
+  group_window = p.group_window;
+}
+
+void Engine::Impl::report_ratio() const {
+  if (comm->rank() != 0) return;
+  const auto& oo = cfg.zero_optimization.offload_optimizer;
+  if (plan.device_optimizer_groups > 0)
     STRATA_LOG_INFO(
         "zero3: offload_optimizer.ratio ", plan.offload_ratio, ": ", plan.device_optimizer_groups, " of ",
         groups.size(),
         " optimizer sub-groups keep master, states and gradients on the device, stepped there by ",
         by_ops ? "the compute interface's AdamW" : "the SIMD optimizer on the model's cpus",
         " beside the CPU optimizer");
-  else if (oo.device != OffloadDevice::none && !oo.ratio_auto && oo.ratio < 1.0 && comm->rank() == 0)
+  else if (oo.device != OffloadDevice::none && !oo.ratio_auto && oo.ratio < 1.0)
     STRATA_LOG_WARN("zero3: offload_optimizer.ratio ", oo.ratio, " keeps none of the ", groups.size(),
                     " optimizer sub-group", groups.size() == 1 ? "" : "s",
                     " on the device (DeepSpeed's rule: the first (1 - ratio) x sub-groups, rounded down); "
                     "lower zero_optimization.sub_group_size (now ",
                     cfg.zero_optimization.sub_group_size, " elements) to split the optimizer into more");
-  largest_shard = p.largest_shard;
-  persistent_bytes = p.persistent_bytes;
-  persistent_chunks = p.persistent_chunks;
-  group_window = p.group_window;
 }
 
 // Note [Cores]: a rank runs on the cpus the process may use (mpirun's or strata launch's binding, taskset,

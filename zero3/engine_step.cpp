@@ -63,6 +63,36 @@ StepResult Engine::Impl::step() {
   STRATA_CHECK(!cache.in_pass(), "zero3: step() inside a forward/backward pass");
   settle_backward();
   const auto t1 = Clock::now();
+  settle_for_step();
+  tm->set_step(global_step + 1, tiering::Phase::optimizer);
+
+  // Global norm and overflow, chunk by chunk in a fixed order.
+  double sum_sq = 0;
+  bool finite = true;
+  grads.stats(sum_sq, finite);  // over every rank's shards
+
+  StepResult r;
+  r.loss_scale = scaler.scale();
+  r.lr = sched.lr();
+  r.applied = step_applies(finite);
+  if (r.applied) {
+    const GradScale gs = grad_scale(sum_sq, r.loss_scale, cfg.gradient_clipping);
+    r.grad_norm = gs.norm;
+    apply_update(gs, r.lr);
+  } else {
+    overlap.undo(UndoAs::rollback);
+    r.grad_norm = finite ? std::sqrt(sum_sq) / r.loss_scale : std::numeric_limits<double>::infinity();
+    ++skipped;
+  }
+  grads.new_step();
+  ++global_step;
+  times.optimizer += seconds_since(t1);
+  close_step(r);
+  tm->set_step(global_step, tiering::Phase::idle);
+  return r;
+}
+
+void Engine::Impl::settle_for_step() {
   try {
     grads.sync();
   } catch (...) {
@@ -78,74 +108,56 @@ StepResult Engine::Impl::step() {
   // No gather still reads the working params the update writes (the compute stream, not the host, waited
   // for the gathers it used; one prefetched but not used may still be running).
   gather_stream->synchronize();
-  tm->set_step(global_step + 1, tiering::Phase::optimizer);
+}
 
-  // Global norm and overflow, chunk by chunk in a fixed order.
-  double sum_sq = 0;
-  bool finite = true;
-  grads.stats(sum_sq, finite);  // over every rank's shards
+bool Engine::Impl::step_applies(bool finite) {
+  if (scaler.enabled()) return scaler.update(!finite);
+  if (!finite)
+    STRATA_LOG_WARN("zero3: non-finite gradients at step ", global_step + 1,
+                    "; the step is skipped (lower the learning rate or enable gradient_clipping)");
+  return finite;
+}
 
-  StepResult r;
-  r.loss_scale = scaler.scale();
-  r.lr = sched.lr();
-  bool applied;
-  if (scaler.enabled()) {
-    applied = scaler.update(!finite);
-  } else {
-    applied = finite;
-    if (!finite)
-      STRATA_LOG_WARN("zero3: non-finite gradients at step ", global_step + 1,
-                      "; the step is skipped (lower the learning rate or enable gradient_clipping)");
-  }
-  if (applied) {
-    const GradScale gs = grad_scale(sum_sq, r.loss_scale, cfg.gradient_clipping);
-    r.grad_norm = gs.norm;
-    const std::int64_t step_no = applied_steps + 1;
-    // The updates made during backward assumed this factor, rate and step; otherwise they are undone.
-    if (!overlap.assumed(gs.factor, r.lr, step_no)) overlap.undo(UndoAs::rollback);
-    overlap.clipped(gs.clipped);
-    // Those made during backward stand; the others are made now (updater: each as its route says) or, where
-    // the route defers them, left to the overlap's worker, which makes them while the next forward starts.
-    bool kept = false;
-    std::vector<int> now, later;
-    for (const auto& g : groups)
-      for (int c : g) {
-        if (overlap.done(std::size_t(c))) {
-          overlap.keep(std::size_t(c));
-          kept = true;
-        } else {
-          (slots[std::size_t(c)].route.defer ? later : now).push_back(c);  // set only when the overlap runs
-        }
+void Engine::Impl::apply_update(const GradScale& gs, double lr) {
+  const std::int64_t step_no = applied_steps + 1;
+  // The updates made during backward assumed this factor, rate and step; otherwise they are undone.
+  if (!overlap.assumed(gs.factor, lr, step_no)) overlap.undo(UndoAs::rollback);
+  overlap.clipped(gs.clipped);
+  // Those made during backward stand; the others are made now (updater: each as its route says) or, where
+  // the route defers them, left to the overlap's worker, which makes them while the next forward starts.
+  bool kept = false;
+  std::vector<int> now, later;
+  for (const auto& g : groups)
+    for (int c : g) {
+      if (overlap.done(std::size_t(c))) {
+        overlap.keep(std::size_t(c));
+        kept = true;
+      } else {
+        (slots[std::size_t(c)].route.defer ? later : now).push_back(c);  // set only when the overlap runs
       }
-    updater.update(now, r.lr, gs.factor, step_no);
-    overlap.defer(later, r.lr, gs.factor, step_no);
-    if (kept) overlap.count_kept_step();
-    ++applied_steps;
-    sched.step();
-    const auto any_route = [&](bool UpdateRoute::*what) {
-      return std::any_of(slots.begin(), slots.end(), [&](const ChunkSlot& s) { return s.route.*what; });
-    };
-    if (any_route(&UpdateRoute::gathers_wait_update)) {
-      // Gathers read the new working params after the compute stream has written them.
-      if (!updated) updated = dev->create_event();
-      compute_stream->record(*updated);
-      gather_stream->wait(*updated);
     }
-    // Stages 1 and 2: each rank updated its slice of every chunk's working params; the all-gather (on the
-    // gather stream, before any later gather reads them) gives every rank all of them.
-    if (any_route(&UpdateRoute::all_gather_after_step)) cache.all_gather_params();
-    cache.drop_all_gathered();
-  } else {
-    overlap.undo(UndoAs::rollback);
-    r.grad_norm = finite ? std::sqrt(sum_sq) / r.loss_scale : std::numeric_limits<double>::infinity();
-    ++skipped;
+  updater.update(now, lr, gs.factor, step_no);
+  overlap.defer(later, lr, gs.factor, step_no);
+  if (kept) overlap.count_kept_step();
+  ++applied_steps;
+  sched.step();
+  const auto any_route = [&](bool UpdateRoute::*what) {
+    return std::any_of(slots.begin(), slots.end(), [&](const ChunkSlot& s) { return s.route.*what; });
+  };
+  if (any_route(&UpdateRoute::gathers_wait_update)) {
+    // Gathers read the new working params after the compute stream has written them.
+    if (!updated) updated = dev->create_event();
+    compute_stream->record(*updated);
+    gather_stream->wait(*updated);
   }
-  grads.new_step();
-  ++global_step;
+  // Stages 1 and 2: each rank updated its slice of every chunk's working params; the all-gather (on the
+  // gather stream, before any later gather reads them) gives every rank all of them.
+  if (any_route(&UpdateRoute::all_gather_after_step)) cache.all_gather_params();
+  cache.drop_all_gathered();
+}
 
-  times.optimizer += seconds_since(t1);
+void Engine::Impl::close_step(StepResult& r) {
   r.step = global_step;
-  r.applied = applied;
   // Every rank's micro-batches: the mean of world x micro_steps losses, and their tokens.
   const double losses = comm->all_reduce_sum(loss_sum);  // one rank: loss_sum
   r.loss = micro_steps > 0 ? losses / (double(micro_steps) * world) : 0.0;
@@ -167,8 +179,6 @@ StepResult Engine::Impl::step() {
   counted_max = INT64_MIN;
   weighed_by_count = true;
   times = {};
-  tm->set_step(global_step, tiering::Phase::idle);
-  return r;
 }
 
 Engine::Impl::StepCounts Engine::Impl::step_counts() {

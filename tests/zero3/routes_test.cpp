@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -258,33 +260,79 @@ TEST(UpdateRoutes, TheConfigAloneDecidesTheStepperAndTheHomes) {
   EXPECT_FALSE(pinned[0].route.grads_nvme);
 }
 
-// The engine steps each chunk by its route: the update counters add up to the routes' steppers.
+// The engine steps each chunk by its route: after one step every chunk's master holds AdamW's update of its
+// own summed gradients (a float64 reference, from the gradients the model handed off), whichever stepper
+// its route names — the device optimizer on the model's cpus for the sub-groups offload_optimizer.ratio
+// keeps on the device, the CPU optimizer for the others — and its master lives where the route keeps it.
+// eps 1 makes the update proportional to the gradient (not its sign), so a chunk stepped with another
+// chunk's gradients, one micro-batch's, or not at all would be off by far more than the bound.
 TEST(UpdateRoutes, TheEngineStepsEachChunkByItsRoute) {
   test::ScratchDir dir("routes");
-  const Config cfg = make_config(OffloadDevice::cpu, OffloadDevice::cpu, dir.path(),
-                                 {{"zero_optimization", {{"offload_optimizer", {{"ratio", 0.5}}}}},
-                                  {"strata", {{"cpu_optim", {{"cores", 0}}}}}});
+  const Config cfg = make_config(
+      OffloadDevice::cpu, OffloadDevice::cpu, dir.path(),
+      {{"gradient_clipping", 0.0},
+       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"eps", 1.0}, {"weight_decay", 0.01}}}}},
+       {"zero_optimization", {{"offload_optimizer", {{"ratio", 0.5}}}}},
+       {"strata", {{"cpu_optim", {{"cores", 0}}}}}});
   const model::ModelConfig mcfg = test::block_model("routes", 2);
-  Engine engine(cfg, mcfg, {.backend = "host", .seq_len = 32});
-  const std::vector<UpdateRoute> routes = engine.update_routes();
-  ASSERT_EQ(routes.size(), std::size_t(engine.layout().num_chunks()));
-  const auto count = [&](S s) {
-    return std::uint64_t(
-        std::count_if(routes.begin(), routes.end(), [&](const UpdateRoute& r) { return r.stepper == s; }));
+  std::vector<std::vector<double>> grads;  // per chunk: the step's gradients, summed over micro-batches
+  EngineOptions opts{.backend = "host", .seq_len = 32};
+  opts.testing.gradient_hook = [&](int c, float* g, std::size_t n) {
+    std::vector<double>& sum = grads[std::size_t(c)];
+    sum.resize(n, 0.0);
+    for (std::size_t i = 0; i < n; ++i) sum[i] += double(g[i]);
   };
-  ASSERT_GT(count(S::model_cpus), 0u);
-  ASSERT_GT(count(S::cpu_optimizer), 0u);
+  Engine engine(cfg, mcfg, opts);
+  const int C = engine.layout().num_chunks();
+  grads.resize(std::size_t(C));
+  const std::vector<UpdateRoute> routes = engine.update_routes();
+  ASSERT_EQ(routes.size(), std::size_t(C));
+  ASSERT_TRUE(std::any_of(routes.begin(), routes.end(),
+                          [](const UpdateRoute& r) { return r.stepper == S::model_cpus; }));
+  ASSERT_TRUE(std::any_of(routes.begin(), routes.end(),
+                          [](const UpdateRoute& r) { return r.stepper == S::cpu_optimizer; }));
+  std::vector<std::vector<float>> before;
+  for (int c = 0; c < C; ++c) before.push_back(engine.master_params(c));
+
   model::LlamaModel model(mcfg, engine.model_options());
   const std::string tokens = test::make_tokens(dir);
   model::TokenFile file = model::TokenFile::open(tokens);
   model::DataLoader data(file,
                          {.batch_size = engine.micro_batch(), .seq_len = 32, .seed = 1, .vocab_size = 256});
-  const int steps = 2;
-  for (int i = 0; i < steps; ++i) ASSERT_TRUE(engine.train_batch(model, data).applied);
-  const UpdateStats& u = engine.update_stats();
-  EXPECT_EQ(u.model_cpus, count(S::model_cpus) * steps);
-  EXPECT_EQ(u.cpu_optimizer, count(S::cpu_optimizer) * steps);
-  EXPECT_EQ(u.device_optimizer, 0u);
+  const StepResult r = engine.train_batch(model, data);
+  ASSERT_TRUE(r.applied);
+
+  const double b1 = 0.9, b2 = 0.999, eps = 1.0, wd = 0.01;
+  for (int c = 0; c < C; ++c) {
+    SCOPED_TRACE(engine.layout().chunk(c).name);
+    const std::vector<float> after = engine.master_params(c);
+    const std::vector<double>& g = grads[std::size_t(c)];
+    ASSERT_EQ(g.size(), after.size()) << "one rank: the gradient buffer is the shard";
+    double worst = 0, moved = 0;
+    for (std::size_t i = 0; i < after.size(); ++i) {
+      const double p = before[std::size_t(c)][i];
+      // Step 1: the moments (1 - b1) g and (1 - b2) g², bias-corrected, are g and g².
+      const double m = (1 - b1) * g[i] / (1 - b1), v = (1 - b2) * g[i] * g[i] / (1 - b2);
+      const double step = r.lr * m / (std::sqrt(v) + eps);
+      const double want = p * (1 - r.lr * wd) - step;
+      // In units of fp32's spacing at the operands: the update's few roundings stay within a few.
+      const double spacing = (std::abs(p) + std::abs(step) + 1e-12) * std::numeric_limits<float>::epsilon();
+      worst = std::max(worst, std::abs(double(after[i]) - want) / spacing);
+      moved = std::max(moved, std::abs(step));
+    }
+    EXPECT_GT(moved, 1e-7) << "the chunk's gradients move it";
+    EXPECT_LT(worst, 4.0) << "its master is AdamW's update of its own gradients (fp32 spacings off)";
+    // The master where the route keeps it: the device for a device stepper, pinned host memory otherwise.
+    const tiering::Tier home = routes[std::size_t(c)].device_optimizer() ? T::device : T::pinned;
+    bool found = false;
+    for (tiering::TensorId id : engine.tiers().tensor_ids()) {
+      const tiering::TensorInfo info = engine.tiers().info(id);
+      if (info.desc.name != engine.layout().chunk(c).name + ".master") continue;
+      found = true;
+      EXPECT_TRUE(tiering::has(info.valid, home)) << "master valid in " << tiering::to_string(home);
+    }
+    EXPECT_TRUE(found);
+  }
 }
 
 }  // namespace

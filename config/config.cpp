@@ -714,7 +714,7 @@ void ConfigParser::check_offload_ratio() {
   }
 }
 
-// Note [Keys without effect] in config_schema.cpp: one warning per key the file sets, unless its value
+// Note [Keys without effect] in config_schema_zero.cpp: one warning per key the file sets, unless its value
 // asks for what Strata does anyway. "auto" and null ask for nothing.
 void ConfigParser::warn_no_effect() {
   for (std::size_t i = 0; i < options().size(); ++i) {

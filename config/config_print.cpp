@@ -82,7 +82,7 @@ std::string Config::resolved_table() const {
   std::vector<std::array<std::string, 3>> rows;
   rows.push_back({"key", "value", "source"});
   // Keys Strata accepts without acting on them are marked; the ones the file set are listed below the
-  // table with the reason (Note [Keys without effect] in config_schema.cpp).
+  // table with the reason (Note [Keys without effect] in config_schema_zero.cpp).
   std::string no_effect;
   for (std::size_t i = 0; i < options().size(); ++i) {
     if (i >= sources_.size() || sources_[i].empty()) continue;

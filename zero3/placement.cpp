@@ -394,7 +394,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   Plan p;
   MemoryPlan& m = p.memory;
   const tiering::ShardHomes& homes = in.homes;
-  const std::uint64_t wd = dtype_bytes(in.working);
+  const std::uint64_t working_bytes = dtype_bytes(in.working);
   std::uint64_t largest = 0, total = 0, largest_group = 0;
   for (const PlannedChunk& c : in.chunks) {
     total += c.shard.numel;
@@ -424,8 +424,8 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
     const tiering::ShardHomes h = in.homes_of(c);
     p.gather_block.push_back(block(c.numel * dtype_bytes(in.activation)));
     p.grad_block.push_back(block(c.numel * sizeof(float)));
-    add(h.param, c.param_numel * wd);
-    if (h.param == Tier::nvme) m.nvme_params += c.param_numel * wd;
+    add(h.param, c.param_numel * working_bytes);
+    if (h.param == Tier::nvme) m.nvme_params += c.param_numel * working_bytes;
     add(h.grad, n * 4);
     add(h.master, n * 4);
     for (int i = 0; i < in.optimizer_states; ++i) add(h.optim, n * 4);
@@ -493,7 +493,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   std::uint64_t reads = 0, grad_window = 0, optimizer = 0;
   if (homes.param == Tier::nvme) {
     // A read buffer holds one whole chunk, whatever buffer_size says (Engine::check_fits warns).
-    reads = std::uint64_t(std::max<std::int64_t>(1, z.offload_param.buffer_count)) * largest * wd;
+    reads = std::uint64_t(std::max<std::int64_t>(1, z.offload_param.buffer_count)) * largest * working_bytes;
     m.param_cache = std::min<std::uint64_t>(z.offload_param.max_in_cpu, total);
   }
   if (homes.master == Tier::nvme) {
@@ -505,10 +505,10 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   // Gradient shards on their way to NVMe and their staging block (Note [Gradients through NVMe]).
   if (grads_nvme) grad_window = (kNvmeGradWindow + 1) * p.largest_shard * sizeof(float);
   if (homes.param != Tier::pinned && homes.master != Tier::device)
-    optimizer += largest_group * wd;  // new working params on their way home
+    optimizer += largest_group * working_bytes;  // new working params on their way home
   const bool buffers_only = homes.param == Tier::nvme && homes.master == Tier::nvme && grads_nvme;
   if (buffers_only) m.param_cache = 0;
-  const std::uint64_t cache = m.param_cache * wd;
+  const std::uint64_t cache = m.param_cache * working_bytes;
   std::uint64_t staging =
       reads + cache + (buffers_only ? std::max(grad_window, optimizer) : grad_window + optimizer);
   m.pinned_staging = staging;
@@ -521,7 +521,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   // host.
   if (grads_pinned) m.pinned_staging += p.largest_shard * sizeof(float);
   if (in.device_state_by_ops && homes.param == Tier::device && stepped_on_host)
-    m.pinned_staging += p.largest_shard * wd;
+    m.pinned_staging += p.largest_shard * working_bytes;
   if (m.nvme_state > 0) m.nvme_budget = m.nvme_state + m.nvme_state / 16 + (64ull << 20);
   p.routes.reserve(in.chunks.size());
   for (std::size_t c = 0; c < in.chunks.size(); ++c) p.routes.push_back(route_of(in, c, accumulate[c] != 0));

@@ -310,7 +310,7 @@ TEST(Cores, TheOptimizersOwnCoresOverlapItAndTrainTheSameBits) {
   expect_same(split, shared);
 }
 
-// Note [The optimizer's tail] in zero3/engine_step.cpp: with the optimizer on cores of its own, the
+// Note [The optimizer's tail] in zero3/engine_update.cpp: with the optimizer on cores of its own, the
 // model's idle cpus take a share of the update after backward (all of it without the overlap, clipped
 // steps with it): the same bits as one optimizer on every cpu.
 TEST(Cores, TheModelsCpusShareTheUpdateAfterBackwardWithTheSameBits) {

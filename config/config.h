@@ -141,7 +141,8 @@ struct AioConfig {
 };
 
 // DeepSpeed's csv_monitor: per-step metrics, one CSV file per metric under output_path/job_name/
-// (tools/csv_monitor.h writes them; `strata train` only, rank 0 only).
+// (session/csv_monitor.h writes them from every optimizer step of strata train and the Python engine; rank
+// 0 only).
 struct CsvMonitorConfig {
   bool enabled = false;
   std::string output_path;                    // "" = the directory strata runs in
@@ -149,7 +150,7 @@ struct CsvMonitorConfig {
 };
 
 // DeepSpeed's tensorboard monitor: the same per-step metrics as csv_monitor, as TensorBoard event files in
-// output_path/job_name/ (tools/tensorboard_monitor.h writes them; `strata train` only, rank 0 only).
+// output_path/job_name/ (session/tensorboard_monitor.h writes them, as csv_monitor's; rank 0 only).
 struct TensorBoardConfig {
   bool enabled = false;
   std::string output_path;                    // "" = the directory strata runs in

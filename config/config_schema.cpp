@@ -463,7 +463,8 @@ std::vector<Option> build_options() {
                .kind = Kind::boolean,
                .def = false,
                .meaning = "Write per-step metrics (loss, lr, grad norm, loss scale, tokens/s, time split, "
-                          "bytes per tier) as CSV files, one per metric; `strata train`, rank 0.",
+                          "bytes per tier) as CSV files, one per metric; `strata train` and the Python "
+                          "engine, rank 0, every optimizer step.",
                .field = STRATA_FIELD(csv_monitor.enabled)});
   o.push_back({.path = "csv_monitor.output_path",
                .kind = Kind::path,
@@ -495,8 +496,8 @@ std::vector<Option> build_options() {
                .kind = Kind::boolean,
                .def = false,
                .meaning = "Write the per-step metrics csv_monitor writes (loss, lr, grad norm, loss scale, "
-                          "tokens/s, time split, bytes per tier) as TensorBoard event files; `strata train`, "
-                          "rank 0.",
+                          "tokens/s, time split, bytes per tier) as TensorBoard event files; `strata train` "
+                          "and the Python engine, rank 0, every optimizer step.",
                .field = STRATA_FIELD(tensorboard.enabled)});
   o.push_back({.path = "tensorboard.output_path",
                .kind = Kind::path,

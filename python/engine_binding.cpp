@@ -103,9 +103,11 @@ class Core {
         parse_overrides(overrides), source_.config, ri);
     ri_ = ri;
     collective("strata.initialize", [&] {
-      // The files the engine writes from its start (Note [Outputs up front] in session/session.cpp); the
-      // checkpoints and the export are checked when they are written, the same way.
-      session::check_outputs({.trace = cfg_.strata.memprof.path});
+      // The files the engine writes from its start, the trace and rank 0's monitors (Note [Outputs up
+      // front] in session/session.cpp); the checkpoints and the export are checked when they are written,
+      // the same way.
+      session::check_outputs(
+          {.trace = cfg_.strata.memprof.path, .monitors = session::monitor_outputs(cfg_, ri.rank)});
       py::gil_scoped_release nogil;
       session::Trainer t = session::build(cfg_, source_, seq_len_, ri,
                                           {.backend = backend,
@@ -153,6 +155,7 @@ class Core {
       py::gil_scoped_release nogil;
       if (e.forward_pending()) e.abandon_forward();
       r = e.step();
+      write_monitors(e, r);
     });
     py::dict d;
     d["step"] = r.step;
@@ -209,6 +212,9 @@ class Core {
       py::gil_scoped_release nogil;
       const std::string used = tag.empty() ? zero3::latest_tag(dir) : tag;
       const nlohmann::json cs = e.load_checkpoint(dir, used, data ? &data->loader() : nullptr);
+      // The monitors continue from the loaded step at the next step (Note [Monitors]).
+      monitors_.reset();
+      resumed_step_ = e.global_step();
       return std::make_optional(std::make_pair((fs::path(dir) / used).string(), cs.dump()));
     });
   }
@@ -263,6 +269,7 @@ class Core {
   // Frees the device, pinned memory and swap files now rather than when Python collects the object.
   void close() {
     py::gil_scoped_release nogil;
+    monitors_.reset();
     model_.reset();
     engine_.reset();
   }
@@ -279,6 +286,16 @@ class Core {
   void check_written(zero3::Engine& e, const session::OutputPlan& plan) {
     session::check_outputs(plan);
     session::check_output_room(plan, session::output_sizes(e, ri_), ri_.local_size);
+  }
+
+  // Every optimizer step's csv_monitor and tensorboard events, as strata train writes them (Note [Monitors]
+  // in session/monitors.cpp): opened at the first step, continuing a loaded checkpoint's rows.
+  void write_monitors(zero3::Engine& e, const zero3::StepResult& r) {
+    if (!monitors_) {
+      monitors_.emplace(cfg_, e, resumed_step_);
+      for (const std::string& d : monitors_->destinations()) STRATA_LOG_INFO("metrics: ", d);
+    }
+    monitors_->write_step(e, r);
   }
 
   // Checkpoints are taken between optimizer steps (the engine's rule), with no forward pending.
@@ -400,6 +417,10 @@ class Core {
   comm::RankInfo ri_;            // the launcher's (session::ranks)
   int seq_len_ = 0;
   std::optional<std::int64_t> step_counted_;  // the pending forward's num_items_in_batch
+  // csv_monitor and tensorboard (rank 0's), opened at the first optimizer step after initialize or a
+  // load_checkpoint; resumed_step_: the global step the last load_checkpoint loaded (nullopt: none).
+  std::optional<session::Monitors> monitors_;
+  std::optional<std::int64_t> resumed_step_;
   std::unique_ptr<zero3::Engine> engine_;
   std::unique_ptr<model::TrainableModel> model_;  // runs on engine_'s device: destroyed first
 };

@@ -1,5 +1,5 @@
-// DeepSpeed's csv_monitor file layout (tools/csv_monitor.h).
-#include "tools/csv_monitor.h"
+// DeepSpeed's csv_monitor file layout (session/csv_monitor.h).
+#include "session/csv_monitor.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,16 +13,16 @@
 #include "core/error.h"
 #include "core/log.h"
 
-namespace strata::cli {
+namespace strata::session {
 
 // Note [Earlier runs' files]
 // DeepSpeed's CSV monitor opens its files in append mode, so running a job again, or resuming it from a
 // checkpoint older than its last step, leaves series whose step column goes back (4..40 then 24..40) and
 // a plot that draws both runs over each other. Strata makes the folder describe the run that writes it:
-//   - A new run (no --load) replaces the files an earlier run left: they are removed, with a warning
-//     naming them and saying how to keep them, and the run's first write of each event starts a new file
-//     with its header. Removing rather than emptying also drops the series this run will not write (eval
-//     loss without --eval-data, loss scale under bf16).
+//   - A new run (not resumed: no --load, no engine.load_checkpoint) replaces the files an earlier run
+//     left: they are removed, with a warning naming them and saying how to keep them, and the run's first
+//     write of each event starts a new file with its header. Removing rather than emptying also drops the
+//     series this run will not write (eval loss without --eval-data, loss scale under bf16).
 //   - A run resumed from a checkpoint whose step column reads S keeps each file's header line and its rows
 //     with step <= S, byte for byte, and appends after them, so every series continues without going back.
 //     A row is a complete line `<integer>,...`; anything else after the header (a torn last line of a
@@ -31,7 +31,7 @@ namespace strata::cli {
 //     or past its own — the later run resumed from that point — so the kept rows increase too.
 //     A file that changes is rewritten to FILE.tmp, synced and renamed over FILE: a crash at any point
 //     leaves either the old file or the trimmed one, never fewer rows than are kept.
-// The constructor does this for every DIR/Train_Samples_*.csv (kEventPrefix: all strata train writes),
+// The constructor does this for every DIR/Train_Samples_*.csv (kEventPrefix: all the front-ends write),
 // before the first step; a file of another event name is handled at its first write. Other files in the
 // folder are never touched. Missing files are simply created, with their header, at the first write.
 
@@ -196,11 +196,12 @@ void CsvMonitor::adopt(const std::vector<std::string>& paths) {
   }
   if (changed.empty()) return;
   if (!resumed_at_)
-    STRATA_LOG_WARN("csv_monitor: a new run (no --load) starts new files in ", dir_, "; replaced ",
-                    changed.size(), " file", changed.size() == 1 ? "" : "s",
+    STRATA_LOG_WARN("csv_monitor: a new run (not resumed from a checkpoint) starts new files in ", dir_,
+                    "; replaced ", changed.size(), " file", changed.size() == 1 ? "" : "s",
                     " of an earlier run: ", join_names(changed),
                     ". To keep an earlier run's files, move them or give this run another "
-                    "csv_monitor.job_name; to continue them, resume with --load");
+                    "csv_monitor.job_name; to continue them, resume from a checkpoint (strata train --load, "
+                    "engine.load_checkpoint)");
   else
     STRATA_LOG_INFO("csv_monitor: a resumed run continues the files in ", dir_,
                     ": kept the rows with step <= ", *resumed_at_, " and dropped ", dropped_rows, " line",
@@ -230,4 +231,4 @@ void CsvMonitor::write(std::string_view name, std::int64_t step, double value) {
                    "csv_monitor: write ", file_for(dir_, name));
 }
 
-}  // namespace strata::cli
+}  // namespace strata::session

@@ -1,8 +1,9 @@
-// strata/tools/csv_monitor.h: DeepSpeed's csv_monitor, per-step metrics as CSV files a user can plot.
+// strata/session/csv_monitor.h: DeepSpeed's csv_monitor, per-step metrics as CSV files a user can plot.
 //
 // Example:
 //   // A new run (resumed_at nullopt) or one resumed from a checkpoint whose step column reads S.
-//   strata::cli::CsvMonitor mon(strata::cli::CsvMonitor::directory(cfg.csv_monitor), resumed_at);
+//   using strata::session::CsvMonitor;
+//   CsvMonitor mon(CsvMonitor::directory(cfg.csv_monitor), resumed_at);
 //   mon.write("Train/Samples/train_loss", samples, loss);   // DIR/Train_Samples_train_loss.csv
 //   mon.write("Train/Samples/lr", samples, lr);             // DIR/Train_Samples_lr.csv
 //
@@ -33,7 +34,7 @@
 
 #include "config/config.h"
 
-namespace strata::cli {
+namespace strata::session {
 
 // output_path/job_name as DeepSpeed's monitors join them (os.path.join: "" output_path is relative to the
 // current directory; an absolute job_name stands alone); "." when both are empty. csv_monitor's and
@@ -47,11 +48,11 @@ class CsvMonitor {
   static std::string directory(const CsvMonitorConfig& c);
   // DIR/<name with '/' and ' ' as '_'>.csv, the file `name`'s events go to.
   static std::string file_for(const std::string& dir, std::string_view name);
-  // The event names whose files the constructor looks for in the folder: every event strata train writes
+  // The event names whose files the constructor looks for in the folder: every event the front-ends write
   // (DeepSpeed's own names start the same way). Files of other names are handled at their first write.
   static constexpr std::string_view kEventPrefix = "Train/Samples/";
 
-  // `dir` must exist (strata train creates and probes it before the first step). `resumed_at`: nullopt
+  // `dir` must exist (session::check_outputs creates and probes it before the engine). `resumed_at`: nullopt
   // for a new run, whose files replace any earlier run's; else the step column's value at the checkpoint
   // the run resumed from, past which an earlier run's rows are dropped. Raises IoError naming the file
   // when a file in the folder cannot be read, rewritten or removed.
@@ -76,4 +77,4 @@ class CsvMonitor {
   std::map<std::string, std::unique_ptr<std::FILE, Closer>, std::less<>> files_;  // by event name
 };
 
-}  // namespace strata::cli
+}  // namespace strata::session

@@ -1,19 +1,24 @@
 // strata/session/session.h: what both front-ends — `strata train` (tools/cmd_train.cpp) and
 // `strata.initialize` (python/engine_binding.cpp) — set up before a run, decided in one place, so that
-// they read the same model, resolve the same config and refuse the same inputs at the same point.
+// they read the same model, resolve the same config and refuse the same inputs at the same point; and the
+// per-step metrics both write (csv_monitor, tensorboard: the same files, names and values).
 //
-// Example (strata train's order; strata.initialize's is the same without the data):
+// Example (strata train's order; strata.initialize's is the same without the data, and Python opens the
+// monitors at its first optimizer step: Note [Monitors] in monitors.cpp):
 //   const comm::RankInfo ri = session::ranks();                     // the launcher's, job rank for logs
 //   session::ModelSource src = session::open_model(spec, session::Weights::allowed);
 //   const int T = session::resolve_seq_len(src.config, requested, "--seq-len");
 //   ... the front-end's own inputs (token files: --epochs needs them for the run's length) ...
 //   Config cfg = session::resolve_config({.path = "ds.json"}, sets, src.config, ri, run_facts);
-//   const session::OutputPlan out{.save = {"ckpt", "--save"}, .trace = cfg.strata.memprof.path};
+//   const session::OutputPlan out{.save = {"ckpt", "--save"}, .trace = cfg.strata.memprof.path,
+//                                 .monitors = session::monitor_outputs(cfg, ri.rank)};
 //   session::check_outputs(out);                                    // every directory, before the engine
 //   session::Trainer t = session::build(cfg, src, T, ri, {.backend = "host", .weights_flag = "--init-from"});
 //   session::check_output_room(out, session::output_sizes(*t.engine, ri), ri.local_size);
 //   model::DataLoader data(file, session::loader_options(*t.engine, cfg, src.config, T));
-//   t.engine->train_batch(*t.model, data);
+//   session::Monitors monitors(cfg, *t.engine, std::nullopt);      // csv_monitor, tensorboard (rank 0)
+//   const zero3::StepResult r = t.engine->train_batch(*t.model, data);
+//   monitors.write_step(*t.engine, r);                              // every optimizer step, flushed
 //
 // Every refusal is a ConfigError naming the flag or argument the front-end passed in.
 #pragma once
@@ -23,6 +28,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/comm.h"
@@ -31,6 +37,8 @@
 #include "model/data_loader.h"
 #include "model/hf_dir.h"
 #include "model/trainable.h"
+#include "session/csv_monitor.h"
+#include "session/tensorboard_monitor.h"
 #include "zero3/engine.h"
 
 namespace strata::session {
@@ -157,5 +165,59 @@ struct DataChoices {
 // shuffled by strata.seed and the epoch, every token checked against the model's vocabulary.
 model::DataOptions loader_options(zero3::Engine& engine, const Config& cfg, const model::ModelConfig& m,
                                   int seq_len, const DataChoices& choices = {});
+
+// ---- the per-step metrics (Note [Monitors] in monitors.cpp) ----
+
+// Bytes in use per tier, from the tier manager's accounting (every kind).
+struct TierBytes {
+  std::uint64_t device = 0, pinned = 0, nvme = 0;
+};
+TierBytes tier_bytes(zero3::Engine& engine);
+
+// One monitor event: its name (DeepSpeed's tag, e.g. "Train/Samples/train_loss"; a string literal) and value.
+struct MonitorEvent {
+  std::string_view name;
+  double value = 0;
+};
+
+// One optimizer step's monitor events, in the order they are written: DeepSpeed's names where it has the
+// metric (train_loss, lr, loss_scale with fp16 only, as DeepSpeed), Strata's own beside them. The figures
+// are those of strata train's progress line: rank 0's tokens/s, the step's time split (seconds) and bytes
+// per tier `b`; then `device_peak`, the device's high-water mark so far (everything allocated on it).
+std::vector<MonitorEvent> step_events(const zero3::StepResult& r, const TierBytes& b,
+                                      std::uint64_t device_peak, bool fp16);
+
+// The folders the monitors `cfg` enables write into, each named by its keys as check_outputs reports it
+// ("csv_monitor.output_path/job_name:"), for OutputPlan::monitors: rank 0's; none on the other ranks.
+std::vector<Output> monitor_outputs(const Config& cfg, int rank);
+
+// The monitors a run writes: rank 0's csv_monitor and tensorboard when the config enables them, nothing
+// on the other ranks or when neither is enabled. Not thread-safe: the training thread writes.
+class Monitors {
+ public:
+  // Opens the enabled monitors in the folders monitor_outputs names (check_outputs created them).
+  // `resumed_step`: nullopt for a new run, whose CSV files replace an earlier run's; else the global step
+  // of the checkpoint the run resumed from, whose rows the CSV files keep (Note [Earlier runs' files] in
+  // csv_monitor.cpp). IoError naming the file when one cannot be read or written.
+  Monitors(const Config& cfg, zero3::Engine& engine, std::optional<std::int64_t> resumed_step);
+
+  // The step's events (step_events) at step = samples trained so far (DeepSpeed's global_samples:
+  // r.step x micro-batch x accumulation x world), every monitor flushed.
+  void write_step(zero3::Engine& engine, const zero3::StepResult& r);
+  // An evaluation's loss after global step `step` (Train/Samples/eval_loss), flushed.
+  void write_eval(std::int64_t step, double loss);
+
+  // Where the metrics go, one entry per open monitor: "DIR/Train_Samples_*.csv (csv_monitor)",
+  // "DIR/events.out.tfevents... (tensorboard)". Empty when none is open.
+  std::vector<std::string> destinations() const;
+
+ private:
+  void write(std::string_view name, std::int64_t samples, double value);
+
+  std::int64_t samples_per_step_ = 0;
+  bool fp16_ = false;
+  std::optional<CsvMonitor> csv_;
+  std::optional<TensorBoardMonitor> tb_;
+};
 
 }  // namespace strata::session

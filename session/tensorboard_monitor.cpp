@@ -1,16 +1,17 @@
-#include "tools/tensorboard_monitor.h"
+#include "session/tensorboard_monitor.h"
 
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 
 #include "core/error.h"
-#include "tools/csv_monitor.h"
+#include "session/csv_monitor.h"
 
-namespace strata::cli {
+namespace strata::session {
 
 // Note [Event files]
 // ~~~~~~~~~~~~~~~~~~
@@ -108,8 +109,15 @@ TensorBoardMonitor::TensorBoardMonitor(const std::string& dir) {
           .count();
   char stamp[32];
   std::snprintf(stamp, sizeof stamp, "%010lld", static_cast<long long>(secs));
-  path_ = cat(dir, "/events.out.tfevents.", stamp, ".", host_name(), ".", ::getpid(), ".0");
-  file_.reset(std::fopen(path_.c_str(), "wb"));
+  // The last part counts this process's event files from 0, as TensorBoard's EventFileWriter does: a Python
+  // process may open several runs' files in one second (a new engine, a load_checkpoint), and none may
+  // truncate another's. A name some other writer holds already is skipped ("x": never overwrite).
+  static std::atomic<unsigned> next{0};
+  const std::string prefix = cat(dir, "/events.out.tfevents.", stamp, ".", host_name(), ".", ::getpid(), ".");
+  do {
+    path_ = cat(prefix, next.fetch_add(1));
+    file_.reset(std::fopen(path_.c_str(), "wbx"));
+  } while (!file_ && errno == EEXIST);
   if (!file_) throw IoError(cat("tensorboard: cannot create ", path_, ": ", errno_text(errno)));
   std::string version;
   put_bytes(version, 3, "brain.Event:2");
@@ -146,4 +154,4 @@ void TensorBoardMonitor::flush() {
     throw IoError(cat("tensorboard: cannot write ", path_, ": ", errno_text(errno)));
 }
 
-}  // namespace strata::cli
+}  // namespace strata::session

@@ -7,7 +7,7 @@
 // On a terminal the last line is a progress bar (step, loss, tokens/s, the step's time split into
 // forward / backward / optimizer / waiting on transfers, bytes per tier); otherwise one plain log line per
 // steps_per_print steps. A summary follows the last step. With csv_monitor enabled the same figures go to
-// CSV files every step, at full precision (tools/csv_monitor.h). Everything a bad argument or config can
+// CSV files every step, at full precision (session/csv_monitor.h). Everything a bad argument or config can
 // get wrong fails before the first step.
 #include <signal.h>
 #include <unistd.h>
@@ -36,9 +36,7 @@
 #include "model/safetensors.h"
 #include "session/session.h"
 #include "tools/cli.h"
-#include "tools/csv_monitor.h"
 #include "tools/launch_plan.h"
-#include "tools/tensorboard_monitor.h"
 #include "zero3/checkpoint.h"
 #include "zero3/engine.h"
 
@@ -145,18 +143,7 @@ struct NvmeSteps {
   }
 };
 
-// Bytes in use per tier, from the tier manager's accounting.
-struct TierBytes {
-  std::uint64_t device = 0, pinned = 0, nvme = 0;
-};
-TierBytes tier_bytes(zero3::Engine& e) {
-  const tiering::Usage u = e.tiers().usage();
-  TierBytes b;
-  std::uint64_t* out[] = {&b.device, &b.pinned, &b.nvme};
-  for (int t = 0; t < tiering::kTierCount; ++t)
-    for (int k = 0; k < tiering::kKindCount; ++k) *out[t] += u.bytes[std::size_t(t)][std::size_t(k)];
-  return b;
-}
+using session::TierBytes;
 
 class Progress {
  public:
@@ -215,30 +202,6 @@ class Progress {
   Clock::time_point t0_;
 };
 
-// One optimizer step's monitor events (csv_monitor, tensorboard): DeepSpeed's names where it has the
-// metric, Strata's own beside them, all at step = samples consumed so far (DeepSpeed's global_samples). The
-// figures are the progress line's: rank 0's tokens/s, time split (seconds) and bytes per tier; then the
-// device's high-water mark so far (everything allocated on it: pool, activations, workspaces).
-template <typename Monitor>
-void write_step_metrics(Monitor& m, const zero3::StepResult& r, const TierBytes& b, std::uint64_t device_peak,
-                        std::int64_t samples, bool fp16) {
-  const zero3::StepTimes& t = r.times;
-  m.write("Train/Samples/train_loss", samples, r.loss);
-  m.write("Train/Samples/lr", samples, r.lr);
-  if (fp16) m.write("Train/Samples/loss_scale", samples, r.loss_scale);  // DeepSpeed: fp16 only
-  m.write("Train/Samples/grad_norm", samples, r.grad_norm);
-  m.write("Train/Samples/tokens_per_second", samples, t.total > 0 ? double(r.tokens) / t.total : 0.0);
-  m.write("Train/Samples/time_total", samples, t.total);
-  m.write("Train/Samples/time_forward", samples, t.forward);
-  m.write("Train/Samples/time_backward", samples, t.backward);
-  m.write("Train/Samples/time_optimizer", samples, t.optimizer);
-  m.write("Train/Samples/time_wait", samples, t.wait);
-  m.write("Train/Samples/bytes_device", samples, double(b.device));
-  m.write("Train/Samples/bytes_pinned", samples, double(b.pinned));
-  m.write("Train/Samples/bytes_nvme", samples, double(b.nvme));
-  m.write("Train/Samples/bytes_device_peak", samples, double(device_peak));
-}
-
 // The parts of a run that its start lines, its loop and its summary share, set up by run_train.
 struct TrainRun {
   const TrainOpts& o;
@@ -250,9 +213,8 @@ struct TrainRun {
   const model::TokenFile& file;
   std::optional<model::TokenFile>& eval_file;
   int seq_len = 0, world = 1;
-  std::FILE* out = nullptr;  // rank 0's stdout; the others' a sink
-  std::optional<CsvMonitor>& csv;
-  std::optional<TensorBoardMonitor>& tb;
+  std::FILE* out = nullptr;     // rank 0's stdout; the others' a sink
+  session::Monitors& monitors;  // csv_monitor and tensorboard (Note [Monitors] in session/monitors.cpp)
 };
 
 // What the loop leaves for the summary.
@@ -316,13 +278,9 @@ LoopTotals train_loop(TrainRun& run, std::int64_t steps, std::int64_t first, boo
   model::TrainableModel& model = run.model;
   model::DataLoader& data = run.data;
   std::optional<model::TokenFile>& eval_file = run.eval_file;
-  std::optional<CsvMonitor>& csv = run.csv;
-  std::optional<TensorBoardMonitor>& tb = run.tb;
   LoopTotals t;
   auto& [losses, sum, tokens_seen, skipped, io, saved, stopped_by, wall] = t;
   Progress progress(steps, first, tty, cfg.steps_per_print, out);
-  const std::int64_t samples_per_step =
-      std::int64_t(engine.micro_batch()) * engine.accumulation_steps() * world;
   const auto t0 = Clock::now();
   for (std::int64_t i = 0; i < steps; ++i) {
     const nvme::IoStats io0 = engine.nvme_stats();
@@ -333,11 +291,8 @@ LoopTotals train_loop(TrainRun& run, std::int64_t steps, std::int64_t first, boo
     sum.wait += r.times.wait, sum.total += r.times.total;
     tokens_seen += r.tokens;
     skipped += r.applied ? 0 : 1;
-    const TierBytes b = tier_bytes(engine);
-    progress.update(r, b);
-    const std::uint64_t device_peak = engine.device().memory_stats().peak_in_use;
-    if (csv) write_step_metrics(*csv, r, b, device_peak, r.step * samples_per_step, cfg.fp16.enabled);
-    if (tb) write_step_metrics(*tb, r, b, device_peak, r.step * samples_per_step, cfg.fp16.enabled);
+    progress.update(r, session::tier_bytes(engine));
+    run.monitors.write_step(engine, r);
     const bool eval_now =
         eval_file && ((o.eval_interval > 0 && (i + 1) % o.eval_interval == 0) || i + 1 == steps);
     if (eval_now) {
@@ -351,10 +306,8 @@ LoopTotals train_loop(TrainRun& run, std::int64_t steps, std::int64_t first, boo
         std::fprintf(out, "eval step %lld loss %.9g ppl %.9g tokens %lld\n", (long long)r.step, e.loss, e.ppl,
                      (long long)e.tokens);
       std::fflush(out);
-      if (csv) csv->write("Train/Samples/eval_loss", r.step * samples_per_step, e.loss);
-      if (tb) tb->write("Train/Samples/eval_loss", r.step * samples_per_step, e.loss);
+      run.monitors.write_eval(r.step, e.loss);
     }
-    if (tb) tb->flush();
     if (!o.save.empty() && o.save_interval > 0 && (i + 1) % o.save_interval == 0 && i + 1 < steps) {
       progress.finish();
       saved = engine.save_checkpoint(o.save, client_state, &data);
@@ -383,8 +336,6 @@ void print_summary(const TrainRun& run, const LoopTotals& t) {
   zero3::Engine& engine = run.engine;
   const int seq_len = run.seq_len, world = run.world;
   std::FILE* out = run.out;
-  const std::optional<CsvMonitor>& csv = run.csv;
-  const std::optional<TensorBoardMonitor>& tb = run.tb;
   const auto& [losses, sum, tokens_seen, skipped, io, saved, stopped_by, wall] = t;
   TierBytes peak;
   // Memory figures: the tier manager's peaks over the whole run (every block in use at once, gathered
@@ -474,10 +425,7 @@ void print_summary(const TrainRun& run, const LoopTotals& t) {
   if (const std::string& trace = cfg.strata.memprof.path; !trace.empty())
     std::fprintf(out, "  trace       %s (strata.memprof.path; `memprof summary %s`)\n",
                  std::filesystem::absolute(trace).string().c_str(), trace.c_str());
-  if (csv)
-    std::fprintf(out, "  metrics     %s (csv_monitor)\n",
-                 CsvMonitor::file_for(csv->dir(), "Train/Samples/*").c_str());
-  if (tb) std::fprintf(out, "  metrics     %s (tensorboard)\n", tb->path().c_str());
+  for (const std::string& d : run.monitors.destinations()) std::fprintf(out, "  metrics     %s\n", d.c_str());
 }
 
 int run_train(const TrainOpts& o) {
@@ -603,16 +551,10 @@ int run_train(const TrainOpts& o) {
   Config cfg = session::resolve_config({.path = o.config}, session::parse_sets(o.sets), mcfg, ri, run);
   // Where the run will write, created and probed now rather than after the training (Note [Outputs up
   // front] in session/session.cpp); the monitors' folders are rank 0's.
-  const std::string csv_dir =
-      cfg.csv_monitor.enabled && ri.rank == 0 ? CsvMonitor::directory(cfg.csv_monitor) : std::string();
-  const std::string tb_dir = cfg.tensorboard.enabled && ri.rank == 0
-                                 ? TensorBoardMonitor::directory(cfg.tensorboard)
-                                 : std::string();
   const session::OutputPlan outputs{.save = {o.save, "--save"},
                                     .export_to = {o.export_path, "--export"},
                                     .trace = cfg.strata.memprof.path,
-                                    .monitors = {{csv_dir, "csv_monitor.output_path/job_name:"},
-                                                 {tb_dir, "tensorboard.output_path/job_name:"}}};
+                                    .monitors = session::monitor_outputs(cfg, ri.rank)};
   session::check_outputs(outputs);
   session::Trainer trainer =
       session::build(cfg, src, seq_len, ri,
@@ -673,18 +615,12 @@ int run_train(const TrainOpts& o) {
   // Output from rank 0 only: the others write to a sink.
   std::FILE* out = lead ? stdout : std::fopen("/dev/null", "w");
   STRATA_SYS_CHECK(out != nullptr, "open /dev/null");
-  std::optional<CsvMonitor> csv;
-  std::optional<TensorBoardMonitor> tb;
-  TrainRun run_parts{o, cfg, mcfg, engine, model, data, file, eval_file, seq_len, world, out, csv, tb};
-  print_start(run_parts, steps, first);
-  const std::int64_t samples_per_step =
-      std::int64_t(engine.micro_batch()) * engine.accumulation_steps() * world;
   // csv_monitor: a new run replaces an earlier run's files; a resumed one keeps their rows up to the
-  // checkpoint's step column (its step x this run's samples per step) and continues them.
-  if (lead && !csv_dir.empty())
-    csv.emplace(csv_dir, !resume ? std::nullopt : std::optional<std::int64_t>(first * samples_per_step));
-  // tensorboard: one event file per run in the job's folder (a resumed run adds its own).
-  if (lead && !tb_dir.empty()) tb.emplace(tb_dir);
+  // checkpoint's step column (its step x this run's samples per step) and continues them. tensorboard: one
+  // event file per run in the job's folder (a resumed run adds its own). Rank 0's only.
+  session::Monitors monitors(cfg, engine, resume ? std::optional<std::int64_t>(first) : std::nullopt);
+  TrainRun run_parts{o, cfg, mcfg, engine, model, data, file, eval_file, seq_len, world, out, monitors};
+  print_start(run_parts, steps, first);
   // What `strata export` of a checkpoint needs to know besides the weights: where the tokenizer files are.
   nlohmann::json client_state = {{"source", "strata train"}};
   if (hf && !hf->dir.empty()) client_state["init_from"] = std::filesystem::absolute(hf->dir).string();

@@ -231,7 +231,7 @@ struct UpdateRoute {
   // left to the overlap's worker after step() (`defer`).
   bool overlap = false, defer = false;
   // May be updated on the model's cpus, idle once backward ends (Note [The optimizer's tail] in
-  // zero3/engine_step.cpp), beside the CPU optimizer.
+  // zero3/engine_update.cpp), beside the CPU optimizer.
   bool tail = false;
   bool device_optimizer() const { return stepper == Stepper::device_ops || stepper == Stepper::model_cpus; }
   bool operator==(const UpdateRoute&) const = default;

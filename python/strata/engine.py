@@ -212,8 +212,9 @@ class Engine:
 
     def step(self):
         """Call after every backward. Counts the micro-batch; at the gradient-accumulation boundary runs the
-        optimizer step (global norm, clipping, fp16 overflow check, the update, the schedule) and records
-        its figures in last_step."""
+        optimizer step (global norm, clipping, fp16 overflow check, the update, the schedule), records
+        its figures in last_step and, when the config enables csv_monitor or tensorboard, writes them to
+        their files (rank 0, flushed; docs/python.md "Metrics")."""
         with self._lock:
             boundary = self._boundary()
             if boundary:

@@ -1,13 +1,13 @@
 // DeepSpeed's csv_monitor section: its three keys with DeepSpeed's defaults (monitor/config.py CSVConfig),
-// read like every other key, and refused with the key named when mistyped. Then the files strata train
-// writes for it (tools/csv_monitor.h) over an earlier run's: a new run replaces them, a resumed run keeps
+// read like every other key, and refused with the key named when mistyped. Then the files both front-ends
+// write for it (session/csv_monitor.h) over an earlier run's: a new run replaces them, a resumed run keeps
 // the rows up to its checkpoint's step and continues them (Note [Earlier runs' files]).
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
 #include "config_test_util.h"
-#include "tools/csv_monitor.h"
+#include "session/csv_monitor.h"
 
 namespace strata {
 namespace {
@@ -66,9 +66,9 @@ TEST(CsvMonitor, UnknownKeyInTheSectionSuggestsTheNearest) {
       << err;
 }
 
-// ---- the files over an earlier run's (tools/csv_monitor.h) ----
+// ---- the files over an earlier run's (session/csv_monitor.h) ----
 
-using cli::CsvMonitor;
+using session::CsvMonitor;
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -1,6 +1,6 @@
 // DeepSpeed's tensorboard section: its three keys with DeepSpeed's defaults (monitor/config.py
-// TensorBoardConfig), read like every other key. Then the event file strata train writes for it
-// (tools/tensorboard_monitor.h), read back here record by record: every record's lengths and CRCs, the
+// TensorBoardConfig), read like every other key. Then the event file both front-ends write for it
+// (session/tensorboard_monitor.h), read back here record by record: every record's lengths and CRCs, the
 // version event first, then each scalar's tag, step and value (Note [Event files]).
 #include <unistd.h>
 
@@ -11,13 +11,13 @@
 #include <regex>
 
 #include "config_test_util.h"
+#include "session/tensorboard_monitor.h"
 #include "tests/common/scratch_dir.h"
-#include "tools/tensorboard_monitor.h"
 
 namespace strata {
 namespace {
 
-using cli::TensorBoardMonitor;
+using session::TensorBoardMonitor;
 
 TEST(TensorBoard, LeftOutTakesDeepSpeedsDefaults) {
   Config c = Config::parse({{"train_batch_size", 8}});
@@ -41,9 +41,9 @@ TEST(TensorBoard, SectionIsReadWithoutWarnings) {
 TEST(TensorBoard, Crc32cGivesTheStandardCheckValue) {
   const char* s = "123456789";
   const std::span<const unsigned char> b(reinterpret_cast<const unsigned char*>(s), 9);
-  EXPECT_EQ(cli::crc32c(b), 0xE3069283u);
+  EXPECT_EQ(session::crc32c(b), 0xE3069283u);
   const std::uint32_t c = 0xE3069283u;
-  EXPECT_EQ(cli::masked_crc32c(b), ((c >> 15) | (c << 17)) + 0xa282ead8u);
+  EXPECT_EQ(session::masked_crc32c(b), ((c >> 15) | (c << 17)) + 0xa282ead8u);
 }
 
 // A protocol buffer reader for the fields the event file uses: varints, 32- and 64-bit fixed, bytes.
@@ -88,7 +88,7 @@ std::vector<Scalar> read_events(const std::string& path) {
   std::vector<Scalar> out;
   Reader file{all};
   auto crc_of = [](std::string_view s) {
-    return cli::masked_crc32c({reinterpret_cast<const unsigned char*>(s.data()), s.size()});
+    return session::masked_crc32c({reinterpret_cast<const unsigned char*>(s.data()), s.size()});
   };
   while (!file.done()) {
     const std::string_view len_bytes = file.b.substr(file.at, 8);
@@ -142,7 +142,7 @@ TEST(TensorBoard, EventFileHoldsTheVersionThenEachScalarWithItsStep) {
     tb.flush();
   }
   const std::string name = std::filesystem::path(path).filename().string();
-  EXPECT_TRUE(std::regex_match(name, std::regex(R"(events\.out\.tfevents\.[0-9]{10}\..+\.[0-9]+\.0)")))
+  EXPECT_TRUE(std::regex_match(name, std::regex(R"(events\.out\.tfevents\.[0-9]{10}\..+\.[0-9]+\.[0-9]+)")))
       << name;
   EXPECT_NE(name.find(std::to_string(::getpid())), std::string::npos) << name;
   const std::vector<Scalar> ev = read_events(path);
@@ -170,6 +170,26 @@ TEST(TensorBoard, FlushedStepsAreInTheFileWhileTheRunGoesOn) {
   ASSERT_EQ(ev.size(), 2u);
   EXPECT_EQ(ev[1].tag, "Train/Samples/grad_norm");
   EXPECT_EQ(ev[1].value, 0.75f);
+}
+
+// Several runs of one process in one folder (a Python loop's second engine, or its load_checkpoint, within
+// the same second) each get a file of their own: none truncates another's.
+TEST(TensorBoard, RunsOfOneProcessGetAFileEachAndKeepTheirEvents) {
+  test::ScratchDir d("tensorboard-runs");
+  TensorBoardMonitor first(d.path());
+  first.write("Train/Samples/train_loss", 4, 5.0);
+  first.flush();
+  TensorBoardMonitor second(d.path());
+  second.write("Train/Samples/train_loss", 8, 4.0);
+  second.flush();
+  ASSERT_NE(first.path(), second.path());
+  const std::vector<Scalar> a = read_events(first.path()), b = read_events(second.path());
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(a[1].step, 4);
+  EXPECT_EQ(a[1].value, 5.0f);
+  EXPECT_EQ(b[1].step, 8);
+  EXPECT_EQ(b[1].value, 4.0f);
 }
 
 TEST(TensorBoard, AFolderThatCannotTakeTheFileIsRefusedNamingIt) {

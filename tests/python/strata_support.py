@@ -3,7 +3,7 @@
 The tests train the "tiny" preset (vocab 256, width 32, 2 blocks) on windows of SEQ_LEN + 1 byte tokens,
 with configs/demo_cpu.json (bf16, AdamW, WarmupCosineLR, ZeRO-3 with CPU offload, host backend), so every
 run takes well under a second. `strata train` runs are driven through its csv_monitor, whose CSV files
-carry every step's figures at full double precision (tools/csv_monitor.h).
+carry every step's figures at full double precision (session/csv_monitor.h).
 """
 
 import array

@@ -5,7 +5,7 @@
 #   asan  build-asan/  ASan + UBSan (fatal), the whole ctest suite, multi-rank tests included, but for the
 #                      CPU optimizers' float64 accuracy sweep (see stage_asan)
 #   tsan  build-tsan/  TSan, the threaded suites: device streams, tier manager, NVMe engine, prefetcher,
-#                      engine (test_core, test_tiering, test_nvme, test_prefetch, test_zero3)
+#                      engine (test_core, test_tiering, test_nvme, test_prefetch, test_zero3, test_zero3_parts)
 #   fuzz  build-fuzz/  clang + libFuzzer + ASan/UBSan: every target under fuzz/ for FUZZ_RUNS inputs from a
 #                      fixed seed on its committed corpus (fuzz/corpus/<target>/); new inputs go to
 #                      build-fuzz/corpus/, which starts empty each time
@@ -88,7 +88,7 @@ stage_asan() {
   return $failed
 }
 
-tsan_targets=(test_core test_tiering test_nvme test_prefetch test_zero3)
+tsan_targets=(test_core test_tiering test_nvme test_prefetch test_zero3 test_zero3_parts)
 stage_tsan() {
   local dir=$root/build-tsan
   configure "$dir" -DSTRATA_SANITIZE=thread

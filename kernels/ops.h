@@ -120,12 +120,13 @@ class Ops {
   // dw is the gradient of the stored w (the same for either offset).
   void rmsnorm_forward(Tensor out /*(N,C)*/, Tensor rstd /*(N) fp32*/, Tensor x /*(N,C)*/, Tensor w /*(C)*/,
                        int N, int C, float eps, float w_offset = 0.0f);
+  // An empty dw skips the weight's gradient (a frozen weight).
   void rmsnorm_backward(Tensor dx /*(N,C) +=*/, Tensor dw /*(C) fp32 +=*/, Tensor dout, Tensor x, Tensor w,
                         Tensor rstd, int N, int C, float w_offset = 0.0f);
   // ---- linear (no bias): out = x W^T ----
   void linear_forward(Tensor out /*(N,OC)*/, Tensor x /*(N,IC)*/, Tensor w /*(OC,IC)*/, int N, int IC,
                       int OC);
-  // dx += dout W (an empty dx skips it); dw += dout^T x (fp32).
+  // dx += dout W (an empty dx skips it); dw += dout^T x (fp32; an empty dw skips it: a frozen weight).
   void linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC, int OC);
   // ---- a projection's bias ----
   // out[i, :] += b for every row i (after linear_forward: nn.Linear with bias).

@@ -91,7 +91,8 @@ void init_chunk(const ModelLayout& layout, int id, uint64_t seed, float* data) {
 InMemoryChunks::InMemoryChunks(ModelLayout layout)
     : layout_(std::move(layout)),
       held_(size_t(layout_.num_chunks()), 0),
-      grads_held_(size_t(layout_.num_chunks()), 0) {
+      grads_held_(size_t(layout_.num_chunks()), 0),
+      frozen_(size_t(layout_.num_chunks()), 0) {
   params_ = alloc_floats(layout_.total_padded_numel());
 }
 
@@ -140,6 +141,7 @@ void InMemoryChunks::release(int id) {
 float* InMemoryChunks::acquire_grads(int id) {
   const ChunkLayout& c = layout_.chunk(id);
   STRATA_CHECK(!grads_held_[size_t(id)], "gradients of chunk ", id, " (", c.name, ") acquired while held");
+  STRATA_CHECK(!frozen_[size_t(id)], "gradients of chunk ", id, " (", c.name, ") acquired, but it is frozen");
   grads_held_[size_t(id)] = 1;
   calls_.push_back({Op::acquire_grads, id});
   return grad_buffer() + c.flat_offset;

@@ -19,7 +19,9 @@
 // accumulate into the fp32 shard on release_grads) or its running accumulator (InMemoryChunks). A chunk's
 // gradients may be acquired more than once per step — with tied embeddings the head adds into chunk 0
 // before the embedding's own backward does — and every hand-back must be accumulated. The padding stays
-// zero: the model never writes outside the tensors.
+// zero: the model never writes outside the tensors. A frozen chunk (trains(id) false: a base under
+// adapters) is acquired as any other but its gradients never are: backward computes through it only the
+// gradients of what it feeds, no weight gradient.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +69,12 @@ class ChunkProvider {
   // events (zero3::Engine): the model's backward then returns without waiting for its stream. false (the
   // default): backward waits, so the provider may read the gradients on the host when it returns.
   virtual bool orders_grads_by_stream() const { return false; }
+  // Whether chunk `id`'s parameters train. false: frozen — backward takes no gradient buffer for it and
+  // computes no gradient of its parameters (Note [Chunk protocol]).
+  virtual bool trains(int id) const {
+    (void)id;
+    return true;
+  }
 };
 
 // Fills chunk `id` (padded_numel floats) with the Llama-style decoder's initial parameters (what its
@@ -96,7 +104,10 @@ class InMemoryChunks final : public ChunkProvider {
   void release(int id) override;
   float* acquire_grads(int id) override;
   void release_grads(int id) override;
+  bool trains(int id) const override { return !frozen_[size_t(id)]; }
 
+  // Chunk `id` no longer trains: acquiring its gradients is then a protocol error.
+  void freeze(int id) { frozen_.at(size_t(id)) = 1; }
   void init(uint64_t seed);  // the architecture's init_chunk on every chunk (model/architecture.h)
   float* params(int id) { return params_ + layout_.chunk(id).flat_offset; }
   const float* params(int id) const { return params_ + layout_.chunk(id).flat_offset; }
@@ -117,7 +128,7 @@ class InMemoryChunks final : public ChunkProvider {
   ModelLayout layout_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
-  std::vector<uint8_t> held_, grads_held_;
+  std::vector<uint8_t> held_, grads_held_, frozen_;
   std::vector<Call> calls_;
 };
 

@@ -85,11 +85,12 @@ class Held {
   Release rel_;
 };
 
+// A chunk's gradient buffer while its backward runs; none (data() null) for a frozen chunk.
 class HeldGrads {
  public:
-  HeldGrads(ChunkProvider& c, int id) : c_(c), id_(id), g_(c.acquire_grads(id)) {}
+  HeldGrads(ChunkProvider& c, int id) : c_(c), id_(id), g_(c.trains(id) ? c.acquire_grads(id) : nullptr) {}
   ~HeldGrads() noexcept(false) {
-    rel_.run([&] { c_.release_grads(id_); });
+    if (g_) rel_.run([&] { c_.release_grads(id_); });
   }
   float* data() const { return g_; }
 
@@ -292,6 +293,7 @@ Tensor LlamaModel::weight(const ChunkView& p, int index) const {
 }
 
 Tensor LlamaModel::grad(const ChunkView& p, float* g, int index) {
+  if (g == nullptr) return Tensor{};  // frozen: the ops skip the weight's gradient
   const TensorSpec& t = p.layout->at(index);
   return Tensor{g + t.offset, DType::fp32, t.numel};
 }
@@ -376,7 +378,8 @@ void LlamaModel::block_forward(const ChunkView& p, Tensor x_in, Tensor x_out, Bl
   timed("residual", phase, 0, [&] { o.residual_forward(x_out, a.x_mid.t, x_out); });
 }
 
-// On entry dresid_ holds d(loss)/d(x_out); on return d(loss)/d(x_in). Parameter gradients go into g.
+// On entry dresid_ holds d(loss)/d(x_out); on return d(loss)/d(x_in). Parameter gradients go into g; a
+// frozen block (g null) gets none, only d(loss)/d(x_in).
 void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, BlockActs& a) {
   const int B = B_, T = T_, N = B * T, C = int(cfg_.d_model), F = int(cfg_.ffn_dim);
   const int NH = int(cfg_.n_heads), NKV = int(cfg_.n_kv_heads), D = int(cfg_.head_dim());
@@ -416,7 +419,7 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
                        w_off);
   });
   // x_mid = x_in + o_proj(y).
-  if (has(kBo)) o.bias_backward(dw(kBo), dresid_.t, N, C);
+  if (has(kBo) && g) o.bias_backward(dw(kBo), dresid_.t, N, C);
   o.zero(dy);
   timed(
       "o_proj", ph, 2 * linear_flops(N, Q, C),
@@ -439,7 +442,7 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
       o.rmsnorm_backward(dk_proj, dw(kKNorm), dk, a.k_raw.t, weight(p, kKNorm), a.rstdk.t, N * NKV, D);
     });
   }
-  if (has(kBq)) {
+  if (has(kBq) && g) {
     o.bias_backward(dw(kBq), dq_proj, N, Q);
     o.bias_backward(dw(kBk), dk_proj, N, KV);
     o.bias_backward(dw(kBv), dv, N, KV);
@@ -595,7 +598,7 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
     }
     block_backward(b.view(), bg.data(), resid(l), a);
   }
-  {
+  if (chunks.trains(layout.embedding_chunk())) {  // frozen: the lookup's backward has nothing to compute
     const int e_id = layout.embedding_chunk();
     ChunkTimer ct(profile_, e_id, ph, &chunk_flops_);
     HeldGrads eg(chunks, e_id);

@@ -131,7 +131,7 @@ void rmsnorm_backward(bf16_t* dx, float* dw, const bf16_t* dout, const bf16_t* x
       impl::rmsnorm_backward_row(dxf + j * c, gf + j * c, xf + j * c, wf, rstd[r0 + j], C, w_offset);
     narrow_bf16(dx + r0 * c, dxf, m);
   });
-  impl::rmsnorm_dw(dw, dout, x, rstd, N, C);
+  if (dw != nullptr) impl::rmsnorm_dw(dw, dout, x, rstd, N, C);  // none for a frozen weight
 }
 
 // ---- a projection's bias ------------------------------------------------------------------------------

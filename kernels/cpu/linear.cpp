@@ -20,8 +20,9 @@ void linear_backward(float* dx, float* dw, const float* dout, const float* x, co
   // dx (N,IC) += dout (N,OC) * w (OC,IC)
   if (dx != nullptr)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dx, IC);
-  // dw (OC,IC) += dout^T (OC,N) * x (N,IC)
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, x, IC, 1.0f, dw, IC);
+  // dw (OC,IC) += dout^T (OC,N) * x (N,IC); none for a frozen weight
+  if (dw != nullptr)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, x, IC, 1.0f, dw, IC);
 }
 
 }  // namespace strata::kernels::cpu

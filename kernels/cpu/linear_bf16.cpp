@@ -213,7 +213,7 @@ void linear_forward(bf16_t* out, const bf16_t* x, const bf16_t* w, int N, int IC
 void linear_backward(bf16_t* dx, float* dw, const bf16_t* dout, const bf16_t* x, const bf16_t* w, int N,
                      int IC, int OC) {
   if (dx != nullptr) bf16_gemm(dx, dout, false, w, false, N, IC, OC, true);
-  bf16_gemm(dw, dout, true, x, false, OC, IC, N, true);
+  if (dw != nullptr) bf16_gemm(dw, dout, true, x, false, OC, IC, N, true);  // none for a frozen weight
 }
 
 std::string bf16_matmul_impl() {

@@ -127,8 +127,8 @@ class CpuOps final : public Ops {
   void do_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N, int C,
                            float w_offset) override {
     enqueue_typed([=]<typename A>(A*) {
-      kc::rmsnorm_backward(dx.as<A>(), dw.as<float>(), dout.as<A>(), x.as<A>(), w.as<A>(), rstd.as<float>(),
-                           N, C, w_offset);
+      kc::rmsnorm_backward(dx.as<A>(), dw ? dw.as<float>() : nullptr, dout.as<A>(), x.as<A>(), w.as<A>(),
+                           rstd.as<float>(), N, C, w_offset);
     });
   }
   void do_bias_forward(Tensor out, Tensor b, int N, int OC) override {
@@ -144,8 +144,8 @@ class CpuOps final : public Ops {
   void do_linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
                           int OC) override {
     enqueue_typed([=]<typename A>(A*) {
-      kc::linear_backward(dx ? dx.as<A>() : nullptr, dw.as<float>(), dout.as<A>(), x.as<A>(), w.as<A>(), N,
-                          IC, OC);
+      kc::linear_backward(dx ? dx.as<A>() : nullptr, dw ? dw.as<float>() : nullptr, dout.as<A>(), x.as<A>(),
+                          w.as<A>(), N, IC, OC);
     });
   }
 

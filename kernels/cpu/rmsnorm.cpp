@@ -39,7 +39,7 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
   impl::parallel_for_each_index(std::size_t(N), 8, [&](std::size_t i) {
     impl::rmsnorm_backward_row(dx + i * C, dout + i * C, x + i * C, w, rstd[i], C, w_offset);
   });
-  impl::rmsnorm_dw(dw, dout, x, rstd, N, C);
+  if (dw != nullptr) impl::rmsnorm_dw(dw, dout, x, rstd, N, C);  // none for a frozen weight
 }
 
 template <typename T>

@@ -191,8 +191,10 @@ void linear_backward(Gemm& gemm, bf16* dx, float* dw, const bf16* dout, const bf
   // dx^T (IC,N) += W^T dout^T: A = W stored (IC,OC) ld IC; B = dout stored (OC,N) ld OC.
   if (dx != nullptr)
     matmul(gemm.impl(), false, false, IC, N, OC, w, IC, dout, OC, dx, CUDA_R_16BF, IC, 1.0f, stream);
-  // dW^T (IC,OC) += x^T dout: A = x stored (IC,N) ld IC; B = dout stored (OC,N) ld OC, transposed.
-  matmul(gemm.impl(), false, true, IC, OC, N, x, IC, dout, OC, dw, CUDA_R_32F, IC, 1.0f, stream);
+  // dW^T (IC,OC) += x^T dout: A = x stored (IC,N) ld IC; B = dout stored (OC,N) ld OC, transposed. None
+  // for a frozen weight.
+  if (dw != nullptr)
+    matmul(gemm.impl(), false, true, IC, OC, N, x, IC, dout, OC, dw, CUDA_R_32F, IC, 1.0f, stream);
 }
 
 }  // namespace strata::kernels::cuda

@@ -113,8 +113,9 @@ class CudaOps final : public Ops {
   void do_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int N, int C,
                            float w_offset) override {
     const std::size_t bytes = ku::rmsnorm_backward_scratch_bytes(N, C);
-    ku::rmsnorm_backward(dx.as<ku::bf16>(), dw.as<float>(), dout.as<ku::bf16>(), x.as<ku::bf16>(),
-                         w.as<ku::bf16>(), rstd.as<float>(), N, C, w_offset, scratch(bytes), bytes, s_);
+    ku::rmsnorm_backward(dx.as<ku::bf16>(), dw ? dw.as<float>() : nullptr, dout.as<ku::bf16>(),
+                         x.as<ku::bf16>(), w.as<ku::bf16>(), rstd.as<float>(), N, C, w_offset, scratch(bytes),
+                         bytes, s_);
   }
 
   void do_linear_forward(Tensor out, Tensor x, Tensor w, int N, int IC, int OC) override {
@@ -122,8 +123,8 @@ class CudaOps final : public Ops {
   }
   void do_linear_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, int N, int IC,
                           int OC) override {
-    ku::linear_backward(*gemm_, dx ? dx.as<ku::bf16>() : nullptr, dw.as<float>(), dout.as<ku::bf16>(),
-                        x.as<ku::bf16>(), w.as<ku::bf16>(), N, IC, OC, s_);
+    ku::linear_backward(*gemm_, dx ? dx.as<ku::bf16>() : nullptr, dw ? dw.as<float>() : nullptr,
+                        dout.as<ku::bf16>(), x.as<ku::bf16>(), w.as<ku::bf16>(), N, IC, OC, s_);
   }
 
   void do_bias_forward(Tensor out, Tensor b, int N, int OC) override {

@@ -77,7 +77,8 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, cons
   detail::CudaDeviceGuard guard(stream);
   rmsnorm_backward_dx_kernel<<<N, impl::kThreads, 0, stream>>>(dx, dout, x, w, rstd, C, w_offset);
   STRATA_KERNEL_CHECK(stream);
-  impl::column_sums(dw, RmsnormDwTerm{dout, x, rstd, C}, N, C, scratch, stream);
+  if (dw != nullptr)  // none for a frozen weight
+    impl::column_sums(dw, RmsnormDwTerm{dout, x, rstd, C}, N, C, scratch, stream);
 }
 
 }  // namespace strata::kernels::cuda

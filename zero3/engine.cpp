@@ -291,20 +291,30 @@ void Engine::Impl::init_chunks() {
   const model::Architecture& arch = model::architecture(mcfg);
   for (ChunkSlot& s : slots) {
     const std::size_t n = s.shard.numel;
-    s.tensors = tm->register_shard({.prefix = s.name,
-                                    .chunk = s.id,
-                                    .shard = comm->rank(),
-                                    .numel = n,
-                                    .working = working_dtype,
-                                    .param_numel = param_numel(s),
-                                    .homes = s.homes});
+    const bool trains = s.route.trains;
+    if (trains)
+      s.tensors = tm->register_shard({.prefix = s.name,
+                                      .chunk = s.id,
+                                      .shard = comm->rank(),
+                                      .numel = n,
+                                      .working = working_dtype,
+                                      .param_numel = param_numel(s),
+                                      .homes = s.homes});
+    else  // frozen: its working copy alone
+      s.tensors.param = tm->register_tensor({.name = s.name + ".param",
+                                             .kind = tiering::Kind::param,
+                                             .dtype = working_dtype,
+                                             .bytes = param_numel(s) * working_dtype_bytes(),
+                                             .home = s.homes.param,
+                                             .chunk = s.id,
+                                             .shard = comm->rank()});
     full.assign(s.numel, 0.0f);
     if (opts.init_params)
       opts.init_params(layout.chunk(s.id), full.data());
     else
       arch.init_chunk(layout, s.id, seed, full.data());
     const float* mine = full.data() + s.shard.offset;
-    writes.push_back(put(s.tensors.master, s.homes.master, mine, n * 4));
+    if (trains) writes.push_back(put(s.tensors.master, s.homes.master, mine, n * 4));
     // The working params: this rank's shard, or the whole chunk when replicated (stages 1 and 2).
     const float* params = replicated ? full.data() : mine;
     const std::size_t pn = param_numel(s);
@@ -321,18 +331,20 @@ void Engine::Impl::init_chunks() {
     zeros.assign(n, 0.0f);
     for (tiering::TensorId st : optimizer_tensors(s))
       if (st != s.tensors.master) writes.push_back(put(st, s.homes.optim, zeros.data(), n * 4));
-    if (s.homes.grad != Tier::nvme)
+    if (trains && s.homes.grad != Tier::nvme)
       tm->allocate(s.tensors.grad, s.homes.grad);  // NVMe: written by the first hand-off
     // Tensors at home on the device or in pinned memory stay there (their addresses are used directly);
     // NVMe-resident ones come and go through pinned memory.
     for (tiering::TensorId id :
          {s.tensors.param, s.tensors.grad, s.tensors.master, s.tensors.exp_avg, s.tensors.exp_avg_sq}) {
+      if (id == 0) continue;  // a frozen chunk's: not registered
       const tiering::TensorInfo info = tm->info(id);
       if (info.desc.home != Tier::nvme && info.allocated) tm->pin(id);
     }
     if (homes.param != Tier::nvme) s.param_home = tm->data(s.tensors.param, homes.param);
-    if (s.homes.grad != Tier::nvme) s.grad = static_cast<float*>(tm->data(s.tensors.grad, s.homes.grad));
-    if (s.homes.master != Tier::nvme) {
+    if (trains && s.homes.grad != Tier::nvme)
+      s.grad = static_cast<float*>(tm->data(s.tensors.grad, s.homes.grad));
+    if (trains && s.homes.master != Tier::nvme) {
       s.master = static_cast<float*>(tm->data(s.tensors.master, s.homes.master));
       if (rule.keeps_exp_avg()) s.exp_avg = static_cast<float*>(tm->data(s.tensors.exp_avg, s.homes.optim));
       if (rule.keeps_exp_avg_sq())
@@ -359,6 +371,7 @@ void Engine::Impl::init_chunks() {
 }
 
 std::vector<tiering::TensorId> EngineEnv::optimizer_tensors(const ChunkSlot& s) const {
+  if (!s.route.trains) return {};  // frozen: no master, no states
   std::vector<tiering::TensorId> ids{s.tensors.master};
   if (rule.keeps_exp_avg()) ids.push_back(s.tensors.exp_avg);
   if (rule.keeps_exp_avg_sq()) ids.push_back(s.tensors.exp_avg_sq);
@@ -371,6 +384,10 @@ Engine::Engine(const Config& cfg, const model::ModelConfig& mcfg, EngineOptions 
     : impl_(std::make_unique<Impl>(cfg, mcfg, opts)) {}
 
 Engine::~Engine() = default;
+
+bool Engine::trains(int id) const {
+  return impl_->slots.at(std::size_t(id)).route.trains;
+}
 
 const model::ModelLayout& Engine::layout() const {
   return impl_->layout;

@@ -124,6 +124,11 @@ struct EngineOptions {
   // once per chunk in chunk order on every rank; each rank keeps its shard. Null: the model's
   // Architecture::init_chunk with strata.seed (model/architecture.h).
   std::function<void(const model::ChunkLayout& chunk, float* out)> init_params = nullptr;
+  // Chunks whose parameters do not train (the base a model's adapters train beside): each keeps only its
+  // working copy, in offload_param's tier — no gradient buffer, fp32 master, gradient shard, optimizer
+  // state, reduction or update (UpdateRoute::trains false, zero3/placement.h). The model computes no
+  // gradient of their parameters (model::ChunkProvider::trains). Checkpoints hold their working params.
+  std::vector<int> frozen_chunks = {};
   EngineTestHooks testing = {};
 };
 
@@ -235,6 +240,7 @@ class Engine final : public model::ChunkProvider {
   // Gradient hand-offs wait for the model's ops on the device's streams (Note [Device work in stream
   // order]): the model's backward does not wait for its stream.
   bool orders_grads_by_stream() const override { return true; }
+  bool trains(int id) const override;
 
   // ---- training ----
   // One micro-batch: forward and backward, weighed as backward's `step_counted` says. Returns the loss.
@@ -314,7 +320,8 @@ class Engine final : public model::ChunkProvider {
   const UpdateStats& update_stats() const;
   tiering::TierManager& tiers();
   Device& device();
-  // The fp32 master parameters of chunk `id` (padded_numel), copied out wherever they live.
+  // The fp32 master parameters of this rank's shard of chunk `id`, copied out wherever they live; a frozen
+  // chunk's working params, widened (it has no master).
   std::vector<float> master_params(int id);
 
   struct Impl;

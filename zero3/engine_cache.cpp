@@ -319,8 +319,9 @@ void ChunkCache::drop_all_gathered() {
 
 void ChunkCache::all_gather_params() {
   for (const ChunkSlot& s : env_.slots)
-    env_.gather_comm->all_gather(env_.my_params(s), s.param_home, s.shard.numel, env_.working_dtype,
-                                 env_.gather_stream.get());
+    if (s.route.trains)  // a frozen chunk's never change
+      env_.gather_comm->all_gather(env_.my_params(s), s.param_home, s.shard.numel, env_.working_dtype,
+                                   env_.gather_stream.get());
 }
 
 void ChunkCache::params_written(const ChunkSlot& s, std::vector<tiering::Move>& writes) {

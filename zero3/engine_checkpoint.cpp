@@ -37,7 +37,7 @@ std::uint64_t Engine::Impl::checkpoint_bytes() const {
   std::uint64_t b = 4096 + (std::uint64_t(64) << 10);  // the header, and room for the table
   for (const ChunkSlot& s : slots) {
     b += aligned(s.shard.numel * working_dtype_bytes());
-    b += std::uint64_t(1 + rule.states()) * aligned(s.shard.numel * 4);
+    b += optimizer_tensors(s).size() * aligned(s.shard.numel * 4);  // none for a frozen chunk
   }
   return b;
 }

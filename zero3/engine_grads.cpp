@@ -80,6 +80,7 @@ void add_into(float* dst, const float* src, std::size_t n) {
 void GradientPath::add_chunk(const ChunkSlot& s) {
   STRATA_CHECK(std::size_t(s.id) == entries_.size(), "zero3: chunk ", s.name, " added out of order");
   GradEntry& e = entries_.emplace_back();
+  if (!s.route.trains) return;  // frozen: no gradients
   e.gradbuf = env_.tm->register_tensor({.name = s.name + ".gradbuf",
                                         .kind = tiering::Kind::grad,
                                         .dtype = DType::fp32,
@@ -118,10 +119,10 @@ void GradientPath::open() {
   expected_.assign(C, 0);
   seen_.assign(C, 0);
   if (std::any_of(env_.slots.begin(), env_.slots.end(),
-                  [](const ChunkSlot& s) { return s.route.grad_shard == Tier::pinned; }))
+                  [](const ChunkSlot& s) { return s.route.trains && s.route.grad_shard == Tier::pinned; }))
     staging_ = PinnedBuffer(*env_.dev, env_.largest_shard * sizeof(float));
   if (std::any_of(env_.slots.begin(), env_.slots.end(),
-                  [](const ChunkSlot& s) { return s.route.grads_nvme; }))
+                  [](const ChunkSlot& s) { return s.route.trains && s.route.grads_nvme; }))
     nvme_staging_id_ = env_.tm->register_tensor({.name = "zero3.grad_staging",
                                                  .kind = tiering::Kind::staging,
                                                  .dtype = DType::fp32,
@@ -131,7 +132,7 @@ void GradientPath::open() {
                                                  .shard = -1});
   out_stats_.assign(C, ShardNorm{});
   if (std::any_of(env_.slots.begin(), env_.slots.end(),
-                  [](const ChunkSlot& s) { return on_device(s.route); })) {
+                  [](const ChunkSlot& s) { return s.route.trains && on_device(s.route); })) {
     stats_id_ = env_.tm->register_tensor({.name = "zero3.grad_stats",
                                           .kind = tiering::Kind::grad,
                                           .dtype = DType::u8,
@@ -156,6 +157,7 @@ void GradientPath::end_backward() {
 float* GradientPath::acquire_grads(int c) {
   const ChunkSlot& s = env_.slots[std::size_t(c)];
   GradEntry& e = entries_[std::size_t(c)];
+  STRATA_CHECK(s.route.trains, "zero3: gradients of chunk ", s.name, " asked for, but it is frozen");
   STRATA_CHECK(e.gbuf == nullptr, "zero3: gradients of chunk ", s.name, " acquired while held");
   e.gbuf = static_cast<float*>(room_.device_alloc(e.gradbuf, AllocFor::demand));
   env_.ops->zero(
@@ -476,7 +478,7 @@ void GradientPath::sum_block_norms(double& sum_sq, bool& finite) {
   // whole chunk (shards are whole blocks: the layout's chunk_multiple). So the norm, the clipping and the
   // step are those of one rank, bit for bit.
   auto summed = [&](const ChunkSlot& s) {
-    return s.route.norm == UpdateRoute::Norm::host_blocks &&
+    return s.route.trains && s.route.norm == UpdateRoute::Norm::host_blocks &&
            (s.route.grads_nvme || !entries_[std::size_t(s.id)].grads_fresh);
   };
   const std::size_t per_shard =
@@ -512,7 +514,7 @@ void GradientPath::sum_device_norms(double& sum_sq, bool& finite) {
   bool dev_finite = true, over_ranks = false;
   for (std::size_t i = 0; i < env_.slots.size(); ++i) {
     const ChunkSlot& s = env_.slots[i];
-    if (!on_device(s.route)) continue;
+    if (!s.route.trains || !on_device(s.route)) continue;
     over_ranks = over_ranks || s.route.norm == UpdateRoute::Norm::device_ranks;  // every rank alike
     if (entries_[i].grads_fresh) continue;
     double sq;
@@ -538,6 +540,7 @@ void GradientPath::stats(double& sum_sq, bool& finite) {
   bool any_device = false, any_blocks = false;
   for (std::size_t i = 0; i < env_.slots.size(); ++i) {
     const ChunkSlot& s = env_.slots[i];
+    if (!s.route.trains) continue;  // frozen: no gradients
     const UpdateRoute::Norm norm = s.route.norm;
     any_device = any_device || on_device(s.route);
     any_blocks = any_blocks || norm == UpdateRoute::Norm::host_blocks;

@@ -55,6 +55,8 @@ PlanInput Engine::Impl::measured_plan_input() {
   // Chunks, shards and sub-groups as zero3/placement.h lays them out — the computation `memprof estimate`
   // makes too.
   PlanInput in = plan_input(cfg, layout, mcfg.tie_embeddings, world, comm->rank(), act);
+  if (!opts.frozen_chunks.empty())
+    freeze_chunks(in, opts.frozen_chunks, cfg.zero_optimization, "EngineOptions.frozen_chunks");
   planned_seq_len = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
   in.device_state_by_ops = by_ops;
   in.tail_on_model_cpus = dev->caps().backend == BackendKind::host && !by_ops && !compute_cpus.empty();

@@ -362,6 +362,14 @@ std::vector<float> Engine::master_params(int id) {
   im.overlap.settle_all();
   im.overlap.undo(UndoAs::cancellation);
   std::vector<float> out(s.shard.numel);
+  if (!s.route.trains) {  // frozen: no master; its working params are its values
+    im.with_host_copy(s.tensors.param, [&](const void* p) {
+      model::convert_to_f32(im.working_dtype,
+                            static_cast<const char*>(p) + im.param_offset(s) * im.working_dtype_bytes(),
+                            out.size(), out.data());
+    });
+    return out;
+  }
   im.with_host_copy(s.tensors.master,
                     [&](const void* p) { std::memcpy(out.data(), p, out.size() * sizeof(float)); });
   return out;

@@ -73,6 +73,31 @@ EngineFacts engine_facts(const Config& cfg, int world) {
           .optimizer_states = cpu_optim::Rule(cfg.optimizer).states()};
 }
 
+namespace {
+
+// Optimizer sub-groups of the chunks that train: transfers move whole shards, so a chunk larger than
+// sub_group_size is a sub-group of its own. Then a numeric offload_optimizer.ratio's partial offload
+// (stage 3; "auto" is the engine's choice, made after it measures).
+void group_chunks(PlanInput& in, const ZeroConfig& z) {
+  in.groups.clear();
+  std::uint64_t acc = 0;
+  for (int i = 0; i < int(in.chunks.size()); ++i) {
+    if (in.chunks[std::size_t(i)].frozen) continue;
+    const std::uint64_t n = in.chunks[std::size_t(i)].shard.numel;
+    if (in.groups.empty() || acc + n > z.sub_group_size) {
+      in.groups.emplace_back();
+      acc = 0;
+    }
+    in.groups.back().push_back(i);
+    acc += n;
+  }
+  const auto& oo = z.offload_optimizer;
+  if (oo.device != OffloadDevice::none && z.stage == 3 && !oo.ratio_auto)
+    keep_optimizer_on_device(in, device_optimizer_groups(oo.ratio, int(in.groups.size())));
+}
+
+}  // namespace
+
 PlanInput plan_input(const Config& cfg, const std::vector<ChunkSize>& chunks, int world, int rank,
                      DType activation) {
   const ZeroConfig& z = cfg.zero_optimization;
@@ -97,23 +122,19 @@ PlanInput plan_input(const Config& cfg, const std::vector<ChunkSize>& chunks, in
     c.persistent = cs.numel < z.stage3_param_persistence_threshold;
     in.chunks.push_back(c);
   }
-  // Optimizer sub-groups: transfers move whole shards, so a chunk larger than sub_group_size is a
-  // sub-group of its own.
-  std::uint64_t acc = 0;
-  for (int i = 0; i < int(in.chunks.size()); ++i) {
-    const std::uint64_t n = in.chunks[std::size_t(i)].shard.numel;
-    if (in.groups.empty() || acc + n > z.sub_group_size) {
-      in.groups.emplace_back();
-      acc = 0;
-    }
-    in.groups.back().push_back(i);
-    acc += n;
-  }
-  // Partial offload (stage 3; "auto" is the engine's choice, made after it measures).
-  const auto& oo = z.offload_optimizer;
-  if (oo.device != OffloadDevice::none && z.stage == 3 && !oo.ratio_auto)
-    keep_optimizer_on_device(in, device_optimizer_groups(oo.ratio, int(in.groups.size())));
+  group_chunks(in, z);
   return in;
+}
+
+void freeze_chunks(PlanInput& in, const std::vector<int>& chunks, const ZeroConfig& z, const char* what) {
+  for (int c : chunks) {
+    if (c < 0 || c >= int(in.chunks.size()))
+      throw ConfigError(detail::cat(what, ": chunk ", c, " does not exist (the model has ", in.chunks.size(),
+                                    " chunks, 0 to ", int(in.chunks.size()) - 1, ")"));
+    in.chunks[std::size_t(c)].frozen = true;
+    in.chunks[std::size_t(c)].device_optimizer = false;
+  }
+  group_chunks(in, z);
 }
 
 PlanInput plan_input(const Config& cfg, const model::ModelLayout& layout, bool tied_embeddings, int world,
@@ -166,6 +187,13 @@ UpdateRoute route_of(const PlanInput& in, std::size_t c, bool accumulate) {
   using R = UpdateRoute;
   const tiering::ShardHomes h = in.homes_of(in.chunks[c]);
   R r;
+  if (in.chunks[c].frozen) {  // gathered as any other; nothing else happens to it
+    r.trains = false;
+    r.param_home = h.param;
+    r.all_gather = in.world > 1 && !in.replicated;
+    r.lockstep = in.world > 1;
+    return r;
+  }
   if (in.local_accumulation && accumulate)
     r.grads = R::Grads::local_accumulator;
   else if (h.grad == Tier::device)
@@ -268,6 +296,7 @@ std::string describe(const MemoryPlan& p, tiering::Tier grad_home, bool each_ran
 
 std::string describe(const UpdateRoute& r) {
   using R = UpdateRoute;
+  if (!r.trains) return "frozen: gathered only (no gradients, no optimizer)";
   // In the order of the enumerators.
   static constexpr const char* grads[] = {"gradients in the device shard", "gradients to the pinned shard",
                                           "gradients summed on the device, to the pinned shard once a step",
@@ -360,7 +389,8 @@ OverlapDecision plan_overlap(std::vector<UpdateRoute>& routes, MemoryPlan& m, co
   if (!d.why_not.empty()) return d;
   const int C = int(routes.size());
   std::uint64_t total = 0;
-  for (int i = C; i-- > 0;) {  // backward finishes the last chunks first
+  for (int i = C; i-- > 0;) {                      // backward finishes the last chunks first
+    if (!routes[std::size_t(i)].trains) continue;  // frozen: nothing to update
     // offload_optimizer.ratio keeps the first chunks' optimizer on the device: the device optimizer's.
     if (routes[std::size_t(i)].device_optimizer()) break;
     const std::uint64_t b = copy_bytes(i);
@@ -377,11 +407,12 @@ OverlapDecision plan_overlap(std::vector<UpdateRoute>& routes, MemoryPlan& m, co
                           " for the last chunk): the optimizer runs after backward";
     return d;
   }
-  for (int i = C - d.chunks; i < C; ++i) routes[std::size_t(i)].overlap = true;
+  for (int i = C, marked = 0; i-- > 0 && marked < d.chunks;)
+    if (routes[std::size_t(i)].trains) routes[std::size_t(i)].overlap = true, ++marked;
   // The others are left to the worker after step() where the update is made in place: the CPU optimizer,
   // the params written at their home, and no all-gather of the params after the step.
   for (UpdateRoute& r : routes)
-    r.defer = !in.replicated && r.stepper == UpdateRoute::Stepper::cpu_optimizer &&
+    r.defer = r.trains && !in.replicated && r.stepper == UpdateRoute::Stepper::cpu_optimizer &&
               r.params == UpdateRoute::Params::home;
   m.overlap_groups = int(std::count_if(in.groups.begin(), in.groups.end(), [&](const std::vector<int>& g) {
     return std::any_of(g.begin(), g.end(), [&](int c) { return routes[std::size_t(c)].overlap; });
@@ -399,7 +430,8 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   for (const PlannedChunk& c : in.chunks) {
     total += c.shard.numel;
     largest = std::max<std::uint64_t>(largest, c.numel);
-    p.largest_shard = std::max<std::uint64_t>(p.largest_shard, c.shard.numel);
+    // The shard buffers (gradient staging, update scratch) serve the chunks that train.
+    if (!c.frozen) p.largest_shard = std::max<std::uint64_t>(p.largest_shard, c.shard.numel);
   }
   for (const auto& g : in.groups) {
     std::uint64_t n = 0;
@@ -423,9 +455,10 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
     const std::uint64_t n = c.shard.numel;
     const tiering::ShardHomes h = in.homes_of(c);
     p.gather_block.push_back(block(c.numel * dtype_bytes(in.activation)));
-    p.grad_block.push_back(block(c.numel * sizeof(float)));
+    p.grad_block.push_back(c.frozen ? 0 : block(c.numel * sizeof(float)));
     add(h.param, c.param_numel * working_bytes);
     if (h.param == Tier::nvme) m.nvme_params += c.param_numel * working_bytes;
+    if (c.frozen) continue;  // its working copy only
     add(h.grad, n * 4);
     add(h.master, n * 4);
     for (int i = 0; i < in.optimizer_states; ++i) add(h.optim, n * 4);
@@ -468,6 +501,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
     for (std::size_t c = 0; c < in.chunks.size(); ++c) {
       // A shard accumulator where the shard is already on the device would add nothing; stage 1's local
       // ones hold the whole chunk, before the reduction.
+      if (in.chunks[c].frozen) continue;
       if (!in.local_accumulation && in.homes_of(in.chunks[c]).grad == Tier::device) continue;
       const std::uint64_t b =
           block((in.local_accumulation ? in.chunks[c].numel : in.chunks[c].shard.numel) * sizeof(float));

@@ -168,12 +168,18 @@ struct PlannedChunk {
   std::uint64_t param_offset = 0;
   bool persistent = false;        // below stage3_param_persistence_threshold
   bool device_optimizer = false;  // its sub-group keeps the optimizer on the device (offload ratio < 1)
+  // Its parameters do not train (freeze_chunks): only the working copy, in offload_param's tier — no
+  // gradient buffer, fp32 master, gradient shard or optimizer state, in no optimizer sub-group.
+  bool frozen = false;
 };
 
 // How a chunk is gathered, its gradients handed off and summed, its norm taken, and it is updated (Note
 // [Update routes]): decided by the plan, once, and read by the engine's parts (cache, gradient path,
 // updater, overlap, the step), which test no home, world size or device kind themselves.
 struct UpdateRoute {
+  // false: the chunk is frozen (PlannedChunk.frozen) — gathered as any other, but it has no gradients and
+  // no update; the fields below about gradients, the norm and the step do not apply.
+  bool trains = true;
   // The working params' home: a gather reads it (NVMe through a pinned copy), the update writes it.
   tiering::Tier param_home = tiering::Tier::pinned;
   // Stage 3 at N ranks: a gather widens this rank's shard at its place in the chunk and an all-gather on
@@ -276,6 +282,11 @@ struct PlanInput {
   StrataConfig::Overlap overlap = StrataConfig::Overlap::off;
   bool overlap_auto_here = false;
 };
+
+// Marks `chunks` frozen (PlannedChunk.frozen) and forms the optimizer sub-groups again over the chunks that
+// train (plan_input's rule), keeping a numeric offload_optimizer.ratio's choice of sub-groups. ConfigError
+// naming `what` (the caller's option) for a chunk that does not exist.
+void freeze_chunks(PlanInput& in, const std::vector<int>& chunks, const ZeroConfig& z, const char* what);
 
 // Keeps the optimizer of the first `groups` sub-groups on the device (PlannedChunk.device_optimizer); 0
 // offloads them all. plan_input applies a numeric offload_optimizer.ratio itself; the engine calls this

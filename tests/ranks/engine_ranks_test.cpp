@@ -36,6 +36,7 @@ struct RankInputs {
   std::uint64_t cap = 0;
   bool by_ops = false;
   std::function<void(double&, double&)> rates = nullptr;
+  std::vector<int> frozen = {};  // EngineOptions.frozen_chunks
 };
 
 RunResult train(const Config& cfg, comm::Communicator& c, const std::string& tokens, int steps,
@@ -47,6 +48,7 @@ RunResult train(const Config& cfg, comm::Communicator& c, const std::string& tok
             .device_memory_cap = in.cap,
             .seq_len = 32,
             .communicator = &c,
+            .frozen_chunks = in.frozen,
             .testing = {.device_state_by_ops = in.by_ops, .measured_rates = in.rates}});
   model::TokenFile file = model::TokenFile::open(tokens);
   model::DataLoader data(file, {.batch_size = e.micro_batch(),
@@ -102,6 +104,20 @@ TEST_P(TwoRanks, LossesAndNormsAreOneRanksWithTheSameSamplesBitForBit) {
     EXPECT_EQ(two.losses[i], ref.losses[i]) << "step " << i + 1;
     EXPECT_EQ(two.norms[i], ref.norms[i]) << "step " << i + 1;
   }
+  EXPECT_LT(two.losses.back(), two.losses.front());
+}
+
+// Frozen chunks (the embedding and block 0 of tiny's four) are gathered at N ranks as at one and pass no
+// gradient: the chunks that train give one rank's losses and norms, bit for bit.
+TEST_P(TwoRanks, WithFrozenChunksLossesAndNormsAreOneRanksBitForBit) {
+  ScratchDir d("ranks-frozen-r" + std::to_string(testing::ranks().rank()));
+  const std::string tokens = make_tokens(d);
+  std::unique_ptr<comm::Communicator> one = comm::make_single_rank();
+  const RankInputs frozen{.frozen = {0, 1}};
+  const RunResult ref = train(config(d, 2, 1), *one, tokens, 4, frozen);
+  const RunResult two = train(config(d, 1, 2), testing::ranks(), tokens, 4, frozen);
+  EXPECT_EQ(two.losses, ref.losses);
+  EXPECT_EQ(two.norms, ref.norms);
   EXPECT_LT(two.losses.back(), two.losses.front());
 }
 

@@ -199,24 +199,23 @@ void GradientPath::release_grads(int c) {
   }
   // This rank's slice of the buffer: with N ranks, the sum over ranks left there by the reduce-scatter
   // (in place, on the gradient stream once the model's ops are done); with one, the whole buffer.
-  if (s.route.reduce == UpdateRoute::Reduce::every_handoff) {
-    env_.grad_comm->reduce_scatter(e.gbuf, e.gbuf + s.shard.offset, s.shard.numel, DType::fp32,
-                                   comm::ReduceOp::sum, env_.grad_stream.get());
-    ++transfers_.grad_reductions;
-    transfers_.grad_reduction_bytes += s.numel * sizeof(float);
-  }
+  if (s.route.reduce == UpdateRoute::Reduce::every_handoff) reduce_scatter(s, e.gbuf);
   float* buffer = e.gbuf;
   e.gbuf = nullptr;
   hand_to_shard(s, buffer + s.shard.offset, e.gradbuf, final);
   gate_.handed_off(s, handoff_stream(s), seen_[std::size_t(c)], expected_[std::size_t(c)]);
 }
 
-void GradientPath::flush_local_accumulator(const ChunkSlot& s) {
-  GradEntry& e = entries_[std::size_t(s.id)];
-  env_.grad_comm->reduce_scatter(e.acc, e.acc + s.shard.offset, s.shard.numel, DType::fp32,
+void GradientPath::reduce_scatter(const ChunkSlot& s, float* whole) {
+  env_.grad_comm->reduce_scatter(whole, whole + s.shard.offset, s.shard.numel, DType::fp32,
                                  comm::ReduceOp::sum, env_.grad_stream.get());
   ++transfers_.grad_reductions;
   transfers_.grad_reduction_bytes += s.numel * sizeof(float);
+}
+
+void GradientPath::flush_local_accumulator(const ChunkSlot& s) {
+  GradEntry& e = entries_[std::size_t(s.id)];
+  reduce_scatter(s, e.acc);
   float* acc = e.acc;
   e.acc = nullptr;
   hand_to_shard(s, acc + s.shard.offset, e.accbuf, /*final=*/true);

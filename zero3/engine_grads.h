@@ -84,6 +84,9 @@ class GradientPath {
   // Copies a live device accumulator into its (empty) pinned shard on the gradient stream and frees it
   // after the copy.
   void flush_accumulator(const ChunkSlot& s);
+  // Sums chunk s's whole gradients `whole` (device, numel) over the ranks in place on the gradient stream,
+  // leaving this rank's slice at shard.offset (Note [Ranks]), counted.
+  void reduce_scatter(const ChunkSlot& s, float* whole);
   // Stage 1's local accumulator: reduce-scattered, its slice handed to the shard, freed (Note [Stage 1
   // accumulates locally]).
   void flush_local_accumulator(const ChunkSlot& s);

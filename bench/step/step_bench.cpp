@@ -5,8 +5,11 @@
 //   step_bench --model 10m -B 4 -T 128 --steps 5 --nvme-path /local_nvme [--device-cap 1GiB]
 //              [--placements none,cpu,nvme] [--backend host] [--max-in-cpu 0] [--sub-group-size 1e8]
 //              [--ceiling auto|host|device] [--overlap off,on] [--optimizer-cores 1] [--clip 0]
-//              [--checkpoint false] [--ratio 1,auto] [--warmup 1]
+//              [--checkpoint false] [--ratio 1,auto] [--warmup 1] [--frozen 1-12]
 //
+// --frozen gives each row a twin with those chunks frozen (EngineOptions.frozen_chunks: "1-12" for the
+// blocks of a 12-layer model, "a,b-c" in general): no weight gradients, no optimizer over them — the
+// frozen base's share of an adapter step, against the full step in the same run.
 // --overlap gives each placement a row per strata.overlap_optimizer value (a placement that cannot
 // overlap gets no "on" row); --optimizer-cores sets strata.cpu_optim.cores, and the compute-only step then
 // measures the model on the other cores and the optimizer on these, as the engine splits them. Each row's
@@ -91,7 +94,10 @@ struct Opts {
   bool checkpoint = true;       // strata.checkpoint_activations, placements and compute-only alike
   std::uint64_t sub_group = 100000000;
   std::uint64_t max_in_cpu = 1000000000;
+  std::string frozen;  // chunks frozen in a twin of every row: "a,b-c"; empty: none
 };
+
+std::vector<int> chunk_list(const std::string& spec);  // "1-3,7" -> {1, 2, 3, 7} (below)
 
 // A preset or a model JSON, as strata train's --model takes it.
 model::ModelConfig load_model(const std::string& spec) {
@@ -193,34 +199,43 @@ Split compute_only(const model::ModelConfig& mcfg, const Opts& o) {
       *dev, *stream,
       {.matmul = DType::bf16,
        .cpus = k > 0 ? std::vector<int>(cpus.begin(), cpus.end() - k) : std::vector<int>{}});
+  // The model reads its chunks in the ops' activation dtype, as the engine gathers them: the working copy
+  // (and the fp32 gradients) in the host device's memory; the fp32 master stays in `chunks`, and the update
+  // writes the new working params into the copy the model reads.
+  model::DeviceChunks working(*dev, *ops, chunks);
   model::LlamaModel m(mcfg, {.checkpoint_activations = o.checkpoint, .device = dev.get(), .ops = ops.get()});
   cpu_optim::Optimizer opt({.simd = "auto", .threads = k > 0 ? k : o.threads, .pin = false});
+  const int C = chunks.layout().num_chunks();
   const std::size_t n = chunks.layout().total_padded_numel();
   std::vector<float> mom(n, 0.0f), var(n, 0.0f);
-  std::vector<std::uint16_t> out(n);
-  cpu_optim::ShardStep st;
+  std::vector<cpu_optim::ShardStep> st(static_cast<std::size_t>(C));
   const model::Batch b = random_batch(mcfg, o.batch, o.seq, 1);
   Split s;
   const int reps = std::max(2, std::min(o.steps, 3));
   for (int i = 0; i <= reps; ++i) {
-    chunks.zero_grads();
+    for (int c = 0; c < C; ++c) ops->zero(working.grad_tensor(c));
+    stream->synchronize();
     auto t0 = Clock::now();
-    m.forward(chunks, b.inputs.data(), b.targets.data(), b.rows, b.seq_len);  // returns the loss: synced
+    m.forward(working, b.inputs.data(), b.targets.data(), b.rows, b.seq_len);  // returns the loss: synced
     const double f = since(t0);
     t0 = Clock::now();
-    m.backward(chunks);
+    m.backward(working);
     stream->synchronize();
     const double bw = since(t0);
     t0 = Clock::now();
-    opt.grad_stats(chunks.all_grads(), strata::DType::fp32, n);
-    opt.adam(st, {.lr = 1e-4f}, i + 1,
-             {.params = chunks.all_params(),
-              .grads = chunks.all_grads(),
-              .exp_avg = mom.data(),
-              .exp_avg_sq = var.data(),
-              .out = out.data(),
-              .n = n},
-             1.0f);
+    for (int c = 0; c < C; ++c) {
+      const model::ChunkLayout& cl = chunks.layout().chunk(c);
+      const float* g = static_cast<const float*>(working.grad_tensor(c).data);
+      opt.grad_stats(g, strata::DType::fp32, cl.padded_numel);
+      opt.adam(st[std::size_t(c)], {.lr = 1e-4f}, i + 1,
+               {.params = chunks.params(c),
+                .grads = g,
+                .exp_avg = mom.data() + cl.flat_offset,
+                .exp_avg_sq = var.data() + cl.flat_offset,
+                .out = working.param_tensor(c).data,
+                .n = cl.padded_numel},
+               1.0f);
+    }
     const double op = since(t0);
     if (i == 0) continue;  // warm-up
     s.forward += f / reps, s.backward += bw / reps, s.optimizer += op / reps;
@@ -264,7 +279,8 @@ Config placement_config(const std::string& p, const Opts& o, bool overlap, const
   return Config::parse(nlohmann::json::parse(j.dump()));
 }
 
-// The model's acquire / gradient order with the compute left out.
+// The model's acquire / gradient order with the compute left out (no gradients for a frozen chunk, as the
+// model takes none).
 void transfer_pass(zero3::Engine& e, const model::ModelConfig& m) {
   const int L = int(m.n_layers), E = 0, H = L + 1;
   e.begin_pass();
@@ -274,17 +290,22 @@ void transfer_pass(zero3::Engine& e, const model::ModelConfig& m) {
   }
   for (int c = H; c >= 1; --c) {
     e.acquire(c);
-    e.acquire_grads(c);
-    e.release_grads(c);
+    if (e.trains(c)) {  // a frozen chunk hands off no gradients
+      e.acquire_grads(c);
+      e.release_grads(c);
+    }
     e.release(c);
   }
-  e.acquire_grads(E);
-  e.release_grads(E);
+  if (e.trains(E)) {
+    e.acquire_grads(E);
+    e.release_grads(E);
+  }
   e.end_pass();
 }
 
 struct Row {
   std::string placement;
+  bool frozen = false;              // Opts.frozen's chunks frozen
   bool overlapped = false;          // strata.overlap_optimizer true (and planned: the placement allows it)
   std::string ratio_setting = "1";  // offload_optimizer.ratio as asked (the plan has what was chosen)
   zero3::OverlapStats overlap_stats;
@@ -304,11 +325,13 @@ double model_flops(const model::ModelConfig& mcfg, const Opts& o) {
   return 3.0 * m.forward_flops(o.batch, o.seq);
 }
 
-Row run_placement(const std::string& p, bool overlap, const std::string& ratio,
+Row run_placement(const std::string& p, bool overlap, const std::string& ratio, bool frozen,
                   const model::ModelConfig& mcfg, const Opts& o, const Split& ceiling) {
   Row r;
   r.placement = p;
+  r.frozen = frozen;
   zero3::EngineOptions eo;
+  if (frozen) eo.frozen_chunks = chunk_list(o.frozen);
   eo.backend = o.backend;
   if (!o.device_cap.empty()) eo.device_memory_cap = parse_byte_size(o.device_cap, "--device-cap");
   eo.seq_len = o.seq;
@@ -432,6 +455,19 @@ std::vector<std::string> split(const std::string& s) {
   return v;
 }
 
+// "1-3,7" -> {1, 2, 3, 7}.
+std::vector<int> chunk_list(const std::string& spec) {
+  std::vector<int> out;
+  for (const std::string& part : split(spec)) {
+    const std::size_t dash = part.find('-');
+    const int a = std::stoi(part.substr(0, dash)),
+              b = dash == std::string::npos ? a : std::stoi(part.substr(dash + 1));
+    if (b < a) throw ConfigError("--frozen: " + part + " is an empty range");
+    for (int c = a; c <= b; ++c) out.push_back(c);
+  }
+  return out;
+}
+
 double load_average() {
   double l[1] = {0};
   return ::getloadavg(l, 1) == 1 ? l[0] : -1;
@@ -471,6 +507,7 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", o.checkpoint,
                  "Activation checkpointing in the placements and the compute-only step (default true)");
   app.add_option("--sub-group-size", o.sub_group, "zero_optimization.sub_group_size");
+  app.add_option("--frozen", o.frozen, "Chunks frozen in a twin of every row, e.g. 1-12 (a,b-c)");
   app.add_option("--max-in-cpu", o.max_in_cpu,
                  "offload_param.max_in_cpu for the nvme placement (0: every parameter read from NVMe)");
   CLI11_PARSE(app, argc, argv);
@@ -507,14 +544,17 @@ int main(int argc, char** argv) {
           if (ratio != "auto" && ratio.find_first_not_of("0123456789.") != std::string::npos)
             throw ConfigError("--ratio: expected numbers in [0, 1] and/or auto, got " + ratio);
           if (ratio != "1" && p == "none") continue;  // nothing offloaded to split
-          Row r = run_placement(p, ov == "on", ratio, mcfg, o, c);
-          if (ov == "on" && !r.overlapped) {
-            std::fprintf(stderr, "  %s: the optimizer is not overlapped in this placement; no \"on\" row\n",
-                         p.c_str());
-            continue;
+          for (bool frozen : {false, true}) {
+            if (frozen && o.frozen.empty()) continue;
+            Row r = run_placement(p, ov == "on", ratio, frozen, mcfg, o, c);
+            if (ov == "on" && !r.overlapped) {
+              std::fprintf(stderr, "  %s: the optimizer is not overlapped in this placement; no \"on\" row\n",
+                           p.c_str());
+              continue;
+            }
+            r.ratio_setting = ratio;
+            rows.push_back(std::move(r));
           }
-          r.ratio_setting = ratio;
-          rows.push_back(std::move(r));
         }
 
     const double flops = model_flops(mcfg, o);
@@ -552,7 +592,7 @@ int main(int argc, char** argv) {
       if (r.overlap >= 0) std::snprintf(overlap, sizeof overlap, "%.2f", r.overlap);
       if (r.overlap_wait >= 0) std::snprintf(overlap_wait, sizeof overlap_wait, "%.2f", r.overlap_wait);
       const zero3::OverlapStats& os = r.overlap_stats;
-      const std::string name = r.placement + (r.overlapped ? " overlap" : "");
+      const std::string name = r.placement + (r.overlapped ? " overlap" : "") + (r.frozen ? " frozen" : "");
       const std::string counts = r.overlapped
                                      ? std::to_string(os.steps) + "/" + std::to_string(os.rollbacks) + "/" +
                                            std::to_string(os.waited)
@@ -570,6 +610,7 @@ int main(int argc, char** argv) {
           r.step.total / r.ideal, r.step.total / r.sum, counts.c_str(), split_text);
       out["placements"].push_back(
           {{"placement", r.placement},
+           {"frozen_chunks", r.frozen ? nlohmann::json(chunk_list(o.frozen)) : nlohmann::json::array()},
            {"overlap_optimizer", r.overlapped},
            {"offload_ratio_setting", r.ratio_setting},
            {"offload_ratio", r.plan.offload_ratio},

@@ -370,7 +370,7 @@ run_stage_train-nvme() {
 run_stage_bench() {
   local cmd
   if [ "$host_only" = 1 ]; then
-    # The host ceiling (--ceiling host) stops on a dtype check at this commit; device is the host backend.
+    # The ceiling on the host backend's device (model::DeviceChunks), the same code as cuda's.
     cmd=(step_bench --backend host --model 10m -B 2 -T 128 --placements cpu --overlap "off,on" --ratio "1,auto"
          --sub-group-size 5000000 --clip 0 --steps 2 --ceiling device --nvme-path "$nvme_path")
   else

@@ -351,6 +351,7 @@ ShardTensors TierManager::register_shard(const ShardDesc& d) {
   };
   ShardTensors s;
   s.param = one("param", Kind::param, d.working, d.homes.param);
+  if (d.param_only) return s;
   s.grad = one("grad", Kind::grad, DType::fp32, d.homes.grad);
   s.master = one("master", Kind::master, DType::fp32, d.homes.master);
   s.exp_avg = one("exp_avg", Kind::exp_avg, DType::fp32, d.homes.optim);

@@ -114,6 +114,8 @@ struct ShardDesc {
   // keep the whole chunk's working params on every rank); 0: numel.
   std::uint64_t param_numel = 0;
   ShardHomes homes;
+  // A frozen shard (its parameters do not train): the working params alone; the other four ids stay 0.
+  bool param_only = false;
 };
 struct ShardTensors {
   TensorId param = 0, grad = 0, master = 0, exp_avg = 0, exp_avg_sq = 0;

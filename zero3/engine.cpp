@@ -292,22 +292,14 @@ void Engine::Impl::init_chunks() {
   for (ChunkSlot& s : slots) {
     const std::size_t n = s.shard.numel;
     const bool trains = s.route.trains;
-    if (trains)
-      s.tensors = tm->register_shard({.prefix = s.name,
-                                      .chunk = s.id,
-                                      .shard = comm->rank(),
-                                      .numel = n,
-                                      .working = working_dtype,
-                                      .param_numel = param_numel(s),
-                                      .homes = s.homes});
-    else  // frozen: its working copy alone
-      s.tensors.param = tm->register_tensor({.name = s.name + ".param",
-                                             .kind = tiering::Kind::param,
-                                             .dtype = working_dtype,
-                                             .bytes = param_numel(s) * working_dtype_bytes(),
-                                             .home = s.homes.param,
-                                             .chunk = s.id,
-                                             .shard = comm->rank()});
+    s.tensors = tm->register_shard({.prefix = s.name,
+                                    .chunk = s.id,
+                                    .shard = comm->rank(),
+                                    .numel = n,
+                                    .working = working_dtype,
+                                    .param_numel = s.param_numel,
+                                    .homes = s.homes,
+                                    .param_only = !trains});  // frozen: its working copy alone
     full.assign(s.numel, 0.0f);
     if (opts.init_params)
       opts.init_params(layout.chunk(s.id), full.data());
@@ -317,7 +309,7 @@ void Engine::Impl::init_chunks() {
     if (trains) writes.push_back(put(s.tensors.master, s.homes.master, mine, n * 4));
     // The working params: this rank's shard, or the whole chunk when replicated (stages 1 and 2).
     const float* params = replicated ? full.data() : mine;
-    const std::size_t pn = param_numel(s);
+    const std::size_t pn = s.param_numel;
     if (working_dtype == DType::fp32) {
       writes.push_back(put(s.tensors.param, homes.param, params, pn * 4));
     } else {

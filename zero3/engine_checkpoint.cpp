@@ -66,7 +66,7 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
                      w.add({.name = s.name + ".param",
                             .dtype = dtype_name(working_dtype),
                             .bytes = n * working_dtype_bytes()},
-                           static_cast<const char*>(p) + param_offset(s) * working_dtype_bytes());
+                           static_cast<const char*>(p) + s.param_offset * working_dtype_bytes());
                    });
     for (tiering::TensorId id : optimizer_tensors(s)) {
       const std::string suffix = id == s.tensors.master    ? "master"
@@ -233,7 +233,7 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
     };
     // The working params: this rank's shard or — replicated — the whole chunk.
     read_into(s.tensors.param, s.name + ".param", working_dtype_bytes(), replicated ? 0 : s.shard.offset,
-              param_numel(s));
+              s.param_numel);
     for (tiering::TensorId id : optimizer_tensors(s)) {
       const std::string suffix = id == s.tensors.master    ? "master"
                                  : id == s.tensors.exp_avg ? "exp_avg"

@@ -103,6 +103,13 @@ void GradientPath::add_chunk(const ChunkSlot& s) {
   }
 }
 
+Event& GradientPath::record_handoff(const ChunkSlot& s) {
+  GradEntry& e = entries_[std::size_t(s.id)];
+  if (!e.handed_off) e.handed_off = env_.dev->create_event();
+  env_.grad_stream->record(*e.handed_off);
+  return *e.handed_off;
+}
+
 Event& GradientPath::computed(const ChunkSlot& s) {
   GradEntry& e = entries_[std::size_t(s.id)];
   if (!e.computed) e.computed = env_.dev->create_event();
@@ -188,10 +195,7 @@ void GradientPath::release_grads(int c) {
       e.acc = static_cast<float*>(room_.device_alloc(e.accbuf, AllocFor::demand));
       env_.grad_ops->cast(kernels::Tensor{e.acc, DType::fp32, s.numel}, g);
     }
-    if (!e.handed_off) e.handed_off = env_.dev->create_event();
-    env_.grad_stream->record(*e.handed_off);
-    env_.tm->evict(e.gradbuf, Tier::device, Tier::pinned,
-                   e.handed_off.get());  // frees the block once read
+    env_.tm->evict(e.gradbuf, Tier::device, Tier::pinned, &record_handoff(s));  // frees the block once read
     e.gbuf = nullptr;
     if (final) flush_local_accumulator(s);
     gate_.handed_off(s, handoff_stream(s), seen_[std::size_t(c)], expected_[std::size_t(c)]);
@@ -242,9 +246,7 @@ void GradientPath::hand_to_shard(const ChunkSlot& s, const float* src, tiering::
       o.add(to, from);
     const Event* after = nullptr;
     if (on_grad_stream) {
-      if (!e.handed_off) e.handed_off = env_.dev->create_event();
-      env_.grad_stream->record(*e.handed_off);
-      after = e.handed_off.get();
+      after = &record_handoff(s);
     } else {
       after = &computed(s);
     }
@@ -280,9 +282,7 @@ void GradientPath::hand_to_shard(const ChunkSlot& s, const float* src, tiering::
       ++transfers_.grad_offloads;
       transfers_.grad_offload_bytes += n * sizeof(float);
     }
-    if (!e.handed_off) e.handed_off = env_.dev->create_event();
-    env_.grad_stream->record(*e.handed_off);
-    env_.tm->evict(buffer, Tier::device, Tier::pinned, e.handed_off.get());  // reused once read
+    env_.tm->evict(buffer, Tier::device, Tier::pinned, &record_handoff(s));  // reused once read
   }
 }
 
@@ -297,15 +297,11 @@ void GradientPath::flush_accumulator(const ChunkSlot& s) {
     ++transfers_.grad_offloads;
     transfers_.grad_offload_bytes += n * sizeof(float);
   }
-  if (!e.handed_off) e.handed_off = env_.dev->create_event();
-  env_.grad_stream->record(*e.handed_off);
-  env_.tm->evict(e.accbuf, Tier::device, Tier::pinned,
-                 e.handed_off.get());  // frees the block after the copy
+  env_.tm->evict(e.accbuf, Tier::device, Tier::pinned, &record_handoff(s));  // frees the block after the copy
   e.acc = nullptr;
 }
 
 void GradientPath::stage_for_nvme(const ChunkSlot& s, const float* src, bool fresh, bool with_stats) {
-  GradEntry& e = entries_[std::size_t(s.id)];
   tiering::TierManager& tm = *env_.tm;
   const std::size_t n = s.shard.numel;
   // The window, and this chunk's own earlier write done before its shard is touched again.
@@ -339,13 +335,12 @@ void GradientPath::stage_for_nvme(const ChunkSlot& s, const float* src, bool fre
     read.wait();  // the NVMe copy is in the block (raises a failed read)
     to_nvme(s, dst, staged, fresh, with_stats);
   });
-  if (!e.handed_off) e.handed_off = env_.dev->create_event();
-  env_.grad_stream->record(*e.handed_off);
+  const Event& written = record_handoff(s);
   // The write to NVMe, gated by the tier manager on that event; the block is freed once written.
   try {
     tm.mark_written(s.tensors.grad, Tier::pinned);
     tm.unpin(s.tensors.grad);
-    nvme_writes_.push_back({s.id, tm.evict(s.tensors.grad, Tier::pinned, Tier::nvme, e.handed_off.get())});
+    nvme_writes_.push_back({s.id, tm.evict(s.tensors.grad, Tier::pinned, Tier::nvme, &written)});
   } catch (const OutOfMemory& err) {
     throw OutOfMemory(write_context(s.id) + err.what());
   }

@@ -71,6 +71,9 @@ class GradientPath {
   Stream& handoff_stream(const ChunkSlot& s) const {
     return s.route.handoff == UpdateRoute::Handoff::compute_stream ? *env_.compute_stream : *env_.grad_stream;
   }
+  // Records the gradient stream's work enqueued so far on chunk s (GradEntry::handed_off: its hand-off's
+  // copies and adds) and returns it, for the frees and writes that follow the hand-off.
+  Event& record_handoff(const ChunkSlot& s);
   // Records the compute stream's work enqueued so far on chunk s (GradEntry::computed) and returns it.
   // Waits and frees made after it take that point (an event's later records do not move them).
   Event& computed(const ChunkSlot& s);

@@ -145,11 +145,9 @@ struct EngineEnv {
   std::uint64_t largest_shard = 0;       // elements
 
   std::size_t working_dtype_bytes() const { return std::size_t(dtype_bytes(working_dtype)); }
-  std::size_t param_numel(const ChunkSlot& s) const { return s.param_numel; }
-  std::size_t param_offset(const ChunkSlot& s) const { return s.param_offset; }
   // This rank's slice of the working params at their home (device or pinned memory).
   void* my_params(const ChunkSlot& s) const {
-    return static_cast<char*>(s.param_home) + param_offset(s) * dtype_bytes(working_dtype);
+    return static_cast<char*>(s.param_home) + s.param_offset * dtype_bytes(working_dtype);
   }
   // The optimizer's tensors of a chunk: its master and the states the optimizer type keeps.
   std::vector<tiering::TensorId> optimizer_tensors(const ChunkSlot& s) const;

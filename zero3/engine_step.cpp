@@ -210,7 +210,7 @@ Engine::Impl::StepCounts Engine::Impl::step_counts() {
 
 void Engine::begin_pass() {
   Impl& im = *impl_;
-  STRATA_CHECK(!im.cache.in_pass(), "zero3: begin_pass inside a pass");
+  STRATA_CHECK(!im.cache.in_pass(), "zero3: begin_pass inside a pass");  // before anything is undone
   im.dev->bind_thread();                  // Note [thread device] in core/device.h: whichever thread trains
   im.overlap.undo(UndoAs::cancellation);  // a forward before step() sees the params of the last step
   im.tm->set_step(im.global_step + 1, tiering::Phase::forward);
@@ -348,7 +348,7 @@ void Engine::read_params(int id, float* out) {
   im.overlap.undo(UndoAs::cancellation);  // the params of the last step
   std::memset(out, 0, s.numel * sizeof(float));
   im.gather_stream->synchronize();  // replicated params: the step's all-gather has landed
-  const std::size_t n = im.param_numel(s), at = s.route.all_gather ? s.shard.offset : 0;
+  const std::size_t n = s.param_numel, at = s.route.all_gather ? s.shard.offset : 0;
   im.with_host_copy(s.tensors.param,
                     [&](const void* p) { model::convert_to_f32(im.working_dtype, p, n, out + at); });
   // The other ranks' shards, in place, in host memory (collective: every rank reads the same chunk).
@@ -365,7 +365,7 @@ std::vector<float> Engine::master_params(int id) {
   if (!s.route.trains) {  // frozen: no master; its working params are its values
     im.with_host_copy(s.tensors.param, [&](const void* p) {
       model::convert_to_f32(im.working_dtype,
-                            static_cast<const char*>(p) + im.param_offset(s) * im.working_dtype_bytes(),
+                            static_cast<const char*>(p) + s.param_offset * im.working_dtype_bytes(),
                             out.size(), out.data());
     });
     return out;

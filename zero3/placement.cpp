@@ -132,7 +132,6 @@ void freeze_chunks(PlanInput& in, const std::vector<int>& chunks, const ZeroConf
       throw ConfigError(detail::cat(what, ": chunk ", c, " does not exist (the model has ", in.chunks.size(),
                                     " chunks, 0 to ", int(in.chunks.size()) - 1, ")"));
     in.chunks[std::size_t(c)].frozen = true;
-    in.chunks[std::size_t(c)].device_optimizer = false;
   }
   group_chunks(in, z);
 }

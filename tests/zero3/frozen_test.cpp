@@ -4,6 +4,7 @@
 // alike at every placement.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -20,6 +21,9 @@ using test::make_config;
 using Placement = std::tuple<OffloadDevice, OffloadDevice>;  // offload_param, offload_optimizer
 
 const std::vector<int> kFrozen = {0, 2};  // 2-block model: the embedding and block 1 (chunks 0..3)
+bool frozen(int c) {
+  return std::find(kFrozen.begin(), kFrozen.end(), c) != kFrozen.end();
+}
 
 std::string placement_name(const ::testing::TestParamInfo<Placement>& i) {
   return test::placement_name(std::get<0>(i.param), std::get<1>(i.param), false);
@@ -44,10 +48,10 @@ TEST_P(FrozenChunks, TrainedChunksGetTheFullRunsGradientsAndFrozenOnesNeverChang
     std::vector<std::vector<float>> first;  // per chunk: its first hand-off's gradients
     std::vector<int> handoffs;
   };
-  auto run = [&](const std::vector<int>& frozen, Seen& seen, std::vector<std::vector<float>>* params_before,
+  auto run = [&](const std::vector<int>& freeze, Seen& seen, std::vector<std::vector<float>>* params_before,
                  std::vector<std::vector<float>>* params_after) {
     kernels::cpu::set_blas_threads(1);
-    EngineOptions opts{.backend = "host", .seq_len = 32, .frozen_chunks = frozen};
+    EngineOptions opts{.backend = "host", .seq_len = 32, .frozen_chunks = freeze};
     opts.testing.gradient_hook = [&](int c, float* g, std::size_t n) {
       if (seen.handoffs[std::size_t(c)]++ == 0) seen.first[std::size_t(c)].assign(g, g + n);
     };
@@ -77,8 +81,7 @@ TEST_P(FrozenChunks, TrainedChunksGetTheFullRunsGradientsAndFrozenOnesNeverChang
   run(kFrozen, some, &before, &after);
   for (int c = 0; c < int(all.first.size()); ++c) {
     SCOPED_TRACE("chunk " + std::to_string(c));
-    const bool frozen = c == kFrozen[0] || c == kFrozen[1];
-    if (frozen) {
+    if (frozen(c)) {
       EXPECT_EQ(some.handoffs[std::size_t(c)], 0) << "a frozen chunk handed off gradients";
       EXPECT_EQ(std::memcmp(before[std::size_t(c)].data(), after[std::size_t(c)].data(),
                             before[std::size_t(c)].size() * sizeof(float)),
@@ -181,14 +184,13 @@ TEST(FrozenPlan, AFrozenChunkHoldsItsWorkingCopyOnly) {
   EXPECT_EQ(some.plan().pinned_state, full.plan().pinned_state - saved);
   const std::vector<UpdateRoute> routes = some.update_routes();
   for (int c = 0; c < int(routes.size()); ++c) {
-    const bool frozen = c == kFrozen[0] || c == kFrozen[1];
-    EXPECT_EQ(routes[std::size_t(c)].trains, !frozen) << "chunk " << c;
-    EXPECT_EQ(describe(routes[std::size_t(c)]).rfind("frozen", 0) == 0, frozen) << "chunk " << c;
-    EXPECT_EQ(some.trains(c), !frozen);
+    EXPECT_EQ(routes[std::size_t(c)].trains, !frozen(c)) << "chunk " << c;
+    EXPECT_EQ(describe(routes[std::size_t(c)]).rfind("frozen", 0) == 0, frozen(c)) << "chunk " << c;
+    EXPECT_EQ(some.trains(c), !frozen(c));
   }
   for (tiering::TensorId id : some.tiers().tensor_ids()) {
     const tiering::TensorInfo info = some.tiers().info(id);
-    if (info.desc.chunk != kFrozen[0] && info.desc.chunk != kFrozen[1]) continue;
+    if (!frozen(info.desc.chunk)) continue;
     EXPECT_TRUE(info.desc.kind == tiering::Kind::param) << info.desc.name << " of a frozen chunk";
   }
   EXPECT_LT(some.checkpoint_bytes(), full.checkpoint_bytes());

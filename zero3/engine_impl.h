@@ -69,6 +69,8 @@ struct Engine::Impl final : EngineEnv, private UpdateGate {
   double device_optimizer_rate(std::size_t n);
   // Note [Ranks agree] (engine_plan.cpp): the device capacity every rank plans with, the least over ranks.
   void agree_capacity();
+  // Every rank froze the same chunks (EngineOptions.frozen_chunks), or ConfigError (a collective).
+  void agree_frozen_chunks();
   // Every rank's `mine`, in rank order (a collective): plan inputs a rank measures on its own.
   std::vector<std::uint64_t> every_ranks(std::uint64_t mine);
   // Host memory the plan takes: pinned state and staging, and on the host backend the device too.

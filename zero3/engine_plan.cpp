@@ -55,6 +55,7 @@ PlanInput Engine::Impl::measured_plan_input() {
   // Chunks, shards and sub-groups as zero3/placement.h lays them out — the computation `memprof estimate`
   // makes too.
   PlanInput in = plan_input(cfg, layout, mcfg.tie_embeddings, world, comm->rank(), act);
+  agree_frozen_chunks();
   if (!opts.frozen_chunks.empty())
     freeze_chunks(in, opts.frozen_chunks, cfg.zero_optimization, "EngineOptions.frozen_chunks");
   planned_seq_len = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
@@ -188,6 +189,23 @@ void Engine::Impl::plan_cores() {
 // the compute interface's device bytes the largest, a measured choice (offload_optimizer.ratio "auto") is
 // rank 0's, broadcast. The inputs that differ by design — each rank's shard — come from the layout, which
 // every rank computes alike.
+// Frozen chunks decide which gradients are reduced and which params all-gathered after a step: ranks
+// that froze different chunks would issue different collectives. A fingerprint of the sorted set (FNV-1a
+// over the ids), compared over every rank, refuses that by name before any state exists. Every rank calls
+// the collective, frozen chunks or not.
+void Engine::Impl::agree_frozen_chunks() {
+  std::vector<int> ids = opts.frozen_chunks;
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  std::uint64_t h = 1469598103934665603ull;
+  for (int c : ids) h = (h ^ std::uint64_t(std::uint32_t(c))) * 1099511628211ull;
+  const std::vector<std::uint64_t> all = every_ranks(h);
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (all[r] != all[0])
+      throw ConfigError(cat("EngineOptions.frozen_chunks differs between ranks (rank ", r,
+                            " froze other chunks than rank 0); give every rank the same chunks to freeze"));
+}
+
 void Engine::Impl::agree_capacity() {
   const std::uint64_t mine = dev->caps().capacity;
   const std::vector<std::uint64_t> all = every_ranks(mine);

@@ -278,6 +278,28 @@ TEST(RanksConfig, AWorldSizeMismatchIsRefusedNamingBoth) {
   }
 }
 
+// Ranks that freeze different chunks would issue different collectives: every rank refuses it by name,
+// before any state exists.
+TEST(RanksConfig, DifferentFrozenChunksAreRefusedOnEveryRank) {
+  if (testing::ranks().world_size() != 2) GTEST_SKIP() << "run under mpirun -np 2 (ctest does)";
+  const int rank = testing::ranks().rank();
+  ScratchDir d("ranks-frozen-mismatch-r" + std::to_string(rank));
+  try {
+    Engine e(make_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path(), nlohmann::json::object(), 2),
+             model::ModelConfig::preset("tiny"),
+             {.backend = "host",
+              .device_memory_cap = 0,
+              .seq_len = 32,
+              .communicator = &testing::ranks(),
+              .frozen_chunks = {rank + 1}});
+    FAIL() << "rank " << rank << " accepted chunks frozen differently from the other rank";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("EngineOptions.frozen_chunks differs between ranks"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Stages 1 and 2 (DeepSpeed's semantics: every rank keeps all working params; gradients all-reduced
 // (stage 1) or reduce-scattered (stage 2) into this rank's partition; the updated slices all-gathered):
 // the same bit-for-bit equality with one rank.

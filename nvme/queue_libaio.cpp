@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <atomic>
 
 #include <cerrno>
 #include <vector>
@@ -140,7 +141,9 @@ class LibaioQueue final : public Queue {
   std::size_t in_kernel_ = 0;  // accepted by io_submit, not yet reaped (wake-up poll excluded)
   int wake_fd_ = -1;
   iocb wake_iocb_{};
-  bool wakeable_ = false;
+  // Whether the wake-up poll is armed: set by the worker thread (reap), read by the submitting thread
+  // (wake), hence atomic.
+  std::atomic<bool> wakeable_{false};
 };
 
 }  // namespace

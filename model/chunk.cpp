@@ -64,6 +64,17 @@ float* alloc_floats(size_t n) {
   return static_cast<float*>(p);
 }
 
+// Element i of a uniform stream on [-bound, bound) keyed by `key` (counter-based, as fill_normal).
+void fill_uniform(float* dst, std::size_t numel, uint64_t key, double bound) {
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, numel, std::size_t(1) << 15),
+                    [&](const tbb::blocked_range<std::size_t>& r) {
+                      for (std::size_t i = r.begin(); i < r.end(); ++i) {
+                        const double u = double(splitmix64(key ^ splitmix64(i)) >> 11) * 0x1.0p-53;  // [0, 1)
+                        dst[i] = float((2.0 * u - 1.0) * bound);
+                      }
+                    });
+}
+
 }  // namespace
 
 void init_chunk(const ModelLayout& layout, int id, uint64_t seed, float* data) {
@@ -71,6 +82,18 @@ void init_chunk(const ModelLayout& layout, int id, uint64_t seed, float* data) {
   std::memset(data, 0, c.padded_numel * sizeof(float));
   const float std_dev = 0.02f;
   const float resid_std = std_dev / std::sqrt(2.0f * float(layout.config().n_layers));
+  if (c.kind == ChunkKind::adapter) {
+    // PEFT's init: lora_A as nn.Linear's reset (Kaiming-uniform with a = sqrt(5): bound 1 / sqrt(in)), lora_B
+    // zero, so that the adapted model starts as the base.
+    for (size_t t = 0; t < c.tensors.size(); ++t) {
+      const TensorSpec& spec = c.tensors[t];
+      if (spec.name.starts_with("lora_B.")) continue;  // zero (the memset)
+      const double bound = 1.0 / std::sqrt(double(spec.shape.at(1)));
+      fill_uniform(data + spec.offset, spec.numel, splitmix64(seed ^ splitmix64((uint64_t(id) << 8) | t)),
+                   bound);
+    }
+    return;
+  }
   for (size_t t = 0; t < c.tensors.size(); ++t) {
     const TensorSpec& spec = c.tensors[t];
     float* dst = data + spec.offset;

@@ -449,7 +449,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
     auto in = [&](const auto& list) {
       return std::any_of(std::begin(list), std::end(list), [&](const char* k) { return key == k; });
     };
-    bool ignored = in(kIgnoredHfKeys) || in(kCheckedHfKeys);
+    bool ignored = in(kIgnoredHfKeys) || in(kCheckedHfKeys) || key == "lora";
     if (!known && !ignored)
       throw ConfigError(
           detail::cat(where, ": unknown key '", key, "'; did you mean '", nearest_key(key), "'?"));
@@ -575,6 +575,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
                     " is below rope_scaling.original_max_position_embeddings ",
                     c.rope_scaling.original_max_position_embeddings);
   c.validate(where);
+  if (j.contains("lora") && !j["lora"].is_null()) c.lora = lora_from_json(j["lora"], c, where);
   return c;
 }
 
@@ -609,6 +610,7 @@ json ModelConfig::to_json() const {
   if (attention_bias) j["attention_bias"] = true;
   if (sliding_window > 0) j["sliding_window"] = sliding_window;
   if (pad_token_id >= 0) j["pad_token_id"] = pad_token_id;
+  if (lora.active()) j["lora"] = lora_to_json(*this);
   return j;
 }
 

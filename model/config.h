@@ -63,6 +63,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "model/lora.h"
+
 namespace strata::model {
 
 // Rotary embedding frequency scaling (Hugging Face's rope_scaling). "default": none; "llama3": Llama 3.1's;
@@ -144,6 +146,9 @@ struct ModelConfig {
   // The embedding row transformers builds as nn.Embedding's padding_idx, whose gradient from the embedding
   // lookup is zero (-1: none). config.json's negative ids count from the vocabulary's end, as PyTorch's.
   int64_t pad_token_id = -1;
+  // LoRA adapters on this base (model/lora.h); none unless a session asks for them. Part of the model's
+  // shape: it adds chunks to the layout and a "lora" key to to_json (never to to_hf_json).
+  LoraSpec lora;
 
   const Family& traits() const { return family_of(family); }
   bool qkv_bias() const { return traits().qkv_bias || attention_bias; }
@@ -160,7 +165,8 @@ struct ModelConfig {
   // (a file name or "preset tiny").
   void validate(const std::string& where = "model config") const;
 
-  // Exact parameter count (embedding, blocks, final norm, and the head unless tied); no padding.
+  // Exact parameter count (embedding, blocks, final norm, and the head unless tied); no padding. The base's:
+  // adapters are counted by lora_parameters (model/lora.h).
   int64_t num_parameters() const;
   int64_t block_parameters() const;  // one transformer block
 

@@ -144,11 +144,56 @@ ModelLayout::ModelLayout(const ModelConfig& cfg, LayoutOptions opts) : cfg_(cfg)
     c.name = "head";
     ChunkBuilder b(c, opts_.tensor_align);
     b.add(kFinalNorm, "final_norm", "model.norm.weight", {C});
-    if (!cfg.tie_embeddings) b.add(kLmHead, "lm_head", "lm_head.weight", {V, C});
+    const bool own_lm_head = cfg.lora.active() && cfg.lora.save_lm_head && !cfg.tie_embeddings;
+    if (!cfg.tie_embeddings && !own_lm_head) {
+      b.add(kLmHead, "lm_head", "lm_head.weight", {V, C});
+      lm_head_chunk_ = int(chunks_.size());
+    }
     finish(c, b);
   }
-  STRATA_CHECK(total_numel_ == size_t(cfg.num_parameters()), "layout holds ", total_numel_,
-               " parameters, the config counts ", cfg.num_parameters());
+  if (cfg.lora.active()) {
+    const LoraSpec& lora = cfg.lora;
+    adapter_chunks_.assign(size_t(cfg.n_layers), -1);
+    for (int64_t l = 0; l < cfg.n_layers; ++l) {
+      if (!lora.any_site(int(l))) continue;
+      ChunkLayout c;
+      c.kind = ChunkKind::adapter;
+      c.layer = int(l);
+      c.name = detail::cat("adapter.", l);
+      ChunkBuilder b(c, opts_.tensor_align);
+      for (int site : lora_sites_of(cfg)) {
+        if (!lora.adapts(int(l), site)) continue;
+        const std::string path = lora_module_path(int(l), site), m = lora_site_module(site);
+        b.add(lora_a_index(site), "lora_A." + m, path + ".lora_A.weight", {lora.r, lora_site_in(cfg, site)});
+        b.add(lora_b_index(site), "lora_B." + m, path + ".lora_B.weight", {lora_site_out(cfg, site), lora.r});
+      }
+      c.slots.resize(kNumAdapterTensors, -1);
+      adapter_chunks_[size_t(l)] = int(chunks_.size());
+      finish(c, b);
+    }
+    if (lora.save_lm_head && !cfg.tie_embeddings) {
+      ChunkLayout c;
+      c.kind = ChunkKind::lm_head;
+      c.name = "lm_head";
+      ChunkBuilder b(c, opts_.tensor_align);
+      b.add(kLmHead, "lm_head", "lm_head.weight", {V, C});
+      lm_head_chunk_ = int(chunks_.size());
+      finish(c, b);
+    }
+  }
+  const size_t want = size_t(cfg.num_parameters() + lora_parameters(cfg));
+  STRATA_CHECK(total_numel_ == want, "layout holds ", total_numel_, " parameters, the config counts ", want);
+}
+
+std::vector<int> ModelLayout::frozen_chunks() const {
+  std::vector<int> out;
+  if (!cfg_.lora.active()) return out;
+  for (const ChunkLayout& c : chunks_) {
+    const bool trains = c.kind == ChunkKind::adapter || c.kind == ChunkKind::lm_head ||
+                        (c.kind == ChunkKind::embedding && cfg_.lora.save_embed);
+    if (!trains) out.push_back(c.id);
+  }
+  return out;
 }
 
 const ChunkLayout& ModelLayout::chunk(int id) const {

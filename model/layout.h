@@ -17,6 +17,11 @@
 //                          bo (C), q_norm (D), k_norm (D)
 //   L + 1      head        final_norm (C), lm_head (V, C) — lm_head absent when tie_embeddings, the head
 //                          then reads tok_embeddings from chunk 0
+// and with LoRA adapters (ModelConfig::lora), after those:
+//   L + 2 ...  adapter l   for each block l with an adapted site, in block order: lora_A (r, in) and lora_B
+//                          (out, r) of each adapted site (AdapterTensor order, model/lora.h)
+//   last       lm_head     lm_head (V, C) alone, when modules_to_save trains it (the head chunk then holds
+//                          final_norm only)
 // Matrices are PyTorch nn.Linear weights, (out_features, in_features) row-major, as in Hugging Face files.
 // A chunk's `tensors` are the model's; its `stored` are the tensors a checkpoint holds, which differ only
 // where a family stores projections fused (Phi-3's qkv_proj = wq, wk, wv stacked, gate_up_proj = w_gate,
@@ -35,7 +40,9 @@
 
 namespace strata::model {
 
-enum class ChunkKind { embedding, block, head };
+// adapter: block `layer`'s LoRA tensors; lm_head: the output matrix alone, when it trains beside adapters
+// (model/lora.h, Note [LoRA as PEFT computes it]).
+enum class ChunkKind { embedding, block, head, adapter, lm_head };
 
 // Tensor indices inside each kind of chunk.
 enum EmbeddingTensor : int { kTokEmbeddings = 0 };
@@ -106,6 +113,18 @@ class ModelLayout {
   int embedding_chunk() const { return 0; }
   int block_chunk(int layer) const { return 1 + layer; }
   int head_chunk() const { return int(cfg_.n_layers) + 1; }
+  // Block `layer`'s adapter chunk, or -1 when the block has none.
+  int adapter_chunk(int layer) const {
+    return adapter_chunks_.empty() ? -1 : adapter_chunks_.at(size_t(layer));
+  }
+  // The chunk holding lm_head (kLmHead): the head chunk, a chunk of its own (lora.save_lm_head), or -1 when
+  // the head reads tok_embeddings (tie_embeddings).
+  int lm_head_chunk() const { return lm_head_chunk_; }
+  // The chunks that do not train under LoRA adapters (ModelConfig::lora): every base chunk but the saved
+  // modules' (embed_tokens: the embedding; lm_head: its own chunk). Empty without adapters.
+  std::vector<int> frozen_chunks() const;
+  // Whether chunk `id` holds the base's parameters (embedding, block, head, lm_head) rather than adapters.
+  bool is_base(int id) const { return chunk(id).kind != ChunkKind::adapter; }
 
   size_t total_numel() const { return total_numel_; }                // parameters, no padding
   size_t total_padded_numel() const { return total_padded_numel_; }  // sum of padded_numel
@@ -118,6 +137,8 @@ class ModelLayout {
   ModelConfig cfg_;
   LayoutOptions opts_;
   std::vector<ChunkLayout> chunks_;
+  std::vector<int> adapter_chunks_;  // per block, with adapters
+  int lm_head_chunk_ = -1;
   size_t total_numel_ = 0, total_padded_numel_ = 0;
 };
 

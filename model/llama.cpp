@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/error.h"
 #include "model/dtype.h"
@@ -157,6 +158,8 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
   const size_t Q = size_t(cfg.q_dim()), KV = size_t(cfg.kv_dim()), V = size_t(cfg.vocab_size);
   const size_t L = size_t(cfg.n_layers), half = size_t(cfg.head_dim()) / 2;
   const size_t sets = ckpt ? 1 : L;
+  const bool lora = cfg.lora.active();
+  const size_t R = lora ? size_t(cfg.lora.r) : 0;
   constexpr DType f32 = DType::fp32, i32 = DType::i32;
   auto at = [&](Buf LlamaModel::*b) { return m ? &(m->*b) : nullptr; };
   for (size_t i = 0; i < sets; ++i) {
@@ -174,6 +177,7 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
     fn(in(&BlockActs::q_raw), qkn ? N * Q : 0, act), fn(in(&BlockActs::k_raw), qkn ? N * KV : 0, act);
     fn(in(&BlockActs::rstdq), qkn ? N * size_t(cfg.n_heads) : 0, f32),
         fn(in(&BlockActs::rstdk), qkn ? N * size_t(cfg.n_kv_heads) : 0, f32);
+    fn(in(&BlockActs::lora_t), lora ? N * R * lora_sites_of(cfg).size() : 0, act);
   }
   fn(at(&LlamaModel::inputs_), N, i32), fn(at(&LlamaModel::targets_), N, i32);
   fn(at(&LlamaModel::rope_cos_), size_t(T) * half, f32),
@@ -186,6 +190,9 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
   fn(at(&LlamaModel::dblock_), backward_scratch(N, F, Q, KV).numel, act);
   fn(at(&LlamaModel::datt_), as.scratch, f32);
   fn(at(&LlamaModel::pad_row_), cfg.pad_token_id >= 0 ? C : 0, f32);
+  fn(at(&LlamaModel::lora_u_), lora ? N * std::max({Q, KV, C, F}) : 0, act);
+  fn(at(&LlamaModel::lora_dt_), lora ? N * R : 0, act);
+  fn(at(&LlamaModel::lora_x_), lora && cfg.lora.dropout > 0 ? N * std::max({Q, C, F}) : 0, act);
 }
 
 LlamaModel::BackwardScratch LlamaModel::backward_scratch(size_t N, size_t F, size_t Q, size_t KV) {
@@ -318,12 +325,87 @@ double LlamaModel::backward_flops(int B, int T) const {
   return f;
 }
 
-void LlamaModel::project(const ChunkView& p, Tensor out, Tensor x, int w_index, int bias_index, int N, int IC,
-                         int OC, const char* op, Phase phase) {
+void LlamaModel::project(const ChunkView& p, const ChunkView* ad, BlockActs& a, Tensor out, Tensor x,
+                         int w_index, int bias_index, int N, int IC, int OC, const char* op, Phase phase) {
   timed(
       op, phase, linear_flops(N, IC, OC),
       [&] { ops_->linear_forward(out, x, weight(p, w_index), N, IC, OC); }, N, IC, OC);
   if (bias_index >= 0 && p.layout->has(bias_index)) ops_->bias_forward(out, weight(p, bias_index), N, OC);
+  if (ad) lora_forward(*ad, a, out, x, w_index, N, OC, phase);
+}
+
+int LlamaModel::lora_slot(int site) const {
+  const std::vector<int> sites = lora_sites_of(cfg_);
+  for (size_t i = 0; i < sites.size(); ++i)
+    if (sites[i] == site) return int(i);
+  STRATA_CHECK(false, "LoRA site ", site, " is not one of a ", cfg_.family, " block");
+  return -1;
+}
+
+Tensor LlamaModel::lora_input(Tensor x, int site, int N, int IC) {
+  (void)site, (void)N, (void)IC;
+  // Checked before any step by the session (lora_dropout > 0 is refused there until the seeded mask exists).
+  STRATA_CHECK(cfg_.lora.dropout == 0, "lora_dropout ", cfg_.lora.dropout, " is not computed");
+  return x;
+}
+
+void LlamaModel::lora_forward(const ChunkView& ad, BlockActs& a, Tensor out, Tensor x, int proj, int N,
+                              int OC, Phase phase) {
+  int64_t row = 0;
+  const int site = lora_site_of_projection(cfg_, proj, &row);
+  if (!ad.layout->has(lora_a_index(site))) return;  // this block does not adapt the site
+  const int R = int(cfg_.lora.r), IC = int(lora_site_in(cfg_, site));
+  kernels::Ops& o = *ops_;
+  const Tensor t = a.lora_t.t.slice(size_t(lora_slot(site)) * size_t(N) * size_t(R), size_t(N) * size_t(R));
+  if (row == 0) {  // the site's first projection: s · A x, kept for its other parts and for backward
+    const Tensor xin = lora_input(x, site, N, IC);
+    timed(
+        "lora_A", phase, linear_flops(N, IC, R),
+        [&] {
+          o.linear_forward(t, xin, weight(ad, lora_a_index(site)), N, IC, R);
+          o.scale(t, cfg_.lora.scale());
+        },
+        N, IC, R);
+  }
+  const Tensor b = weight(ad, lora_b_index(site)).slice(size_t(row) * size_t(R), size_t(OC) * size_t(R));
+  const Tensor u = lora_u_.t.slice(0, size_t(N) * size_t(OC));
+  timed(
+      "lora_B", phase, linear_flops(N, R, OC),
+      [&] {
+        o.linear_forward(u, t, b, N, R, OC);
+        o.residual_forward(out, out, u);
+      },
+      N, R, OC);
+}
+
+void LlamaModel::lora_backward(const ChunkView& ad, float* ag, BlockActs& a, Tensor dx, Tensor dout, Tensor x,
+                               int proj, int N, int OC) {
+  int64_t row = 0;
+  const int site = lora_site_of_projection(cfg_, proj, &row);
+  if (!ad.layout->has(lora_a_index(site))) return;
+  const int R = int(cfg_.lora.r), IC = int(lora_site_in(cfg_, site));
+  const Phase ph = Phase::backward;
+  kernels::Ops& o = *ops_;
+  const Tensor t = a.lora_t.t.slice(size_t(lora_slot(site)) * size_t(N) * size_t(R), size_t(N) * size_t(R));
+  const Tensor dt = lora_dt_.t.slice(0, size_t(N) * size_t(R));
+  // The site's parts run in row order in backward as in forward (q, k, v; gate, up): the first zeroes the
+  // gradient of s · A x, each adds its share, the last takes it through A.
+  if (row == 0) o.zero(dt);
+  const Tensor b = weight(ad, lora_b_index(site)).slice(size_t(row) * size_t(R), size_t(OC) * size_t(R));
+  const Tensor db = grad(ad, ag, lora_b_index(site)).slice(size_t(row) * size_t(R), size_t(OC) * size_t(R));
+  timed(
+      "lora_B", ph, 2 * linear_flops(N, R, OC), [&] { o.linear_backward(dt, db, dout, t, b, N, R, OC); }, N,
+      R, OC);
+  if (row + OC < lora_site_out(cfg_, site)) return;
+  const Tensor xin = lora_input(x, site, N, IC);
+  timed(
+      "lora_A", ph, 2 * linear_flops(N, IC, R),
+      [&] {
+        o.scale(dt, cfg_.lora.scale());
+        o.linear_backward(dx, grad(ad, ag, lora_a_index(site)), dt, xin, weight(ad, lora_a_index(site)), N,
+                          IC, R);
+      },
+      N, IC, R);
 }
 
 float LlamaModel::embed_scale() const {
@@ -336,7 +418,8 @@ float LlamaModel::embed_scale() const {
 // Note [Model families] (config.h): the family's pieces are the optional steps below — biases on the
 // projections, the per-head q/k norm (RMSNorm over N * heads rows of D), the norm's weight offset and the
 // MLP's activation. Llama runs none of them, and its op sequence is what it was.
-void LlamaModel::block_forward(const ChunkView& p, Tensor x_in, Tensor x_out, BlockActs& a, Phase phase) {
+void LlamaModel::block_forward(const ChunkView& p, const ChunkView* ad, Tensor x_in, Tensor x_out,
+                               BlockActs& a, Phase phase) {
   const int B = B_, T = T_, N = B * T, C = int(cfg_.d_model), F = int(cfg_.ffn_dim);
   const int NH = int(cfg_.n_heads), NKV = int(cfg_.n_kv_heads), D = int(cfg_.head_dim());
   const int Q = NH * D, KV = NKV * D;
@@ -348,9 +431,9 @@ void LlamaModel::block_forward(const ChunkView& p, Tensor x_in, Tensor x_out, Bl
   timed("attn_norm", phase, 0,
         [&] { o.rmsnorm_forward(a.xn1.t, a.rstd1.t, x_in, weight(p, kAttnNorm), N, C, eps, w_off); });
   // With the per-head norm, the projections land in q_raw / k_raw and the norm writes q / k.
-  project(p, qkn ? a.q_raw.t : a.q.t, a.xn1.t, kWq, kBq, N, C, Q, "q_proj", phase);
-  project(p, qkn ? a.k_raw.t : a.k.t, a.xn1.t, kWk, kBk, N, C, KV, "k_proj", phase);
-  project(p, a.v.t, a.xn1.t, kWv, kBv, N, C, KV, "v_proj", phase);
+  project(p, ad, a, qkn ? a.q_raw.t : a.q.t, a.xn1.t, kWq, kBq, N, C, Q, "q_proj", phase);
+  project(p, ad, a, qkn ? a.k_raw.t : a.k.t, a.xn1.t, kWk, kBk, N, C, KV, "k_proj", phase);
+  project(p, ad, a, a.v.t, a.xn1.t, kWv, kBv, N, C, KV, "v_proj", phase);
   if (qkn) {
     timed("qk_norm", phase, 0, [&] {
       o.rmsnorm_forward(a.q.t, a.rstdq.t, a.q_raw.t, weight(p, kQNorm), N * NH, D, eps);
@@ -364,23 +447,24 @@ void LlamaModel::block_forward(const ChunkView& p, Tensor x_in, Tensor x_out, Bl
   timed("attention", phase, attention_flops(B, T, NH, D),
         [&] { o.attention_forward(a.y.t, a.att.t, a.q.t, a.k.t, a.v.t, B, T, NH, NKV, D); });
   // o_proj writes into x_mid, then the residual adds the block input in place.
-  project(p, a.x_mid.t, a.y.t, kWo, kBo, N, Q, C, "o_proj", phase);
+  project(p, ad, a, a.x_mid.t, a.y.t, kWo, kBo, N, Q, C, "o_proj", phase);
   timed("residual", phase, 0, [&] { o.residual_forward(a.x_mid.t, x_in, a.x_mid.t); });
   timed("ffn_norm", phase, 0,
         [&] { o.rmsnorm_forward(a.xn2.t, a.rstd2.t, a.x_mid.t, weight(p, kFfnNorm), N, C, eps, w_off); });
-  project(p, a.gate.t, a.xn2.t, kWGate, -1, N, C, F, "gate_proj", phase);
-  project(p, a.up.t, a.xn2.t, kWUp, -1, N, C, F, "up_proj", phase);
+  project(p, ad, a, a.gate.t, a.xn2.t, kWGate, -1, N, C, F, "gate_proj", phase);
+  project(p, ad, a, a.up.t, a.xn2.t, kWUp, -1, N, C, F, "up_proj", phase);
   if (fam.act == MlpActivation::gelu_tanh)
     timed("geglu", phase, 0, [&] { o.geglu_forward(a.h.t, a.gate.t, a.up.t); });
   else
     timed("swiglu", phase, 0, [&] { o.swiglu_forward(a.h.t, a.gate.t, a.up.t); });
-  project(p, x_out, a.h.t, kWDown, -1, N, F, C, "down_proj", phase);
+  project(p, ad, a, x_out, a.h.t, kWDown, -1, N, F, C, "down_proj", phase);
   timed("residual", phase, 0, [&] { o.residual_forward(x_out, a.x_mid.t, x_out); });
 }
 
 // On entry dresid_ holds d(loss)/d(x_out); on return d(loss)/d(x_in). Parameter gradients go into g; a
 // frozen block (g null) gets none, only d(loss)/d(x_in).
-void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, BlockActs& a) {
+void LlamaModel::block_backward(const ChunkView& p, float* g, const ChunkView* ad, float* ag, Tensor x_in,
+                                BlockActs& a) {
   const int B = B_, T = T_, N = B * T, C = int(cfg_.d_model), F = int(cfg_.ffn_dim);
   const int NH = int(cfg_.n_heads), NKV = int(cfg_.n_kv_heads), D = int(cfg_.head_dim());
   const int Q = NH * D, KV = NKV * D;
@@ -388,6 +472,10 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
   kernels::Ops& o = *ops_;
   auto dw = [&](int i) { return grad(p, g, i); };
   auto has = [&](int i) { return p.layout->has(i); };
+  // The adapters' share of a projection's input gradient, once its base's is in.
+  auto lora = [&](Tensor dx, Tensor dout, Tensor x, int proj, int OC) {
+    if (ad) lora_backward(*ad, ag, a, dx, dout, x, proj, N, OC);
+  };
   const Family& fam = cfg_.traits();  // one lookup per block
   const float w_off = fam.norm_offset;
   const BackwardScratch sc = backward_scratch(size_t(N), size_t(F), size_t(Q), size_t(KV));
@@ -400,6 +488,7 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
   timed(
       "down_proj", ph, 2 * linear_flops(N, F, C),
       [&] { o.linear_backward(dh, dw(kWDown), dresid_.t, a.h.t, weight(p, kWDown), N, F, C); }, N, F, C);
+  lora(dh, dresid_.t, a.h.t, kWDown, C);
   // In place: each element's gate and up are read before its dgate and dup are written, and nothing
   // after this reads the saved gate or up (a checkpointed block recomputes them).
   if (fam.act == MlpActivation::gelu_tanh)
@@ -411,9 +500,11 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
   timed(
       "gate_proj", ph, 2 * linear_flops(N, C, F),
       [&] { o.linear_backward(dxn_.t, dw(kWGate), dgate, a.xn2.t, weight(p, kWGate), N, C, F); }, N, C, F);
+  lora(dxn_.t, dgate, a.xn2.t, kWGate, F);
   timed(
       "up_proj", ph, 2 * linear_flops(N, C, F),
       [&] { o.linear_backward(dxn_.t, dw(kWUp), dup, a.xn2.t, weight(p, kWUp), N, C, F); }, N, C, F);
+  lora(dxn_.t, dup, a.xn2.t, kWUp, F);
   timed("ffn_norm", ph, 0, [&] {
     o.rmsnorm_backward(dresid_.t, dw(kFfnNorm), dxn_.t, a.x_mid.t, weight(p, kFfnNorm), a.rstd2.t, N, C,
                        w_off);
@@ -424,6 +515,7 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
   timed(
       "o_proj", ph, 2 * linear_flops(N, Q, C),
       [&] { o.linear_backward(dy, dw(kWo), dresid_.t, a.y.t, weight(p, kWo), N, Q, C); }, N, Q, C);
+  lora(dy, dresid_.t, a.y.t, kWo, C);
   timed("attention", ph, 2 * attention_flops(B, T, NH, D), [&] {
     o.attention_backward(dq, dk, dv, datt_.t, dy, a.q.t, a.k.t, a.v.t, a.att.t, B, T, NH, NKV, D);
   });
@@ -451,12 +543,15 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, Tensor x_in, Block
   timed(
       "q_proj", ph, 2 * linear_flops(N, C, Q),
       [&] { o.linear_backward(dxn_.t, dw(kWq), dq_proj, a.xn1.t, weight(p, kWq), N, C, Q); }, N, C, Q);
+  lora(dxn_.t, dq_proj, a.xn1.t, kWq, Q);
   timed(
       "k_proj", ph, 2 * linear_flops(N, C, KV),
       [&] { o.linear_backward(dxn_.t, dw(kWk), dk_proj, a.xn1.t, weight(p, kWk), N, C, KV); }, N, C, KV);
+  lora(dxn_.t, dk_proj, a.xn1.t, kWk, KV);
   timed(
       "v_proj", ph, 2 * linear_flops(N, C, KV),
       [&] { o.linear_backward(dxn_.t, dw(kWv), dv, a.xn1.t, weight(p, kWv), N, C, KV); }, N, C, KV);
+  lora(dxn_.t, dv, a.xn1.t, kWv, KV);
   timed("attn_norm", ph, 0, [&] {
     o.rmsnorm_backward(dresid_.t, dw(kAttnNorm), dxn_.t, x_in, weight(p, kAttnNorm), a.rstd1.t, N, C, w_off);
   });
@@ -517,7 +612,11 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
   for (int l = 0; l < L; ++l) {
     ChunkTimer ct(profile_, layout.block_chunk(l), Phase::forward, &chunk_flops_);
     Held b(chunks, layout.block_chunk(l));
-    block_forward(b.view(), resid(l), resid(l + 1), acts_[ckpt_ ? 0 : size_t(l)], Phase::forward);
+    const int ad_id = layout.adapter_chunk(l);
+    std::optional<Held> ad;
+    if (ad_id >= 0) ad.emplace(chunks, ad_id);
+    block_forward(b.view(), ad ? &ad->view() : nullptr, resid(l), resid(l + 1), acts_[ckpt_ ? 0 : size_t(l)],
+                  Phase::forward);
   }
   float loss = 0.0f;
   {
@@ -530,6 +629,9 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
     if (cfg_.tie_embeddings) {
       Held e(chunks, layout.embedding_chunk());
       head_forward_logits(weight(e.view(), kTokEmbeddings), xf_.t);
+    } else if (layout.lm_head_chunk() != layout.head_chunk()) {  // lm_head trains beside adapters
+      Held lm(chunks, layout.lm_head_chunk());
+      head_forward_logits(weight(lm.view(), kLmHead), xf_.t);
     } else {
       head_forward_logits(weight(h.view(), kLmHead), xf_.t);
     }
@@ -577,6 +679,10 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
       Held e(chunks, e_id);
       HeldGrads eg(chunks, e_id);
       lm_head_backward(weight(e.view(), kTokEmbeddings), grad(e.view(), eg.data(), kTokEmbeddings));
+    } else if (const int lm_id = layout.lm_head_chunk(); lm_id != layout.head_chunk()) {
+      Held lm(chunks, lm_id);
+      HeldGrads lg(chunks, lm_id);
+      lm_head_backward(weight(lm.view(), kLmHead), grad(lm.view(), lg.data(), kLmHead));
     } else {
       lm_head_backward(weight(h.view(), kLmHead), grad(h.view(), hg.data(), kLmHead));
     }
@@ -590,13 +696,18 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
     ChunkTimer ct(profile_, layout.block_chunk(l), ph, &chunk_flops_);
     Held b(chunks, layout.block_chunk(l));
     HeldGrads bg(chunks, layout.block_chunk(l));
+    const int ad_id = layout.adapter_chunk(l);
+    std::optional<Held> ad;
+    std::optional<HeldGrads> ag;
+    if (ad_id >= 0) ad.emplace(chunks, ad_id), ag.emplace(chunks, ad_id);
+    const ChunkView* adv = ad ? &ad->view() : nullptr;
     BlockActs& a = acts_[ckpt_ ? 0 : size_t(l)];
     if (ckpt_) {
       // The recomputed block output is not needed (resid(l + 1) holds it); dxn_ takes it as scratch
       // before block_backward zeroes it.
-      block_forward(b.view(), resid(l), dxn_.t, a, Phase::recompute);
+      block_forward(b.view(), adv, resid(l), dxn_.t, a, Phase::recompute);
     }
-    block_backward(b.view(), bg.data(), resid(l), a);
+    block_backward(b.view(), bg.data(), adv, ag ? ag->data() : nullptr, resid(l), a);
   }
   if (chunks.trains(layout.embedding_chunk())) {  // frozen: the lookup's backward has nothing to compute
     const int e_id = layout.embedding_chunk();

@@ -108,6 +108,8 @@ class LlamaModel final : public TrainableModel {
     // Per-head q/k norm (Qwen3) only, else empty: the projections before the norm and its rstd.
     Buf q_raw, k_raw;  // (N, Hq*D), (N, Hkv*D)
     Buf rstdq, rstdk;  // (N*Hq), (N*Hkv) fp32
+    // With LoRA adapters: each adapted site's s · A x, (N, r) at slot lora_slot(site) (model/lora.h).
+    Buf lora_t;
   };
   // Calls fn(buffer, elements, dtype) for every buffer a forward + backward over (B, T) needs, in one
   // fixed order; `m` null: buffer null (sizes only, for the static activation_bytes()). M: LlamaModel,
@@ -117,9 +119,22 @@ class LlamaModel final : public TrainableModel {
                           kernels::AttentionSizes as, M* m, Fn&& fn);
 
   void ensure_buffers(int B, int T);
-  void block_forward(const ChunkView& p, kernels::Tensor x_in, kernels::Tensor x_out, BlockActs& a,
-                     Phase phase);
-  void block_backward(const ChunkView& p, float* g, kernels::Tensor x_in, BlockActs& a);
+  // `ad`: the block's adapter chunk (its LoRA tensors), nullptr when it has none; `ag` its gradients.
+  void block_forward(const ChunkView& p, const ChunkView* ad, kernels::Tensor x_in, kernels::Tensor x_out,
+                     BlockActs& a, Phase phase);
+  void block_backward(const ChunkView& p, float* g, const ChunkView* ad, float* ag, kernels::Tensor x_in,
+                      BlockActs& a);
+  // Note [LoRA as PEFT computes it] (model/lora.h). lora_forward adds s · B_p (A x) to projection `proj`'s
+  // output `out` (its input x); the site's s · A x is computed at its first projection and kept in lora_t.
+  // lora_backward takes the projection's output gradient `dout` to dB_p and, at the site's last part, to
+  // dA and to the input gradient `dx` (+=).
+  void lora_forward(const ChunkView& ad, BlockActs& a, kernels::Tensor out, kernels::Tensor x, int proj,
+                    int N, int OC, Phase phase);
+  void lora_backward(const ChunkView& ad, float* ag, BlockActs& a, kernels::Tensor dx, kernels::Tensor dout,
+                     kernels::Tensor x, int proj, int N, int OC);
+  // A's input: x, or x through the seeded dropout mask of (this forward, layer, site) in lora_x_.
+  kernels::Tensor lora_input(kernels::Tensor x, int site, int N, int IC);
+  int lora_slot(int site) const;
   // Where dh, dy, dq, dk and dv sit in dblock_ (element offsets, each rounded up to 128
   // elements: 512 bytes in fp32, 256 in bf16, the alignment the cuBLASLt and cuDNN paths want), and the
   // region's size.
@@ -130,8 +145,8 @@ class LlamaModel final : public TrainableModel {
   void head_forward_logits(kernels::Tensor w_head, kernels::Tensor x);
   void check_layout(const ChunkProvider& chunks) const;
   // y = x W^T (+ b where the family has bias `bias_index`, -1 for none).
-  void project(const ChunkView& p, kernels::Tensor out, kernels::Tensor x, int w_index, int bias_index, int N,
-               int IC, int OC, const char* op, Phase phase);
+  void project(const ChunkView& p, const ChunkView* ad, BlockActs& a, kernels::Tensor out, kernels::Tensor x,
+               int w_index, int bias_index, int N, int IC, int OC, const char* op, Phase phase);
   // The embedding scale of the family (Gemma: sqrt(d_model) rounded to the activation dtype), else 1.
   float embed_scale() const;
   // Chunk tensor `index` as the ops see it, and its fp32 gradient in `g`.
@@ -175,6 +190,10 @@ class LlamaModel final : public TrainableModel {
   Buf dblock_;
   Buf datt_;     // attention backward scratch, fp32
   Buf pad_row_;  // (C) fp32: the padding row's gradient, kept across the embedding's backward (pad_token_id)
+  // LoRA scratch: B's product before it is added (N, widest projection output), A's gradient input
+  // (N, r), and A's input through dropout (N, widest projection input; lora_dropout > 0 only).
+  Buf lora_u_, lora_dt_, lora_x_;
+  int lora_layer_ = 0;  // the block whose adapters run (the dropout mask's key)
 };
 
 }  // namespace strata::model

@@ -58,6 +58,10 @@ PlanInput Engine::Impl::measured_plan_input() {
   agree_frozen_chunks();
   if (!opts.frozen_chunks.empty())
     freeze_chunks(in, opts.frozen_chunks, cfg.zero_optimization, "EngineOptions.frozen_chunks");
+  // Under LoRA adapters the base is frozen by the model's own shape (model/lora.h): every base chunk but the
+  // saved modules'.
+  if (const std::vector<int> base = layout.frozen_chunks(); !base.empty())
+    freeze_chunks(in, base, cfg.zero_optimization, "the adapters' frozen base");
   planned_seq_len = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
   in.device_state_by_ops = by_ops;
   in.tail_on_model_cpus = dev->caps().backend == BackendKind::host && !by_ops && !compute_cpus.empty();
@@ -195,6 +199,8 @@ void Engine::Impl::plan_cores() {
 // the collective, frozen chunks or not.
 void Engine::Impl::agree_frozen_chunks() {
   std::vector<int> ids = opts.frozen_chunks;
+  for (int c : layout.frozen_chunks()) ids.push_back(c);  // the adapters' base, and the layout's size with it
+  ids.push_back(-layout.num_chunks());
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   std::uint64_t h = 1469598103934665603ull;
@@ -202,8 +208,10 @@ void Engine::Impl::agree_frozen_chunks() {
   const std::vector<std::uint64_t> all = every_ranks(h);
   for (std::size_t r = 0; r < all.size(); ++r)
     if (all[r] != all[0])
-      throw ConfigError(cat("EngineOptions.frozen_chunks differs between ranks (rank ", r,
-                            " froze other chunks than rank 0); give every rank the same chunks to freeze"));
+      throw ConfigError(
+          cat("EngineOptions.frozen_chunks differs between ranks (rank ", r,
+              " froze other chunks than rank 0, or adapts other layers); give every rank the same "
+              "chunks to freeze and the same strata.lora"));
 }
 
 void Engine::Impl::agree_capacity() {

@@ -253,6 +253,7 @@ struct ConfigParser {
           warn(detail::cat(shown_key(p), ": ignored; ", ig->reason));
         continue;
       }
+      if (section == "strata.lora" && !peft_option(p, k, v)) continue;
       int idx = option_index(p);
       if (idx >= 0) {
         take(std::size_t(idx), v);
@@ -269,6 +270,19 @@ struct ConfigParser {
         unknown(p, section);
       }
     }
+  }
+
+  // A key of the strata.lora block that is one of PEFT's LoraConfig fields Strata computes at some values
+  // only (use_dora, bias, task_type, ...; lora_peft.cpp): an error naming it when `v` asks for more.
+  // Returns whether the walk goes on with the key (a schema key, or an unknown one); false when it is done.
+  bool peft_option(const std::string& path, const std::string& leaf, const nlohmann::json& v) {
+    const PeftField* f = find_peft_field(leaf);
+    if (!f || f->role != PeftRole::limited || !f->in_block) return true;
+    if (std::string why = peft_refusal(*f, v); !why.empty()) {
+      error(detail::cat(shown_key(path), ": ", why));
+      return false;
+    }
+    return option_index(path) >= 0;  // accepted: stored where it is a key (init_lora_weights), else done
   }
 
   void take(std::size_t i, const nlohmann::json& v) {
@@ -407,6 +421,7 @@ struct ConfigParser {
   void resolve_schedule();
   void resolve_warmup(std::int64_t steps);
   void check_cross_keys();
+  void check_lora();
   void check_offload_ratio();
   void warn_no_effect();
   void check_nvme_path(const char* device_key, const char* path_key, const std::vector<std::string>& paths);
@@ -691,6 +706,15 @@ void ConfigParser::check_cross_keys() {
         "memory (the device plan counts them)");
 }
 
+// The strata.lora block's keys are checked one by one (config_schema_lora.cpp) and PEFT's other options in
+// the walk (peft_option); what is left needs the whole block: the adapters' targets.
+void ConfigParser::check_lora() {
+  const auto& lora = cfg.strata.lora;
+  if (lora.enabled && lora.target_modules.empty())
+    error(detail::cat(shown_key("strata.lora.target_modules"), ": required in a strata.lora block; ",
+                      kTargetModulesRequired));
+}
+
 // A ratio below 1, or "auto" (the engine's choice of one), splits the optimizer between the device and
 // its offload target, which only stage 3 does (zero3/placement.cpp), and only with a target: "auto" at
 // stage 1 or 2 and any such ratio with device "none" would otherwise be ignored in silence.
@@ -740,6 +764,7 @@ Config Config::parse(const nlohmann::json& doc, const Overrides& overrides, int 
   p.apply_aliases();
   p.walk(p.doc, "");
   p.throw_if_errors();  // type errors first: the checks below assume well-typed values
+  p.cfg.strata.lora.enabled = p.sections_given.count("strata.lora") > 0;  // "lora": {...}, not null
   p.apply_dynamic_defaults();
   p.check_applicability();
   p.resolve_overrides_and_auto();
@@ -753,6 +778,7 @@ Config Config::parse(const nlohmann::json& doc, const Overrides& overrides, int 
   p.infer_batch();
   p.resolve_schedule();
   p.check_cross_keys();
+  p.check_lora();
   p.throw_if_errors();
   p.warn_no_effect();
   return std::move(p.cfg);

@@ -231,6 +231,32 @@ struct StrataConfig {
   // Warmup as a fraction of the schedule's steps (transformers' warmup_ratio): where
   // scheduler.params.warmup_num_steps is "auto" or left out, it becomes ceil(ratio × total steps).
   double warmup_ratio = 0.0;
+  // strata.lora: LoRA adapters (PEFT's key names) on a frozen base; model/lora.h resolves them against
+  // the model's family.
+  //
+  // The keys, their defaults and what is allowed: config/config_schema_lora.cpp (docs/config.md). PEFT's
+  // other LoraConfig fields are accepted in the block at their defaults and refused by name otherwise
+  // (config/lora_peft.cpp, the table docs/config.md shows); config/lora_peft.h reads and writes PEFT's
+  // adapter_config.json.
+  struct Lora {
+    bool enabled = false;  // the block is present in the config
+    std::int64_t r = 8;
+    double lora_alpha = 8;
+    double lora_dropout = 0;
+    std::vector<std::string> target_modules;   // names or module paths as given ("q_proj",
+                                               // "model.layers.1.self_attn.k_proj"), or one "all-linear"
+    bool target_modules_regex = false;         // target_modules was a JSON string other than "all-linear":
+                                               // PEFT's full-match regex, kept as target_modules[0]
+    std::vector<std::string> modules_to_save;  // e.g. "lm_head", "embed_tokens"
+    bool use_rslora = false;
+    std::string base_dtype = "bf16";  // "bf16" or "nf4"
+    bool double_quant = true;         // with nf4: the absmax quantised too (QLoRA's default)
+    std::string adapter_dir;          // --adapter DIR (set by the front-ends, not a key)
+    // PEFT's init_lora_weights: true (A Kaiming-uniform, B zero: the adapted model starts as the base) or
+    // false (B random too, PEFT's debugging choice). Its other initialisations are refused by name.
+    bool init_lora_weights = true;
+  };
+  Lora lora;
 };
 
 // Values the command line supplies for keys the file sets to "auto" (as Hugging Face's DeepSpeed

@@ -29,6 +29,9 @@ enum class Kind {
   path,       // a filesystem path (null or "" = unset)
   paths,      // one filesystem path, or a list of them (null or "" = unset)
   real_pair,  // [a, b], each within the range (betas)
+  names,      // a list of distinct non-empty strings (null or [] = none): PEFT's modules_to_save
+  modules,    // PEFT's target_modules: a list of names or module paths, "all-linear" (any case), or
+              // one other string, a regular expression the whole module path must match
 };
 
 // A typed pointer to one Config field. Enumerations are stored by their index in Option::choices, so an
@@ -38,8 +41,13 @@ struct EnumRef {
   int (*get)(const void*);
   void (*set)(void*, int);
 };
+// Kind::modules: the list, and whether its one entry is a regular expression (the JSON was a string).
+struct ModulesRef {
+  std::vector<std::string>* names;
+  bool* pattern;
+};
 using FieldRef = std::variant<bool*, std::int64_t*, std::uint64_t*, double*, std::string*,
-                              std::array<double, 2>*, EnumRef, std::vector<std::string>*>;
+                              std::array<double, 2>*, EnumRef, std::vector<std::string>*, ModulesRef>;
 
 template <class E>
 EnumRef enum_ref(E& e) {
@@ -149,6 +157,34 @@ std::string kind_name(Kind k);
 // Sizes: `bytes` selects whether B/KB/KiB units are allowed (else only K/M/Ki multipliers).
 std::uint64_t parse_size(std::string_view text, bool bytes, std::string_view key);
 std::uint64_t size_from_json(const nlohmann::json& v, bool bytes, std::string_view key);
+
+// --- PEFT's LoraConfig fields (lora_peft.cpp) ---
+
+// What Strata does with a field of PEFT's LoraConfig, in adapter_config.json and in the strata.lora block.
+enum class PeftRole {
+  read,      // a computation Strata does: the strata.lora key of the same name
+  limited,   // a computation Strata does at `accepted` values only; others are refused by name
+  metadata,  // describes the file or a computation that only a refused value turns on: ignored
+};
+struct PeftField {
+  const char* name;
+  PeftRole role;
+  nlohmann::json written;  // the value PEFT 0.21 writes by default (peft_adapter_config starts from it)
+  // limited: the values accepted (the default, and what asks for nothing: null, [], {}), their docs text,
+  // and why any other value is refused.
+  bool (*accepts)(const nlohmann::json&) = nullptr;
+  const char* accepted = nullptr;
+  const char* reason = nullptr;
+  bool in_block = true;  // limited: also recognised in strata.lora (false: adapter_config.json only)
+};
+// Every field PeftModel.save_pretrained writes in PEFT 0.21.2, in its (sorted) order.
+const std::vector<PeftField>& peft_fields();
+const PeftField* find_peft_field(std::string_view name);  // nullptr when not one of PEFT 0.21's fields
+// For a limited field: "" when `v` is accepted, else the refusal after the key, e.g.
+// "true is not supported: DoRA is not computed; allowed: false".
+std::string peft_refusal(const PeftField& f, const nlohmann::json& v);
+// What to write where a strata.lora block or an adapter_config.json has no target_modules.
+extern const char* const kTargetModulesRequired;
 
 // --- names ---
 

@@ -247,6 +247,38 @@ std::string config_reference_markdown() {
   md += "| key | why |\n|---|---|\n";
   for (const Ignored& ig : ignored()) md += detail::cat("| `", ig.path, "` | ", ig.reason, " |\n");
 
+  md += "\n## `strata.lora` and PEFT's adapter_config.json\n\n";
+  md +=
+      "The `strata.lora` keys above are PEFT's `LoraConfig` names with PEFT's defaults; a block that is "
+      "given\n"
+      "(`\"lora\": {...}`, not null) turns the adapters on and must name `target_modules`. PEFT's "
+      "`adapter_config.json`\n"
+      "is read by the same rules (`config/lora_peft.h`). Each field of PEFT 0.21's `LoraConfig` is read, "
+      "accepted\n"
+      "only at the values shown (any other is refused by name, with the same message in the block and in "
+      "the\n"
+      "file), or ignored as metadata (adapter_config.json only; in the block it is an unknown key). A field "
+      "PEFT\n"
+      "0.21 does not have is ignored in adapter_config.json, since each PEFT release adds fields whose "
+      "defaults\n"
+      "keep plain LoRA, and is an unknown key in the block.\n\n";
+  md += "| PEFT field | Strata | allowed | why |\n|---|---|---|---|\n";
+  for (const PeftField& f : peft_fields()) {
+    switch (f.role) {
+      case PeftRole::read:
+        md += detail::cat("| `", f.name, "` | read as `strata.lora.", f.name, "` | see above | |\n");
+        break;
+      case PeftRole::limited:
+        md += detail::cat("| `", f.name, "` | refused unless allowed",
+                          f.in_block ? "" : " (adapter_config.json only)", " | ", f.accepted, " | ", f.reason,
+                          " |\n");
+        break;
+      case PeftRole::metadata:
+        md += detail::cat("| `", f.name, "` | ignored | | ", f.reason, " |\n");
+        break;
+    }
+  }
+
   md += "\n## Command-line overrides\n\n";
   md +=
       "`Config::load(path, overrides, world_size)` takes a map of these names (the `strata` command line "

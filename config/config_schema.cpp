@@ -1,10 +1,11 @@
 // The config schema: every key Strata reads, with its type, default, allowed values and meaning.
 //
 // This table is the single source of truth (STYLE.md item 13); the zero_optimization section is in
-// config_schema_zero.cpp, appended in its place. Defaults are DeepSpeed's code defaults
-// (runtime/constants.py, runtime/zero/config.py, runtime/zero/offload_config.py, the fp16/bf16 and aio
-// constants, lr_schedules.py, and the CPU optimizers' constructor defaults), so an existing ds_config.json
-// means the same thing here. docs/config.md is generated from it; a test fails when the two drift.
+// config_schema_zero.cpp and the strata.lora block in config_schema_lora.cpp, each appended in its place.
+// Defaults are DeepSpeed's code defaults (runtime/constants.py, runtime/zero/config.py,
+// runtime/zero/offload_config.py, the fp16/bf16 and aio constants, lr_schedules.py, and the CPU
+// optimizers' constructor defaults), so an existing ds_config.json means the same thing here. docs/config.md
+// is generated from it; a test fails when the two drift.
 //
 // Note [order]: keys are resolved in table order, so a key whose "auto" or default depends on another
 // (scheduler.params.warmup_max_lr on optimizer.params.lr) must come after it.
@@ -654,6 +655,7 @@ std::vector<Option> build_options() {
                .min = 0,
                .max = 1,
                .max_exclusive = true});
+  add_lora_options(o);  // config_schema_lora.cpp
   return o;
 }
 

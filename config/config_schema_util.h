@@ -42,5 +42,7 @@ requires std::is_enum_v<E> FieldRef ref(E& e) {
 
 // The zero_optimization section's keys, appended in table order (Note [order]).
 void add_zero_options(std::vector<Option>& o);
+// The strata.lora block's keys (config_schema_lora.cpp), appended after the other strata keys.
+void add_lora_options(std::vector<Option>& o);
 
 }  // namespace strata::config_detail

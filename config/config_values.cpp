@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <regex>
 
 #include "config/config_impl.h"
 #include "core/error.h"
@@ -92,6 +93,73 @@ int choice_index(const Option& o, const nlohmann::json& v, std::string_view key)
   throw ConfigError(detail::cat(key, ": ", show(v), " is not ", allowed_text(o)));
 }
 
+// PEFT's shorthand for every linear layer but the output one (matched ignoring case, as PEFT does).
+constexpr const char* kAllLinear = "all-linear";
+
+// A JSON list of distinct non-empty strings, into `out`.
+void store_string_list(const Option& o, std::vector<std::string>& out, const nlohmann::json& v,
+                       std::string_view key) {
+  out.clear();
+  for (const nlohmann::json& e : v) {
+    if (!e.is_string() || e.get_ref<const std::string&>().empty())
+      fail_allowed(key, v, detail::cat("has an entry ", show(e), " that is not a non-empty string"), o);
+    const std::string& name = e.get_ref<const std::string&>();
+    if (std::find(out.begin(), out.end(), name) != out.end())
+      fail_allowed(key, v, detail::cat("lists \"", name, "\" twice"), o);
+    out.push_back(name);
+  }
+}
+
+void store_names(const Option& o, std::vector<std::string>& out, const nlohmann::json& v,
+                 std::string_view key) {
+  out.clear();
+  if (v.is_null()) return;
+  if (!v.is_array()) fail_allowed(key, v, "is not a list of strings", o);
+  store_string_list(o, out, v, key);
+}
+
+// Note [target_modules as PEFT reads it]: PEFT's check_target_module_exists takes a JSON list as names
+// (a module whose path equals an entry or ends with "." + entry) and a string as a regular expression
+// re.fullmatch()ed against the path, except "all-linear" in any case (_maybe_include_all_linear_layers).
+// A list entry "all-linear" would be a module name matching nothing, so it is refused with the spelling
+// that works; "all-linear" is kept in lower case, the spelling model/lora.cpp compares. A pattern must
+// compile as a std::regex (ECMAScript), which model/lora.cpp matches with (std::regex_match, a full match
+// as re.fullmatch): the common Python patterns (.*, groups, alternation, classes) read the same there;
+// Python-only syntax such as (?P<name>...) is refused here, before any model exists.
+void store_modules(const Option& o, ModulesRef m, const nlohmann::json& v, std::string_view key) {
+  m.names->clear();
+  *m.pattern = false;
+  if (v.is_null()) return;
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    if (s.empty()) fail_allowed(key, v, "is empty", o);
+    if (iequal(s, kAllLinear)) {
+      m.names->push_back(kAllLinear);
+      return;
+    }
+    try {
+      std::regex check(s, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      fail(key, v,
+           detail::cat("is not a regular expression Strata can match (", e.what(),
+                       "); a string is PEFT's regular expression over the whole module path, e.g. "
+                       "\".*\\\\.(q_proj|v_proj)\" (a list gives names: [\"q_proj\", \"v_proj\"])"));
+    }
+    m.names->push_back(s);
+    *m.pattern = true;
+    return;
+  }
+  if (!v.is_array()) fail_allowed(key, v, "is neither a string nor a list of strings", o);
+  if (v.empty()) fail_allowed(key, v, "is empty", o);
+  store_string_list(o, *m.names, v, key);
+  for (const std::string& name : *m.names)
+    if (iequal(name, kAllLinear))
+      fail(key, v,
+           detail::cat("lists \"", name,
+                       "\", which PEFT reads as a module name inside a list; write \"target_modules\": "
+                       "\"all-linear\" (a string) for every linear layer"));
+}
+
 }  // namespace
 
 std::string kind_name(Kind k) {
@@ -114,6 +182,10 @@ std::string kind_name(Kind k) {
       return "path or [paths]";
     case Kind::real_pair:
       return "[number, number]";
+    case Kind::names:
+      return "[strings]";
+    case Kind::modules:
+      return "string or [strings]";
   }
   return "?";
 }
@@ -161,6 +233,11 @@ std::string allowed_text(const Option& o) {
       return "a path (string) or a list of distinct paths";
     case Kind::real_pair:
       return detail::cat("a pair [a, b] of numbers", range_text(o));
+    case Kind::names:
+      return "a list of distinct module names, e.g. [\"lm_head\"]";
+    case Kind::modules:
+      return "PEFT's module names or paths, e.g. [\"q_proj\", \"v_proj\"], or \"all-linear\", or one "
+             "string: a regular expression the whole module path must match";
     case Kind::choice: {
       std::string s = "one of ";
       for (std::size_t i = 0; i < o.choices.size(); ++i) s += (i ? ", " : "") + o.choices[i];
@@ -351,6 +428,12 @@ void store(const Option& o, Config& cfg, const nlohmann::json& v, std::string_vi
       }
       return;
     }
+    case Kind::names:
+      store_names(o, *std::get<std::vector<std::string>*>(f), v, key);
+      return;
+    case Kind::modules:
+      store_modules(o, std::get<ModulesRef>(f), v, key);
+      return;
     case Kind::real_pair: {
       if (!v.is_array() || v.size() != 2) fail_allowed(key, v, "is not a pair", o);
       std::array<double, 2> p{};
@@ -391,6 +474,16 @@ nlohmann::json read(const Option& o, Config& cfg) {
     case Kind::real_pair: {
       const auto& p = *std::get<std::array<double, 2>*>(f);
       return nlohmann::json::array({p[0], p[1]});
+    }
+    case Kind::names: {
+      const std::vector<std::string>& s = *std::get<std::vector<std::string>*>(f);
+      return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s);
+    }
+    case Kind::modules: {
+      const ModulesRef m = std::get<ModulesRef>(f);
+      if (m.names->empty()) return nullptr;
+      if (*m.pattern || (m.names->size() == 1 && (*m.names)[0] == kAllLinear)) return (*m.names)[0];
+      return *m.names;
     }
   }
   return nullptr;

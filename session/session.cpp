@@ -10,6 +10,7 @@
 #include "model/architecture.h"
 #include "model/make_model.h"
 #include "model/safetensors.h"
+#include "session/adapters.h"
 
 namespace strata::session {
 
@@ -76,23 +77,54 @@ Config resolve_config(const ConfigSource& source, Overrides overrides, const mod
 
 Trainer build(Config& cfg, const ModelSource& source, int seq_len, const comm::RankInfo& ri,
               const BuildOptions& opts) {
-  // The initial weights, read chunk by chunk while the engine initialises them (memory-mapped).
+  const model::Architecture& arch = model::architecture(source.config);
+  const bool adapters = source.config.lora.active();
+  STRATA_CHECK(adapters || (!cfg.strata.lora.enabled && cfg.strata.lora.adapter_dir.empty()),
+               "session::build: the config asks for adapters; call resolve_adapters on the source first");
+  // The initial weights, read chunk by chunk while the engine initialises them (memory-mapped): the base's
+  // from its files, the adapters' from their directory (else fresh, as PEFT starts them).
   std::unique_ptr<model::WeightsSource> weights;
+  std::unique_ptr<AdapterWeights> adapter;
+  model::ModelConfig base_cfg = source.config;
+  base_cfg.lora = {};
   if (source.hf && opts.read_weights) {
-    weights = std::make_unique<model::WeightsSource>(
-        source.hf->weights, model::architecture(source.config).layout(source.config));
+    weights = std::make_unique<model::WeightsSource>(source.hf->weights, arch.layout(base_cfg));
     weights->warn_unused(opts.weights_flag);
   }
+  if (adapters && opts.read_weights && !cfg.strata.lora.adapter_dir.empty())
+    adapter = std::make_unique<AdapterWeights>(cfg.strata.lora.adapter_dir, arch.layout(source.config),
+                                               opts.adapter_flag);
+  const model::ModelLayout full = arch.layout(source.config);
+  BaseDigest digest;
   zero3::EngineOptions eo;
   eo.backend = opts.backend;
   eo.device_memory_cap = opts.device_memory_cap;
   eo.seq_len = seq_len;
   eo.checkpoint_activations = opts.checkpoint_activations;
-  if (weights)
-    eo.init_params = [&w = *weights](const model::ChunkLayout& c, float* out) { w.read_chunk(c, out); };
+  if (weights || adapter)
+    eo.init_params = [&](const model::ChunkLayout& c, float* out) {
+      if (adapter && adapter->holds(c)) {
+        adapter->read_chunk(c, out);
+      } else if (full.is_base(c.id) && weights) {
+        weights->read_chunk(c, out);
+        if (adapters) digest.add(out, c.padded_numel);
+      } else {
+        arch.init_chunk(full, c.id, std::uint64_t(cfg.strata.seed), out);
+      }
+    };
   zero3::configure_threads(cfg, ri.local_size);
   Trainer t;
   t.engine = std::make_unique<zero3::Engine>(cfg, source.config, std::move(eo));
+  if (adapters && weights) {
+    t.engine->set_base(
+        {{"path", source.hf->dir.empty() ? source.hf->weights : source.hf->dir}, {"digest", digest.str()}});
+    if (ri.rank == 0)
+      STRATA_LOG_INFO("lora: r ", source.config.lora.r, ", scale ", source.config.lora.scale(), ", ",
+                      model::lora_target_paths(source.config).size(), " adapted modules (",
+                      model::lora_parameters(source.config), " parameters) over the frozen base ",
+                      source.hf->dir.empty() ? source.hf->weights : source.hf->dir, " (", digest.str(), ")",
+                      adapter ? cat("; adapters from ", cfg.strata.lora.adapter_dir) : std::string());
+  }
   t.model = model::make_model(source.config, t.engine->model_options());
   return t;
 }

@@ -91,6 +91,8 @@ struct BuildOptions {
   // `weights_flag` names the argument in the warning about tensors the model does not use.
   bool read_weights = true;
   std::string weights_flag = "--init-from";
+  // How messages name the adapter directory (cfg.strata.lora.adapter_dir; session/adapters.h).
+  std::string adapter_flag = "--adapter";
 };
 
 // The engine and the model it trains: what every step needs.

@@ -32,6 +32,7 @@
 #include "model/make_model.h"
 #include "model/safetensors.h"
 #include "model/token_file.h"
+#include "session/adapters.h"
 #include "tools/cli.h"
 #include "tools/model_source.h"
 #include "zero3/checkpoint.h"
@@ -43,7 +44,7 @@ namespace fs = std::filesystem;
 using detail::cat;
 
 struct EvalOpts {
-  std::string model, data, backend = "host", logits;
+  std::string model, data, backend = "host", logits, adapter;
   int seq_len = 0;
   int batch_size = 1;
   std::int64_t max_batches = 0;
@@ -52,7 +53,18 @@ struct EvalOpts {
 int run_eval(const EvalOpts& o) {
   // The model's shape first (no weights read yet): the command line is checked against it.
   const ModelSource source = open_model_source(o.model, "--model");
-  const model::ModelConfig& cfg = source.config();
+  // --adapter DIR: LoRA adapters (a PEFT adapter directory) over the base --model names.
+  session::ModelSource adapted;
+  if (!o.adapter.empty()) {
+    if (!source.hf)
+      throw ConfigError(
+          cat("--adapter needs the base's weights: give --model the Hugging Face model directory "
+              "(or .safetensors file) the adapters were trained over, not a checkpoint"));
+    adapted.hf = source.hf;
+    adapted.config = source.hf->config;
+    session::resolve_adapters(adapted, {}, o.adapter, "--adapter");
+  }
+  const model::ModelConfig& cfg = o.adapter.empty() ? source.config() : adapted.config;
   const std::string weights = source.where();
   if (o.seq_len > cfg.max_seq_len)
     throw ConfigError(cat("--seq-len ", o.seq_len, " is longer than model '", cfg.name, "''s max_seq_len ",
@@ -64,7 +76,8 @@ int run_eval(const EvalOpts& o) {
   std::unique_ptr<Device> dev = open_device({.backend = o.backend});
   std::unique_ptr<Stream> stream = dev->create_stream("eval");
   std::unique_ptr<kernels::Ops> ops = kernels::make_ops(*dev, *stream);
-  std::unique_ptr<model::InMemoryChunks> host = load_params(source);
+  std::unique_ptr<model::InMemoryChunks> host =
+      o.adapter.empty() ? load_params(source) : session::load_adapted(adapted, o.adapter, "--adapter");
   // Chunks the ops can read where they are (the host backend: fp32 in host memory), else a copy on the
   // device in the ops' activation dtype, the host copy then freed.
   std::unique_ptr<model::DeviceChunks> on_device;
@@ -78,11 +91,13 @@ int run_eval(const EvalOpts& o) {
 
   const std::int64_t all = model::eval_sequences(data.size(), o.seq_len);
   const std::int64_t S = o.max_batches > 0 ? std::min<std::int64_t>(all, o.max_batches * o.batch_size) : all;
-  std::fprintf(stderr,
-               "eval: model '%s' (%lld parameters) from %s on %s; %s: %lld of %lld sequences of %d tokens, "
-               "batch %d\n",
-               cfg.name.c_str(), (long long)cfg.num_parameters(), weights.c_str(), dev->caps().name.c_str(),
-               o.data.c_str(), (long long)S, (long long)all, o.seq_len, o.batch_size);
+  std::fprintf(
+      stderr,
+      "eval: model '%s' (%lld parameters) from %s on %s; %s: %lld of %lld sequences of %d tokens, "
+      "batch %d\n",
+      cfg.name.c_str(), (long long)cfg.num_parameters(),
+      o.adapter.empty() ? weights.c_str() : cat(weights, " with the adapters of ", o.adapter).c_str(),
+      dev->caps().name.c_str(), o.data.c_str(), (long long)S, (long long)all, o.seq_len, o.batch_size);
   if (const model::LossMask* mask = data.mask()) {
     // The targets evaluated are tokens 1 to S x T (sequence s reads tokens s·T .. s·T + T): the file's
     // first token is never a target, and the tokens after the last sequence are not evaluated.
@@ -151,6 +166,9 @@ Command eval("eval", "Mean next-token loss and perplexity of a model over a toke
   sub.add_option("--max-batches", o->max_batches, "Stop after N batches (default 0: every whole sequence)")
       ->check(at_least(0));
   sub.add_option("--backend", o->backend, "Device backend: host (default), cuda or auto");
+  sub.add_option("--adapter", o->adapter,
+                 "LoRA adapters over --model: a PEFT adapter directory (adapter_config.json, "
+                 "adapter_model.safetensors), as strata train --export with adapters writes it");
   sub.add_option("--logits", o->logits,
                  "Also write the first batch's logits to FILE: (batch, seq-len, vocab) little-endian fp32");
   return [o] { return run_eval(*o); };

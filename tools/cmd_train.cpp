@@ -34,6 +34,7 @@
 #include "model/hf_dir.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "session/adapters.h"
 #include "session/session.h"
 #include "tools/cli.h"
 #include "tools/launch_plan.h"
@@ -51,6 +52,7 @@ struct TrainOpts {
   std::int64_t steps = -1, max_steps = -1;  // -1: not given (exactly one of them and epochs is)
   double epochs = 0;                        // 0: not given
   std::string save, load, load_tag, export_path, eval_data;
+  std::string adapter, export_merged;  // LoRA: the adapters to start from; the merged model's destination
   std::int64_t save_interval = 0, eval_interval = 0, eval_batches = 0;
   int seq_len = 0;
   std::string backend, device_cap;
@@ -549,6 +551,21 @@ int run_train(const TrainOpts& o) {
     run.from = cat("--epochs ", e);
   }
   Config cfg = session::resolve_config({.path = o.config}, session::parse_sets(o.sets), mcfg, ri, run);
+  // LoRA adapters (session/adapters.h): strata.lora's, or those of --adapter DIR; the base is then frozen.
+  cfg.strata.lora.adapter_dir = o.adapter;
+  session::resolve_adapters(src, cfg.strata.lora, o.adapter, "--adapter");
+  const bool adapters = mcfg.lora.active();
+  if (!o.export_merged.empty() && !adapters)
+    throw ConfigError(
+        "--export-merged writes the model with its adapters merged, and this run has none "
+        "(strata.lora or --adapter DIR); --export writes the model");
+  if (adapters && o.export_path.ends_with(".safetensors"))
+    throw ConfigError(
+        cat("--export ", o.export_path,
+            ": with adapters --export writes a PEFT adapter directory (adapter_config.json, "
+            "adapter_model.safetensors); give a directory, and --export-merged NAME.safetensors "
+            "for the merged model in one file"));
+  if (!o.export_merged.empty()) session::check_outputs({.export_to = {o.export_merged, "--export-merged"}});
   // Where the run will write, created and probed now rather than after the training (Note [Outputs up
   // front] in session/session.cpp); the monitors' folders are rank 0's.
   const session::OutputPlan outputs{.save = {o.save, "--save"},
@@ -556,9 +573,10 @@ int run_train(const TrainOpts& o) {
                                     .trace = cfg.strata.memprof.path,
                                     .monitors = session::monitor_outputs(cfg, ri.rank)};
   session::check_outputs(outputs);
-  session::Trainer trainer =
-      session::build(cfg, src, seq_len, ri,
-                     {.backend = o.backend, .device_memory_cap = device_cap, .read_weights = !resume});
+  session::Trainer trainer = session::build(
+      cfg, src, seq_len, ri,
+      // A checkpoint of adapters holds them, not the base: a resume reads the base again.
+      {.backend = o.backend, .device_memory_cap = device_cap, .read_weights = !resume || adapters});
   zero3::Engine& engine = *trainer.engine;
   model::TrainableModel& model = *trainer.model;
   const int rank = engine.communicator().rank(), world = engine.communicator().world_size();
@@ -626,7 +644,16 @@ int run_train(const TrainOpts& o) {
   if (hf && !hf->dir.empty()) client_state["init_from"] = std::filesystem::absolute(hf->dir).string();
   LoopTotals totals = train_loop(run_parts, steps, first, tty, client_state);
   if (!o.save.empty()) totals.saved = engine.save_checkpoint(o.save, client_state, &data);
-  if (!o.export_path.empty() && totals.stopped_by == 0) {
+  if (adapters && totals.stopped_by == 0) {
+    if (!o.export_path.empty()) {
+      session::export_adapter(engine, o.export_path, src);
+      std::fprintf(out, "exported the adapters to %s (PEFT adapter directory)\n", o.export_path.c_str());
+    }
+    if (!o.export_merged.empty()) {
+      session::export_merged(engine, o.export_merged, src);
+      std::fprintf(out, "exported the model with its adapters merged to %s\n", o.export_merged.c_str());
+    }
+  } else if (!o.export_path.empty() && totals.stopped_by == 0) {
     if (zero3::export_model(engine, o.export_path, hf ? hf->dir : std::string()))
       std::fprintf(out, "exported weights to %s\n", o.export_path.c_str());
     else
@@ -689,7 +716,14 @@ Command train(
       sub.add_option("--load-tag", o->load_tag, "Resume from this tag instead of `latest`");
       sub.add_option(
           "--export", o->export_path,
-          "Write the trained model as a Hugging Face directory (bf16; NAME.safetensors: one file)");
+          "Write the trained model as a Hugging Face directory (bf16; NAME.safetensors: one file); with "
+          "adapters, a PEFT adapter directory");
+      sub.add_option("--adapter", o->adapter,
+                     "Train LoRA adapters starting from this PEFT adapter directory (its adapter_config.json "
+                     "and adapter_model.safetensors) over the frozen base of --init-from");
+      sub.add_option("--export-merged", o->export_merged,
+                     "With adapters: write the model with them merged (bf16 Hugging Face directory; "
+                     "NAME.safetensors: one file); --export then writes the PEFT adapter directory");
       sub.add_option("--backend", o->backend,
                      "Device backend: auto, host or cuda (overrides strata.backend)");
       sub.add_option("--device-memory-cap", o->device_cap,

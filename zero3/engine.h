@@ -323,6 +323,14 @@ class Engine final : public model::ChunkProvider {
   // The fp32 master parameters of this rank's shard of chunk `id`, copied out wherever they live; a frozen
   // chunk's working params, widened (it has no master).
   std::vector<float> master_params(int id);
+  // Chunk `id`'s fp32 master parameters, whole (padded_numel floats), gathered from every rank's shard; a
+  // frozen chunk's working params, widened. Collective: every rank calls it for the same chunk.
+  void read_masters(int id, float* out);
+  // Names the frozen base that LoRA adapters train over: {"path": ..., "digest": ...} (session::build sets
+  // it from the weights it read). Checkpoints then hold the adapters and their state, not the base's
+  // weights, and name the base; loading one over another digest is refused by name (Note [The adapters'
+  // base in checkpoints] in engine_checkpoint.cpp).
+  void set_base(nlohmann::json identity);
 
   struct Impl;
 

@@ -36,6 +36,7 @@ std::uint64_t Engine::Impl::checkpoint_bytes() const {
   auto aligned = [](std::uint64_t b) { return (b + 4095) / 4096 * 4096; };
   std::uint64_t b = 4096 + (std::uint64_t(64) << 10);  // the header, and room for the table
   for (const ChunkSlot& s : slots) {
+    if (!keeps_params(s)) continue;  // a frozen base named by its identity: nothing of it is written
     b += aligned(s.shard.numel * working_dtype_bytes());
     b += optimizer_tensors(s).size() * aligned(s.shard.numel * 4);  // none for a frozen chunk
   }
@@ -61,6 +62,7 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
   }
   for (ChunkSlot& s : slots) {
     const std::uint64_t n = s.shard.numel;
+    if (!keeps_params(s)) continue;  // Note [The adapters' base in checkpoints]
     with_host_copy(s.tensors.param,
                    [&](const void* p) {  // this rank's slice (of the whole chunk if replicated)
                      w.add({.name = s.name + ".param",
@@ -96,6 +98,7 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
       // every chunk): what a load at another world size reshards from.
       {"chunks", chunk_table()},
   };
+  if (!base_identity.is_null()) meta["base"] = base_identity;
   const std::string path = w.commit(std::move(meta));
   STRATA_LOG_INFO("zero3: saved checkpoint ", path, " (", format_bytes(w.bytes_written()),
                   world > 1 ? " on this rank)" : ")");
@@ -185,6 +188,25 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
     throw IoError(cat(r.path(), "/meta.json: world_size ", saved_world,
                       " is not a rank count; the checkpoint is damaged"));
 
+  // Note [The adapters' base in checkpoints]: a checkpoint of adapters over a named base holds the adapters
+  // alone; it resumes over that same base only.
+  const bool base_named = meta.contains("base") && !meta["base"].is_null();
+  if (base_named) {
+    const nlohmann::json& saved = meta["base"];
+    const auto path = [](const nlohmann::json& b) { return b.value("path", std::string("?")); };
+    if (base_identity.is_null())
+      throw ConfigError(cat("checkpoint ", r.path(), " holds LoRA adapters over the base ", path(saved),
+                            " (digest ", saved.value("digest", std::string("?")),
+                            ") but not the base's weights; start the run from that base (--init-from ",
+                            path(saved), ", or model= in Python) to resume it"));
+    if (saved.value("digest", std::string()) != base_identity.value("digest", std::string()))
+      throw ConfigError(cat("checkpoint ", r.path(), " trained its adapters over the base ", path(saved),
+                            " (digest ", saved.value("digest", std::string("?")), "); this run's base ",
+                            path(base_identity), " has digest ",
+                            base_identity.value("digest", std::string("?")),
+                            ": other weights. Resume over the base the checkpoint names"));
+  }
+
   grads.sync();
   cache.drop_all_gathered();
   tm->synchronize();
@@ -231,9 +253,11 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
       }
       writes.push_back(put(id, Tier::nvme, staged.data(), staged.size()));
     };
-    // The working params: this rank's shard or — replicated — the whole chunk.
-    read_into(s.tensors.param, s.name + ".param", working_dtype_bytes(), replicated ? 0 : s.shard.offset,
-              s.param_numel);
+    // The working params: this rank's shard or — replicated — the whole chunk; a named base's are the ones
+    // this run read from it.
+    if (!(base_named && !s.route.trains))
+      read_into(s.tensors.param, s.name + ".param", working_dtype_bytes(), replicated ? 0 : s.shard.offset,
+                s.param_numel);
     for (tiering::TensorId id : optimizer_tensors(s)) {
       const std::string suffix = id == s.tensors.master    ? "master"
                                  : id == s.tensors.exp_avg ? "exp_avg"

@@ -119,6 +119,10 @@ struct Engine::Impl final : EngineEnv, private UpdateGate {
   StepCounts step_counts();
 
   // ---- checkpoints (engine_checkpoint.cpp) ----
+  // The adapters' base as Engine::set_base named it (null: none), and whether a checkpoint writes chunk
+  // `s`'s working params (not those of a frozen chunk of a named base).
+  nlohmann::json base_identity;
+  bool keeps_params(const ChunkSlot& s) const { return base_identity.is_null() || s.route.trains; }
   std::string save(const std::string& dir, const nlohmann::json& client_state, const model::DataLoader* data,
                    const std::string& tag);
   nlohmann::json load(const std::string& dir, const std::string& tag, model::DataLoader* data);

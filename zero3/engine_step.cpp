@@ -375,4 +375,17 @@ std::vector<float> Engine::master_params(int id) {
   return out;
 }
 
+void Engine::read_masters(int id, float* out) {
+  Impl& im = *impl_;
+  const ChunkSlot& s = im.slots.at(std::size_t(id));
+  const std::vector<float> mine = master_params(id);
+  std::memset(out, 0, s.numel * sizeof(float));
+  std::memcpy(out + s.shard.offset, mine.data(), mine.size() * sizeof(float));
+  if (im.world > 1) im.comm->host_all_gather(out + s.shard.offset, out, s.shard.numel * sizeof(float));
+}
+
+void Engine::set_base(nlohmann::json identity) {
+  impl_->base_identity = std::move(identity);
+}
+
 }  // namespace strata::zero3

@@ -111,6 +111,41 @@ TEST(LoraResume, TwoStepsSavedAndTwoMoreAreFourStepsBitForBit) {
   EXPECT_EQ(resumed, whole);
 }
 
+// Note [The adapters' base in checkpoints]: with the base named, a checkpoint holds the adapters alone (the
+// base's working copy is not written), resumes over the same digest, and is refused over another, or
+// without a named base, by name.
+TEST(LoraResume, ACheckpointNamesItsBaseAndResumesOverThatBaseOnly) {
+  test::ScratchDir dir("lora-base");
+  const model::ModelConfig mcfg = lora_model();
+  const Config cfg = make_config(OffloadDevice::cpu, OffloadDevice::cpu, dir.path());
+  const EngineOptions opts{.backend = "host", .seq_len = 32};
+  const nlohmann::json base = {{"path", "models/base"}, {"digest", "crc32c:00000001/1"}};
+  std::uint64_t whole = 0, named = 0;
+  {
+    Engine e(cfg, mcfg, opts);
+    whole = e.checkpoint_bytes();
+    e.set_base(base);
+    named = e.checkpoint_bytes();
+    e.save_checkpoint(dir.file("ckpt"));
+  }
+  EXPECT_LT(named * 3, whole) << "the base's working copy is not in the checkpoint";
+  {
+    Engine same(cfg, mcfg, opts);
+    same.set_base(base);
+    EXPECT_NO_THROW(same.load_checkpoint(dir.file("ckpt")));
+  }
+  Engine other(cfg, mcfg, opts), none(cfg, mcfg, opts);
+  other.set_base({{"path", "models/other"}, {"digest", "crc32c:00000002/1"}});
+  for (Engine* e : {&other, &none}) {
+    try {
+      e->load_checkpoint(dir.file("ckpt"));
+      ADD_FAILURE() << "loaded over another base";
+    } catch (const ConfigError& err) {
+      EXPECT_NE(std::string(err.what()).find("models/base"), std::string::npos) << err.what();
+    }
+  }
+}
+
 // The state is the base's working copy (bf16: 2 bytes a parameter) and the adapters' full state (their
 // working copy and 16 bytes a parameter: master, gradient shard, two moments): against the same base
 // trained in full, the plan's pinned state loses 16 bytes a base parameter and gains the adapters' 18.

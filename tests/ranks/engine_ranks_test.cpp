@@ -37,12 +37,15 @@ struct RankInputs {
   bool by_ops = false;
   std::function<void(double&, double&)> rates = nullptr;
   std::vector<int> frozen = {};  // EngineOptions.frozen_chunks
+  bool lora = false;             // LoRA adapters (r 4, every linear layer) over a frozen base
 };
 
 RunResult train(const Config& cfg, comm::Communicator& c, const std::string& tokens, int steps,
                 const RankInputs& in = {}) {
   kernels::cpu::set_blas_threads(1);
-  const model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
+  model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
+  if (in.lora)
+    mcfg.lora = model::resolve_lora(mcfg, {.modules = {"all-linear"}}, {.r = 4, .alpha = 8}, "test");
   Engine e(cfg, mcfg,
            {.backend = "host",
             .device_memory_cap = in.cap,
@@ -116,6 +119,20 @@ TEST_P(TwoRanks, WithFrozenChunksLossesAndNormsAreOneRanksBitForBit) {
   const RankInputs frozen{.frozen = {0, 1}};
   const RunResult ref = train(config(d, 2, 1), *one, tokens, 4, frozen);
   const RunResult two = train(config(d, 1, 2), testing::ranks(), tokens, 4, frozen);
+  EXPECT_EQ(two.losses, ref.losses);
+  EXPECT_EQ(two.norms, ref.norms);
+  EXPECT_LT(two.losses.back(), two.losses.front());
+}
+
+// LoRA adapters over a frozen base (model/lora.h): the adapter chunks train at N ranks as at one, bit for
+// bit.
+TEST_P(TwoRanks, WithAdaptersLossesAndNormsAreOneRanksBitForBit) {
+  ScratchDir d("ranks-lora-r" + std::to_string(testing::ranks().rank()));
+  const std::string tokens = make_tokens(d);
+  std::unique_ptr<comm::Communicator> one = comm::make_single_rank();
+  const RankInputs lora{.lora = true};
+  const RunResult ref = train(config(d, 2, 1), *one, tokens, 4, lora);
+  const RunResult two = train(config(d, 1, 2), testing::ranks(), tokens, 4, lora);
   EXPECT_EQ(two.losses, ref.losses);
   EXPECT_EQ(two.norms, ref.norms);
   EXPECT_LT(two.losses.back(), two.losses.front());

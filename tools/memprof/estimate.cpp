@@ -42,7 +42,7 @@ std::pair<std::uint64_t, std::uint64_t> sizes_of(const EstimateInput& in) {
   std::uint64_t largest = 0;
   for (int c = 0; c < layout->num_chunks(); ++c)
     largest = std::max<std::uint64_t>(largest, layout->chunk(c).numel);
-  return {in.model->num_parameters(), largest};
+  return {std::uint64_t(in.model->num_parameters() + model::lora_parameters(*in.model)), largest};
 }
 
 }  // namespace
@@ -94,9 +94,11 @@ std::vector<EstimateRow> estimate(const EstimateInput& in) {
     Config c = base;
     c.zero_optimization.offload_param.device = zero3::offload_of(param);
     c.zero_optimization.offload_optimizer.device = zero3::offload_of(optim);
-    const zero3::PlanInput pin =
-        layout ? zero3::plan_input(c, *layout, in.model->tie_embeddings, in.world, 0, act)
-               : zero3::plan_input(c, sizes, in.world, 0, act);
+    zero3::PlanInput pin = layout ? zero3::plan_input(c, *layout, in.model->tie_embeddings, in.world, 0, act)
+                                  : zero3::plan_input(c, sizes, in.world, 0, act);
+    // LoRA adapters (the model's strata.lora): the base's chunks keep their working copy alone.
+    if (layout && !layout->frozen_chunks().empty())
+      zero3::freeze_chunks(pin, layout->frozen_chunks(), c.zero_optimization, "strata.lora");
     const zero3::MemoryPlan m = zero3::plan_memory(pin, c.zero_optimization).memory;
     r.device = m.device_state + m.device_working_set;
     r.host = (m.pinned_state + m.pinned_staging) * std::uint64_t(gpn);

@@ -16,6 +16,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "session/adapters.h"
 #include "session/session.h"
 #include "tools/memprof/html.h"
 #include "tools/memprof/memprof.h"
@@ -141,6 +142,14 @@ int main(int argc, char** argv) {
     }
     // Memory does not depend on the schedule: a length the config leaves to the run stays open.
     if (!config.empty()) in.config = strata::Config::load(config, {}, in.world, {.length_later = true});
+    // strata.lora: the adapters over the model, its base frozen (a working copy alone, as training plans it).
+    if (in.config && in.config->strata.lora.enabled) {
+      if (!in.model)
+        throw ConfigError("memprof estimate: the config's strata.lora adapts a model; give it with --model");
+      strata::session::ModelSource src{.config = *in.model, .hf = std::nullopt};
+      strata::session::resolve_adapters(src, in.config->strata.lora, "", "--adapter");
+      in.model = src.config;
+    }
     in.sub_group_size = parse_count(sub_group, "--sub-group-size");
     std::vector<strata::memprof::EstimateRow> rows = strata::memprof::estimate(in);
     if (as_json)

@@ -5,11 +5,14 @@
 //   step_bench --model 10m -B 4 -T 128 --steps 5 --nvme-path /local_nvme [--device-cap 1GiB]
 //              [--placements none,cpu,nvme] [--backend host] [--max-in-cpu 0] [--sub-group-size 1e8]
 //              [--ceiling auto|host|device] [--overlap off,on] [--optimizer-cores 1] [--clip 0]
-//              [--checkpoint false] [--ratio 1,auto] [--warmup 1] [--frozen 1-12]
+//              [--checkpoint false] [--ratio 1,auto] [--warmup 1] [--frozen 1-12] [--lora 16]
 //
 // --frozen gives each row a twin with those chunks frozen (EngineOptions.frozen_chunks: "1-12" for the
 // blocks of a 12-layer model, "a,b-c" in general): no weight gradients, no optimizer over them — the
-// frozen base's share of an adapter step, against the full step in the same run.
+// frozen base's share of an adapter step, against the full step in the same run. --lora R gives each row
+// a twin training LoRA adapters of rank R on every linear layer (alpha 2R) over the frozen base instead
+// (model/lora.h): the adapter step against the full fine-tuning step in the same run, with each row's state
+// per tier (the plan's: what `strata train` prints as "state X device, Y pinned host, Z NVMe").
 // --overlap gives each placement a row per strata.overlap_optimizer value (a placement that cannot
 // overlap gets no "on" row); --optimizer-cores sets strata.cpu_optim.cores, and the compute-only step then
 // measures the model on the other cores and the optimizer on these, as the engine splits them. Each row's
@@ -95,6 +98,7 @@ struct Opts {
   std::uint64_t sub_group = 100000000;
   std::uint64_t max_in_cpu = 1000000000;
   std::string frozen;  // chunks frozen in a twin of every row: "a,b-c"; empty: none
+  int lora = 0;        // > 0: the twin trains LoRA adapters of this rank over the frozen base instead
 };
 
 std::vector<int> chunk_list(const std::string& spec);  // "1-3,7" -> {1, 2, 3, 7} (below)
@@ -280,15 +284,25 @@ Config placement_config(const std::string& p, const Opts& o, bool overlap, const
 }
 
 // The model's acquire / gradient order with the compute left out (no gradients for a frozen chunk, as the
-// model takes none).
+// model takes none; a block's adapter chunk beside it, the lm_head's chunk beside the head).
 void transfer_pass(zero3::Engine& e, const model::ModelConfig& m) {
+  const model::ModelLayout& layout = e.layout();
   const int L = int(m.n_layers), E = 0, H = L + 1;
+  std::vector<int> order = {E};
+  for (int l = 0; l < L; ++l) {
+    order.push_back(layout.block_chunk(l));
+    if (layout.adapter_chunk(l) >= 0) order.push_back(layout.adapter_chunk(l));
+  }
+  order.push_back(H);
+  if (layout.lm_head_chunk() >= 0 && layout.lm_head_chunk() != H) order.push_back(layout.lm_head_chunk());
   e.begin_pass();
-  for (int c = 0; c <= H; ++c) {
+  for (int c : order) {
     e.acquire(c);
     e.release(c);
   }
-  for (int c = H; c >= 1; --c) {
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const int c = *it;
+    if (c == E) continue;
     e.acquire(c);
     if (e.trains(c)) {  // a frozen chunk hands off no gradients
       e.acquire_grads(c);
@@ -331,14 +345,19 @@ Row run_placement(const std::string& p, bool overlap, const std::string& ratio, 
   r.placement = p;
   r.frozen = frozen;
   zero3::EngineOptions eo;
-  if (frozen) eo.frozen_chunks = chunk_list(o.frozen);
+  model::ModelConfig twin = mcfg;
+  if (frozen && o.lora > 0)
+    twin.lora = model::resolve_lora(mcfg, {.modules = {"all-linear"}}, {.r = o.lora, .alpha = 2.0 * o.lora},
+                                    "--lora");
+  else if (frozen)
+    eo.frozen_chunks = chunk_list(o.frozen);
   eo.backend = o.backend;
   if (!o.device_cap.empty()) eo.device_memory_cap = parse_byte_size(o.device_cap, "--device-cap");
   eo.seq_len = o.seq;
-  zero3::Engine e(placement_config(p, o, overlap, ratio), mcfg, eo);
+  zero3::Engine e(placement_config(p, o, overlap, ratio), twin, eo);
   r.plan = e.plan();
   r.overlapped = r.plan.overlap_groups > 0;
-  model::LlamaModel m(mcfg, e.model_options());
+  model::LlamaModel m(twin, e.model_options());
   for (int i = 1 - o.warmup; i <= o.steps; ++i) {
     e.forward_backward(m, random_batch(mcfg, o.batch, o.seq, 100 + std::uint64_t(i)));
     const zero3::StepResult s = e.step();
@@ -357,7 +376,7 @@ Row run_placement(const std::string& p, bool overlap, const std::string& ratio, 
   const int reps = 2;
   for (int i = 0; i < reps; ++i) {
     const auto t0 = Clock::now();
-    transfer_pass(e, mcfg);
+    transfer_pass(e, twin);
     e.step();
     t_only += since(t0) / reps;
   }
@@ -508,6 +527,10 @@ int main(int argc, char** argv) {
                  "Activation checkpointing in the placements and the compute-only step (default true)");
   app.add_option("--sub-group-size", o.sub_group, "zero_optimization.sub_group_size");
   app.add_option("--frozen", o.frozen, "Chunks frozen in a twin of every row, e.g. 1-12 (a,b-c)");
+  app.add_option(
+      "--lora", o.lora,
+      "A twin of every row training LoRA adapters of this rank (every linear layer, alpha 2R) over "
+      "the frozen base");
   app.add_option("--max-in-cpu", o.max_in_cpu,
                  "offload_param.max_in_cpu for the nvme placement (0: every parameter read from NVMe)");
   CLI11_PARSE(app, argc, argv);
@@ -545,7 +568,7 @@ int main(int argc, char** argv) {
             throw ConfigError("--ratio: expected numbers in [0, 1] and/or auto, got " + ratio);
           if (ratio != "1" && p == "none") continue;  // nothing offloaded to split
           for (bool frozen : {false, true}) {
-            if (frozen && o.frozen.empty()) continue;
+            if (frozen && o.frozen.empty() && o.lora == 0) continue;
             Row r = run_placement(p, ov == "on", ratio, frozen, mcfg, o, c);
             if (ov == "on" && !r.overlapped) {
               std::fprintf(stderr, "  %s: the optimizer is not overlapped in this placement; no \"on\" row\n",
@@ -592,7 +615,8 @@ int main(int argc, char** argv) {
       if (r.overlap >= 0) std::snprintf(overlap, sizeof overlap, "%.2f", r.overlap);
       if (r.overlap_wait >= 0) std::snprintf(overlap_wait, sizeof overlap_wait, "%.2f", r.overlap_wait);
       const zero3::OverlapStats& os = r.overlap_stats;
-      const std::string name = r.placement + (r.overlapped ? " overlap" : "") + (r.frozen ? " frozen" : "");
+      const std::string name = r.placement + (r.overlapped ? " overlap" : "") +
+                               (r.frozen ? (o.lora > 0 ? " lora" : " frozen") : "");
       const std::string counts = r.overlapped
                                      ? std::to_string(os.steps) + "/" + std::to_string(os.rollbacks) + "/" +
                                            std::to_string(os.waited)
@@ -608,9 +632,17 @@ int main(int argc, char** argv) {
           r.transfers, r.exposed, overlap_wait, overlap, r.ratio, (unsigned long long)r.misses,
           double(r.nvme_bytes) / double(1ull << 30), r.peak_device / double(1 << 20), r.tflops,
           r.step.total / r.ideal, r.step.total / r.sum, counts.c_str(), split_text);
+      std::printf("%-13s state %s device, %s pinned host, %s NVMe\n", "",
+                  format_bytes(r.plan.device_state).c_str(), format_bytes(r.plan.pinned_state).c_str(),
+                  format_bytes(r.plan.nvme_state).c_str());
       out["placements"].push_back(
           {{"placement", r.placement},
-           {"frozen_chunks", r.frozen ? nlohmann::json(chunk_list(o.frozen)) : nlohmann::json::array()},
+           {"frozen_chunks",
+            r.frozen && o.lora == 0 ? nlohmann::json(chunk_list(o.frozen)) : nlohmann::json::array()},
+           {"lora_r", r.frozen ? o.lora : 0},
+           {"state_device_bytes", r.plan.device_state},
+           {"state_pinned_bytes", r.plan.pinned_state},
+           {"state_nvme_bytes", r.plan.nvme_state},
            {"overlap_optimizer", r.overlapped},
            {"offload_ratio_setting", r.ratio_setting},
            {"offload_ratio", r.plan.offload_ratio},

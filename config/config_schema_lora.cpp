@@ -90,7 +90,8 @@ void add_lora_options(std::vector<Option>& o) {
   o.push_back({.path = "strata.lora.base_dtype",
                .kind = Kind::choice,
                .def = "bf16",
-               .meaning = "How the frozen base weights are stored: bf16, or nf4 (QLoRA's 4-bit NormalFloat). "
+               .meaning = "How the frozen base weights are stored: bf16, or nf4 (QLoRA's 4-bit NormalFloat; "
+                          "not computed by this version yet: a run asking for it stops before any step). "
                           "Not a PEFT key.",
                .field = STRATA_FIELD(strata.lora.base_dtype),
                .choices = {"bf16", "nf4"},

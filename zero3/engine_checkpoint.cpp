@@ -161,6 +161,18 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
   CheckpointReader r(dir, tag, 0);
   const nlohmann::json& meta = r.meta();
   const model::ModelConfig saved = model::ModelConfig::from_json(meta.at("model"), r.path() + "/meta.json");
+  if (!(saved == mcfg) && saved.lora.active() != mcfg.lora.active()) {
+    model::ModelConfig a = saved, b = mcfg;
+    a.lora = b.lora = {};
+    if (a == b)  // the same base: the adapters differ
+      throw ConfigError(
+          cat("checkpoint ", r.path(),
+              saved.lora.active() ? " trained LoRA adapters over this base, and this run has none"
+                                  : " trained the whole model, and this run trains LoRA adapters",
+              "; resume with the saved run's adapters (the same strata.lora block or --adapter "
+              "DIR)",
+              saved.lora.active() ? cat(": ", model::lora_to_json(saved).dump()) : std::string()));
+  }
   if (!(saved == mcfg))
     throw ConfigError(cat("checkpoint ", r.path(), " holds model '", saved.name, "' (",
                           saved.to_json().dump(), "); this run trains '", mcfg.name, "' (",

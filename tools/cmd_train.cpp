@@ -241,9 +241,14 @@ void print_start(const TrainRun& run, std::int64_t steps, std::int64_t first) {
   const model::DataLoader& data = run.data;
   std::fprintf(
       out,
-      "train: %s, %lld parameters, %d x %d tokens x %d accumulation per step x %d rank%s, %lld steps from "
+      "train: %s, %lld parameters%s, %d x %d tokens x %d accumulation per step x %d rank%s, %lld steps from "
       "step %lld, offload param %s / optimizer %s, device %s (%s)\n",
-      mcfg.name.c_str(), (long long)mcfg.num_parameters(), engine.micro_batch(), seq_len,
+      mcfg.name.c_str(), (long long)mcfg.num_parameters(),
+      mcfg.lora.active() ? cat(" (frozen) + ", model::lora_parameters(mcfg), " in LoRA adapters of rank ",
+                               mcfg.lora.r)
+                               .c_str()
+                         : "",
+      engine.micro_batch(), seq_len,
       engine.accumulation_steps(), world, world > 1 ? "s" : "", (long long)steps, (long long)first,
       zero3::offload_name(cfg.zero_optimization.offload_param.device),
       zero3::offload_name(cfg.zero_optimization.offload_optimizer.device),

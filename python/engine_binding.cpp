@@ -39,6 +39,7 @@
 #include "model/safetensors.h"
 #include "python/binding.h"
 #include "python/loader.h"
+#include "session/adapters.h"
 #include "session/session.h"
 #include "tiering/snapshot.h"
 #include "zero3/checkpoint.h"
@@ -90,7 +91,7 @@ class Core {
   Core(const std::string& config, bool config_is_path, const std::string& overrides,
        const std::variant<model::ModelConfig, std::string>& model_spec, int seq_len,
        const std::string& backend, std::uint64_t device_memory_cap,
-       std::optional<bool> checkpoint_activations) {
+       std::optional<bool> checkpoint_activations, const std::string& adapter) {
     const comm::RankInfo ri = session::ranks();  // as strata train
     source_ = resolve_model(model_spec);
     // Checked before the config, as strata train does.
@@ -101,6 +102,9 @@ class Core {
                                                .doc = parse_json(config, "initialize(config=dict)"),
                                                .origin = "initialize(config=dict)"},
         parse_overrides(overrides), source_.config, ri);
+    // LoRA adapters (session/adapters.h): the config's strata.lora, or those of adapter=DIR, as strata train.
+    cfg_.strata.lora.adapter_dir = adapter;
+    session::resolve_adapters(source_, cfg_.strata.lora, adapter, "initialize(adapter=...)");
     ri_ = ri;
     collective("strata.initialize", [&] {
       // The files the engine writes from its start, the trace and rank 0's monitors (Note [Outputs up
@@ -113,7 +117,8 @@ class Core {
                                           {.backend = backend,
                                            .device_memory_cap = device_memory_cap,
                                            .checkpoint_activations = checkpoint_activations,
-                                           .weights_flag = "initialize(model=...)"});
+                                           .weights_flag = "initialize(model=...)",
+                                           .adapter_flag = "initialize(adapter=...)"});
       engine_ = std::move(t.engine);
       model_ = std::move(t.model);
     });
@@ -219,14 +224,30 @@ class Core {
     });
   }
 
-  void export_model(const std::string& path) {
+  // With adapters: merged false writes the PEFT adapter directory, true the model with them merged
+  // (session/adapters.h); without, the model (merged true is refused: nothing to merge).
+  void export_model(const std::string& path, bool merged) {
     zero3::Engine& e = engine();
     if (e.forward_pending()) e.abandon_forward();
     if (path.empty()) throw ConfigError("engine.export: give a directory (or NAME.safetensors for one file)");
+    const bool adapters = source_.config.lora.active();
+    if (merged && !adapters)
+      throw ConfigError(
+          "engine.export(path, merged=True) merges LoRA adapters into their base, and this engine "
+          "has none (strata.lora or adapter=); engine.export(path) writes the model");
+    if (adapters && !merged && path.ends_with(".safetensors"))
+      throw ConfigError(cat("engine.export(", path,
+                            "): with adapters export writes a PEFT adapter directory; give a directory, or "
+                            "merged=True for the merged model in one file"));
     collective("engine.export", [&] {
       check_written(e, {.export_to = {path, "engine.export(path)"}});
       py::gil_scoped_release nogil;
-      zero3::export_model(e, path, source_.hf ? source_.hf->dir : std::string());
+      if (adapters && merged)
+        session::export_merged(e, path, source_);
+      else if (adapters)
+        session::export_adapter(e, path, source_);
+      else
+        zero3::export_model(e, path, source_.hf ? source_.hf->dir : std::string());
     });
   }
 
@@ -429,10 +450,10 @@ void bind_engine(py::module_& m) {
   py::class_<Core>(m, "Core", "One training run's engine and model (the package's Engine wraps it)")
       .def(py::init<const std::string&, bool, const std::string&,
                     const std::variant<model::ModelConfig, std::string>&, int, const std::string&,
-                    std::uint64_t, std::optional<bool>>(),
+                    std::uint64_t, std::optional<bool>, const std::string&>(),
            py::arg("config"), py::arg("config_is_path"), py::arg("overrides"), py::arg("model"),
            py::arg("seq_len"), py::arg("backend"), py::arg("device_memory_cap"),
-           py::arg("checkpoint_activations"))
+           py::arg("checkpoint_activations"), py::arg("adapter") = std::string())
       .def("forward", &Core::forward, py::arg("input_ids"), py::arg("labels") = py::none(),
            py::arg("num_items_in_batch") = py::none())
       .def("backward", &Core::backward)
@@ -444,7 +465,7 @@ void bind_engine(py::module_& m) {
            py::arg("data_loader").none(true))
       .def("load_checkpoint", &Core::load_checkpoint, py::arg("dir"), py::arg("tag"),
            py::arg("data_loader").none(true))
-      .def("export", &Core::export_model, py::arg("path"))
+      .def("export", &Core::export_model, py::arg("path"), py::arg("merged") = false)
       .def("token_loader", &Core::token_loader, py::arg("path"), py::arg("shuffle") = true)
       .def_property_readonly("global_step", &Core::global_step)
       .def_property_readonly("skipped_steps", &Core::skipped_steps)

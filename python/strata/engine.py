@@ -360,11 +360,13 @@ class Engine:
         self.micro_steps = self._core.global_step * self._core.accumulation_steps
         return r[0], json.loads(r[1], object_hook=_untag_non_finite)
 
-    def export(self, path):
+    def export(self, path, merged=False):
         """Writes the model as transformers loads it (bf16): a Hugging Face directory, or one file when
-        path ends in .safetensors. Every rank calls it; rank 0 writes."""
+        path ends in .safetensors. With LoRA adapters (strata.lora or initialize(adapter=...)): a PEFT
+        adapter directory (adapter_config.json, adapter_model.safetensors) that PeftModel.from_pretrained
+        loads, or with merged=True the model with the adapters merged. Every rank calls it; rank 0 writes."""
         with self._lock:
-            self._core.export(os.fspath(path))
+            self._core.export(os.fspath(path), bool(merged))
 
     # ---- memory ----
     def memory_snapshot(self) -> dict:
@@ -418,7 +420,7 @@ def _end_the_job_on_an_uncaught_exception():
 
 
 def initialize(config=None, model=None, *, seq_len=None, backend=None, device_memory_cap=None,
-               checkpoint_activations=None, **auto_values):
+               checkpoint_activations=None, adapter=None, **auto_values):
     """DeepSpeed's initialize: returns (engine, optimizer, None, lr_scheduler).
 
     config: a ds_config.json path or the same document as a dict; "auto" keys are filled from auto_values
@@ -430,6 +432,8 @@ def initialize(config=None, model=None, *, seq_len=None, backend=None, device_me
     backend, device_memory_cap: override strata.backend and strata.device_memory_cap.
     checkpoint_activations: True / False overrides strata.checkpoint_activations (default "auto": on only
     when the activations would not fit the device).
+    adapter: a PEFT adapter directory (adapter_config.json, adapter_model.safetensors) whose LoRA adapters
+    train (or evaluate) over the frozen base `model` names; a config's strata.lora block starts new ones.
     Everything a bad argument can get wrong raises here (strata.ConfigError, a ValueError;
     strata.OutOfMemoryError, a MemoryError; strata.IoError, an OSError)."""
     if config is None:
@@ -459,7 +463,8 @@ def initialize(config=None, model=None, *, seq_len=None, backend=None, device_me
         raise ValueError(f"strata.initialize: the auto values must be numbers, strings or lists: {e}") from None
     core = _strata.Core(config_text, is_path, overrides, model, 0 if seq_len is None else seq_len,
                         "" if backend is None else str(backend), _byte_size(device_memory_cap),
-                        None if checkpoint_activations is None else bool(checkpoint_activations))
+                        None if checkpoint_activations is None else bool(checkpoint_activations),
+                        "" if adapter is None else os.fspath(adapter))
     engine = Engine(core)
     if core.world_size > 1:
         _end_the_job_on_an_uncaught_exception()

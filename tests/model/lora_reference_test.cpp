@@ -13,30 +13,20 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/ops.h"
 #include "model/hf_dir.h"
 #include "model/layout.h"
 #include "model/llama.h"
 #include "model/lora.h"
 #include "model/safetensors.h"
-#include "model_test_util.h"
+#include "reference_util.h"
 #include "tests/common/source_dir.h"
 
 namespace strata::model {
 namespace {
 
-std::vector<float> read_all(const SafetensorsReader& r, const std::string& name) {
-  const SafetensorsEntry* e = r.find(name);
-  if (!e) throw ConfigError("reference dump " + r.path() + " has no tensor " + name);
-  std::vector<float> v(e->numel());
-  r.read_f32(name, e->shape, v.data());
-  return v;
-}
-
-double norm(const float* a, std::size_t n) {
-  double s = 0;
-  for (std::size_t i = 0; i < n; ++i) s += double(a[i]) * a[i];
-  return std::sqrt(s);
-}
+using testing::norm;
+using testing::read_all;
 
 // PEFT's key of a tensor the adapter file holds: the model's name under "base_model.model.".
 std::string peft_key(const TensorSpec& t) {
@@ -89,24 +79,14 @@ TEST_P(PeftReference, LossGradientsAndTenAdamWStepsMatchPeft) {
   const nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir + "/reference.json"));
   const SafetensorsReader ref(dir + "/reference.safetensors");
   EXPECT_FLOAT_EQ(l.cfg.lora.scale(), float(meta["scaling"].get<double>()));
-  const int B = meta["batch"], T = meta["seq_len"];
-  const std::vector<float> ids = read_all(ref, "input_ids");  // (B, T + 1)
-  std::vector<int32_t> in(std::size_t(B) * T), tgt(in.size());
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) {
-      in[std::size_t(b) * T + t] = int32_t(ids[std::size_t(b) * (T + 1) + t]);
-      tgt[std::size_t(b) * T + t] = int32_t(ids[std::size_t(b) * (T + 1) + t + 1]);
-    }
+  const testing::ShiftedBatch batch = testing::shifted_batch(ref, meta);
+  const int B = batch.B, T = batch.T;
+  const std::vector<int32_t>&in = batch.in, &tgt = batch.tgt;
   kernels::cpu::set_blas_threads(1);
   LlamaModel model(l.cfg);
   ch.zero_grads();
   const float loss = model.forward(ch, in.data(), tgt.data(), B, T);
-  const std::vector<float> logits = model.logits(), want_logits = read_all(ref, "logits");
-  ASSERT_EQ(logits.size(), want_logits.size());
-  float max_abs = 0;
-  for (float v : want_logits) max_abs = std::max(max_abs, std::fabs(v));
-  for (std::size_t i = 0; i < logits.size(); ++i)
-    ASSERT_NEAR(logits[i], want_logits[i], 2e-5 * max_abs + 1e-6) << "logit " << i;
+  testing::expect_logits_match(model.logits(), ref);
   const double want_loss = meta["loss"];
   EXPECT_NEAR(loss, want_loss, 1e-6 * want_loss);
 

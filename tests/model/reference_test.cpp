@@ -29,6 +29,7 @@
 #include "model/llama.h"
 #include "model/safetensors.h"
 #include "model_test_util.h"
+#include "reference_util.h"
 #include "tests/common/source_dir.h"
 
 namespace strata::model {
@@ -38,21 +39,8 @@ std::string data_dir(const std::string& name) {
   return strata::test::source_path("tests/reference/data/" + name);
 }
 
-std::vector<float> read_all(const SafetensorsReader& r, const std::string& name) {
-  const SafetensorsEntry* e = r.find(name);
-  if (!e) throw ConfigError("reference dump " + r.path() + " has no tensor " + name);
-  std::size_t n = 1;
-  for (std::int64_t d : e->shape) n *= std::size_t(d);
-  std::vector<float> v(n);
-  r.read_f32(name, e->shape, v.data());
-  return v;
-}
-
-double norm(const float* a, std::size_t n) {
-  double s = 0;
-  for (std::size_t i = 0; i < n; ++i) s += double(a[i]) * a[i];
-  return std::sqrt(s);
-}
+using testing::norm;
+using testing::read_all;
 
 class Reference : public ::testing::TestWithParam<std::string> {};
 
@@ -64,25 +52,15 @@ TEST_P(Reference, ForwardBackwardAndTenAdamWStepsMatchTransformers) {
   load_weights(hf.weights, ch);
   const nlohmann::json meta = nlohmann::json::parse(std::ifstream(dir + "/reference.json"));
   const SafetensorsReader ref(dir + "/reference.safetensors");
-  const int B = meta["batch"], T = meta["seq_len"];
-  const std::vector<float> ids = read_all(ref, "input_ids");  // (B, T + 1)
-  std::vector<int32_t> in(std::size_t(B) * T), tgt(in.size());
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) {
-      in[std::size_t(b) * T + t] = int32_t(ids[std::size_t(b) * (T + 1) + t]);
-      tgt[std::size_t(b) * T + t] = int32_t(ids[std::size_t(b) * (T + 1) + t + 1]);
-    }
+  const testing::ShiftedBatch batch = testing::shifted_batch(ref, meta);
+  const int B = batch.B, T = batch.T;
+  const std::vector<int32_t>&in = batch.in, &tgt = batch.tgt;
 
   kernels::cpu::set_blas_threads(1);
   LlamaModel model(cfg);
   ch.zero_grads();
   const float loss = model.forward(ch, in.data(), tgt.data(), B, T);
-  const std::vector<float> logits = model.logits(), want_logits = read_all(ref, "logits");
-  ASSERT_EQ(logits.size(), want_logits.size());
-  float max_abs = 0;
-  for (float v : want_logits) max_abs = std::max(max_abs, std::fabs(v));
-  for (std::size_t i = 0; i < logits.size(); ++i)
-    ASSERT_NEAR(logits[i], want_logits[i], 2e-5 * max_abs + 1e-6) << "logit " << i;
+  testing::expect_logits_match(model.logits(), ref);
   const double want_loss = meta["loss"];
   EXPECT_NEAR(loss, want_loss, 2e-6 * want_loss);
 

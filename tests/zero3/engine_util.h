@@ -117,6 +117,35 @@ inline Run train(const Config& cfg, const model::ModelConfig& mcfg, const std::s
   return r;
 }
 
+// Two runs as one: `before` steps under `first`, a checkpoint in `ckpt`, then `after` steps of a new engine
+// under `second` loaded from it (32 tokens a row). Returns every step's loss.
+inline std::vector<double> resumed_losses(const Config& first, const Config& second,
+                                          const model::ModelConfig& mcfg, const std::string& tokens,
+                                          const std::string& ckpt, const EngineOptions& opts, int before,
+                                          int after) {
+  kernels::cpu::set_blas_threads(1);
+  model::TokenFile file = model::TokenFile::open(tokens);
+  const model::DataOptions shape{.batch_size = 0, .seq_len = 32, .seed = 3, .vocab_size = mcfg.vocab_size};
+  std::vector<double> losses;
+  {
+    Engine e(first, mcfg, opts);
+    model::DataOptions d = shape;
+    d.batch_size = e.micro_batch();
+    model::DataLoader data(file, d);
+    model::LlamaModel m(mcfg, e.model_options());
+    for (int i = 0; i < before; ++i) losses.push_back(e.train_batch(m, data).loss);
+    e.save_checkpoint(ckpt, {}, &data);
+  }
+  Engine e(second, mcfg, opts);
+  model::DataOptions d = shape;
+  d.batch_size = e.micro_batch();
+  model::DataLoader data(file, d);
+  e.load_checkpoint(ckpt, "", &data);
+  model::LlamaModel m(mcfg, e.model_options());
+  for (int i = 0; i < after; ++i) losses.push_back(e.train_batch(m, data).loss);
+  return losses;
+}
+
 // The tiny preset training under `cfg` on `tokens`, 32 tokens a row: an engine with its data loader
 // (this rank's DistributedSampler slice under `c`; one rank without) and model, kept between calls of
 // run() — for checkpoint tests that save from one and load into another.

@@ -152,22 +152,8 @@ TEST(FrozenResume, TwoStepsSavedAndTwoMoreAreFourStepsBitForBit) {
   const Config nvme = make_config(OffloadDevice::nvme, OffloadDevice::nvme, dir.path());
   const EngineOptions opts{.backend = "host", .seq_len = 32, .frozen_chunks = kFrozen};
   const std::vector<double> whole = test::train(pinned, mcfg, tokens, 4, 32, opts).losses;
-  kernels::cpu::set_blas_threads(1);
-  model::TokenFile file = model::TokenFile::open(tokens);
-  std::vector<double> resumed;
-  {
-    Engine e(pinned, mcfg, opts);
-    model::DataLoader data(file,
-                           {.batch_size = e.micro_batch(), .seq_len = 32, .seed = 3, .vocab_size = 256});
-    model::LlamaModel m(mcfg, e.model_options());
-    for (int i = 0; i < 2; ++i) resumed.push_back(e.train_batch(m, data).loss);
-    e.save_checkpoint(dir.file("ckpt"), {}, &data);
-  }
-  Engine e(nvme, mcfg, opts);
-  model::DataLoader data(file, {.batch_size = e.micro_batch(), .seq_len = 32, .seed = 3, .vocab_size = 256});
-  e.load_checkpoint(dir.file("ckpt"), "", &data);
-  model::LlamaModel m(mcfg, e.model_options());
-  for (int i = 0; i < 2; ++i) resumed.push_back(e.train_batch(m, data).loss);
+  const std::vector<double> resumed =
+      test::resumed_losses(pinned, nvme, mcfg, tokens, dir.file("ckpt"), opts, 2, 2);
   EXPECT_EQ(resumed, whole);
 }
 

@@ -272,6 +272,14 @@ void Ops::residual_backward(Tensor da, Tensor db, Tensor dout) {
   do_residual_backward(da, db, dout);
 }
 
+void Ops::dropout(Tensor out, Tensor in, double p, std::uint64_t key) {
+  check_model_role("dropout");
+  STRATA_CHECK(p >= 0 && p < 1, "kernels: dropout probability ", p, " is outside [0, 1)");
+  need(in, caps().activation, in.numel, "dropout in");
+  need(out, caps().activation, in.numel, "dropout out");
+  do_dropout(out, in, p, key);
+}
+
 void Ops::cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits, Tensor targets, int N,
                         int V, float grad_scale) {
   check_model_role("cross_entropy");

@@ -158,6 +158,11 @@ class Ops {
   void geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
   void residual_forward(Tensor out, Tensor a, Tensor b);
   void residual_backward(Tensor da /*+= or empty*/, Tensor db /*+= or empty*/, Tensor dout);
+  // ---- dropout (LoRA's, on A's input) ----
+  // out = in * mask / (1 - p), nn.Dropout in training mode, in the activation dtype; out may alias in.
+  // The mask is kernels/cpu's dropout(): a pure function of (key, element index), so the same key draws the
+  // same mask on every implementation (bit for bit) and again in a backward; p in [0, 1), 0 the identity.
+  void dropout(Tensor out, Tensor in, double p, std::uint64_t key);
   // ---- cross-entropy fused with its logits gradient ----
   // losses (N, fp32) and mean_loss (1, fp32) are written; dlogits may be empty (forward only) or alias
   // logits.
@@ -238,6 +243,7 @@ class Ops {
   virtual void do_geglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) = 0;
   virtual void do_residual_forward(Tensor out, Tensor a, Tensor b) = 0;
   virtual void do_residual_backward(Tensor da, Tensor db, Tensor dout) = 0;
+  virtual void do_dropout(Tensor out, Tensor in, double p, std::uint64_t key) = 0;
   virtual void do_cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits,
                                 Tensor targets, int N, int V, float grad_scale) = 0;
   virtual void do_cast(Tensor out, Tensor in) = 0;
@@ -260,6 +266,9 @@ class Ops {
   Stream& stream_;
   OpsRole role_;
 };
+
+// The key of `value` under `key` (a layer's, a site's), for dropout's masks: kernels/cpu's dropout_key.
+using cpu::dropout_key;
 
 // What a caller asks of the implementation beyond the backend.
 struct OpsOptions {

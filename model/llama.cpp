@@ -6,6 +6,7 @@
 #include <exception>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
 
 #include "core/error.h"
 #include "model/dtype.h"
@@ -342,11 +343,16 @@ int LlamaModel::lora_slot(int site) const {
   return -1;
 }
 
+std::uint64_t LlamaModel::lora_mask_key(int site) const {
+  return kernels::dropout_key(forward_key_, std::uint64_t(lora_layer_) << 8 | std::uint64_t(site));
+}
+
 Tensor LlamaModel::lora_input(Tensor x, int site, int N, int IC) {
-  (void)site, (void)N, (void)IC;
-  // Checked before any step by the session (lora_dropout > 0 is refused there until the seeded mask exists).
-  STRATA_CHECK(cfg_.lora.dropout == 0, "lora_dropout ", cfg_.lora.dropout, " is not computed");
-  return x;
+  if (!dropping_) return x;
+  const size_t n = size_t(N) * size_t(IC);
+  const Tensor xd = lora_x_.t.slice(0, n);
+  ops_->dropout(xd, x.slice(0, n), cfg_.lora.dropout, lora_mask_key(site));
+  return xd;
 }
 
 void LlamaModel::lora_forward(const ChunkView& ad, BlockActs& a, Tensor out, Tensor x, int proj, int N,
@@ -397,13 +403,25 @@ void LlamaModel::lora_backward(const ChunkView& ad, float* ag, BlockActs& a, Ten
       "lora_B", ph, 2 * linear_flops(N, R, OC), [&] { o.linear_backward(dt, db, dout, t, b, N, R, OC); }, N,
       R, OC);
   if (row + OC < lora_site_out(cfg_, site)) return;
-  const Tensor xin = lora_input(x, site, N, IC);
+  const Tensor xin = lora_input(x, site, N, IC);  // the forward's dropped-out x again (its mask's key)
+  const Tensor A = weight(ad, lora_a_index(site)), dA = grad(ad, ag, lora_a_index(site));
   timed(
       "lora_A", ph, 2 * linear_flops(N, IC, R),
       [&] {
         o.scale(dt, cfg_.lora.scale());
-        o.linear_backward(dx, grad(ad, ag, lora_a_index(site)), dt, xin, weight(ad, lora_a_index(site)), N,
-                          IC, R);
+        if (!dropping_) {
+          o.linear_backward(dx, dA, dt, xin, A, N, IC, R);
+          return;
+        }
+        // With dropout A's input was mask ⊙ x / (1 - p): dA takes that, and x's gradient is the same mask
+        // applied to dt A. dt A goes into lora_x_ once dA's product has read it (stream order), through
+        // the forward's dropout (same key, same elements), then into dx.
+        o.linear_backward(Tensor{}, dA, dt, xin, A, N, IC, R);
+        o.zero(xin);
+        o.linear_backward(xin, Tensor{}, dt, x, A, N, IC, R);
+        o.dropout(xin, xin, cfg_.lora.dropout, lora_mask_key(site));
+        const Tensor d = dx.slice(0, size_t(N) * size_t(IC));
+        o.residual_forward(d, d, xin);
       },
       N, IC, R);
 }
@@ -559,6 +577,9 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, const ChunkView* a
 
 float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const int32_t* targets, int B,
                           int T) {
+  // Note [Dropout keys]: only an armed forward with targets drops out; the arming is this forward's alone,
+  // taken even by a forward that throws below.
+  const std::optional<std::uint64_t> armed = std::exchange(armed_key_, std::nullopt);
   check_layout(chunks);
   if (B < 1 || T < 1 || T > cfg_.max_seq_len)
     throw ConfigError(detail::cat("LlamaModel::forward: B = ", B, ", T = ", T,
@@ -569,6 +590,8 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
     throw ConfigError(detail::cat("LlamaModel::forward: B * T = ", int64_t(B) * T,
                                   " tokens do not fit the ops' int row count; use a smaller batch"));
   have_targets_ = false;  // set on success only: a forward that throws leaves nothing to backward
+  dropping_ = armed.has_value() && targets != nullptr && cfg_.lora.active() && cfg_.lora.dropout > 0;
+  forward_key_ = armed.value_or(0);
   B_ = B, T_ = T;
   ckpt_ = opts_.checkpoint_activations;
   ensure_buffers(B, T);
@@ -615,6 +638,7 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
     const int ad_id = layout.adapter_chunk(l);
     std::optional<Held> ad;
     if (ad_id >= 0) ad.emplace(chunks, ad_id);
+    lora_layer_ = l;
     block_forward(b.view(), ad ? &ad->view() : nullptr, resid(l), resid(l + 1), acts_[ckpt_ ? 0 : size_t(l)],
                   Phase::forward);
   }
@@ -702,6 +726,7 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
     if (ad_id >= 0) ad.emplace(chunks, ad_id), ag.emplace(chunks, ad_id);
     const ChunkView* adv = ad ? &ad->view() : nullptr;
     BlockActs& a = acts_[ckpt_ ? 0 : size_t(l)];
+    lora_layer_ = l;
     if (ckpt_) {
       // The recomputed block output is not needed (resid(l + 1) holds it); dxn_ takes it as scratch
       // before block_backward zeroes it.

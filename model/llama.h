@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/device.h"
@@ -72,6 +73,9 @@ class LlamaModel final : public TrainableModel {
 
   // (B, T, V) after forward, on the host (copied from the device).
   std::vector<float> logits() const override;
+  // Note [Dropout keys] (model/trainable.h): the next forward with targets drops A's inputs out with the
+  // masks of `key` when lora_dropout > 0; a forward not armed, or without targets, does not.
+  void arm_dropout(std::uint64_t key) override { armed_key_ = key; }
   // Bytes of activations and scratch currently allocated (grows to the largest B × T seen).
   size_t activation_bytes() const;
   // Device bytes of activations and scratch a forward and backward over (B, T) allocate with `ops`
@@ -132,8 +136,11 @@ class LlamaModel final : public TrainableModel {
                     int N, int OC, Phase phase);
   void lora_backward(const ChunkView& ad, float* ag, BlockActs& a, kernels::Tensor dx, kernels::Tensor dout,
                      kernels::Tensor x, int proj, int N, int OC);
-  // A's input: x, or x through the seeded dropout mask of (this forward, layer, site) in lora_x_.
+  // A's input: x, or — in a forward armed with a key (Note [Dropout keys]) with lora_dropout > 0 — x through
+  // the dropout mask of (that key, lora_layer_, site), written to lora_x_.
   kernels::Tensor lora_input(kernels::Tensor x, int site, int N, int IC);
+  // The key of the mask of `site` in block lora_layer_, under the last forward's key.
+  std::uint64_t lora_mask_key(int site) const;
   int lora_slot(int site) const;
   // Where dh, dy, dq, dk and dv sit in dblock_ (element offsets, each rounded up to 128
   // elements: 512 bytes in fp32, 256 in bf16, the alignment the cuBLASLt and cuDNN paths want), and the
@@ -191,9 +198,15 @@ class LlamaModel final : public TrainableModel {
   Buf datt_;     // attention backward scratch, fp32
   Buf pad_row_;  // (C) fp32: the padding row's gradient, kept across the embedding's backward (pad_token_id)
   // LoRA scratch: B's product before it is added (N, widest projection output), A's gradient input
-  // (N, r), and A's input through dropout (N, widest projection input; lora_dropout > 0 only).
+  // (N, r), and A's input through dropout (N, widest projection input; lora_dropout > 0 only), which in
+  // backward, once dA has read it, also takes the input gradient dt A on its way through the mask.
   Buf lora_u_, lora_dt_, lora_x_;
   int lora_layer_ = 0;  // the block whose adapters run (the dropout mask's key)
+  // Note [Dropout keys]: the key arm_dropout() gave the next forward; the last forward's, and whether it
+  // drops out (its backward draws the same masks).
+  std::optional<std::uint64_t> armed_key_;
+  std::uint64_t forward_key_ = 0;
+  bool dropping_ = false;
 };
 
 }  // namespace strata::model

@@ -49,6 +49,16 @@ class TrainableModel {
   // The last forward's logits, (B, T, V) fp32 on the host (copied from the device); backward overwrites
   // them.
   virtual std::vector<float> logits() const = 0;
+  // Note [Dropout keys]: makes the next forward — that one only — a training forward whose random draws
+  // (LoRA's dropout masks, Note [LoRA as PEFT computes it] in model/lora.h) are a pure function of `key`; its
+  // backward (and a checkpointed block's recomputation) draws the same ones again. A forward not armed
+  // draws nothing: dropout is off, as in PyTorch's eval mode — evaluation (model::evaluate, `strata eval`,
+  // the in-training eval, the Python binding's eval_loss) runs the model's forward without arming it, and
+  // so does a forward without targets. The engine arms every training forward (Engine::forward) with a key
+  // of the run's position — seed, step, micro-step, rank — so the masks are the same whatever the
+  // placement or overlap, and a resumed run draws those of the uninterrupted one. Default: ignored (a
+  // model with no random draws).
+  virtual void arm_dropout(std::uint64_t key) { (void)key; }
 };
 
 }  // namespace strata::model

@@ -129,11 +129,6 @@ void resolve_adapters(ModelSource& src, const StrataConfig::Lora& block, const s
     throw ConfigError(cat(where,
                           ": base_dtype \"nf4\" (QLoRA's 4-bit base) is not computed by this version of "
                           "Strata yet; use \"bf16\", which keeps the base's working copy in bf16"));
-  if (use.lora_dropout > 0)
-    throw ConfigError(
-        cat(where, ": lora_dropout ", use.lora_dropout,
-            " is not computed by this version of Strata yet (its seeded mask is not built); use 0, "
-            "PEFT's default"));
   if (!use.init_lora_weights && use.adapter_dir.empty())
     throw ConfigError(cat(where,
                           ": init_lora_weights false (B drawn at random, PEFT's debugging choice) is not "

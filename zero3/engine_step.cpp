@@ -30,6 +30,15 @@
 // otherwise the mean of the means as before (equal n_i: the same value, computed as it always was, so
 // losses stay bit-identical to runs before the weighting existed). Engine::backward without a count (the
 // Python binding when no num_items_in_batch is given) weighs as micro_batches does.
+//
+// Note [Dropout keys in the engine]: every training forward is armed (TrainableModel::arm_dropout, Note
+// [Dropout keys] in model/trainable.h) with a key of its position in the run, hashed from strata.seed, the
+// step it computes (global_step + 1, skipped steps counted as DeepSpeed counts them), its micro-batch in
+// that step (the backwards since the last step: a forward abandoned and run again draws the same masks)
+// and the rank — never from a counter of this process. Placement and overlap change none of the four, so
+// their losses stay bit-identical with dropout; a checkpoint is taken between steps, so a resumed run's
+// forwards have the positions, and the masks, of the uninterrupted run's. Ranks draw different masks, as
+// DDP's ranks do: with dropout, N ranks match one rank that sees the same samples to statistics only.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -51,6 +60,20 @@ void Engine::Impl::settle_backward() {
   backward_end->synchronize();
   times.backward += seconds_since(t0);
 }
+
+namespace {
+
+// Note [Dropout keys in the engine].
+std::uint64_t dropout_key(std::int64_t seed, std::int64_t step, int micro_step, int rank) {
+  // "loradrop": keys apart from the seed's other uses (initialisation, data order).
+  constexpr std::uint64_t kDropout = 0x6C6F7261'64726F70ull;
+  std::uint64_t k = kernels::dropout_key(std::uint64_t(seed), kDropout);
+  for (std::uint64_t v : {std::uint64_t(step), std::uint64_t(micro_step), std::uint64_t(rank)})
+    k = kernels::dropout_key(k, v);
+  return k;
+}
+
+}  // namespace
 
 BackwardStart Engine::Impl::backward_start() const {
   return {.ends_step = micro_steps + 1 >= cfg.gradient_accumulation_steps,
@@ -231,6 +254,7 @@ float Engine::forward(model::TrainableModel& model, const std::int32_t* inputs, 
   im.settle_backward();
   try {
     const auto t0 = Clock::now();
+    model.arm_dropout(dropout_key(im.cfg.strata.seed, im.global_step + 1, im.micro_steps, im.comm->rank()));
     im.forward_loss = model.forward(*this, inputs, targets, B, T);
     im.times.forward += seconds_since(t0);
   } catch (...) {

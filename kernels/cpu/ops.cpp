@@ -211,6 +211,11 @@ class CpuOps final : public Ops {
     });
   }
 
+  void do_dropout(Tensor out, Tensor in, double p, std::uint64_t key) override {
+    const std::size_t n = in.numel;
+    enqueue_typed([=]<typename A>(A*) { kc::dropout(out.as<A>(), in.as<A>(), n, p, key); });
+  }
+
   void do_cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits, Tensor targets, int N,
                         int V, float grad_scale) override {
     enqueue_typed([=]<typename A>(A*) {

@@ -168,6 +168,19 @@ void residual_forward(float* out /*(n)*/, const float* a /*(n)*/, const float* b
 // da += dout; db += dout  (ACCUMULATES both; either may be nullptr to skip it).
 void residual_backward(float* da /*(n) +=*/, float* db /*(n) +=*/, const float* dout /*(n)*/, std::size_t n);
 
+// ---- dropout: nn.Dropout in training mode, its mask drawn from a key (dropout.cpp) ----------------------
+// out[i] = in[i] * m_i, with m_i = 1 / (1 - p) where element i is kept and 0 where it is dropped (PyTorch's
+// input * mask: a dropped element is +-0, or NaN for a non-finite input). Element i is kept when the top
+// 32 bits of splitmix64(key ^ splitmix64(i)) are at least floor(p * 2^32), so P(keep) = 1 - p to within
+// 2^-32, and the mask is a pure function of (key, i): the same key gives the same mask on every backend,
+// thread count and call (a backward recomputes its forward's), another key an independent one. Rounding:
+// 1 / (1 - p) is fp32(1) / fp32(1 - p) with 1 - p taken in double (PyTorch's kernels' factor), the product
+// in[i] * m_i is one fp32 multiply (rounded once to bf16 in the bf16 variant). p in [0, 1); p = 0 is a
+// copy (the identity bit for bit). out may alias in.
+void dropout(float* out /*(n)*/, const float* in /*(n)*/, std::size_t n, double p, std::uint64_t key);
+// A key of its own for each use of one key (a layer, a site): splitmix64(key ^ splitmix64(value)).
+std::uint64_t dropout_key(std::uint64_t key, std::uint64_t value);
+
 // ---- cross-entropy fused with its logits gradient ------------------------------------------------------
 // Over the rows whose target is >= 0 (a target < 0, e.g. -1, is ignored: no loss, zero gradient), with
 // n_valid such rows:  loss = (1/n_valid) sum_i -log softmax(logits[i])[targets[i]].
@@ -180,7 +193,8 @@ float cross_entropy_forward_backward(float* dlogits /*(N,V) or nullptr*/, float*
                                      const float* logits /*(N,V)*/, const std::int32_t* targets /*(N)*/,
                                      int N, int V, float grad_scale);
 
-// ---- bf16 activations (bf16_ops.cpp; the embedding's in embedding.cpp, bias_backward in elementwise.cpp)
+// ---- bf16 activations (bf16_ops.cpp; the embedding's in embedding.cpp, bias_backward in elementwise.cpp,
+// dropout in dropout.cpp)
 // The ops above on bf16 activations, weights (the embedding table, norm weights, biases) and activation
 // gradients, as the cuda path stores them: the host backend's ops with bf16 activations run these (with
 // linear_forward / linear_backward on bf16_t above, and the fused attention of attention_fused.h). Same
@@ -224,6 +238,8 @@ float cross_entropy_forward_backward(bf16_t* dlogits /*(N,V) or nullptr*/, float
                                      int N, int V, float grad_scale);
 // x = bf16(x * s).
 void scale(bf16_t* x /*(n)*/, float s, std::size_t n);
+// The fp32 dropout's mask and factor, the product rounded once to bf16 (dropout.cpp).
+void dropout(bf16_t* out /*(n)*/, const bf16_t* in /*(n)*/, std::size_t n, double p, std::uint64_t key);
 
 // ---- runtime helpers ------------------------------------------------------------------------------------
 

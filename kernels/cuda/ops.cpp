@@ -201,6 +201,9 @@ class CudaOps final : public Ops {
     ku::residual_backward(da ? da.as<ku::bf16>() : nullptr, db ? db.as<ku::bf16>() : nullptr,
                           dout.as<ku::bf16>(), n, s_);
   }
+  void do_dropout(Tensor out, Tensor in, double p, std::uint64_t key) override {
+    ku::dropout(out.as<ku::bf16>(), in.as<ku::bf16>(), in.numel, p, key, s_);
+  }
 
   void do_cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits, Tensor targets, int N,
                         int V, float grad_scale) override {

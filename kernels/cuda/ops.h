@@ -155,6 +155,13 @@ void residual_forward(bf16* out /*(n)*/, const bf16* a /*(n)*/, const bf16* b /*
 void residual_backward(bf16* da /*(n) +=*/, bf16* db /*(n) +=*/, const bf16* dout /*(n)*/, std::size_t n,
                        cudaStream_t stream);
 
+// ---- dropout ------------------------------------------------------------------------------------------
+// kernels/cpu's bf16 dropout bit for bit: the mask of (key, element index) and the factor 1 / (1 - p) of
+// kernels/cpu/dropout_impl.h, one fp32 multiply rounded to nearest even (NaN aside). p in [0, 1); p = 0 is
+// a copy; out may alias in.
+void dropout(bf16* out /*(n)*/, const bf16* in /*(n)*/, std::size_t n, double p, std::uint64_t key,
+             cudaStream_t stream);
+
 // ---- cross-entropy fused with its logits gradient --------------------------------------------------------
 // The CPU definition (targets < 0 ignored, mean over the others, dlogits = grad_scale (softmax - onehot) /
 // n_valid). losses (fp32, per row, 0 if ignored) is required; mean_loss receives the mean, summed in a

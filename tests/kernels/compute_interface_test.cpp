@@ -431,6 +431,33 @@ TEST_P(Compute, ScaleOfTheActivationDtypeRoundsOnceToIt) {
   EXPECT_EQ(0, std::memcmp(get(t).data(), want.data(), want.size() * sizeof(float)));
 }
 
+// Dropout is kernels/cpu's in the activation dtype bit for bit on every backend — the same mask of (key,
+// element index), the same factor and rounding — out of place and in place (cuda: the vectorised and the
+// element-by-element paths, n not a multiple of 8, an unaligned slice).
+TEST_P(Compute, DropoutIsTheCpuMaskAndRoundingBitForBit) {
+  const std::size_t n = 1001;
+  const auto x = act(n + 1, 50, 2.0f);
+  const std::vector<float> xs(x.begin() + 1, x.end());
+  for (double p : {0.0, 0.1, 0.5}) {
+    std::vector<float> want(n);
+    if (A == DType::bf16) {
+      std::vector<kc::bf16_t> in(n), out(n);
+      for (std::size_t i = 0; i < n; ++i) in[i] = f32_to_bf16(xs[i]);
+      kc::dropout(out.data(), in.data(), n, p, 77);
+      for (std::size_t i = 0; i < n; ++i) want[i] = bf16_to_f32(out[i]);
+    } else {
+      kc::dropout(want.data(), xs.data(), n, p, 77);
+    }
+    Tensor tx = put(xs, A), to = alloc(n, A), unaligned = put(x, A).slice(1, n);
+    ops->dropout(to, tx, p, 77);
+    ops->dropout(unaligned, unaligned, p, 77);
+    const std::vector<float> got = get(to), got_in_place = get(unaligned);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), n * sizeof(float))) << "p " << p;
+    EXPECT_EQ(0, std::memcmp(got_in_place.data(), want.data(), n * sizeof(float)))
+        << "p " << p << " in place";
+  }
+}
+
 // reserve_scratch(scratch_bytes(shapes)) covers the bias gradients (OC = C, NH * HD, NKV * HD) and, with
 // head_norm, the per-head q/k norms (N * NH and N * NKV rows of HD): running them takes no more memory.
 TEST_P(Compute, PlannedScratchCoversTheBiasAndPerHeadNormGradients) {

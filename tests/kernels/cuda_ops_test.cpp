@@ -253,6 +253,25 @@ TEST_F(CudaVsCpu, Residual) {
   EXPECT_LE(rel_l2(got(d_db), db), kTol);
 }
 
+// Dropout: the CPU's bf16 dropout bit for bit (same mask, factor and rounding), over many blocks and a
+// partial last group, out of place and in place.
+TEST_F(CudaVsCpu, DropoutIsTheCpusBitForBit) {
+  SEED_TRACE();
+  const std::size_t n = 100003;
+  const std::vector<cpu::bf16_t> x = to_bf16(inputs(n));
+  for (double p : {0.0, 0.1, 0.5}) {
+    const std::uint64_t key = next_seed();
+    std::vector<cpu::bf16_t> want(n);
+    cpu::dropout(want.data(), x.data(), n, p, key);
+    DeviceBuffer<cpu::bf16_t> d_x(x), d_out(n), d_in_place(x);
+    d_out.poison();
+    kc::dropout(d_out.as<bf16>(), d_x.as<bf16>(), n, p, key, stream_);
+    kc::dropout(d_in_place.as<bf16>(), d_in_place.as<bf16>(), n, p, key, stream_);
+    EXPECT_EQ(d_out.download(), want) << "p " << p;
+    EXPECT_EQ(d_in_place.download(), want) << "p " << p << " in place";
+  }
+}
+
 TEST_F(CudaVsCpu, GeGlu) {
   SEED_TRACE();
   const std::size_t n = 100003;

@@ -133,6 +133,20 @@ Outputs run_norm_and_adamw() {
   return {p, m, v, pbf, {norm_bits[0], norm_bits[1]}};
 }
 
+// The mask is a function of (key, element index): any split of the elements gives the same bits.
+Outputs run_dropout() {
+  const std::size_t n = 200003;
+  const auto x = random_floats(n, 27);
+  std::vector<float> out(n);
+  cpu::dropout(out.data(), x.data(), n, 0.3, 0x5eed);
+  std::vector<cpu::bf16_t> xb(n), ob(n);
+  cpu::cast_f32_to_bf16(xb.data(), x.data(), n);
+  cpu::dropout(ob.data(), xb.data(), n, 0.3, 0x5eed);
+  std::vector<float> outb(n);
+  cpu::cast_bf16_to_f32(outb.data(), ob.data(), n);
+  return {out, outb};
+}
+
 const std::vector<OpCase>& cases() {
   static const std::vector<OpCase> c = {
       {"rmsnorm", [] { return run_rmsnorm(0.0f); }},
@@ -145,6 +159,7 @@ const std::vector<OpCase>& cases() {
       {"geglu_bias", run_geglu_bias},
       {"cross_entropy", run_cross_entropy},
       {"squared_norm_adamw", run_norm_and_adamw},
+      {"dropout", run_dropout},
   };
   return c;
 }

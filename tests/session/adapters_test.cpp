@@ -153,9 +153,16 @@ TEST(Adapters, WhatIsNotComputedYetIsRefusedByName) {
   block.target_modules = {"all-linear"};
   block.base_dtype = "nf4";
   EXPECT_NE(refusal(llama_base(), block, "").find("nf4"), std::string::npos);
-  block.base_dtype = "bf16";
+}
+
+TEST(Adapters, LoraDropoutIsAccepted) {
+  StrataConfig::Lora block;
+  block.enabled = true;
+  block.target_modules = {"all-linear"};
   block.lora_dropout = 0.1;
-  EXPECT_NE(refusal(llama_base(), block, "").find("lora_dropout"), std::string::npos);
+  ModelSource src = llama_base();
+  resolve_adapters(src, block, "", "--adapter");
+  EXPECT_EQ(src.config.lora.dropout, 0.1);
 }
 
 }  // namespace

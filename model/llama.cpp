@@ -119,6 +119,9 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, ModelOptions opts) : cfg_(cfg), o
   dev_ = opts_.device ? opts_.device : own_device_.get();
   ops_ = opts_.ops ? opts_.ops : own_ops_.get();
   act_ = ops_->caps().activation;
+  lora_slots_.fill(-1);  // each site's place in BlockActs::lora_t, once (lora_slot runs per projection)
+  const std::vector<int> sites = lora_sites_of(cfg_);
+  for (size_t i = 0; i < sites.size(); ++i) lora_slots_[size_t(sites[i])] = int(i);
 }
 
 LlamaModel::~LlamaModel() {
@@ -336,11 +339,9 @@ void LlamaModel::project(const ChunkView& p, const ChunkView* ad, BlockActs& a, 
 }
 
 int LlamaModel::lora_slot(int site) const {
-  const std::vector<int> sites = lora_sites_of(cfg_);
-  for (size_t i = 0; i < sites.size(); ++i)
-    if (sites[i] == site) return int(i);
-  STRATA_CHECK(false, "LoRA site ", site, " is not one of a ", cfg_.family, " block");
-  return -1;
+  const int slot = lora_slots_[size_t(site)];
+  STRATA_CHECK(slot >= 0, "LoRA site ", site, " is not one of a ", cfg_.family, " block");
+  return slot;
 }
 
 std::uint64_t LlamaModel::lora_mask_key(int site) const {

@@ -31,6 +31,7 @@
 // host-backend device of its own and the CPU ops (the reference, for tests and tools).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -142,6 +143,7 @@ class LlamaModel final : public TrainableModel {
   // The key of the mask of `site` in block lora_layer_, under the last forward's key.
   std::uint64_t lora_mask_key(int site) const;
   int lora_slot(int site) const;
+  std::array<int, kNumLoraSites> lora_slots_{};  // site -> slot in lora_t, -1 for a site the family lacks
   // Where dh, dy, dq, dk and dv sit in dblock_ (element offsets, each rounded up to 128
   // elements: 512 bytes in fp32, 256 in bf16, the alignment the cuBLASLt and cuDNN paths want), and the
   // region's size.

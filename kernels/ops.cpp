@@ -300,6 +300,16 @@ void Ops::cast(Tensor out, Tensor in) {
   do_cast(out, in);
 }
 
+void Ops::dequantize_nf4(Tensor out, const Nf4Blocks& q) {
+  STRATA_CHECK(out.dtype == F || out.dtype == DType::bf16, "kernels: dequantize_nf4 into ",
+               dtype_name(out.dtype), "; the output is fp32 or bf16");
+  STRATA_CHECK(q.blocksize > 0, "kernels: dequantize_nf4 with blocksize 0");
+  if (out.numel == 0) return;
+  STRATA_CHECK(out.data && q.codes && q.absmax && (!q.double_quant || q.absmax2),
+               "kernels: dequantize_nf4 of a null tensor");
+  do_dequantize_nf4(out, q);
+}
+
 void Ops::fill(Tensor x, float value) {
   need(x, F, x.numel, "fill target");
   do_fill(x, value);

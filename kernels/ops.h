@@ -104,6 +104,18 @@ struct AttentionSizes {
   std::size_t scratch = 0;  // backward's scratch
 };
 
+// NF4 blocks as kernels/cpu/nf4.h stores them (bitsandbytes' quantize_4bit): n values' 4-bit codes and
+// their blocks' absmax, fp32 or double-quantised. The pointers are device memory or pinned host memory (a
+// gather reads its source where it lives; on cuda a kernel reads pinned memory over the link).
+struct Nf4Blocks {
+  const void* codes = nullptr;    // (nf4_code_bytes(n)) u8: two a byte, the first value in the high nibble
+  const void* absmax = nullptr;   // (nf4_blocks(n, blocksize)) fp32, or with double_quant u8 codes
+  const void* absmax2 = nullptr;  // double_quant: (ceil(nblocks / kNf4AbsmaxBlocksize)) fp32
+  float offset = 0;               // double_quant: added to every dequantised absmax
+  bool double_quant = false;
+  std::size_t blocksize = 64;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -173,6 +185,10 @@ class Ops {
   // out = in converted (fp32 <-> bf16 / fp16, and fp16 <-> bf16 through fp32, core/dtype.h's rounding;
   // same dtype: a copy). Same numel.
   void cast(Tensor out, Tensor in);
+  // out (n = out.numel, fp32 or bf16) = the NF4 values kernels/cpu's dequantize_nf4 computes (double
+  // quantisation: the absmax first, as dequantize_nf4_absmax), a bf16 output that fp32 value rounded to
+  // nearest even: bit for bit on every implementation. An NF4 base's gathers (model/nf4_chunk.h).
+  void dequantize_nf4(Tensor out, const Nf4Blocks& q);
   void fill(Tensor x /*fp32*/, float value);
   // x = 0, any dtype (all bits zero).
   void zero(Tensor x);
@@ -247,6 +263,7 @@ class Ops {
   virtual void do_cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits,
                                 Tensor targets, int N, int V, float grad_scale) = 0;
   virtual void do_cast(Tensor out, Tensor in) = 0;
+  virtual void do_dequantize_nf4(Tensor out, const Nf4Blocks& q) = 0;
   virtual void do_fill(Tensor x, float value) = 0;
   virtual void do_zero(Tensor x) = 0;
   virtual void do_add(Tensor dst, Tensor src) = 0;

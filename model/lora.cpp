@@ -148,6 +148,7 @@ LoraSpec resolve_lora(const ModelConfig& cfg, const LoraTargets& targets, const 
   for (int s : sites) names.emplace_back(lora_site_module(s));
   LoraSpec spec;
   spec.r = shape.r, spec.alpha = shape.alpha, spec.rslora = shape.rslora, spec.dropout = shape.dropout;
+  spec.nf4_base = shape.nf4_base, spec.double_quant = shape.double_quant;
   spec.sites.assign(std::size_t(cfg.n_layers), 0u);
   const bool all = !targets.regex && targets.modules.size() == 1 && targets.modules[0] == "all-linear";
   std::regex re;
@@ -244,12 +245,16 @@ nlohmann::json lora_to_json(const ModelConfig& cfg) {
       if (s.adapts(l, site)) names.push_back(lora_site_module(site));
     layers.push_back(std::move(names));
   }
-  return {{"r", s.r},
-          {"alpha", s.alpha},
-          {"rslora", s.rslora},
-          {"dropout", s.dropout},
-          {"targets", std::move(layers)},
-          {"modules_to_save", lora_saved_modules(s)}};
+  nlohmann::json j = {{"r", s.r},
+                      {"alpha", s.alpha},
+                      {"rslora", s.rslora},
+                      {"dropout", s.dropout},
+                      {"targets", std::move(layers)},
+                      {"modules_to_save", lora_saved_modules(s)}};
+  // The base's storage changes what the model computes (its weights are the NF4 values): part of the
+  // identity, written only for NF4 so that a bf16 base's identity is what it always was.
+  if (s.nf4_base) j["base_dtype"] = "nf4", j["double_quant"] = s.double_quant;
+  return j;
 }
 
 LoraSpec lora_from_json(const nlohmann::json& j, const ModelConfig& cfg, const std::string& where) {
@@ -263,7 +268,11 @@ LoraSpec lora_from_json(const nlohmann::json& j, const ModelConfig& cfg, const s
     LoraShape shape{.r = j.at("r").get<std::int64_t>(),
                     .alpha = j.at("alpha").get<double>(),
                     .rslora = j.at("rslora").get<bool>(),
-                    .dropout = j.at("dropout").get<double>()};
+                    .dropout = j.at("dropout").get<double>(),
+                    .nf4_base = j.value("base_dtype", std::string("bf16")) == "nf4",
+                    .double_quant = j.value("double_quant", true)};
+    if (const std::string b = j.value("base_dtype", std::string("bf16")); b != "bf16" && b != "nf4")
+      throw ConfigError(detail::cat(at, ".base_dtype is \"", b, "\"; it must be \"bf16\" or \"nf4\""));
     LoraTargets targets;
     for (std::size_t l = 0; l < t.size(); ++l)
       for (const auto& name : t[l])

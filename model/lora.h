@@ -69,6 +69,10 @@ struct LoraSpec {
   std::vector<std::uint32_t> sites;  // per block: bit s set when site s is adapted (n_layers entries)
   bool save_embed = false;           // modules_to_save "embed_tokens": the embedding trains in full
   bool save_lm_head = false;         // modules_to_save "lm_head": the output matrix trains in full
+  // QLoRA's base (strata.lora.base_dtype "nf4"): the frozen blocks' projection weights are kept in NF4
+  // (model/nf4_chunk.h), with the absmax double-quantised when double_quant.
+  bool nf4_base = false;
+  bool double_quant = true;
 
   bool active() const { return r > 0; }
   bool adapts(int layer, int site) const {
@@ -107,6 +111,8 @@ struct LoraShape {
   double alpha = 8;
   bool rslora = false;
   double dropout = 0;
+  bool nf4_base = false;  // the base's projections in NF4 (LoraSpec.nf4_base)
+  bool double_quant = true;
 };
 // The adapters of `cfg` for these targets: ConfigError prefixed by `where` for r < 1, a dropout outside
 // [0, 1), a target naming no module of this family (naming the family's modules), a target list matching

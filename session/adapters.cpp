@@ -36,7 +36,12 @@ model::LoraTargets targets_of(const StrataConfig::Lora& l) {
 }
 
 model::LoraShape shape_of(const StrataConfig::Lora& l) {
-  return {.r = l.r, .alpha = l.lora_alpha, .rslora = l.use_rslora, .dropout = l.lora_dropout};
+  return {.r = l.r,
+          .alpha = l.lora_alpha,
+          .rslora = l.use_rslora,
+          .dropout = l.lora_dropout,
+          .nf4_base = l.base_dtype == "nf4",
+          .double_quant = l.double_quant};
 }
 
 // The config's block as the settings PEFT's file would carry for the same adapters.
@@ -125,10 +130,6 @@ void resolve_adapters(ModelSource& src, const StrataConfig::Lora& block, const s
     }
   }
   if (!use.enabled) return;
-  if (use.base_dtype == "nf4")
-    throw ConfigError(cat(where,
-                          ": base_dtype \"nf4\" (QLoRA's 4-bit base) is not computed by this version of "
-                          "Strata yet; use \"bf16\", which keeps the base's working copy in bf16"));
   if (!use.init_lora_weights && use.adapter_dir.empty())
     throw ConfigError(cat(where,
                           ": init_lora_weights false (B drawn at random, PEFT's debugging choice) is not "

@@ -42,8 +42,8 @@ StrataConfig::Lora read_adapter_config(const std::string& dir, const std::string
 // adapter_config.json) when given, else the strata.lora block's when it is present; none otherwise. Every
 // refusal is a ConfigError before any weight is read: a target the family does not have (model/lora.h),
 // settings the block and the directory both give and disagree on, an adapter directory that names another
-// base (base_model_name_or_path, by its last path component), settings Strata does not compute yet
-// (base_dtype "nf4", init_lora_weights false without a directory).
+// base (base_model_name_or_path, by its last path component), settings Strata does not compute
+// (init_lora_weights false without a directory). (An NF4 base without files is refused by build().)
 void resolve_adapters(ModelSource& src, const StrataConfig::Lora& block, const std::string& adapter_dir,
                       const std::string& flag);
 

@@ -94,6 +94,13 @@ Trainer build(Config& cfg, const ModelSource& source, int seq_len, const comm::R
   if (adapters && opts.read_weights && !cfg.strata.lora.adapter_dir.empty())
     adapter = std::make_unique<AdapterWeights>(cfg.strata.lora.adapter_dir, arch.layout(source.config),
                                                opts.adapter_flag);
+  // Note [NF4 base] in model/nf4_chunk.h: the base is quantised as its files store it, and a checkpoint
+  // names that base rather than holding it; a base initialised at random has neither.
+  if (source.config.lora.nf4_base && !weights)
+    throw ConfigError(
+        "strata.lora.base_dtype \"nf4\" quantises the base's weights as its files store them, and this model "
+        "has no files (a preset or a model JSON, initialised at random); give a Hugging Face model directory "
+        "(strata train --init-from DIR, strata.initialize(model=DIR)), or use base_dtype \"bf16\"");
   const model::ModelLayout full = arch.layout(source.config);
   BaseDigest digest;
   zero3::EngineOptions eo;

@@ -350,7 +350,16 @@ ShardTensors TierManager::register_shard(const ShardDesc& d) {
                        .shard = d.shard});
   };
   ShardTensors s;
-  s.param = one("param", Kind::param, d.working, d.homes.param);
+  if (d.param_bytes > 0)
+    s.param = impl_->add({.name = d.prefix + ".param",
+                          .kind = Kind::param,
+                          .dtype = DType::u8,
+                          .bytes = d.param_bytes,
+                          .home = d.homes.param,
+                          .chunk = d.chunk,
+                          .shard = d.shard});
+  else
+    s.param = one("param", Kind::param, d.working, d.homes.param);
   if (d.param_only) return s;
   s.grad = one("grad", Kind::grad, DType::fp32, d.homes.grad);
   s.master = one("master", Kind::master, DType::fp32, d.homes.master);

@@ -113,6 +113,9 @@ struct ShardDesc {
   // Elements of the param tensor when it differs from the shard's (ZeRO stages 1 and 2 over N ranks
   // keep the whole chunk's working params on every rank); 0: numel.
   std::uint64_t param_numel = 0;
+  // A packed working copy (an NF4 base's chunk, model/nf4_chunk.h): the param tensor is these many bytes
+  // of u8; 0: param_numel (or numel) of `working`.
+  std::uint64_t param_bytes = 0;
   ShardHomes homes;
   // A frozen shard (its parameters do not train): the working params alone; the other four ids stay 0.
   bool param_only = false;

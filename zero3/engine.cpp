@@ -287,6 +287,7 @@ void Engine::Impl::init_chunks() {
   const std::uint64_t seed = std::uint64_t(cfg.strata.seed);
   std::vector<float> full, zeros;
   std::vector<std::uint16_t> half;
+  std::vector<std::byte> packed;
   std::vector<tiering::Move> writes;
   const model::Architecture& arch = model::architecture(mcfg);
   for (ChunkSlot& s : slots) {
@@ -298,6 +299,7 @@ void Engine::Impl::init_chunks() {
                                     .numel = n,
                                     .working = working_dtype,
                                     .param_numel = s.param_numel,
+                                    .param_bytes = s.nf4 ? s.nf4->bytes : 0,
                                     .homes = s.homes,
                                     .param_only = !trains});  // frozen: its working copy alone
     full.assign(s.numel, 0.0f);
@@ -310,15 +312,19 @@ void Engine::Impl::init_chunks() {
     // The working params: this rank's shard, or the whole chunk when replicated (stages 1 and 2).
     const float* params = replicated ? full.data() : mine;
     const std::size_t pn = s.param_numel;
-    if (working_dtype == DType::fp32) {
-      writes.push_back(put(s.tensors.param, homes.param, params, pn * 4));
+    if (s.nf4) {  // the whole chunk, packed (Note [NF4 base] in model/nf4_chunk.h)
+      packed.resize(s.nf4->bytes);
+      s.nf4_offsets = model::pack_nf4(*s.nf4, full.data(), packed.data());
+      writes.push_back(put(s.tensors.param, s.homes.param, packed.data(), packed.size()));
+    } else if (working_dtype == DType::fp32) {
+      writes.push_back(put(s.tensors.param, s.homes.param, params, pn * 4));
     } else {
       half.resize(pn);
       if (working_dtype == DType::bf16)
         kc::cast_f32_to_bf16(half.data(), params, pn);
       else
         kc::cast_f32_to_f16(half.data(), params, pn);
-      writes.push_back(put(s.tensors.param, homes.param, half.data(), pn * 2));
+      writes.push_back(put(s.tensors.param, s.homes.param, half.data(), pn * 2));
     }
     zeros.assign(n, 0.0f);
     for (tiering::TensorId st : optimizer_tensors(s))
@@ -333,7 +339,7 @@ void Engine::Impl::init_chunks() {
       const tiering::TensorInfo info = tm->info(id);
       if (info.desc.home != Tier::nvme && info.allocated) tm->pin(id);
     }
-    if (homes.param != Tier::nvme) s.param_home = tm->data(s.tensors.param, homes.param);
+    if (s.homes.param != Tier::nvme) s.param_home = tm->data(s.tensors.param, s.homes.param);
     if (trains && s.homes.grad != Tier::nvme)
       s.grad = static_cast<float*>(tm->data(s.tensors.grad, s.homes.grad));
     if (trains && s.homes.master != Tier::nvme) {

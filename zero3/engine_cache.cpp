@@ -230,15 +230,46 @@ bool ChunkCache::start_fetch(int c, bool demand) {
   // dtype at its place in the chunk, on the gather stream. With N ranks the all-gather (in place) then
   // brings the other ranks' shards.
   char* mine = static_cast<char*>(e.gptr) + (s.route.all_gather ? s.shard.offset : 0) * dtype_bytes(env_.act);
-  env_.gather_ops->cast(kernels::Tensor{mine, env_.act, n},
-                        kernels::Tensor{const_cast<void*>(src), env_.working_dtype, n});
+  if (s.nf4)
+    dequantize(s, src, e.gptr);
+  else
+    env_.gather_ops->cast(kernels::Tensor{mine, env_.act, n},
+                          kernels::Tensor{const_cast<void*>(src), env_.working_dtype, n});
   if (s.route.all_gather) env_.gather_comm->all_gather(mine, e.gptr, n, env_.act, env_.gather_stream.get());
   env_.gather_stream->record(*e.ready);
   e.reader = e.ready.get();
   e.gather = Gather::in_flight;
   ++transfers_.gathers;
-  transfers_.gather_bytes += n * env_.working_dtype_bytes();
+  transfers_.gather_bytes += env_.param_bytes(s);
   return true;
+}
+
+// Note [NF4 base] in model/nf4_chunk.h: the packed parts into the gathered chunk, in the ops' activation
+// dtype, on the gather stream, read where the bytes are (device or pinned memory): 4 bits a quantised
+// parameter cross the link.
+void ChunkCache::dequantize(const ChunkSlot& s, const void* packed, void* gathered) {
+  const auto* src = static_cast<const char*>(packed);
+  const std::size_t act = std::size_t(dtype_bytes(env_.act));
+  for (std::size_t i = 0; i < s.nf4->parts.size(); ++i) {
+    const model::Nf4Part& p = s.nf4->parts[i];
+    const kernels::Tensor out{static_cast<char*>(gathered) + p.at * act, env_.act, p.numel};
+    switch (p.kind) {
+      case model::Nf4Part::Kind::zero:
+        env_.gather_ops->zero(out);
+        break;
+      case model::Nf4Part::Kind::raw:
+        env_.gather_ops->cast(out, kernels::Tensor{const_cast<char*>(src + p.data), s.nf4->raw, p.numel});
+        break;
+      case model::Nf4Part::Kind::nf4:
+        env_.gather_ops->dequantize_nf4(out, kernels::Nf4Blocks{.codes = src + p.data,
+                                                                .absmax = src + p.absmax,
+                                                                .absmax2 = src + p.absmax2,
+                                                                .offset = s.nf4_offsets[i],
+                                                                .double_quant = s.nf4->double_quant,
+                                                                .blocksize = s.nf4->blocksize});
+        break;
+    }
+  }
 }
 
 void ChunkCache::finish_fetch(int c) {
@@ -255,7 +286,7 @@ void ChunkCache::finish_fetch(int c) {
     // The pinned copy stays as a cache, least recently used first out, within plan.param_cache elements.
     auto it = std::find(param_cache_.begin(), param_cache_.end(), c);
     if (it == param_cache_.end())
-      param_cache_numel_ += s.shard.numel;
+      param_cache_numel_ += cache_numel(s);
     else
       param_cache_.erase(it);
     param_cache_.push_back(c);
@@ -275,7 +306,7 @@ void ChunkCache::trim_param_cache() {
     const int old = param_cache_.front();
     if (entries_[std::size_t(old)].pins_param) break;  // its gather is still reading the pinned copy
     param_cache_.pop_front();
-    param_cache_numel_ -= slot(old).shard.numel;
+    param_cache_numel_ -= cache_numel(slot(old));
     // A valid NVMe copy exists: just dropped.
     env_.tm->evict(slot(old).tensors.param, Tier::pinned, Tier::nvme);
   }
@@ -330,12 +361,12 @@ void ChunkCache::params_written(const ChunkSlot& s, std::vector<tiering::Move>& 
   auto it = std::find(param_cache_.begin(), param_cache_.end(), s.id);
   const bool cached = it != param_cache_.end();
   if (cached) param_cache_.erase(it);
-  const std::uint64_t others = param_cache_numel_ - (cached ? s.shard.numel : 0);
-  if (others + s.shard.numel <= env_.plan.param_cache) {
+  const std::uint64_t others = param_cache_numel_ - (cached ? cache_numel(s) : 0);
+  if (others + cache_numel(s) <= env_.plan.param_cache) {
     writes.push_back(
         env_.tm->fetch(s.tensors.param, Tier::nvme));  // write through; the pinned copy stays a cache
     param_cache_.push_back(s.id);
-    param_cache_numel_ = others + s.shard.numel;
+    param_cache_numel_ = others + cache_numel(s);
   } else {
     writes.push_back(env_.tm->evict(s.tensors.param, Tier::pinned, Tier::nvme));
     param_cache_numel_ = others;

@@ -87,6 +87,8 @@ class ChunkCache final : public prefetch::FetchTarget, public DeviceRoom {
  private:
   const ChunkSlot& slot(int c) const { return env_.slots[std::size_t(c)]; }
   void finish_fetch(int c);
+  // An NF4 base's chunk: its packed working copy dequantised into the gathered block (gather stream).
+  void dequantize(const ChunkSlot& s, const void* packed, void* gathered);
   void drop_gathered(int c);
   // The cache (Note [Device room]): gathered chunks not held, ready or in flight, and the device bytes they
   // take.
@@ -103,6 +105,12 @@ class ChunkCache final : public prefetch::FetchTarget, public DeviceRoom {
   // when that cannot be done with the chunks victim(for_position) allows.
   bool fit_cache(std::uint64_t more, std::int64_t for_position);
   void trim_param_cache();
+  // What a pinned copy of chunk s counts against offload_param.max_in_cpu: its shard's elements, or a
+  // packed copy's bytes in working-dtype elements.
+  std::uint64_t cache_numel(const ChunkSlot& s) const {
+    const std::uint64_t w = env_.working_dtype_bytes();
+    return s.nf4 ? (s.nf4->bytes + w - 1) / w : s.shard.numel;
+  }
 
   const EngineEnv& env_;
   UpdateGate& gate_;

@@ -50,6 +50,9 @@ std::string Engine::Impl::save(const std::string& dir, const nlohmann::json& cli
                "forward_backward)");
   grads.sync();
   gather_stream->synchronize();  // replicated params: the step's all-gather has landed
+  STRATA_CHECK(!base_identity.is_null() ||
+                   std::none_of(slots.begin(), slots.end(), [](const ChunkSlot& s) { return bool(s.nf4); }),
+               "zero3: a checkpoint over an NF4 base names the base (Engine::set_base) and holds none of it");
   CheckpointWriter w(dir, tag.empty() ? step_tag(global_step) : tag, comm->rank(), world, comm);
   // Enough room for this rank's file, checked before writing (a full disk part-way loses nothing either:
   // the previous checkpoint stays until this one is complete).
@@ -267,7 +270,7 @@ nlohmann::json Engine::Impl::load(const std::string& dir, const std::string& tag
     };
     // The working params: this rank's shard or — replicated — the whole chunk; a named base's are the ones
     // this run read from it.
-    if (!(base_named && !s.route.trains))
+    if (!s.nf4 && !(base_named && !s.route.trains))
       read_into(s.tensors.param, s.name + ".param", working_dtype_bytes(), replicated ? 0 : s.shard.offset,
                 s.param_numel);
     for (tiering::TensorId id : optimizer_tensors(s)) {

@@ -122,7 +122,10 @@ struct Engine::Impl final : EngineEnv, private UpdateGate {
   // The adapters' base as Engine::set_base named it (null: none), and whether a checkpoint writes chunk
   // `s`'s working params (not those of a frozen chunk of a named base).
   nlohmann::json base_identity;
-  bool keeps_params(const ChunkSlot& s) const { return base_identity.is_null() || s.route.trains; }
+  // An NF4 base's chunks never are (Note [NF4 base] in model/nf4_chunk.h): their base is always named.
+  bool keeps_params(const ChunkSlot& s) const {
+    return (base_identity.is_null() && !s.nf4) || s.route.trains;
+  }
   std::string save(const std::string& dir, const nlohmann::json& client_state, const model::DataLoader* data,
                    const std::string& tag);
   nlohmann::json load(const std::string& dir, const std::string& tag, model::DataLoader* data);

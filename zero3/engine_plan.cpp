@@ -59,9 +59,12 @@ PlanInput Engine::Impl::measured_plan_input() {
   if (!opts.frozen_chunks.empty())
     freeze_chunks(in, opts.frozen_chunks, cfg.zero_optimization, "EngineOptions.frozen_chunks");
   // Under LoRA adapters the base is frozen by the model's own shape (model/lora.h): every base chunk but the
-  // saved modules'.
-  if (const std::vector<int> base = layout.frozen_chunks(); !base.empty())
-    freeze_chunks(in, base, cfg.zero_optimization, "the adapters' frozen base");
+  // saved modules', packed in NF4 with an NF4 base; the adapters' working params off NVMe.
+  if (const std::uint64_t pinned = plan_adapters(in, layout, cfg.zero_optimization);
+      pinned > 0 && comm->rank() == 0)
+    STRATA_LOG_INFO("zero3: the adapters' working params (", format_size(pinned),
+                    ") stay in pinned host memory, not on NVMe as offload_param.device says: they change "
+                    "every step, and the base streamed from NVMe is then read once a pass and never written");
   planned_seq_len = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
   in.device_state_by_ops = by_ops;
   in.tail_on_model_cpus = dev->caps().backend == BackendKind::host && !by_ops && !compute_cpus.empty();
@@ -117,6 +120,12 @@ void Engine::Impl::lay_out_chunks(const PlanInput& in, const Plan& p) {
     s.grad_block = p.grad_block[i];
     s.homes = in.homes_of(in.chunks[i]);
     s.route = p.routes[i];
+    if (in.chunks[i].packed) {
+      s.nf4 = std::make_shared<const model::Nf4Chunk>(
+          model::nf4_chunk(layout.chunk(int(i)), working_dtype, mcfg.lora.double_quant));
+      STRATA_CHECK(s.nf4->bytes == in.chunks[i].param_bytes, "zero3: chunk ", s.name, "'s NF4 bytes (",
+                   s.nf4->bytes, ") differ from the plan's (", in.chunks[i].param_bytes, ")");
+    }
   }
   groups = in.groups;
   largest_shard = p.largest_shard;

@@ -14,6 +14,7 @@
 
 #include "cpu_optim/cpu_optim.h"
 #include "cpu_optim/rule.h"
+#include "model/nf4_chunk.h"
 #include "nvme/engine.h"
 #include "nvme/swap_store.h"
 #include "tiering/trace_writer.h"
@@ -69,6 +70,11 @@ struct ChunkSlot {
   // Device budget bytes (allocator blocks) of its gathered copy (activation dtype) and gradient buffer
   // (fp32).
   std::uint64_t gather_block = 0, grad_block = 0;
+  // A chunk of an NF4 base (Note [NF4 base] in model/nf4_chunk.h; frozen, whole on every rank): its working
+  // copy's packed layout, and the absmax offsets its gathers pass beside the bytes (set at initialisation).
+  // Null for every other chunk.
+  std::shared_ptr<const model::Nf4Chunk> nf4;
+  std::vector<float> nf4_offsets;
 
   // Stable addresses of the tensors whose home is the device or pinned host memory (pinned in the tier
   // manager, so never moved); null for NVMe-resident ones. The pointees are the parts' to write as their
@@ -145,6 +151,10 @@ struct EngineEnv {
   std::uint64_t largest_shard = 0;       // elements
 
   std::size_t working_dtype_bytes() const { return std::size_t(dtype_bytes(working_dtype)); }
+  // Bytes of a chunk's working-param tensor (packed for an NF4 base's chunk).
+  std::size_t param_bytes(const ChunkSlot& s) const {
+    return s.nf4 ? s.nf4->bytes : s.param_numel * working_dtype_bytes();
+  }
   // This rank's slice of the working params at their home (device or pinned memory).
   void* my_params(const ChunkSlot& s) const {
     return static_cast<char*>(s.param_home) + s.param_offset * dtype_bytes(working_dtype);

@@ -373,8 +373,12 @@ void Engine::read_params(int id, float* out) {
   std::memset(out, 0, s.numel * sizeof(float));
   im.gather_stream->synchronize();  // replicated params: the step's all-gather has landed
   const std::size_t n = s.param_numel, at = s.route.all_gather ? s.shard.offset : 0;
-  im.with_host_copy(s.tensors.param,
-                    [&](const void* p) { model::convert_to_f32(im.working_dtype, p, n, out + at); });
+  im.with_host_copy(s.tensors.param, [&](const void* p) {
+    if (s.nf4)  // the whole chunk, dequantised as a gather does (in fp32)
+      model::unpack_nf4(*s.nf4, p, s.nf4_offsets, out);
+    else
+      model::convert_to_f32(im.working_dtype, p, n, out + at);
+  });
   // The other ranks' shards, in place, in host memory (collective: every rank reads the same chunk).
   if (s.route.all_gather) im.comm->host_all_gather(out + s.shard.offset, out, s.shard.numel * sizeof(float));
 }
@@ -386,6 +390,13 @@ std::vector<float> Engine::master_params(int id) {
   im.overlap.settle_all();
   im.overlap.undo(UndoAs::cancellation);
   std::vector<float> out(s.shard.numel);
+  if (s.nf4) {  // an NF4 base's chunk: its values are the dequantised ones
+    std::vector<float> whole(s.numel);
+    im.with_host_copy(s.tensors.param,
+                      [&](const void* p) { model::unpack_nf4(*s.nf4, p, s.nf4_offsets, whole.data()); });
+    std::copy_n(whole.begin() + std::ptrdiff_t(s.shard.offset), out.size(), out.begin());
+    return out;
+  }
   if (!s.route.trains) {  // frozen: no master; its working params are its values
     im.with_host_copy(s.tensors.param, [&](const void* p) {
       model::convert_to_f32(im.working_dtype,

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "cpu_optim/rule.h"
+#include "model/nf4_chunk.h"
 #include "tiering/caching_allocator.h"
 
 namespace strata::zero3 {
@@ -136,6 +137,34 @@ void freeze_chunks(PlanInput& in, const std::vector<int>& chunks, const ZeroConf
   group_chunks(in, z);
 }
 
+// Note [Adapters off NVMe]: with offload_param nvme the base streams from NVMe, read once a pass and never
+// written. The adapters (and saved modules) change every step: at home on NVMe each step would write them
+// back and each pass read them again. They are the small part (r (in + out) per adapted module), so their
+// working params stay in pinned host memory, which the plan counts, and the optimizer may then overlap
+// with backward for them; strata train says so with the bytes. Their master and optimizer states stay
+// where offload_optimizer says.
+std::uint64_t plan_adapters(PlanInput& in, const model::ModelLayout& layout, const ZeroConfig& z) {
+  const model::LoraSpec& lora = layout.config().lora;
+  if (!lora.active()) return 0;
+  const std::vector<int> base = layout.frozen_chunks();
+  if (!base.empty()) freeze_chunks(in, base, z, "the adapters' frozen base");
+  if (lora.nf4_base)
+    for (int c : base) {
+      const model::ChunkLayout& cl = layout.chunk(c);
+      if (!model::nf4_quantizes(cl)) continue;
+      PlannedChunk& pc = in.chunks[std::size_t(c)];
+      pc.packed = true;
+      pc.param_bytes = model::nf4_chunk(cl, in.working, lora.double_quant).bytes;
+      pc.param_numel = pc.numel;
+      pc.param_offset = pc.shard.offset;
+    }
+  std::uint64_t pinned = 0;
+  if (in.homes.param == Tier::nvme)
+    for (PlannedChunk& c : in.chunks)
+      if (!c.frozen) c.params_pinned = true, pinned += in.param_bytes(c);
+  return pinned;
+}
+
 PlanInput plan_input(const Config& cfg, const model::ModelLayout& layout, bool tied_embeddings, int world,
                      int rank, DType activation) {
   std::vector<ChunkSize> sizes;
@@ -189,7 +218,7 @@ UpdateRoute route_of(const PlanInput& in, std::size_t c, bool accumulate) {
   if (in.chunks[c].frozen) {  // gathered as any other; nothing else happens to it
     r.trains = false;
     r.param_home = h.param;
-    r.all_gather = in.world > 1 && !in.replicated;
+    r.all_gather = in.world > 1 && !in.replicated && !in.chunks[c].packed;
     r.lockstep = in.world > 1;
     return r;
   }
@@ -379,7 +408,9 @@ OverlapDecision plan_overlap(std::vector<UpdateRoute>& routes, MemoryPlan& m, co
   else if (in.homes.master == Tier::device && in.device_state_by_ops)
     d.why_not =
         "the optimizer runs after backward: the optimizer runs on the device (offload_optimizer.device none)";
-  else if (in.homes.param == Tier::nvme)
+  else if (std::any_of(in.chunks.begin(), in.chunks.end(), [&](const PlannedChunk& c) {
+             return !c.frozen && in.homes_of(c).param == Tier::nvme;
+           }))
     d.why_not =
         "the optimizer runs after backward: offload_param.device is nvme (new working params go through the "
         "NVMe tier after backward)";
@@ -425,10 +456,12 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   MemoryPlan& m = p.memory;
   const tiering::ShardHomes& homes = in.homes;
   const std::uint64_t working_bytes = dtype_bytes(in.working);
-  std::uint64_t largest = 0, total = 0, largest_group = 0;
+  std::uint64_t total = 0, largest_group = 0, largest_read = 0;
   for (const PlannedChunk& c : in.chunks) {
     total += c.shard.numel;
-    largest = std::max<std::uint64_t>(largest, c.numel);
+    // A read buffer holds one whole chunk's working copy (packed: its packed bytes).
+    if (in.homes_of(c).param == Tier::nvme)
+      largest_read = std::max(largest_read, c.packed ? c.param_bytes : c.numel * working_bytes);
     // The shard buffers (gradient staging, update scratch) serve the chunks that train.
     if (!c.frozen) p.largest_shard = std::max<std::uint64_t>(p.largest_shard, c.shard.numel);
   }
@@ -455,8 +488,8 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
     const tiering::ShardHomes h = in.homes_of(c);
     p.gather_block.push_back(block(c.numel * dtype_bytes(in.activation)));
     p.grad_block.push_back(c.frozen ? 0 : block(c.numel * sizeof(float)));
-    add(h.param, c.param_numel * working_bytes);
-    if (h.param == Tier::nvme) m.nvme_params += c.param_numel * working_bytes;
+    add(h.param, in.param_bytes(c));
+    if (h.param == Tier::nvme) m.nvme_params += in.param_bytes(c);
     if (c.frozen) continue;  // its working copy only
     add(h.grad, n * 4);
     add(h.master, n * 4);
@@ -526,7 +559,7 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   std::uint64_t reads = 0, grad_window = 0, optimizer = 0;
   if (homes.param == Tier::nvme) {
     // A read buffer holds one whole chunk, whatever buffer_size says (Engine::check_fits warns).
-    reads = std::uint64_t(std::max<std::int64_t>(1, z.offload_param.buffer_count)) * largest * working_bytes;
+    reads = std::uint64_t(std::max<std::int64_t>(1, z.offload_param.buffer_count)) * largest_read;
     m.param_cache = std::min<std::uint64_t>(z.offload_param.max_in_cpu, total);
   }
   if (homes.master == Tier::nvme) {

@@ -171,6 +171,13 @@ struct PlannedChunk {
   // Its parameters do not train (freeze_chunks): only the working copy, in offload_param's tier — no
   // gradient buffer, fp32 master, gradient shard or optimizer state, in no optimizer sub-group.
   bool frozen = false;
+  // Its working copy is packed (an NF4 base, Note [NF4 base] in model/nf4_chunk.h): param_bytes bytes,
+  // the whole chunk on every rank (param_numel = numel), never all-gathered.
+  bool packed = false;
+  std::uint64_t param_bytes = 0;
+  // Its working params stay in pinned host memory although offload_param says nvme (the adapters': Note
+  // [Adapters off NVMe] in placement.cpp).
+  bool params_pinned = false;
 };
 
 // How a chunk is gathered, its gradients handed off and summed, its norm taken, and it is updated (Note
@@ -257,7 +264,13 @@ struct PlanInput {
   int head = -1, embedding = -1;  // tied embeddings in two chunks: both held while the head runs
   tiering::ShardHomes homes;      // of a chunk offloaded as the config says (device_optimizer: see homes_of)
   tiering::ShardHomes homes_of(const PlannedChunk& c) const {
-    return c.device_optimizer ? device_optimizer_homes(homes) : homes;
+    tiering::ShardHomes h = c.device_optimizer ? device_optimizer_homes(homes) : homes;
+    if (c.params_pinned && h.param == tiering::Tier::nvme) h.param = tiering::Tier::pinned;
+    return h;
+  }
+  // Bytes of a chunk's working-param tensor: param_numel in the working dtype, or its packed bytes.
+  std::uint64_t param_bytes(const PlannedChunk& c) const {
+    return c.packed ? c.param_bytes : c.param_numel * std::uint64_t(dtype_bytes(working));
   }
   int optimizer_states = 2;  // 2 for Adam/AdamW, 1 for Adagrad/Lion
   DType working = DType::bf16;
@@ -287,6 +300,13 @@ struct PlanInput {
 // train (plan_input's rule), keeping a numeric offload_optimizer.ratio's choice of sub-groups. ConfigError
 // naming `what` (the caller's option) for a chunk that does not exist.
 void freeze_chunks(PlanInput& in, const std::vector<int>& chunks, const ZeroConfig& z, const char* what);
+
+// The adapters of `layout`'s model (model/lora.h) on `in`, for the engine and `memprof estimate` alike: the
+// base's chunks frozen (freeze_chunks); with an NF4 base (LoraSpec.nf4_base) each frozen block chunk
+// packed (Note [NF4 base] in model/nf4_chunk.h); with offload_param nvme the chunks that train keep their
+// working params in pinned memory (Note [Adapters off NVMe]). Returns the bytes so kept (0: none). A model
+// without adapters is left as it is.
+std::uint64_t plan_adapters(PlanInput& in, const model::ModelLayout& layout, const ZeroConfig& z);
 
 // Keeps the optimizer of the first `groups` sub-groups on the device (PlannedChunk.device_optimizer); 0
 // offloads them all. plan_input applies a numeric offload_optimizer.ratio itself; the engine calls this

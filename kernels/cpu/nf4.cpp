@@ -238,9 +238,14 @@ void dequantize_nf4_absmax(const Nf4DoubleQuant& q, std::size_t nblocks, float* 
                "dequantize_nf4_absmax: a state of ", q.codes.size(), " codes and ", q.absmax2.size(),
                " absmax2 for ", nblocks, " blocks (it needs ", nblocks, " and ",
                nf4_blocks(nblocks, kNf4AbsmaxBlocksize), ")");
+  dequantize_nf4_absmax(q.codes.data(), q.absmax2.data(), q.offset, nblocks, absmax_out);
+}
+
+void dequantize_nf4_absmax(const std::uint8_t* codes, const float* absmax2, float offset, std::size_t nblocks,
+                           float* absmax_out) {
   for (std::size_t b = 0; b < nblocks; ++b) {
-    const float scaled = kDynamicMap[q.codes[b]] * q.absmax2[b / kNf4AbsmaxBlocksize];
-    absmax_out[b] = scaled + q.offset;  // two roundings (the library builds with -ffp-contract=off)
+    const float scaled = kDynamicMap[codes[b]] * absmax2[b / kNf4AbsmaxBlocksize];
+    absmax_out[b] = scaled + offset;  // two roundings (the library builds with -ffp-contract=off)
   }
 }
 

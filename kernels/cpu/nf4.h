@@ -90,5 +90,8 @@ struct Nf4DoubleQuant {
 Nf4DoubleQuant quantize_nf4_absmax(const float* absmax, std::size_t nblocks);
 // -> absmax_out (nblocks): kDynamicMap[code] x absmax2 + offset. nblocks must be q.codes.size().
 void dequantize_nf4_absmax(const Nf4DoubleQuant& q, std::size_t nblocks, float* absmax_out);
+// The same from the stored arrays: codes (nblocks), absmax2 (ceil(nblocks / 256)) and the offset.
+void dequantize_nf4_absmax(const std::uint8_t* codes, const float* absmax2, float offset, std::size_t nblocks,
+                           float* absmax_out);
 
 }  // namespace strata::kernels::cpu

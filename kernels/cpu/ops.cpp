@@ -17,10 +17,12 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "core/arena_pin.h"
 #include "core/error.h"
 #include "kernels/cpu/attention_fused.h"
+#include "kernels/cpu/nf4.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
 #include "kernels/workspace_standin.h"
@@ -222,6 +224,31 @@ class CpuOps final : public Ops {
       mean_loss.as<float>()[0] =
           kc::cross_entropy_forward_backward(dlogits ? dlogits.as<A>() : nullptr, losses.as<float>(),
                                              logits.as<A>(), targets.as<std::int32_t>(), N, V, grad_scale);
+    });
+  }
+
+  void do_dequantize_nf4(Tensor out, const Nf4Blocks& q) override {
+    enqueue([=] {
+      const std::size_t n = out.numel, nblocks = kc::nf4_blocks(n, q.blocksize);
+      std::vector<float> absmax(nblocks);
+      if (q.double_quant)
+        kc::dequantize_nf4_absmax(static_cast<const std::uint8_t*>(q.absmax),
+                                  static_cast<const float*>(q.absmax2), q.offset, nblocks, absmax.data());
+      else
+        std::memcpy(absmax.data(), q.absmax, nblocks * sizeof(float));
+      const auto* codes = static_cast<const std::uint8_t*>(q.codes);
+      if (out.dtype == DType::fp32) {
+        kc::dequantize_nf4(codes, absmax.data(), n, q.blocksize, out.as<float>());
+        return;
+      }
+      // bf16: tiles of whole block pairs (a tile starts on a byte and a block), each through fp32.
+      const std::size_t tile = 64 * 2 * q.blocksize;
+      std::vector<float> f(std::min(n, tile));
+      for (std::size_t i = 0; i < n; i += tile) {
+        const std::size_t len = std::min(tile, n - i);
+        kc::dequantize_nf4(codes + i / 2, absmax.data() + i / q.blocksize, len, q.blocksize, f.data());
+        kc::cast_f32_to_bf16(out.as<kc::bf16_t>() + i, f.data(), len);
+      }
     });
   }
 

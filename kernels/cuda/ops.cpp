@@ -19,6 +19,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/nf4_cuda.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/ops.h"
 #include "kernels/workspace_standin.h"
@@ -230,6 +231,25 @@ class CudaOps final : public Ops {
       ku::cast_f16_to_bf16(out.as<ku::bf16>(), in.as<ku::fp16>(), n, s_);
     } else {  // bf16 -> fp16, the one left (Ops::cast checked the pair)
       ku::cast_bf16_to_f16(out.as<ku::fp16>(), in.as<ku::bf16>(), n, s_);
+    }
+  }
+  void do_dequantize_nf4(Tensor out, const Nf4Blocks& q) override {
+    const auto* codes = static_cast<const std::uint8_t*>(q.codes);
+    const std::size_t n = out.numel;
+    if (q.double_quant) {
+      const ku::Nf4DoubleQuantDevice dq{.codes = static_cast<const std::uint8_t*>(q.absmax),
+                                        .absmax2 = static_cast<const float*>(q.absmax2),
+                                        .offset = q.offset};
+      if (out.dtype == DType::bf16)
+        ku::dequantize_nf4(out.as<ku::bf16>(), codes, dq, n, q.blocksize, s_);
+      else
+        ku::dequantize_nf4(out.as<float>(), codes, dq, n, q.blocksize, s_);
+    } else {
+      const auto* absmax = static_cast<const float*>(q.absmax);
+      if (out.dtype == DType::bf16)
+        ku::dequantize_nf4(out.as<ku::bf16>(), codes, absmax, n, q.blocksize, s_);
+      else
+        ku::dequantize_nf4(out.as<float>(), codes, absmax, n, q.blocksize, s_);
     }
   }
   void do_fill(Tensor x, float value) override { ku::fill_f32(x.as<float>(), value, x.numel, s_); }

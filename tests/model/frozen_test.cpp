@@ -62,8 +62,9 @@ TEST_P(FrozenTest, TrainedChunksGetTheGradientsOfAFullBackwardAndFrozenOnesNone)
   m_some.backward(some);
 
   for (const InMemoryChunks::Call& call : some.calls())
-    if (call.op == InMemoryChunks::Op::acquire_grads)
+    if (call.op == InMemoryChunks::Op::acquire_grads) {
       EXPECT_FALSE(frozen[std::size_t(call.id)]) << "gradients of frozen chunk " << call.id << " taken";
+    }
   for (int c = 0; c < some.layout().num_chunks(); ++c) {
     const std::size_t bytes = some.layout().chunk(c).padded_numel * sizeof(float);
     if (frozen[std::size_t(c)]) {

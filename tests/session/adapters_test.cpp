@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/cpu/nf4.h"
 #include "model/hf_dir.h"
 #include "model/safetensors.h"
 #include "session/adapters.h"
@@ -147,12 +148,54 @@ TEST(Adapters, TheBlockMayRestateTheDirectorysSettingsNotChangeThem) {
   EXPECT_NE(e.find("strata.lora.r"), std::string::npos) << e;
 }
 
-TEST(Adapters, WhatIsNotComputedYetIsRefusedByName) {
-  StrataConfig::Lora block;
-  block.enabled = true;
-  block.target_modules = {"all-linear"};
-  block.base_dtype = "nf4";
-  EXPECT_NE(refusal(llama_base(), block, "").find("nf4"), std::string::npos);
+// Over an NF4 base (Note [NF4 base] in model/nf4_chunk.h), fresh adapters merged are the dequantised base
+// exactly: each projection as bitsandbytes dequantises it alone (kernels/cpu/nf4.h, checked against
+// bitsandbytes bit for bit) rounded to bf16, the other tensors their bf16 working copy.
+TEST(Adapters, MergedExportOverAnNf4BaseIsTheDequantisedBase) {
+  test::ScratchDir dir("adapters-merged-nf4");
+  ModelSource src = llama_base();
+  Config cfg = host_config({{"r", 4}, {"target_modules", "all-linear"}, {"base_dtype", "nf4"}});
+  resolve_adapters(src, cfg.strata.lora, "", "--adapter");
+  ASSERT_TRUE(src.config.lora.nf4_base);
+  ASSERT_TRUE(src.config.lora.double_quant);
+  Trainer t = build(cfg, src, 16, {}, {.backend = "host"});
+  export_merged(*t.engine, dir.file("merged.safetensors"), src);
+  const model::SafetensorsReader merged(dir.file("merged.safetensors"));
+  const model::SafetensorsReader base(data("lora_llama/base/model.safetensors"));
+  int quantised = 0;
+  for (const model::SafetensorsEntry& e : base.entries()) {
+    std::vector<float> want = tensor(base, e.name);
+    if (e.name.starts_with("model.layers.") && e.name.ends_with("_proj.weight")) {
+      const std::size_t n = want.size(), nblocks = kernels::cpu::nf4_blocks(n, 64);
+      std::vector<std::uint8_t> codes(kernels::cpu::nf4_code_bytes(n));
+      std::vector<float> absmax(nblocks);
+      kernels::cpu::quantize_nf4(want.data(), n, 64, codes.data(), absmax.data());
+      kernels::cpu::dequantize_nf4_absmax(kernels::cpu::quantize_nf4_absmax(absmax.data(), nblocks), nblocks,
+                                          absmax.data());
+      kernels::cpu::dequantize_nf4(codes.data(), absmax.data(), n, 64, want.data());
+      ++quantised;
+    }
+    for (float& v : want) v = bf16_to_f32(f32_to_bf16(v));
+    const std::vector<float> got = tensor(merged, e.name);
+    ASSERT_EQ(got.size(), want.size()) << e.name;
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << e.name;
+  }
+  EXPECT_EQ(quantised, 7 * int(src.config.n_layers));
+}
+
+// The NF4 base is quantised from the base's files; a model without files (a preset) is refused by build(),
+// before any state exists, naming the setting and the way out.
+TEST(Adapters, AnNf4BaseWithoutFilesIsRefusedByName) {
+  ModelSource src = open_model("tiny", Weights::fresh_only);
+  Config cfg = host_config({{"r", 4}, {"target_modules", "all-linear"}, {"base_dtype", "nf4"}});
+  resolve_adapters(src, cfg.strata.lora, "", "--adapter");
+  try {
+    build(cfg, src, 16, {}, {.backend = "host"});
+    ADD_FAILURE() << "an NF4 base without files was built";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("base_dtype \"nf4\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--init-from"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Adapters, LoraDropoutIsAccepted) {

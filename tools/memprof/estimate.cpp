@@ -97,8 +97,7 @@ std::vector<EstimateRow> estimate(const EstimateInput& in) {
     zero3::PlanInput pin = layout ? zero3::plan_input(c, *layout, in.model->tie_embeddings, in.world, 0, act)
                                   : zero3::plan_input(c, sizes, in.world, 0, act);
     // LoRA adapters (the model's strata.lora): the base's chunks keep their working copy alone.
-    if (layout && !layout->frozen_chunks().empty())
-      zero3::freeze_chunks(pin, layout->frozen_chunks(), c.zero_optimization, "strata.lora");
+    if (layout) zero3::plan_adapters(pin, *layout, c.zero_optimization);
     const zero3::MemoryPlan m = zero3::plan_memory(pin, c.zero_optimization).memory;
     r.device = m.device_state + m.device_working_set;
     r.host = (m.pinned_state + m.pinned_staging) * std::uint64_t(gpn);

@@ -94,8 +94,19 @@ std::vector<float> pack_nf4(const Nf4Chunk& f, const float* values, void* packed
         break;
       case Nf4Part::Kind::nf4: {
         const std::size_t nblocks = kc::nf4_blocks(p.numel, f.blocksize);
-        std::vector<float> absmax(nblocks);
-        kc::quantize_nf4(x, p.numel, f.blocksize, base + p.data, absmax.data());
+        std::vector<float> absmax(nblocks), w(x, x + p.numel);
+        // The weight as the run loads it: rounded to the working dtype first (Note [NF4 base]).
+        if (f.raw != DType::fp32) {
+          std::vector<std::uint16_t> h(p.numel);
+          if (f.raw == DType::bf16) {
+            kc::cast_f32_to_bf16(reinterpret_cast<kc::bf16_t*>(h.data()), x, p.numel);
+            kc::cast_bf16_to_f32(w.data(), reinterpret_cast<const kc::bf16_t*>(h.data()), p.numel);
+          } else {
+            kc::cast_f32_to_f16(reinterpret_cast<kc::fp16_t*>(h.data()), x, p.numel);
+            kc::cast_f16_to_f32(w.data(), reinterpret_cast<const kc::fp16_t*>(h.data()), p.numel);
+          }
+        }
+        kc::quantize_nf4(w.data(), p.numel, f.blocksize, base + p.data, absmax.data());
         if (!f.double_quant) {
           std::memcpy(base + p.absmax, absmax.data(), nblocks * sizeof(float));
           break;

@@ -13,8 +13,10 @@
 // stored projection weight (q, k, v, o, gate, up, down; Phi-3's fused qkv_proj and gate_up_proj as the one
 // tensor its checkpoint stores) quantised on its own, flattened in row-major order, in blocks of 64
 // (kernels/cpu/nf4.h: Note [NF4 as bitsandbytes stores it]), its absmax kept in fp32 or double-quantised
-// (Note [NF4 double quantisation as bitsandbytes computes it]) — from the values as the checkpoint stores
-// them (bf16 checkpoints are exact in fp32, and bitsandbytes quantises a bf16 weight as its fp32 values).
+// (Note [NF4 double quantisation as bitsandbytes computes it]) — from the weight as the run loads it: the
+// checkpoint's values rounded to the working dtype (bf16 with bf16 training), as QLoRA loads its base
+// (from_pretrained with torch_dtype bfloat16, then quantised); a bf16 checkpoint's values are those exactly.
+// bitsandbytes quantises a bf16 weight as its fp32 values, which kernels/cpu/nf4.h computes.
 // Norm weights and biases stay in the working dtype, as Linear4bit keeps biases and the norms are no
 // Linear; the embedding and the head chunk are not quantised (bitsandbytes skips lm_head).
 //

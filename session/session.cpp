@@ -130,6 +130,11 @@ Trainer build(Config& cfg, const ModelSource& source, int seq_len, const comm::R
                       model::lora_target_paths(source.config).size(), " adapted modules (",
                       model::lora_parameters(source.config), " parameters) over the frozen base ",
                       source.hf->dir.empty() ? source.hf->weights : source.hf->dir, " (", digest.str(), ")",
+                      source.config.lora.nf4_base
+                          ? cat(", its block projections in NF4 (blocks of 64, ",
+                                source.config.lora.double_quant ? "double-quantised absmax" : "fp32 absmax",
+                                "; model/nf4_chunk.h)")
+                          : std::string(),
                       adapter ? cat("; adapters from ", cfg.strata.lora.adapter_dir) : std::string());
   }
   t.model = model::make_model(source.config, t.engine->model_options());

@@ -1,6 +1,7 @@
 // `strata config FILE [--set name=value ...] [--world-size N]`: loads a DeepSpeed-style config the way
 // training would, and prints every key's resolved value and where it came from (file, default, auto,
 // alias). A bad config fails here with the same message training would give, before any work starts.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -8,7 +9,14 @@
 #include <vector>
 
 #include "config/config.h"
+#include "core/device.h"
 #include "core/error.h"
+#include "kernels/ops.h"
+#include "kernels/workspace_standin.h"
+#include "model/architecture.h"
+#include "model/lora.h"
+#include "model/nf4_chunk.h"
+#include "session/adapters.h"
 #include "session/session.h"
 #include "tools/cli.h"
 #include "zero3/placement.h"
@@ -16,12 +24,94 @@
 namespace strata::cli {
 namespace {
 
+using detail::cat;
+
 struct ConfigOpts {
   std::string path;
   std::vector<std::string> sets;
   int world_size = 1;
   std::int64_t steps = -1;  // -1: the run's length is not given (it comes at training)
+  // The plan for a model (--model): on a device of `device_memory` of `backend`, `seq_len` tokens a row.
+  std::string model, backend = "cuda", device_memory;
+  int seq_len = 0;
 };
+
+// Note [The plan before the machine]: `strata config FILE --model M` plans the run as the engine would
+// (zero3/placement.h: plan_input, plan_adapters, plan_memory, the checkpointing choice of Note
+// [Checkpointing by choice]) for a device given by its size, so that a plan for a GPU can be made on a
+// machine without one. The activations are the model's own count (Architecture::activation_bytes) with
+// the CPU ops in the activation dtype the backend computes in (bf16 on cuda), which take cuda's matrix
+// workspace as a stand-in; cuDNN's fused attention saves its statistics, not (B, NH, T, T), as the CPU's
+// fused attention does. The device's capacity is what is given: a CUDA context's own memory is beside it.
+void print_model_plan(const Config& cfg, const ConfigOpts& opts) {
+  session::ModelSource src = session::open_model(opts.model, session::Weights::allowed);
+  session::resolve_adapters(src, cfg.strata.lora, "", "--adapter");
+  const model::ModelConfig& m = src.config;
+  if (opts.backend != "cuda" && opts.backend != "host")
+    throw ConfigError(cat("--backend ", opts.backend, ": must be cuda or host"));
+  const bool cuda = opts.backend == "cuda";
+  const std::uint64_t capacity = opts.device_memory.empty()
+                                     ? std::uint64_t(80) << 30
+                                     : parse_byte_size(opts.device_memory, "--device-memory");
+  const int T = opts.seq_len > 0 ? opts.seq_len : int(m.max_seq_len);
+  const int B = int(cfg.train_micro_batch_size_per_gpu), world = opts.world_size;
+  const DType act = cuda || cfg.bf16.enabled ? DType::bf16 : DType::fp32;
+  const model::Architecture& arch = model::architecture(m);
+  const model::ModelLayout layout = arch.layout(m, zero3::layout_options(world));
+  zero3::PlanInput in = zero3::plan_input(cfg, layout, m.tie_embeddings, world, 0, act);
+  zero3::plan_adapters(in, layout, cfg.zero_optimization);
+  in.device_state_by_ops = cuda;
+  in.device_capacity = capacity;
+  // The ops' device bytes and the activations, counted by the CPU ops computing in `act` (the note above).
+  std::unique_ptr<Device> dev = open_device({.backend = "host", .ordinal = 0, .memory_cap = 0});
+  std::unique_ptr<Stream> stream = dev->create_stream("config-plan");
+  std::unique_ptr<kernels::Ops> ops = kernels::make_cpu_ops(
+      *dev, *stream, {.matmul = act, .workspace_bytes = cuda ? kernels::kCudaWorkspaceBytes : 0});
+  kernels::OpShapes shapes = arch.op_shapes(m, B, T);
+  for (const zero3::PlannedChunk& c : in.chunks)
+    shapes.reduce_numel = std::max<std::size_t>(shapes.reduce_numel, c.shard.numel);
+  in.ops = (cuda ? kernels::kCudaWorkspaceBytes : 0) + ops->scratch_bytes(shapes);
+  const std::uint64_t with = arch.activation_bytes(m, B, T, true, *ops),
+                      without = arch.activation_bytes(m, B, T, false, *ops);
+  using CK = StrataConfig::Checkpointing;
+  bool checkpoint = cfg.strata.checkpoint_activations == CK::on;
+  if (cfg.strata.checkpoint_activations == CK::automatic) {
+    in.activations = without;
+    checkpoint = zero3::plan_memory(in, cfg.zero_optimization).memory.device_need() > capacity;
+  }
+  in.activations = checkpoint ? with : without;
+  const zero3::Plan p = zero3::plan_memory(in, cfg.zero_optimization);
+  zero3::MemoryPlan mp = p.memory;
+  mp.checkpoint_activations = checkpoint;
+  mp.device_activations_checkpointed = with;
+  mp.device_activations_all = without;
+  std::uint64_t quantised = 0;
+  for (int c = 0; c < layout.num_chunks(); ++c)
+    if (in.chunks[std::size_t(c)].packed)
+      quantised += model::nf4_chunk(layout.chunk(c), in.working, m.lora.double_quant).quantized;
+  std::printf("\nplan for %s (%lld parameters%s) on %s: %d x %d tokens a micro-batch%s\n", m.name.c_str(),
+              (long long)m.num_parameters(),
+              m.lora.active()
+                  ? cat("; LoRA r ", m.lora.r, ", ", model::lora_parameters(m), " adapter parameters",
+                        m.lora.nf4_base ? cat(", NF4 base: ", quantised, " parameters in 4 bits") : "")
+                        .c_str()
+                  : "",
+              cat(opts.backend, " device of ", format_size(capacity, 1),
+                  opts.device_memory.empty() ? " (--device-memory not given: an 80 GiB GPU)" : "")
+                  .c_str(),
+              B, T, opts.seq_len > 0 ? "" : " (--seq-len not given: the model's max_seq_len)");
+  std::fputs(zero3::describe(mp, in.homes.grad, world > 1).c_str(), stdout);
+  const std::uint64_t need = mp.device_need();
+  std::printf("fits: %s (the step needs %s of the device's %s)\n", need <= capacity ? "yes" : "no",
+              format_size(need, 1).c_str(), format_size(capacity, 1).c_str());
+  const zero3::LinkBytes link = zero3::link_bytes_per_step(in, p);
+  std::printf(
+      "host link per step: %s (gathers %s, gradients %s, new working params %s; zero3/placement.h, "
+      "link_bytes_per_step)\n",
+      format_size(link.total(), 1).c_str(), format_size(link.gathers, 1).c_str(),
+      format_size(link.gradients, 1).c_str(), format_size(link.params, 1).c_str());
+  std::printf("update routes:\n%s", zero3::describe(p.routes, "  ").c_str());
+}
 
 int run_config(const ConfigOpts& opts) {
   RunFacts run;
@@ -47,6 +137,7 @@ int run_config(const ConfigOpts& opts) {
   std::printf(
       "  (gradients are summed on the device where the plan leaves room for an accumulator; the overlap with "
       "backward is decided with the host memory: strata.overlap_optimizer)\n");
+  if (!opts.model.empty()) print_model_plan(cfg, opts);
   return 0;
 }
 
@@ -60,6 +151,14 @@ Command config("config", "Check a DeepSpeed-style config and print every resolve
                                 "The run's optimizer steps, for a schedule whose total is \"auto\" (default: "
                                 "left to strata train)")
                      ->check(CLI::NonNegativeNumber);
+                 sub.add_option("--model", o->model,
+                                "Plan the run for this model (a preset, a model JSON or a Hugging Face "
+                                "directory): the memory plan, whether it fits, the host link's bytes a step");
+                 sub.add_option("--backend", o->backend, "With --model: the device's kind, cuda or host")
+                     ->capture_default_str();
+                 sub.add_option("--device-memory", o->device_memory,
+                                "With --model: the device's memory (e.g. 24GiB; default 80GiB)");
+                 sub.add_option("--seq-len", o->seq_len, "With --model: tokens a row (default: max_seq_len)");
                  return [o] { return run_config(*o); };
                });
 

@@ -244,13 +244,12 @@ void print_start(const TrainRun& run, std::int64_t steps, std::int64_t first) {
       "train: %s, %lld parameters%s, %d x %d tokens x %d accumulation per step x %d rank%s, %lld steps from "
       "step %lld, offload param %s / optimizer %s, device %s (%s)\n",
       mcfg.name.c_str(), (long long)mcfg.num_parameters(),
-      mcfg.lora.active() ? cat(" (frozen) + ", model::lora_parameters(mcfg), " in LoRA adapters of rank ",
-                               mcfg.lora.r)
+      mcfg.lora.active() ? cat(mcfg.lora.nf4_base ? " (frozen, NF4)" : " (frozen)", " + ",
+                               model::lora_parameters(mcfg), " in LoRA adapters of rank ", mcfg.lora.r)
                                .c_str()
                          : "",
-      engine.micro_batch(), seq_len,
-      engine.accumulation_steps(), world, world > 1 ? "s" : "", (long long)steps, (long long)first,
-      zero3::offload_name(cfg.zero_optimization.offload_param.device),
+      engine.micro_batch(), seq_len, engine.accumulation_steps(), world, world > 1 ? "s" : "",
+      (long long)steps, (long long)first, zero3::offload_name(cfg.zero_optimization.offload_param.device),
       zero3::offload_name(cfg.zero_optimization.offload_optimizer.device),
       engine.device().caps().name.c_str(), format_size(engine.device().caps().capacity, 1).c_str());
   // A loss mask (model/loss_mask.h): how many of the samples' targets count, and how steps weigh them.

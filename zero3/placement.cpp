@@ -451,6 +451,23 @@ OverlapDecision plan_overlap(std::vector<UpdateRoute>& routes, MemoryPlan& m, co
   return d;
 }
 
+LinkBytes link_bytes_per_step(const PlanInput& in, const Plan& p) {
+  using R = UpdateRoute;
+  LinkBytes b;
+  const std::uint64_t micro = std::uint64_t(std::max(1, in.accumulation_steps));
+  for (std::size_t c = 0; c < in.chunks.size(); ++c) {
+    const PlannedChunk& pc = in.chunks[c];
+    const R& r = p.routes[c];
+    if (r.param_home != Tier::device) b.gathers += 2 * micro * in.param_bytes(pc);
+    if (!r.trains) continue;
+    const std::uint64_t shard = pc.shard.numel * sizeof(float);
+    if (r.grads == R::Grads::pinned_shard) b.gradients += micro * shard;
+    if (r.grads == R::Grads::device_accumulator) b.gradients += shard;
+    if (r.params == R::Params::staged) b.params += pc.shard.numel * std::uint64_t(dtype_bytes(in.working));
+  }
+  return b;
+}
+
 Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   Plan p;
   MemoryPlan& m = p.memory;

@@ -339,6 +339,18 @@ struct Plan {
 
 Plan plan_memory(const PlanInput& in, const ZeroConfig& z);
 
+// Bytes one optimizer step moves over the host link (host memory <-> device), as the plan's routes move
+// them: every micro-batch gathers each chunk whose working copy is off the device twice (forward, then
+// backward with its recompute), a packed chunk's packed bytes (Note [NF4 base] in model/nf4_chunk.h); each
+// gradient hand-off copies the shard of a chunk whose fp32 gradients are summed off the device (a device
+// accumulator's once a step); new working params stepped on the host reach a device home once a step. An
+// upper bound on the gathers: the chunk cache may keep a chunk from forward to backward.
+struct LinkBytes {
+  std::uint64_t gathers = 0, gradients = 0, params = 0;
+  std::uint64_t total() const { return gathers + gradients + params; }
+};
+LinkBytes link_bytes_per_step(const PlanInput& in, const Plan& p);
+
 // The routes `cfg` gives before a model and a device are known (strata config): an offloaded chunk's and,
 // with offload_optimizer.ratio below 1 or "auto", a chunk whose sub-group the ratio keeps on the device; on
 // a device reached by stream work only (cuda: `by_ops`) or addressed by the CPU (the host backend). Device

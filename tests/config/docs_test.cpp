@@ -62,7 +62,7 @@ TEST_P(ExampleConfigs, LoadWithoutWarnings) {
 
 INSTANTIATE_TEST_SUITE_P(Config, ExampleConfigs,
                          ::testing::Values("zero3_none.json", "zero3_cpu.json", "zero3_nvme.json",
-                                           "demo_cpu.json"),
+                                           "demo_cpu.json", "qlora.json"),
                          [](const auto& info) {
                            std::string n = info.param;
                            return n.substr(0, n.find('.'));

@@ -1,7 +1,7 @@
 // An NF4 base's chunks (model/nf4_chunk.h, Note [NF4 base]): which tensors are quantised, the packed layout,
-// and that unpacking gives each projection bitsandbytes' dequantisation of that tensor alone (kernels/cpu/
-// nf4.h, itself checked bit for bit against bitsandbytes in tests/kernels/nf4_test.cpp), the norms and
-// biases their working-dtype rounding, and zeros in the padding.
+// and that unpacking gives each projection bitsandbytes' dequantisation of that tensor alone, loaded in bf16
+// (kernels/cpu/ nf4.h, itself checked bit for bit against bitsandbytes in tests/kernels/nf4_test.cpp), the
+// norms and biases their working-dtype rounding, and zeros in the padding.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -37,11 +37,14 @@ std::vector<float> chunk_values(const ChunkLayout& c, std::uint32_t seed) {
   return v;
 }
 
-// bitsandbytes' dequantisation of one stored tensor quantised alone.
+// bitsandbytes' dequantisation of one stored tensor quantised alone, as loaded in bf16.
 std::vector<float> dequantised(const float* x, std::size_t n, bool double_quant) {
   std::vector<std::uint8_t> codes(kc::nf4_code_bytes(n));
-  std::vector<float> absmax(kc::nf4_blocks(n, kNf4Blocksize)), out(n);
-  kc::quantize_nf4(x, n, kNf4Blocksize, codes.data(), absmax.data());
+  std::vector<float> absmax(kc::nf4_blocks(n, kNf4Blocksize)), out(n), w(n);
+  std::vector<kc::bf16_t> h(n);
+  kc::cast_f32_to_bf16(h.data(), x, n);
+  kc::cast_bf16_to_f32(w.data(), h.data(), n);
+  kc::quantize_nf4(w.data(), n, kNf4Blocksize, codes.data(), absmax.data());
   if (double_quant) {
     const kc::Nf4DoubleQuant dq = kc::quantize_nf4_absmax(absmax.data(), absmax.size());
     kc::dequantize_nf4_absmax(dq, absmax.size(), absmax.data());

@@ -149,8 +149,9 @@ TEST(Adapters, TheBlockMayRestateTheDirectorysSettingsNotChangeThem) {
 }
 
 // Over an NF4 base (Note [NF4 base] in model/nf4_chunk.h), fresh adapters merged are the dequantised base
-// exactly: each projection as bitsandbytes dequantises it alone (kernels/cpu/nf4.h, checked against
-// bitsandbytes bit for bit) rounded to bf16, the other tensors their bf16 working copy.
+// exactly: each projection loaded in bf16 and quantised alone, as bitsandbytes dequantises it
+// (kernels/cpu/nf4.h, checked against bitsandbytes bit for bit), rounded to bf16; the other tensors their
+// bf16 working copy.
 TEST(Adapters, MergedExportOverAnNf4BaseIsTheDequantisedBase) {
   test::ScratchDir dir("adapters-merged-nf4");
   ModelSource src = llama_base();
@@ -166,6 +167,7 @@ TEST(Adapters, MergedExportOverAnNf4BaseIsTheDequantisedBase) {
   for (const model::SafetensorsEntry& e : base.entries()) {
     std::vector<float> want = tensor(base, e.name);
     if (e.name.starts_with("model.layers.") && e.name.ends_with("_proj.weight")) {
+      for (float& v : want) v = bf16_to_f32(f32_to_bf16(v));  // loaded in bf16, then quantised
       const std::size_t n = want.size(), nblocks = kernels::cpu::nf4_blocks(n, 64);
       std::vector<std::uint8_t> codes(kernels::cpu::nf4_code_bytes(n));
       std::vector<float> absmax(nblocks);

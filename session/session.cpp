@@ -1,6 +1,7 @@
 #include "session/session.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <utility>
 
@@ -9,6 +10,7 @@
 #include "core/log.h"
 #include "model/architecture.h"
 #include "model/make_model.h"
+#include "model/nf4_chunk.h"
 #include "model/safetensors.h"
 #include "session/adapters.h"
 
@@ -75,6 +77,30 @@ Config resolve_config(const ConfigSource& source, Overrides overrides, const mod
   return cfg;
 }
 
+namespace {
+
+// ", its block projections in NF4 (P of Q base parameters, B bytes: 0.516 byte a parameter, ...)": what the
+// NF4 base's tier holds, from the packed layouts (model/nf4_chunk.h).
+std::string nf4_summary(const model::ModelLayout& layout) {
+  std::uint64_t quantised = 0, packed = 0, base = 0;
+  const bool dq = layout.config().lora.double_quant;
+  for (const model::ChunkLayout& c : layout.chunks()) {
+    if (!layout.is_base(c.id)) continue;
+    base += c.numel;
+    if (!model::nf4_quantizes(c)) continue;
+    const model::Nf4Chunk f = model::nf4_chunk(c, DType::bf16, dq);
+    quantised += f.quantized;
+    packed += f.bytes;
+  }
+  char per[32];
+  std::snprintf(per, sizeof per, "%.4f", double(packed) / double(std::max<std::uint64_t>(1, quantised)));
+  return cat(", its block projections in NF4 (", quantised, " of ", base, " base parameters in ",
+             format_size(packed), " with their norms: ", per, " byte a parameter; blocks of 64, ",
+             dq ? "double-quantised absmax" : "fp32 absmax", ")");
+}
+
+}  // namespace
+
 Trainer build(Config& cfg, const ModelSource& source, int seq_len, const comm::RankInfo& ri,
               const BuildOptions& opts) {
   const model::Architecture& arch = model::architecture(source.config);
@@ -130,11 +156,7 @@ Trainer build(Config& cfg, const ModelSource& source, int seq_len, const comm::R
                       model::lora_target_paths(source.config).size(), " adapted modules (",
                       model::lora_parameters(source.config), " parameters) over the frozen base ",
                       source.hf->dir.empty() ? source.hf->weights : source.hf->dir, " (", digest.str(), ")",
-                      source.config.lora.nf4_base
-                          ? cat(", its block projections in NF4 (blocks of 64, ",
-                                source.config.lora.double_quant ? "double-quantised absmax" : "fp32 absmax",
-                                "; model/nf4_chunk.h)")
-                          : std::string(),
+                      source.config.lora.nf4_base ? nf4_summary(t.engine->layout()) : std::string(),
                       adapter ? cat("; adapters from ", cfg.strata.lora.adapter_dir) : std::string());
   }
   t.model = model::make_model(source.config, t.engine->model_options());

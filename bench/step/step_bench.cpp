@@ -5,14 +5,16 @@
 //   step_bench --model 10m -B 4 -T 128 --steps 5 --nvme-path /local_nvme [--device-cap 1GiB]
 //              [--placements none,cpu,nvme] [--backend host] [--max-in-cpu 0] [--sub-group-size 1e8]
 //              [--ceiling auto|host|device] [--overlap off,on] [--optimizer-cores 1] [--clip 0]
-//              [--checkpoint false] [--ratio 1,auto] [--warmup 1] [--frozen 1-12] [--lora 16]
+//              [--checkpoint false] [--ratio 1,auto] [--warmup 1] [--frozen 1-12] [--lora 16] [--nf4]
 //
 // --frozen gives each row a twin with those chunks frozen (EngineOptions.frozen_chunks: "1-12" for the
 // blocks of a 12-layer model, "a,b-c" in general): no weight gradients, no optimizer over them — the
 // frozen base's share of an adapter step, against the full step in the same run. --lora R gives each row
 // a twin training LoRA adapters of rank R on every linear layer (alpha 2R) over the frozen base instead
 // (model/lora.h): the adapter step against the full fine-tuning step in the same run, with each row's state
-// per tier (the plan's: what `strata train` prints as "state X device, Y pinned host, Z NVMe").
+// per tier (the plan's: what `strata train` prints as "state X device, Y pinned host, Z NVMe"); with --nf4
+// the base is QLoRA's, its block projections in NF4 (strata.lora.base_dtype nf4, double-quantised; the
+// preset's random initial weights quantised).
 // --overlap gives each placement a row per strata.overlap_optimizer value (a placement that cannot
 // overlap gets no "on" row); --optimizer-cores sets strata.cpu_optim.cores, and the compute-only step then
 // measures the model on the other cores and the optimizer on these, as the engine splits them. Each row's
@@ -99,6 +101,7 @@ struct Opts {
   std::uint64_t max_in_cpu = 1000000000;
   std::string frozen;  // chunks frozen in a twin of every row: "a,b-c"; empty: none
   int lora = 0;        // > 0: the twin trains LoRA adapters of this rank over the frozen base instead
+  bool nf4 = false;    // with lora: the base in NF4 (model/nf4_chunk.h)
 };
 
 std::vector<int> chunk_list(const std::string& spec);  // "1-3,7" -> {1, 2, 3, 7} (below)
@@ -347,8 +350,8 @@ Row run_placement(const std::string& p, bool overlap, const std::string& ratio, 
   zero3::EngineOptions eo;
   model::ModelConfig twin = mcfg;
   if (frozen && o.lora > 0)
-    twin.lora = model::resolve_lora(mcfg, {.modules = {"all-linear"}}, {.r = o.lora, .alpha = 2.0 * o.lora},
-                                    "--lora");
+    twin.lora = model::resolve_lora(mcfg, {.modules = {"all-linear"}},
+                                    {.r = o.lora, .alpha = 2.0 * o.lora, .nf4_base = o.nf4}, "--lora");
   else if (frozen)
     eo.frozen_chunks = chunk_list(o.frozen);
   eo.backend = o.backend;
@@ -531,6 +534,7 @@ int main(int argc, char** argv) {
       "--lora", o.lora,
       "A twin of every row training LoRA adapters of this rank (every linear layer, alpha 2R) over "
       "the frozen base");
+  app.add_flag("--nf4", o.nf4, "With --lora: the frozen base's block projections in NF4 (QLoRA's base)");
   app.add_option("--max-in-cpu", o.max_in_cpu,
                  "offload_param.max_in_cpu for the nvme placement (0: every parameter read from NVMe)");
   CLI11_PARSE(app, argc, argv);
@@ -616,7 +620,7 @@ int main(int argc, char** argv) {
       if (r.overlap_wait >= 0) std::snprintf(overlap_wait, sizeof overlap_wait, "%.2f", r.overlap_wait);
       const zero3::OverlapStats& os = r.overlap_stats;
       const std::string name = r.placement + (r.overlapped ? " overlap" : "") +
-                               (r.frozen ? (o.lora > 0 ? " lora" : " frozen") : "");
+                               (r.frozen ? (o.lora > 0 ? (o.nf4 ? " qlora" : " lora") : " frozen") : "");
       const std::string counts = r.overlapped
                                      ? std::to_string(os.steps) + "/" + std::to_string(os.rollbacks) + "/" +
                                            std::to_string(os.waited)
@@ -640,6 +644,7 @@ int main(int argc, char** argv) {
            {"frozen_chunks",
             r.frozen && o.lora == 0 ? nlohmann::json(chunk_list(o.frozen)) : nlohmann::json::array()},
            {"lora_r", r.frozen ? o.lora : 0},
+           {"nf4_base", r.frozen && o.nf4},
            {"state_device_bytes", r.plan.device_state},
            {"state_pinned_bytes", r.plan.pinned_state},
            {"state_nvme_bytes", r.plan.nvme_state},

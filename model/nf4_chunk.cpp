@@ -156,4 +156,12 @@ void unpack_nf4(const Nf4Chunk& f, const void* packed, std::span<const float> of
   }
 }
 
+void nf4_round_trip(const ChunkLayout& c, DType raw, bool double_quant, float* values) {
+  if (!nf4_quantizes(c)) return;
+  const Nf4Chunk f = nf4_chunk(c, raw, double_quant);
+  std::vector<unsigned char> packed(f.bytes);
+  const std::vector<float> offsets = pack_nf4(f, values, packed.data());
+  unpack_nf4(f, packed.data(), offsets, values);
+}
+
 }  // namespace strata::model

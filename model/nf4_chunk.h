@@ -77,5 +77,9 @@ std::vector<float> pack_nf4(const Nf4Chunk& f, const float* values, void* packed
 // What a gather makes of the packed bytes, in fp32 (f.numel): the CPU reference, and the values an export
 // or an evaluation of the base reads.
 void unpack_nf4(const Nf4Chunk& f, const void* packed, std::span<const float> offsets, float* out);
+// Chunk values (c.padded_numel fp32) replaced by what a gather of them packed would hold (pack, then
+// unpack): the base an evaluation of an NF4-trained pair reads (strata eval --base-dtype nf4). A chunk
+// without projections is left as it is.
+void nf4_round_trip(const ChunkLayout& c, DType raw, bool double_quant, float* values);
 
 }  // namespace strata::model

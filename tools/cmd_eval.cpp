@@ -30,6 +30,7 @@
 #include "model/hf_dir.h"
 #include "model/layout.h"
 #include "model/make_model.h"
+#include "model/nf4_chunk.h"
 #include "model/safetensors.h"
 #include "model/token_file.h"
 #include "session/adapters.h"
@@ -44,7 +45,7 @@ namespace fs = std::filesystem;
 using detail::cat;
 
 struct EvalOpts {
-  std::string model, data, backend = "host", logits, adapter;
+  std::string model, data, backend = "host", logits, adapter, base_dtype;
   int seq_len = 0;
   int batch_size = 1;
   std::int64_t max_batches = 0;
@@ -78,6 +79,18 @@ int run_eval(const EvalOpts& o) {
   std::unique_ptr<kernels::Ops> ops = kernels::make_ops(*dev, *stream);
   std::unique_ptr<model::InMemoryChunks> host =
       o.adapter.empty() ? load_params(source) : session::load_adapted(adapted, o.adapter, "--adapter");
+  // --base-dtype nf4: the base's block projections as an NF4 base's gathers hold them (QLoRA's base,
+  // model/nf4_chunk.h), the rest in bf16, as a run with strata.lora.base_dtype "nf4" trained over them.
+  if (o.base_dtype == "nf4") {
+    if (!source.hf)
+      throw ConfigError(
+          "--base-dtype nf4 quantises a base as its files store it: give --model the Hugging Face "
+          "model directory (or .safetensors file), not a checkpoint");
+    for (const model::ChunkLayout& c : host->layout().chunks())
+      if (host->layout().is_base(c.id)) model::nf4_round_trip(c, DType::bf16, true, host->params(c.id));
+  } else if (!o.base_dtype.empty() && o.base_dtype != "bf16") {
+    throw ConfigError(cat("--base-dtype ", o.base_dtype, ": must be bf16 or nf4"));
+  }
   // Chunks the ops can read where they are (the host backend: fp32 in host memory), else a copy on the
   // device in the ops' activation dtype, the host copy then freed.
   std::unique_ptr<model::DeviceChunks> on_device;
@@ -166,6 +179,10 @@ Command eval("eval", "Mean next-token loss and perplexity of a model over a toke
   sub.add_option("--max-batches", o->max_batches, "Stop after N batches (default 0: every whole sequence)")
       ->check(at_least(0));
   sub.add_option("--backend", o->backend, "Device backend: host (default), cuda or auto");
+  sub.add_option(
+      "--base-dtype", o->base_dtype,
+      "nf4: evaluate over the base's block projections in NF4 (double-quantised), as a run with "
+      "strata.lora.base_dtype nf4 trains over them; bf16 or unset: the base as its files store it");
   sub.add_option("--adapter", o->adapter,
                  "LoRA adapters over --model: a PEFT adapter directory (adapter_config.json, "
                  "adapter_model.safetensors), as strata train --export with adapters writes it");

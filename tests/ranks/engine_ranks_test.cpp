@@ -38,6 +38,7 @@ struct RankInputs {
   std::function<void(double&, double&)> rates = nullptr;
   std::vector<int> frozen = {};  // EngineOptions.frozen_chunks
   bool lora = false;             // LoRA adapters (r 4, every linear layer) over a frozen base
+  bool nf4 = false;              // with lora: the base's projections in NF4 (model/nf4_chunk.h)
 };
 
 RunResult train(const Config& cfg, comm::Communicator& c, const std::string& tokens, int steps,
@@ -45,7 +46,8 @@ RunResult train(const Config& cfg, comm::Communicator& c, const std::string& tok
   kernels::cpu::set_blas_threads(1);
   model::ModelConfig mcfg = model::ModelConfig::preset("tiny");
   if (in.lora)
-    mcfg.lora = model::resolve_lora(mcfg, {.modules = {"all-linear"}}, {.r = 4, .alpha = 8}, "test");
+    mcfg.lora = model::resolve_lora(mcfg, {.modules = {"all-linear"}},
+                                    {.r = 4, .alpha = 8, .nf4_base = in.nf4}, "test");
   Engine e(cfg, mcfg,
            {.backend = "host",
             .device_memory_cap = in.cap,
@@ -133,6 +135,20 @@ TEST_P(TwoRanks, WithAdaptersLossesAndNormsAreOneRanksBitForBit) {
   const RankInputs lora{.lora = true};
   const RunResult ref = train(config(d, 2, 1), *one, tokens, 4, lora);
   const RunResult two = train(config(d, 1, 2), testing::ranks(), tokens, 4, lora);
+  EXPECT_EQ(two.losses, ref.losses);
+  EXPECT_EQ(two.norms, ref.norms);
+  EXPECT_LT(two.losses.back(), two.losses.front());
+}
+
+// QLoRA's base (Note [NF4 base] in model/nf4_chunk.h): every rank packs the whole chunk and never
+// all-gathers it; the adapters train at N ranks as at one, bit for bit.
+TEST_P(TwoRanks, WithAnNf4BaseLossesAndNormsAreOneRanksBitForBit) {
+  ScratchDir d("ranks-nf4-r" + std::to_string(testing::ranks().rank()));
+  const std::string tokens = make_tokens(d);
+  std::unique_ptr<comm::Communicator> one = comm::make_single_rank();
+  const RankInputs qlora{.lora = true, .nf4 = true};
+  const RunResult ref = train(config(d, 2, 1), *one, tokens, 4, qlora);
+  const RunResult two = train(config(d, 1, 2), testing::ranks(), tokens, 4, qlora);
   EXPECT_EQ(two.losses, ref.losses);
   EXPECT_EQ(two.norms, ref.norms);
   EXPECT_LT(two.losses.back(), two.losses.front());

@@ -281,7 +281,7 @@ void Ops::dropout(Tensor out, Tensor in, double p, std::uint64_t key) {
 }
 
 void Ops::cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits, Tensor targets, int N,
-                        int V, float grad_scale) {
+                        int V, float grad_scale, int n_valid) {
   check_model_role("cross_entropy");
   const DType A = caps().activation;
   need(logits, A, sz(N, V), "logits");
@@ -289,7 +289,7 @@ void Ops::cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor 
   need(losses, F, sz(N), "losses");
   need(mean_loss, F, 1, "mean loss");
   need(targets, I, sz(N), "targets");
-  do_cross_entropy(dlogits, losses, mean_loss, logits, targets, N, V, grad_scale);
+  do_cross_entropy(dlogits, losses, mean_loss, logits, targets, N, V, grad_scale, n_valid);
 }
 
 void Ops::cast(Tensor out, Tensor in) {

@@ -178,8 +178,10 @@ class Ops {
   // ---- cross-entropy fused with its logits gradient ----
   // losses (N, fp32) and mean_loss (1, fp32) are written; dlogits may be empty (forward only) or alias
   // logits.
+  // n_valid >= 0: the divisor given, for a chunk of a longer batch (kernels/cpu's; mean_loss then receives
+  // this chunk's share, its sum / n_valid).
   void cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits,
-                     Tensor targets /*(N) i32*/, int N, int V, float grad_scale);
+                     Tensor targets /*(N) i32*/, int N, int V, float grad_scale, int n_valid = -1);
 
   // ---- runtime helpers (the engine's device-side work) ----
   // out = in converted (fp32 <-> bf16 / fp16, and fp16 <-> bf16 through fp32, core/dtype.h's rounding;
@@ -261,7 +263,7 @@ class Ops {
   virtual void do_residual_backward(Tensor da, Tensor db, Tensor dout) = 0;
   virtual void do_dropout(Tensor out, Tensor in, double p, std::uint64_t key) = 0;
   virtual void do_cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits,
-                                Tensor targets, int N, int V, float grad_scale) = 0;
+                                Tensor targets, int N, int V, float grad_scale, int n_valid) = 0;
   virtual void do_cast(Tensor out, Tensor in) = 0;
   virtual void do_dequantize_nf4(Tensor out, const Nf4Blocks& q) = 0;
   virtual void do_fill(Tensor x, float value) = 0;

@@ -1,5 +1,7 @@
 #include "model/llama.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -7,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "model/dtype.h"
@@ -157,7 +160,7 @@ void LlamaModel::check_layout(const ChunkProvider& chunks) const {
 
 template <typename M, typename Fn>
 void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DType act,
-                             kernels::AttentionSizes as, M* m, Fn&& fn) {
+                             kernels::AttentionSizes as, size_t logit_rows, M* m, Fn&& fn) {
   const size_t N = size_t(B) * size_t(T), C = size_t(cfg.d_model), F = size_t(cfg.ffn_dim);
   const size_t Q = size_t(cfg.q_dim()), KV = size_t(cfg.kv_dim()), V = size_t(cfg.vocab_size);
   const size_t L = size_t(cfg.n_layers), half = size_t(cfg.head_dim()) / 2;
@@ -188,7 +191,7 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
       fn(at(&LlamaModel::rope_sin_), size_t(T) * half, f32);
   fn(at(&LlamaModel::resid_), (L + 1) * N * C, act);
   fn(at(&LlamaModel::xf_), N * C, act), fn(at(&LlamaModel::rstdf_), N, f32),
-      fn(at(&LlamaModel::logits_), N * V, act);
+      fn(at(&LlamaModel::logits_), logit_rows * V, act);
   fn(at(&LlamaModel::losses_), N, f32), fn(at(&LlamaModel::loss_), 1, f32);
   fn(at(&LlamaModel::dresid_), N * C, act), fn(at(&LlamaModel::dxn_), N * C, act);
   fn(at(&LlamaModel::dblock_), backward_scratch(N, F, Q, KV).numel, act);
@@ -215,7 +218,7 @@ LlamaModel::BackwardScratch LlamaModel::backward_scratch(size_t N, size_t F, siz
   return s;
 }
 
-void LlamaModel::ensure_buffers(int B, int T) {
+void LlamaModel::ensure_buffers(int B, int T, bool whole_logits) {
   const size_t sets = opts_.checkpoint_activations ? 1 : size_t(cfg_.n_layers);
   if (acts_.size() < sets) acts_.resize(sets);
   const kernels::AttentionSizes as =
@@ -241,7 +244,9 @@ void LlamaModel::ensure_buffers(int B, int T) {
     }
     b->t = Tensor{b->mem.data(), dtype, n};
   };
-  each_buffer(cfg_, B, T, opts_.checkpoint_activations, act_, as, this, fit);
+  const size_t N = size_t(B) * size_t(T);
+  each_buffer(cfg_, B, T, opts_.checkpoint_activations, act_, as, whole_logits ? N : loss_rows(cfg_, N), this,
+              fit);
   if (rope_T_ != T) {
     ops_->rope_cache(rope_cos_.t, rope_sin_.t, T, int(cfg_.head_dim()), rope_inv_freq(cfg_, T));
     if (const float a = rope_attention_factor(cfg_);
@@ -258,7 +263,8 @@ size_t LlamaModel::activation_bytes() const {
   size_t n = 0;
   // Every set of block activations allocated so far (one, or one per layer), whatever the shape.
   const bool one_set = acts_.size() < size_t(cfg_.n_layers);
-  each_buffer(cfg_, 1, 1, one_set, act_, {}, this, [&](const Buf* b, size_t, DType) { n += b->mem.size(); });
+  each_buffer(cfg_, 1, 1, one_set, act_, {}, 1, this,
+              [&](const Buf* b, size_t, DType) { n += b->mem.size(); });
   return n;
 }
 
@@ -267,9 +273,38 @@ size_t LlamaModel::activation_bytes(const ModelConfig& cfg, int B, int T, bool c
   const kernels::AttentionSizes as =
       ops.attention_sizes(B, T, int(cfg.n_heads), int(cfg.n_kv_heads), int(cfg.head_dim()));
   size_t n = 0;
-  each_buffer(cfg, B, T, checkpoint_activations, ops.caps().activation, as, static_cast<LlamaModel*>(nullptr),
+  each_buffer(cfg, B, T, checkpoint_activations, ops.caps().activation, as,
+              loss_rows(cfg, size_t(B) * size_t(T)), static_cast<LlamaModel*>(nullptr),
               [&](Buf*, size_t numel, DType dtype) { n += std::max<size_t>(1, numel * dtype_bytes(dtype)); });
   return n;
+}
+
+// Note [The loss in row chunks]: the LM head's logits are N x V — at long context and a large vocabulary
+// the largest activation by far (32k tokens of a 152k vocabulary: 10 GB in bf16). Training never needs them
+// whole: the loss and dlogits of a row depend on that row alone, dx's rows likewise, and the head's weight
+// gradient is a sum over rows. So when N x V exceeds kLossChunkElements, forward computes the logits and the
+// loss chunk by chunk (loss_rows() rows each, in row order) keeping only each row's loss, and backward
+// computes each chunk's logits again, turns them into dlogits in place, and takes that chunk's dx rows and
+// adds its share of dW, chunks in row order (deterministic whatever the threads). Each row's cross-entropy
+// divides by the whole batch's count of targets (the ops' n_valid), so every row's loss, dlogits and dx are
+// those of the whole-logits computation bit for bit; the loss is the double sum of the rows' fp32 losses in
+// row order over that count (the whole computation sums the rows' double losses: within an fp32 rounding),
+// and dW differs by the order of its fp32 sums. The cost: one more product of the head a step (its forward,
+// in backward). Below the threshold nothing changes. A forward without targets (logits() read back) holds
+// every row's logits.
+namespace {
+std::atomic<size_t> g_loss_chunk_elements{LlamaModel::kLossChunkElements};
+}  // namespace
+
+void LlamaModel::set_loss_chunk_elements(size_t elements) {
+  g_loss_chunk_elements.store(elements > 0 ? elements : kLossChunkElements, std::memory_order_relaxed);
+}
+
+size_t LlamaModel::loss_rows(const ModelConfig& cfg, size_t N) {
+  const size_t V = std::max<size_t>(1, size_t(cfg.vocab_size));
+  const size_t budget = g_loss_chunk_elements.load(std::memory_order_relaxed);
+  if (N * V <= budget) return N;
+  return std::max<size_t>(1, budget / V);
 }
 
 kernels::OpShapes LlamaModel::op_shapes(const ModelConfig& cfg, int B, int T) {
@@ -595,7 +630,7 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
   forward_key_ = armed.value_or(0);
   B_ = B, T_ = T;
   ckpt_ = opts_.checkpoint_activations;
-  ensure_buffers(B, T);
+  ensure_buffers(B, T, targets == nullptr);
   const int N = B * T, C = int(cfg_.d_model), V = int(cfg_.vocab_size), L = int(cfg_.n_layers);
   const ModelLayout& layout = chunks.layout();
   kernels::Ops& o = *ops_;
@@ -651,30 +686,60 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
       o.rmsnorm_forward(xf_.t, rstdf_.t, resid(L), weight(h.view(), kFinalNorm), N, C, cfg_.norm_eps,
                         cfg_.traits().norm_offset);
     });
+    std::optional<Held> e, lm;
+    Tensor w;
     if (cfg_.tie_embeddings) {
-      Held e(chunks, layout.embedding_chunk());
-      head_forward_logits(weight(e.view(), kTokEmbeddings), xf_.t);
+      e.emplace(chunks, layout.embedding_chunk());
+      w = weight(e->view(), kTokEmbeddings);
     } else if (layout.lm_head_chunk() != layout.head_chunk()) {  // lm_head trains beside adapters
-      Held lm(chunks, layout.lm_head_chunk());
-      head_forward_logits(weight(lm.view(), kLmHead), xf_.t);
+      lm.emplace(chunks, layout.lm_head_chunk());
+      w = weight(lm->view(), kLmHead);
     } else {
-      head_forward_logits(weight(h.view(), kLmHead), xf_.t);
+      w = weight(h.view(), kLmHead);
     }
+    const size_t rows = targets ? loss_rows(cfg_, size_t(N)) : size_t(N);
     if (targets) {
-      timed("cross_entropy", Phase::forward, 0,
-            [&] { o.cross_entropy(Tensor{}, losses_.t, loss_.t, logits_.t, targets_.t, N, V, 1.0f); });
-      loss = o.read_f32(loss_.t);
+      n_valid_ = 0;
+      for (int i = 0; i < N; ++i) n_valid_ += targets[i] >= 0 ? 1 : 0;
+    }
+    if (rows == size_t(N)) {
+      head_forward_logits(w, 0, size_t(N), Phase::forward);
+      if (targets) {
+        timed("cross_entropy", Phase::forward, 0,
+              [&] { o.cross_entropy(Tensor{}, losses_.t, loss_.t, logits_.t, targets_.t, N, V, 1.0f); });
+        loss = o.read_f32(loss_.t);
+      }
+    } else {  // Note [The loss in row chunks]
+      for (size_t r0 = 0; r0 < size_t(N); r0 += rows) {
+        const size_t n = std::min(rows, size_t(N) - r0);
+        head_forward_logits(w, r0, n, Phase::forward);
+        timed("cross_entropy", Phase::forward, 0, [&] {
+          o.cross_entropy(Tensor{}, losses_.t.slice(r0, n), loss_.t, logits_.t.slice(0, n * size_t(V)),
+                          targets_.t.slice(r0, n), int(n), V, 1.0f, n_valid_);
+        });
+      }
+      std::vector<float> row_loss(static_cast<size_t>(N));
+      s.copy_async(row_loss.data(), losses_.t.data, row_loss.size() * sizeof(float),
+                   CopyKind::device_to_host);
+      s.synchronize();
+      double total = 0.0;
+      for (float l : row_loss) total += double(l);  // an ignored row's loss is 0
+      loss = n_valid_ > 0 ? float(total / n_valid_) : 0.0f;
     }
   }
   have_targets_ = targets != nullptr;
   return loss;
 }
 
-void LlamaModel::head_forward_logits(Tensor w_head, Tensor x) {
-  const int N = B_ * T_, C = int(cfg_.d_model), V = int(cfg_.vocab_size);
+void LlamaModel::head_forward_logits(Tensor w_head, size_t r0, size_t n, Phase phase) {
+  const int C = int(cfg_.d_model), V = int(cfg_.vocab_size);
   timed(
-      "lm_head", Phase::forward, linear_flops(N, C, V),
-      [&] { ops_->linear_forward(logits_.t, x, w_head, N, C, V); }, N, C, V);
+      "lm_head", phase, linear_flops(int(n), C, V),
+      [&] {
+        ops_->linear_forward(logits_.t.slice(0, n * size_t(V)), xf_.t.slice(r0 * size_t(C), n * size_t(C)),
+                             w_head, int(n), C, V);
+      },
+      int(n), C, V);
 }
 
 void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
@@ -691,13 +756,36 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
     ChunkTimer ct(profile_, layout.head_chunk(), ph, &chunk_flops_);
     Held h(chunks, layout.head_chunk());
     HeldGrads hg(chunks, layout.head_chunk());
-    timed("cross_entropy", ph, 0,
-          [&] { o.cross_entropy(logits_.t, losses_.t, loss_.t, logits_.t, targets_.t, N, V, grad_scale); });
+    const size_t rows = loss_rows(cfg_, size_t(N));
+    if (rows == size_t(N))
+      timed("cross_entropy", ph, 0,
+            [&] { o.cross_entropy(logits_.t, losses_.t, loss_.t, logits_.t, targets_.t, N, V, grad_scale); });
     o.zero(dxn_.t);
     auto lm_head_backward = [&](Tensor w, Tensor dw) {
-      timed(
-          "lm_head", ph, 2 * linear_flops(N, C, V),
-          [&] { o.linear_backward(dxn_.t, dw, logits_.t, xf_.t, w, N, C, V); }, N, C, V);
+      if (rows == size_t(N)) {
+        timed(
+            "lm_head", ph, 2 * linear_flops(N, C, V),
+            [&] { o.linear_backward(dxn_.t, dw, logits_.t, xf_.t, w, N, C, V); }, N, C, V);
+        return;
+      }
+      // Note [The loss in row chunks]: each chunk's logits again, its dlogits in place, its dx rows and
+      // its share of dW, in row order.
+      for (size_t r0 = 0; r0 < size_t(N); r0 += rows) {
+        const size_t n = std::min(rows, size_t(N) - r0);
+        const Tensor lg = logits_.t.slice(0, n * size_t(V));
+        const Tensor x = xf_.t.slice(r0 * size_t(C), n * size_t(C));
+        head_forward_logits(w, r0, n, Phase::recompute);
+        timed("cross_entropy", ph, 0, [&] {
+          o.cross_entropy(lg, losses_.t.slice(r0, n), loss_.t, lg, targets_.t.slice(r0, n), int(n), V,
+                          grad_scale, n_valid_);
+        });
+        timed(
+            "lm_head", ph, 2 * linear_flops(int(n), C, V),
+            [&] {
+              o.linear_backward(dxn_.t.slice(r0 * size_t(C), n * size_t(C)), dw, lg, x, w, int(n), C, V);
+            },
+            int(n), C, V);
+      }
     };
     if (cfg_.tie_embeddings) {
       const int e_id = layout.embedding_chunk();

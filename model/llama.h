@@ -86,6 +86,14 @@ class LlamaModel final : public TrainableModel {
   // The largest shapes its ops run for a micro-batch of B x T tokens, for the compute interface's
   // scratch (kernels::Ops::scratch_bytes; reduce_numel is the caller's to set).
   static kernels::OpShapes op_shapes(const ModelConfig& cfg, int B, int T);
+  // The rows of logits a training forward and backward hold at once for N rows (Note [The loss in row
+  // chunks] in model/llama.cpp): N while N x vocab_size is at most kLossChunkElements, else that many
+  // elements' worth.
+  static constexpr size_t kLossChunkElements = size_t(1) << 25;
+  static size_t loss_rows(const ModelConfig& cfg, size_t N);
+  // The threshold loss_rows() uses: kLossChunkElements, or what a test sets for the whole process (0
+  // restores the default). Set it before any model plans or runs.
+  static void set_loss_chunk_elements(size_t elements);
   // Multiply-adds × 2 of one forward / backward over (B, T), as the profile counts them.
   double forward_flops(int B, int T) const;
   double backward_flops(int B, int T) const;
@@ -119,11 +127,13 @@ class LlamaModel final : public TrainableModel {
   // Calls fn(buffer, elements, dtype) for every buffer a forward + backward over (B, T) needs, in one
   // fixed order; `m` null: buffer null (sizes only, for the static activation_bytes()). M: LlamaModel,
   // or const LlamaModel to read what is allocated.
+  // `logit_rows`: the rows of logits held (loss_rows(), or every row for a forward without targets).
   template <typename M, typename Fn>
   static void each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DType act,
-                          kernels::AttentionSizes as, M* m, Fn&& fn);
+                          kernels::AttentionSizes as, size_t logit_rows, M* m, Fn&& fn);
 
-  void ensure_buffers(int B, int T);
+  // `whole_logits`: every row's logits (a forward without targets, whose logits() the caller reads).
+  void ensure_buffers(int B, int T, bool whole_logits);
   // `ad`: the block's adapter chunk (its LoRA tensors), nullptr when it has none; `ag` its gradients.
   void block_forward(const ChunkView& p, const ChunkView* ad, kernels::Tensor x_in, kernels::Tensor x_out,
                      BlockActs& a, Phase phase);
@@ -151,7 +161,8 @@ class LlamaModel final : public TrainableModel {
     size_t dh = 0, dy = 0, dq = 0, dk = 0, dv = 0, numel = 0;
   };
   static BackwardScratch backward_scratch(size_t N, size_t F, size_t Q, size_t KV);
-  void head_forward_logits(kernels::Tensor w_head, kernels::Tensor x);
+  // logits_[0, n) = x[r0, r0 + n) W^T: n rows of logits, from row r0 of the final norm's output.
+  void head_forward_logits(kernels::Tensor w_head, size_t r0, size_t n, Phase phase);
   void check_layout(const ChunkProvider& chunks) const;
   // y = x W^T (+ b where the family has bias `bias_index`, -1 for none).
   void project(const ChunkView& p, const ChunkView* ad, BlockActs& a, kernels::Tensor out, kernels::Tensor x,
@@ -190,8 +201,9 @@ class LlamaModel final : public TrainableModel {
   Buf resid_;                    // (L + 1, N, C): resid_[l] is block l's input, [L] the head's
   std::vector<BlockActs> acts_;  // L sets, or 1 with checkpointing
   Buf xf_, rstdf_;               // (N, C), (N) fp32: final norm output and its rstd
-  Buf logits_;                   // (N, V); backward turns it into dlogits in place
+  Buf logits_;                   // (loss_rows(N), V); backward turns them into dlogits in place
   Buf losses_, loss_;            // (N), (1) fp32: cross-entropy per row and mean
+  int n_valid_ = 0;              // the last forward's targets that count (>= 0)
   // Backward scratch.
   Buf dresid_, dxn_;  // (N, C)
   // One region for the block's two backward phases, which never overlap (backward_scratch()): the MLP's

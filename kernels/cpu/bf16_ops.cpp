@@ -248,16 +248,18 @@ void scale(bf16_t* x, float s, std::size_t n) {
 // cross_entropy.cpp's rows, each widened into a buffer that also receives its gradient (the row function
 // allows the alias) before it is rounded into dlogits.
 float cross_entropy_forward_backward(bf16_t* dlogits, float* losses, const bf16_t* logits,
-                                     const std::int32_t* targets, int N, int V, float grad_scale) {
+                                     const std::int32_t* targets, int N, int V, float grad_scale,
+                                     int n_valid) {
   const std::size_t v = std::size_t(V);
-  return impl::cross_entropy_rows(losses, targets, N, V, grad_scale, [&](std::size_t i, float gscale) {
-    float* row = buffer(0, v);
-    widen_bf16(row, logits + i * v, v);
-    const double loss =
-        impl::cross_entropy_row(dlogits != nullptr ? row : nullptr, row, targets[i], V, gscale);
-    if (dlogits != nullptr) narrow_bf16(dlogits + i * v, row, v);
-    return loss;
-  });
+  return impl::cross_entropy_rows(
+      losses, targets, N, V, grad_scale, n_valid, [&](std::size_t i, float gscale) {
+        float* row = buffer(0, v);
+        widen_bf16(row, logits + i * v, v);
+        const double loss =
+            impl::cross_entropy_row(dlogits != nullptr ? row : nullptr, row, targets[i], V, gscale);
+        if (dlogits != nullptr) narrow_bf16(dlogits + i * v, row, v);
+        return loss;
+      });
 }
 
 }  // namespace strata::kernels::cpu

@@ -93,11 +93,13 @@ double cross_entropy_row(float* di, const float* li, int target, int V, float gs
 }  // namespace impl
 
 float cross_entropy_forward_backward(float* dlogits, float* losses, const float* logits,
-                                     const std::int32_t* targets, int N, int V, float grad_scale) {
-  return impl::cross_entropy_rows(losses, targets, N, V, grad_scale, [&](std::size_t i, float gscale) {
-    return impl::cross_entropy_row(dlogits != nullptr ? dlogits + i * V : nullptr, logits + i * V, targets[i],
-                                   V, gscale);
-  });
+                                     const std::int32_t* targets, int N, int V, float grad_scale,
+                                     int n_valid) {
+  return impl::cross_entropy_rows(
+      losses, targets, N, V, grad_scale, n_valid, [&](std::size_t i, float gscale) {
+        return impl::cross_entropy_row(dlogits != nullptr ? dlogits + i * V : nullptr, logits + i * V,
+                                       targets[i], V, gscale);
+      });
 }
 
 }  // namespace strata::kernels::cpu

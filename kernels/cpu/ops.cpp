@@ -219,11 +219,11 @@ class CpuOps final : public Ops {
   }
 
   void do_cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits, Tensor targets, int N,
-                        int V, float grad_scale) override {
+                        int V, float grad_scale, int n_valid) override {
     enqueue_typed([=]<typename A>(A*) {
-      mean_loss.as<float>()[0] =
-          kc::cross_entropy_forward_backward(dlogits ? dlogits.as<A>() : nullptr, losses.as<float>(),
-                                             logits.as<A>(), targets.as<std::int32_t>(), N, V, grad_scale);
+      mean_loss.as<float>()[0] = kc::cross_entropy_forward_backward(
+          dlogits ? dlogits.as<A>() : nullptr, losses.as<float>(), logits.as<A>(), targets.as<std::int32_t>(),
+          N, V, grad_scale, n_valid);
     });
   }
 

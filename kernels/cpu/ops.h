@@ -189,9 +189,13 @@ std::uint64_t dropout_key(std::uint64_t key, std::uint64_t value);
 // a loss scale or 1/gradient_accumulation_steps. losses, if not null, gets each row's loss (0 if ignored).
 // Returns the mean loss (0 when n_valid is 0), summed in row order in double: deterministic.
 // Throws strata::Error if a target is >= V.
+// `n_valid` >= 0 gives the divisor instead of counting these rows: a chunk of a longer batch (the loss
+// over row chunks, Note [The loss in row chunks] in model/llama.cpp), each row's loss and gradient then
+// those of the whole batch's call bit for bit; the result is this chunk's share of the mean, its sum /
+// n_valid.
 float cross_entropy_forward_backward(float* dlogits /*(N,V) or nullptr*/, float* losses /*(N) or nullptr*/,
                                      const float* logits /*(N,V)*/, const std::int32_t* targets /*(N)*/,
-                                     int N, int V, float grad_scale);
+                                     int N, int V, float grad_scale, int n_valid = -1);
 
 // ---- bf16 activations (bf16_ops.cpp; the embedding's in embedding.cpp, bias_backward in elementwise.cpp,
 // dropout in dropout.cpp)
@@ -235,7 +239,7 @@ void residual_backward(bf16_t* da /*(n) += or null*/, bf16_t* db /*(n) += or nul
 // dlogits (bf16, may alias logits) rounded once from the fp32 gradient; losses and the mean fp32.
 float cross_entropy_forward_backward(bf16_t* dlogits /*(N,V) or nullptr*/, float* losses /*(N) or nullptr*/,
                                      const bf16_t* logits /*(N,V)*/, const std::int32_t* targets /*(N)*/,
-                                     int N, int V, float grad_scale);
+                                     int N, int V, float grad_scale, int n_valid = -1);
 // x = bf16(x * s).
 void scale(bf16_t* x /*(n)*/, float s, std::size_t n);
 // The fp32 dropout's mask and factor, the product rounded once to bf16 (dropout.cpp).

@@ -61,8 +61,9 @@ double cross_entropy_row_on(SimdTarget t, float* di, const float* li, int target
 // per row (one task per row), losses (if not null) and the mean summed in row order in double.
 template <typename Row>
 float cross_entropy_rows(float* losses, const std::int32_t* targets, int N, int V, float grad_scale,
-                         Row&& row) {
-  const int n_valid = cross_entropy_valid_rows(targets, N, V);
+                         int given, Row&& row) {
+  const int counted = cross_entropy_valid_rows(targets, N, V);
+  const int n_valid = given >= 0 ? given : counted;
   const float gscale = n_valid > 0 ? float(double(grad_scale) / n_valid) : 0.0f;
   std::vector<double> row_loss(std::size_t(N), 0.0);
   parallel_for_each_index(std::size_t(N), 1, [&](std::size_t i) { row_loss[i] = row(i, gscale); });

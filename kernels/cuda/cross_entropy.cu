@@ -13,13 +13,13 @@
 namespace strata::kernels::cuda {
 namespace {
 
-// One block: *slot = the int bits of the number of targets >= 0.
-__global__ void count_valid_kernel(float* slot, const std::int32_t* targets, int N) {
+// One block: *slot = the int bits of the number of targets >= 0, or of `given` when it is >= 0.
+__global__ void count_valid_kernel(float* slot, const std::int32_t* targets, int N, int given) {
   __shared__ int shared[impl::kThreads];
   int c = 0;
   for (int i = threadIdx.x; i < N; i += blockDim.x) c += targets[i] >= 0 ? 1 : 0;
   c = impl::block_sum(c, shared);
-  if (threadIdx.x == 0) *slot = __int_as_float(c);
+  if (threadIdx.x == 0) *slot = __int_as_float(given >= 0 ? given : c);
 }
 
 // One block per row. dlogits may alias logits: every logit a thread writes it has read itself, and the
@@ -63,13 +63,13 @@ __global__ void mean_loss_kernel(float* mean_loss, const float* losses, int N) {
 
 void cross_entropy_forward_backward(bf16* dlogits, float* losses, float* mean_loss, const bf16* logits,
                                     const std::int32_t* targets, int N, int V, float grad_scale,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, int n_valid) {
   detail::CudaDeviceGuard guard(stream);
   if (N == 0) {
     STRATA_CUDA_CHECK(cudaMemsetAsync(mean_loss, 0, sizeof(float), stream));
     return;
   }
-  count_valid_kernel<<<1, impl::kThreads, 0, stream>>>(mean_loss, targets, N);
+  count_valid_kernel<<<1, impl::kThreads, 0, stream>>>(mean_loss, targets, N, n_valid);
   STRATA_KERNEL_CHECK(stream);
   cross_entropy_kernel<<<N, impl::kThreads, 0, stream>>>(dlogits, losses, mean_loss, logits, targets, V,
                                                          grad_scale);

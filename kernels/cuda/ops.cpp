@@ -207,10 +207,10 @@ class CudaOps final : public Ops {
   }
 
   void do_cross_entropy(Tensor dlogits, Tensor losses, Tensor mean_loss, Tensor logits, Tensor targets, int N,
-                        int V, float grad_scale) override {
+                        int V, float grad_scale, int n_valid) override {
     ku::cross_entropy_forward_backward(dlogits ? dlogits.as<ku::bf16>() : nullptr, losses.as<float>(),
                                        mean_loss.as<float>(), logits.as<ku::bf16>(),
-                                       targets.as<std::int32_t>(), N, V, grad_scale, s_);
+                                       targets.as<std::int32_t>(), N, V, grad_scale, s_, n_valid);
   }
 
   void do_cast(Tensor out, Tensor in) override {

@@ -168,10 +168,11 @@ void dropout(bf16* out /*(n)*/, const bf16* in /*(n)*/, std::size_t n, double p,
 // fixed order (deterministic). dlogits may be nullptr (forward only) or alias logits. As on the CPU, the
 // valid targets are counted in integers and the mean is summed in double; *mean_loss also serves as the
 // count's slot between the kernels, so it must not alias the other buffers.
+// n_valid >= 0: the divisor given instead of the count (a chunk of a longer batch; kernels/cpu's).
 void cross_entropy_forward_backward(bf16* dlogits /*(N,V) or nullptr*/, float* losses /*(N)*/,
                                     float* mean_loss /*(1)*/, const bf16* logits /*(N,V)*/,
                                     const std::int32_t* targets /*(N)*/, int N, int V, float grad_scale,
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, int n_valid = -1);
 
 // ---- runtime helpers ------------------------------------------------------------------------------------
 // The CPU's conversions bit for bit (round to nearest even; NaN stays NaN with its sign).

@@ -200,12 +200,11 @@ std::string config_reference_markdown() {
       "  `(no effect)` after a key accepted without effect, and below the table the reasons for the ones\n"
       "  the file set); `Config::to_json()` is the same as a document (checkpoints and memprof traces\n"
       "  carry it).\n"
-      "- **The plan for a model.** `strata config FILE --model M [--backend cuda|host] [--device-memory "
-      "24GiB]\n"
-      "  [--seq-len T]` plans the run as the engine would (the memory plan's device and host lines, whether\n"
-      "  the step fits, the bytes a step moves over the host link, each chunk's update route) for a device\n"
-      "  given by its size, so a plan for a GPU can be made without one (tools/cmd_config.cpp, Note [The "
-      "plan\n"
+      "- **The plan for a model.** `strata config FILE --model M [--backend cuda|host]\n"
+      "  [--device-memory 24GiB] [--seq-len T]` plans the run as the engine would (the memory plan's\n"
+      "  device and host lines, whether the step fits, the longest row that fits and the activation bytes\n"
+      "  a token, the bytes a step moves over the host link, each chunk's update route) for a device given\n"
+      "  by its size, so a plan for a GPU can be made without one (tools/cmd_config.cpp, Note [The plan\n"
       "  before the machine]).\n\n";
 
   md += "## Keys\n";

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -104,6 +105,18 @@ void print_model_plan(const Config& cfg, const ConfigOpts& opts) {
   const std::uint64_t need = mp.device_need();
   std::printf("fits: %s (the step needs %s of the device's %s)\n", need <= capacity ? "yes" : "no",
               format_size(need, 1).c_str(), format_size(capacity, 1).c_str());
+  // How long a sequence fits (Note [The plan before the machine]): the same plan at every length.
+  const std::int64_t longest = zero3::longest_sequence(
+      in, cfg.zero_optimization, m.max_seq_len,
+      [&](std::int64_t t, bool ckpt) { return arch.activation_bytes(m, B, int(t), ckpt, *ops); },
+      cfg.strata.checkpoint_activations == CK::automatic
+          ? std::nullopt
+          : std::optional<bool>(cfg.strata.checkpoint_activations == CK::on));
+  std::printf(
+      "longest sequence: %lld tokens a row at micro-batch %d fit the device (the model's max_seq_len %lld); "
+      "activations %s a token at %d tokens\n",
+      (long long)longest, B, (long long)m.max_seq_len,
+      format_size(mp.device_activations / std::uint64_t(std::max(1, B * T)), 1).c_str(), T);
   const zero3::LinkBytes link = zero3::link_bytes_per_step(in, p);
   std::printf(
       "host link per step: %s (gathers %s, gradients %s, new working params %s; zero3/placement.h, "

@@ -46,6 +46,16 @@ void Engine::Impl::plan_memory() {
   plan.device_headroom = dev->caps().reserved;
   plan.device_activations_checkpointed = with_checkpointing;
   plan.device_activations_all = without;
+  // How long a sequence fits this device at this micro-batch (strata config and Python show it).
+  const int B = int(cfg.train_micro_batch_size_per_gpu);
+  plan.activation_bytes_per_token = plan.device_activations / std::uint64_t(std::max(1, B * planned_seq_len));
+  plan.longest_seq_len = longest_sequence(
+      in, cfg.zero_optimization, mcfg.max_seq_len,
+      [&](std::int64_t T, bool ckpt) { return arch.activation_bytes(mcfg, B, int(T), ckpt, *ops); },
+      opts.checkpoint_activations ? opts.checkpoint_activations
+      : cfg.strata.checkpoint_activations == StrataConfig::Checkpointing::automatic
+          ? std::nullopt
+          : std::optional<bool>(cfg.strata.checkpoint_activations == StrataConfig::Checkpointing::on));
   lay_out_chunks(in, p);
   planned = std::move(in);
   report_ratio();

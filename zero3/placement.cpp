@@ -274,6 +274,8 @@ nlohmann::json to_json(const MemoryPlan& p) {
           {"device_accumulator_bytes", p.device_accumulator_bytes},
           {"device_cache", p.device_cache},
           {"device_headroom", p.device_headroom},
+          {"longest_seq_len", p.longest_seq_len},
+          {"activation_bytes_per_token", p.activation_bytes_per_token},
           {"device_need", p.device_need()},
           {"pinned_state", p.pinned_state},
           {"pinned_staging", p.pinned_staging},
@@ -449,6 +451,30 @@ OverlapDecision plan_overlap(std::vector<UpdateRoute>& routes, MemoryPlan& m, co
   }));
   m.overlap_host = total;
   return d;
+}
+
+std::int64_t longest_sequence(
+    PlanInput in, const ZeroConfig& z, std::int64_t max_tokens,
+    const std::function<std::uint64_t(std::int64_t T, bool checkpointed)>& activations,
+    std::optional<bool> checkpointing) {
+  auto fits = [&](std::int64_t T) {
+    for (bool ckpt : {false, true}) {
+      if (checkpointing && *checkpointing != ckpt) continue;
+      in.activations = activations(T, ckpt);
+      if (plan_memory(in, z).memory.device_need() <= in.device_capacity) return true;
+    }
+    return false;
+  };
+  if (max_tokens < 1 || !fits(1)) return 0;
+  std::int64_t lo = 1, hi = max_tokens;  // fits(lo); the answer is in [lo, hi]
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
 }
 
 LinkBytes link_bytes_per_step(const PlanInput& in, const Plan& p) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,11 @@ struct MemoryPlan {
   // libraries' own allocations; the device's caps().reserved, Note [cuda device capacity]); 0 on the host
   // backend. Shown, not part of device_need().
   std::uint64_t device_headroom = 0;
+  // How long a sequence fits (longest_sequence): the most tokens a row of the configured micro-batch may
+  // have with the plan still inside the device (0: not even one; filled by the engine and strata config),
+  // and the activation bytes a token at the planned sequence length (device_activations / (B x T)).
+  std::int64_t longest_seq_len = 0;
+  std::uint64_t activation_bytes_per_token = 0;
   std::uint64_t total_state() const { return device_state + pinned_state + nvme_state; }
   // The smallest device capacity the step fits in.
   std::uint64_t device_need() const {
@@ -338,6 +344,16 @@ struct Plan {
 };
 
 Plan plan_memory(const PlanInput& in, const ZeroConfig& z);
+
+// The longest row (tokens, up to max_tokens) whose plan fits in.device_capacity: `activations(T,
+// checkpointed)` gives the model's device bytes for a micro-batch of rows of T tokens; `checkpointing`
+// is true / false where the run's choice is fixed, empty for "auto" (checkpointing where the plan without
+// it does not fit, as the engine chooses). 0 when not even one token fits. A bisection: the activations
+// grow with T.
+std::int64_t longest_sequence(
+    PlanInput in, const ZeroConfig& z, std::int64_t max_tokens,
+    const std::function<std::uint64_t(std::int64_t T, bool checkpointed)>& activations,
+    std::optional<bool> checkpointing);
 
 // Bytes one optimizer step moves over the host link (host memory <-> device), as the plan's routes move
 // them: every micro-batch gathers each chunk whose working copy is off the device twice (forward, then

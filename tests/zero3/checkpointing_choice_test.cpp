@@ -81,5 +81,25 @@ TEST(CheckpointingChoice, OnAndOffTrainTheSameLossesBitForBit) {
   EXPECT_EQ(on.losses, off.losses);
 }
 
+// How long a sequence fits (MemoryPlan.longest_seq_len, longest_sequence in zero3/placement.h): an engine
+// planned for that many tokens a row fits the same cap, one planned for one more is refused.
+TEST(LongestSequence, IsTheLongestRowAnEngineAcceptsAtTheCap) {
+  model::ModelConfig m = kModel;
+  m.max_seq_len = 1024;
+  Engine probe(demo_config(true), m, at_cap(0));
+  const std::uint64_t cap = probe.plan().device_need() + (std::uint64_t(1) << 20);  // room for more rows
+  Engine e(demo_config(true), m, at_cap(cap));
+  const std::int64_t longest = e.plan().longest_seq_len;
+  ASSERT_GT(longest, kSeq);
+  ASSERT_LT(longest, 1024);
+  EXPECT_EQ(e.plan().activation_bytes_per_token,
+            e.plan().device_activations / std::uint64_t(e.micro_batch() * kSeq));
+  EXPECT_NO_THROW(
+      Engine(demo_config(true), m, {.backend = "host", .device_memory_cap = cap, .seq_len = int(longest)}));
+  EXPECT_THROW(Engine(demo_config(true), m,
+                      {.backend = "host", .device_memory_cap = cap, .seq_len = int(longest) + 1}),
+               Error);
+}
+
 }  // namespace
 }  // namespace strata::zero3::test

@@ -67,3 +67,15 @@ def test_a_lora_block_trains_new_adapters_over_the_frozen_base(config, token_fil
 def test_a_bad_adapter_directory_is_refused_naming_the_argument(config, tmp_path):
     with pytest.raises(strata.ConfigError, match=r"initialize\(adapter=\.\.\.\)"):
         adapter_engine(config, adapter=str(tmp_path))
+
+
+def test_an_nf4_base_trains_and_holds_less(config, token_file):
+    """strata.lora.base_dtype "nf4" from Python: the adapters train over QLoRA's base, whose packed bytes
+    make the plan's pinned state smaller than over the bf16 base."""
+    config["strata"]["lora"] = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
+    bf16 = adapter_engine(config).memory_plan["pinned_state"]
+    config["strata"]["lora"]["base_dtype"] = "nf4"
+    engine = adapter_engine(config)
+    assert engine.memory_plan["pinned_state"] < bf16
+    steps = sup.run_steps(engine, engine.token_loader(str(token_file)), 3)
+    assert steps[-1].loss != steps[0].loss

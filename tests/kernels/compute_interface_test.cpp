@@ -12,7 +12,6 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "kernels/cpu/nf4.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
 #include "tests/common/stream_gate.h"
@@ -457,55 +456,6 @@ TEST_P(Compute, DropoutIsTheCpuMaskAndRoundingBitForBit) {
     EXPECT_EQ(0, std::memcmp(got_in_place.data(), want.data(), n * sizeof(float)))
         << "p " << p << " in place";
   }
-}
-
-// NF4 dequantisation (an NF4 base's gathers) is kernels/cpu's value bit for bit on every backend, in fp32
-// and rounded to bf16, with the absmax in fp32 or double-quantised (over 256 blocks: two absmax2), for a
-// length neither even nor a whole number of blocks; n 0 writes nothing.
-TEST_P(Compute, Nf4DequantisationIsTheCpusBitForBit) {
-  const std::size_t n = 64 * 300 + 37, nblocks = kc::nf4_blocks(n, 64);
-  std::vector<float> x = random_floats(n, 51, 0.05f);
-  for (std::size_t i = 64 * 7; i < 64 * 8; ++i) x[i] = 0.0f;  // a block of zeros
-  std::vector<std::uint8_t> codes(kc::nf4_code_bytes(n));
-  std::vector<float> absmax(nblocks);
-  kc::quantize_nf4(x.data(), n, 64, codes.data(), absmax.data());
-  const kc::Nf4DoubleQuant dq = kc::quantize_nf4_absmax(absmax.data(), nblocks);
-  ASSERT_EQ(dq.absmax2.size(), 2u);
-  auto bytes = [&](const void* p, std::size_t b) {
-    std::vector<float> words((b + 3) / 4, 0.0f);
-    std::memcpy(words.data(), p, b);
-    return put(words, DType::fp32);  // the bytes, as put() copies them
-  };
-  const Tensor d_codes = bytes(codes.data(), codes.size()), d_absmax = bytes(absmax.data(), nblocks * 4),
-               d_codes8 = bytes(dq.codes.data(), nblocks), d_absmax2 = bytes(dq.absmax2.data(), 8);
-  for (bool double_quant : {false, true}) {
-    std::vector<float> am(nblocks), want(n);
-    if (double_quant)
-      kc::dequantize_nf4_absmax(dq, nblocks, am.data());
-    else
-      am = absmax;
-    kc::dequantize_nf4(codes.data(), am.data(), n, 64, want.data());
-    const Nf4Blocks q{.codes = d_codes.data,
-                      .absmax = double_quant ? d_codes8.data : d_absmax.data,
-                      .absmax2 = double_quant ? d_absmax2.data : nullptr,
-                      .offset = double_quant ? dq.offset : 0.0f,
-                      .double_quant = double_quant};
-    for (DType t : {DType::fp32, DType::bf16}) {
-      Tensor out = alloc(n, t);
-      ops->dequantize_nf4(out, q);
-      std::vector<float> w = want;
-      if (t == DType::bf16)
-        for (float& v : w) v = bf16_to_f32(f32_to_bf16(v));
-      EXPECT_EQ(0, std::memcmp(get(out).data(), w.data(), n * sizeof(float)))
-          << dtype_name(t) << (double_quant ? ", double-quantised" : ", fp32 absmax");
-    }
-  }
-  Tensor untouched = put(std::vector<float>{3.0f}, DType::fp32);
-  ops->dequantize_nf4(Tensor{untouched.data, DType::fp32, 0}, Nf4Blocks{});
-  EXPECT_EQ(get(untouched)[0], 3.0f);
-  EXPECT_THROW(
-      ops->dequantize_nf4(alloc(4, DType::fp16), Nf4Blocks{.codes = d_codes.data, .absmax = d_absmax.data}),
-      Error);
 }
 
 // reserve_scratch(scratch_bytes(shapes)) covers the bias gradients (OC = C, NH * HD, NKV * HD) and, with

@@ -58,6 +58,14 @@ TEST_P(ExampleConfigs, LoadWithoutWarnings) {
   EXPECT_EQ(c.zero_optimization.stage, 3);
   EXPECT_EQ(c.scheduler.total_num_steps, 100);
   EXPECT_TRUE(testing::contains(testing::parse_error(doc), "the run's length is not known here"));
+  // DeepSpeed's own schema (DeepSpeedZeroConfig) types these as integers and refuses "50M": the stock
+  // configs give sizes as numbers, so that they load in DeepSpeed too (Strata also reads "50M" from users).
+  for (const char* size : {"stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+                           "stage3_max_reuse_distance", "stage3_param_persistence_threshold",
+                           "sub_group_size", "reduce_bucket_size", "allgather_bucket_size"})
+    if (doc["zero_optimization"].contains(size)) {
+      EXPECT_TRUE(doc["zero_optimization"][size].is_number()) << size;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Config, ExampleConfigs,

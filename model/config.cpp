@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
@@ -77,7 +78,8 @@ constexpr const char* kIgnoredHfKeys[] = {
     "return_dict",
     "tie_encoder_decoder",
     "use_return_dict",
-    // Phi-3: the length longrope scaling switches at; read only by that scaling, which is refused.
+    // The length longrope scaling switches at (Phi-3) and yarn's original length when its rope object has
+    // none: read by those scalings (finish_longrope, finish_yarn), ignored otherwise.
     "original_max_position_embeddings",
 };
 
@@ -220,16 +222,89 @@ std::vector<double> get_factors(const json& obj, const char* key, const std::str
   return obj[key].get<std::vector<double>>();
 }
 
+// The keys a linear or yarn rope object may hold besides rope_type / type, rope_theta and
+// partial_rotary_factor (transformers' _validate_<type>_rope_parameters); another is refused by name.
+void check_rope_keys(const json& r, const std::string& type, std::initializer_list<const char*> keys,
+                     const std::string& where) {
+  for (const auto& item : r.items()) {
+    const std::string& k = item.key();
+    if (k == "rope_type" || k == "type" || k == "rope_theta" || k == "partial_rotary_factor" ||
+        std::any_of(keys.begin(), keys.end(), [&](const char* known) { return k == known; }))
+      continue;
+    std::string known;
+    for (const char* key : keys) known += detail::cat(known.empty() ? "" : ", ", "'", key, "'");
+    throw ConfigError(detail::cat(where, ": '", k, "' is not a key of ", type, " rope scaling; it takes ",
+                                  known, " (besides rope_type and rope_theta)"));
+  }
+}
+
+// An optional number of a rope object (absent or null: std::nullopt) and what it must be: any number, a
+// number >= 0 or a number > 0.
+enum class Bound { any, non_negative, positive };
+std::optional<double> optional_number(const json& r, const char* key, Bound bound, const std::string& where) {
+  if (!r.contains(key) || r[key].is_null()) return std::nullopt;
+  const json& v = r[key];
+  const bool ok =
+      v.is_number() && (bound == Bound::any || (bound == Bound::non_negative && v.get<double>() >= 0) ||
+                        (bound == Bound::positive && v.get<double>() > 0));
+  if (!ok)
+    throw ConfigError(detail::cat(where, ": '", key, "' is ", v.dump(), "; it must be null or a number",
+                                  bound == Bound::positive       ? " > 0"
+                                  : bound == Bound::non_negative ? " >= 0"
+                                                                 : ""));
+  return v.get<double>();
+}
+
+// YaRN's keys (transformers' _validate_yarn_rope_parameters); the defaults that need the model's sizes are
+// set by finish_yarn.
+void parse_yarn(const json& r, RopeScaling& s, const std::string& where) {
+  check_rope_keys(r, "yarn",
+                  {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+                   "mscale", "mscale_all_dim", "truncate"},
+                  where);
+  if (!r.contains("factor"))
+    throw ConfigError(detail::cat(where,
+                                  ": yarn rope scaling needs 'factor': a number > 0, or null for "
+                                  "max_position_embeddings / original_max_position_embeddings"));
+  if (const std::optional<double> f = optional_number(r, "factor", Bound::positive, where)) {
+    s.factor = *f;
+    s.factor_given = true;
+  }
+  if (const std::optional<double> a = optional_number(r, "attention_factor", Bound::positive, where)) {
+    s.attention_factor = *a;
+    s.attention_factor_given = true;
+  }
+  s.original_max_position_embeddings = 0;  // the top-level key's or max_position_embeddings (finish_yarn)
+  if (r.contains("original_max_position_embeddings") && !r["original_max_position_embeddings"].is_null()) {
+    const json& o = r["original_max_position_embeddings"];
+    if (!o.is_number_integer() || o.get<int64_t>() < 1)
+      throw ConfigError(detail::cat(where, ": 'original_max_position_embeddings' is ", o.dump(),
+                                    "; it must be null or a whole number >= 1"));
+    s.original_max_position_embeddings = o.get<int64_t>();
+  }
+  s.beta_fast = optional_number(r, "beta_fast", Bound::non_negative, where);
+  s.beta_slow = optional_number(r, "beta_slow", Bound::non_negative, where);
+  s.mscale = optional_number(r, "mscale", Bound::any, where);
+  s.mscale_all_dim = optional_number(r, "mscale_all_dim", Bound::any, where);
+  if (r.contains("truncate")) {
+    if (!r["truncate"].is_boolean())
+      throw ConfigError(
+          detail::cat(where, ": 'truncate' is ", r["truncate"].dump(), "; it must be true or false"));
+    s.truncate = r["truncate"].get<bool>();
+  }
+}
+
 // Hugging Face's rope_scaling object (or rope_parameters, which also carries rope_theta).
-// `phi3`: Phi-3's config reads "yarn" as longrope too (transformers' Phi3Config).
+// `phi3`: Phi-3's config reads "yarn" as longrope too, and takes no other scaling (transformers' Phi3Config).
 RopeScaling parse_rope_scaling(const json& r, const std::string& where, bool phi3) {
   RopeScaling s;
   if (r.is_null()) return s;
   if (!r.is_object()) throw ConfigError(detail::cat(where, ": expected an object or null, got ", r.dump()));
   const json* type = r.contains("rope_type") ? &r["rope_type"] : r.contains("type") ? &r["type"] : nullptr;
   if (!type || !type->is_string())
-    throw ConfigError(
-        detail::cat(where, ": 'rope_type' must be a string (\"default\", \"llama3\" or \"longrope\")"));
+    throw ConfigError(detail::cat(where,
+                                  ": 'rope_type' must be a string (\"default\", \"linear\", \"llama3\", "
+                                  "\"yarn\" or \"longrope\")"));
   s.type = type->get<std::string>();
   if (s.type == "su" || (phi3 && s.type == "yarn")) s.type = "longrope";  // as transformers reads Phi-3's
   if (r.contains("partial_rotary_factor") &&
@@ -237,6 +312,24 @@ RopeScaling parse_rope_scaling(const json& r, const std::string& where, bool phi
     throw ConfigError(detail::cat(where, ": partial_rotary_factor ", r["partial_rotary_factor"].dump(),
                                   " is not implemented; the rotary embedding covers the whole head here"));
   if (s.type == "default") return s;
+  if (phi3 && s.type != "longrope")
+    throw ConfigError(detail::cat(where, ": rope_type \"", s.type,
+                                  "\" in a phi3 config; transformers' Phi3Config takes only \"default\" and "
+                                  "\"longrope\" (\"su\" and \"yarn\" read as it)"));
+  if (s.type == "linear") {
+    check_rope_keys(r, "linear", {"factor"}, where);
+    if (!r.contains("factor") || !r["factor"].is_number() || !(r["factor"].get<double>() > 0))
+      throw ConfigError(detail::cat(where,
+                                    ": linear rope scaling needs 'factor', a number > 0 (the positions' "
+                                    "divisor); got ",
+                                    r.contains("factor") ? r["factor"].dump() : std::string("none")));
+    s.factor = r["factor"].get<double>();
+    return s;
+  }
+  if (s.type == "yarn") {
+    parse_yarn(r, s, where);
+    return s;
+  }
   if (s.type == "longrope") {
     s.short_factor = get_factors(r, "short_factor", where);
     s.long_factor = get_factors(r, "long_factor", where);
@@ -259,10 +352,9 @@ RopeScaling parse_rope_scaling(const json& r, const std::string& where, bool phi
     return s;
   }
   if (s.type != "llama3")
-    throw ConfigError(
-        detail::cat(where, ": rope_type \"", s.type,
-                    "\" is not implemented (yarn, dynamic and linear among them); Strata computes "
-                    "\"default\", \"llama3\" and \"longrope\" rotary frequencies"));
+    throw ConfigError(detail::cat(where, ": rope_type \"", s.type,
+                                  "\" is not implemented; Strata computes \"default\", "
+                                  "\"linear\", \"llama3\", \"yarn\" and \"longrope\" rotary frequencies"));
   s.factor = get_number(r, "factor", where);
   s.low_freq_factor = get_number(r, "low_freq_factor", where);
   s.high_freq_factor = get_number(r, "high_freq_factor", where);
@@ -304,8 +396,58 @@ void finish_longrope(RopeScaling& s, const json& j, int64_t max_seq_len, int64_t
             : std::sqrt(1.0 + std::log(s.factor) / std::log(double(s.original_max_position_embeddings)));
 }
 
+// yarn's remaining parameters, once the model's sizes are known (transformers' standardize_rope_params and
+// _compute_yarn_parameters): the original length, factor when null, the attention factor's default.
+void finish_yarn(RopeScaling& s, const json& j, int64_t max_seq_len, const std::string& where) {
+  const json* top =
+      j.contains("original_max_position_embeddings") ? &j["original_max_position_embeddings"] : nullptr;
+  if (top && !(top->is_number_integer() && top->get<int64_t>() >= 1))
+    throw ConfigError(detail::cat(where, ": the top-level 'original_max_position_embeddings' is ",
+                                  top->dump(), "; yarn reads it, so it must be a whole number >= 1"));
+  if (top && s.original_max_position_embeddings > 0 &&
+      top->get<int64_t>() != s.original_max_position_embeddings)
+    throw ConfigError(detail::cat(where, ": original_max_position_embeddings ",
+                                  s.original_max_position_embeddings,
+                                  " differs from the top-level original_max_position_embeddings ",
+                                  top->dump(), ", which transformers would use instead; keep one"));
+  if (s.original_max_position_embeddings == 0)
+    s.original_max_position_embeddings = top ? top->get<int64_t>() : max_seq_len;
+  const double implicit = double(max_seq_len) / double(s.original_max_position_embeddings);
+  if (!s.factor_given) s.factor = implicit;
+  if (implicit != s.factor && implicit != 1.0)
+    STRATA_LOG_WARN(where, ": yarn's factor ", s.factor,
+                    " is not max_position_embeddings / original_max_position_embeddings = ", implicit,
+                    "; the factor is used, as transformers does");
+  const double fast = s.beta_fast.value_or(0.0) != 0.0 ? *s.beta_fast : 32.0;
+  const double slow = s.beta_slow.value_or(0.0) != 0.0 ? *s.beta_slow : 1.0;
+  if (fast < slow)
+    throw ConfigError(detail::cat(where, ": yarn's beta_fast ", fast, " is below beta_slow ", slow,
+                                  "; beta_fast (default 32) must be at least beta_slow (default 1)"));
+  if (s.attention_factor_given) return;
+  auto get_mscale = [&](double m) { return s.factor <= 1.0 ? 1.0 : 0.1 * m * std::log(s.factor) + 1.0; };
+  const double m = s.mscale.value_or(0.0), m_all = s.mscale_all_dim.value_or(0.0);
+  s.attention_factor = m != 0.0 && m_all != 0.0 ? get_mscale(m) / get_mscale(m_all) : get_mscale(1.0);
+  if (!(s.attention_factor > 0.0) || !std::isfinite(s.attention_factor))
+    throw ConfigError(detail::cat(where, ": yarn's attention factor from mscale ", m, " and mscale_all_dim ",
+                                  m_all, " is ", s.attention_factor,
+                                  "; it must be a finite number > 0: change them or set attention_factor"));
+}
+
 json rope_scaling_json(const RopeScaling& s) {
   if (s.is_default()) return nullptr;
+  if (s.type == "linear") return json{{"rope_type", "linear"}, {"factor", s.factor}};
+  if (s.type == "yarn") {
+    json j{{"rope_type", "yarn"},
+           {"factor", s.factor_given ? json(s.factor) : json(nullptr)},
+           {"original_max_position_embeddings", s.original_max_position_embeddings}};
+    if (s.attention_factor_given) j["attention_factor"] = s.attention_factor;
+    if (s.beta_fast) j["beta_fast"] = *s.beta_fast;
+    if (s.beta_slow) j["beta_slow"] = *s.beta_slow;
+    if (s.mscale) j["mscale"] = *s.mscale;
+    if (s.mscale_all_dim) j["mscale_all_dim"] = *s.mscale_all_dim;
+    if (s.truncate) j["truncate"] = *s.truncate;
+    return j;
+  }
   if (s.type == "longrope") {
     json j{{"rope_type", "longrope"},
            {"short_factor", s.short_factor},
@@ -568,6 +710,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
   }
   if (c.rope_scaling.type == "longrope" && c.n_heads > 0)
     finish_longrope(c.rope_scaling, j, c.max_seq_len, c.head_dim(), where + ": rope_scaling");
+  if (c.rope_scaling.type == "yarn" && c.max_seq_len > 0)
+    finish_yarn(c.rope_scaling, j, c.max_seq_len,
+                where + (j.contains("rope_parameters") ? ": rope_parameters" : ": rope_scaling"));
   // The config says what it was trained at; Llama 3's scaled frequencies assume at least the original.
   if (c.rope_scaling.type == "llama3" && c.rope_scaling.original_max_position_embeddings > c.max_seq_len &&
       c.max_seq_len > 0)

@@ -20,10 +20,14 @@
 //   rope_theta      [rope_theta]               rotary base, > 0; default 10000
 //   norm_eps        [rms_norm_eps]             RMSNorm epsilon, > 0; default 1e-5
 //   head_dim        [head_dim]                 width of a head, even; default d_model / n_heads
-//   rope_scaling    [rope_scaling]             null / {"rope_type": "default"} or Llama 3's
-//                                              {"rope_type": "llama3", "factor", "low_freq_factor",
-//                                              "high_freq_factor", "original_max_position_embeddings"}, or
-//                                              Phi-3's {"rope_type": "longrope", "short_factor",
+//   rope_scaling    [rope_scaling]             null / {"rope_type": "default"}, {"rope_type": "linear",
+//                                              "factor"}, Llama 3's {"rope_type": "llama3", "factor",
+//                                              "low_freq_factor", "high_freq_factor",
+//                                              "original_max_position_embeddings"}, YaRN's {"rope_type":
+//                                              "yarn", "factor", and optionally
+//                                              "original_max_position_embeddings", "beta_fast", "beta_slow",
+//                                              "mscale", "mscale_all_dim", "attention_factor", "truncate"},
+//                                              or Phi-3's {"rope_type": "longrope", "short_factor",
 //                                              "long_factor"} (RopeScaling)
 //   family          [model_type]               llama (default), mistral, qwen2, qwen3, phi3, gemma
 //                                              (Note [Model families] below)
@@ -43,7 +47,8 @@
 // the value that means "off": mlp_bias true, a hidden_act other than the family's, a non-zero dropout
 // (attention_dropout, resid_pdrop, embd_pdrop), sliding-window layers (use_sliding_window true, layer_types
 // other than "full_attention"), mixture-of-experts keys, a model_type outside the families, rope scaling
-// other than "default", "llama3" and "longrope", partial_rotary_factor below 1, logit soft-capping.
+// other than "default", "linear", "llama3", "yarn" and "longrope" (a phi3 config: other than "default" and
+// "longrope", as transformers' Phi3Config), partial_rotary_factor below 1, logit soft-capping.
 //
 // Note [Model families]: one decoder computes every family; a family is a row of differences from Llama
 // (kFamilies in config.cpp), never a copy of the decoder:
@@ -58,6 +63,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,8 +73,9 @@
 
 namespace strata::model {
 
-// Rotary embedding frequency scaling (Hugging Face's rope_scaling). "default": none; "llama3": Llama 3.1's;
-// "longrope": Phi-3's (the older "su" reads as it); model/rope.h has the formulas.
+// Rotary embedding frequency scaling (Hugging Face's rope_scaling). "default": none; "linear": every
+// frequency divided by factor; "llama3": Llama 3.1's; "yarn": YaRN's; "longrope": Phi-3's (the older "su"
+// reads as it); model/rope.h has the formulas.
 struct RopeScaling {
   std::string type = "default";
   double factor = 1.0;
@@ -83,6 +90,18 @@ struct RopeScaling {
   std::vector<double> short_factor, long_factor;
   double attention_factor = 1.0;
   bool factor_given = false, attention_factor_given = false;
+  // yarn (transformers' _compute_yarn_parameters): factor is required, null meaning max_position_embeddings
+  // / original_max_position_embeddings (factor_given false); original_max_position_embeddings is the
+  // object's, else the top-level key's, else max_position_embeddings; cos and sin are multiplied by
+  // attention_factor (given, or 0.1 · ln(factor) + 1, or with mscale and mscale_all_dim both non-zero
+  // (0.1 · mscale · ln(factor) + 1) / (0.1 · mscale_all_dim · ln(factor) + 1); 1 when factor <= 1). The
+  // optional keys are kept as read (std::nullopt: absent or null, and not written back):
+  //   beta_fast, beta_slow  rotations in the original context that bound the ramp between unscaled and
+  //                         scaled frequencies, >= 0; absent or 0: 32 and 1 (transformers' `or`)
+  //   mscale, mscale_all_dim  the default attention factor's scales (above)
+  //   truncate              round the ramp's ends to whole dimensions (floor, ceil); absent: true
+  std::optional<double> beta_fast, beta_slow, mscale, mscale_all_dim;
+  std::optional<bool> truncate;
   bool is_default() const { return type == "default"; }
 };
 

@@ -198,7 +198,7 @@ TEST(Families, SlidingWindowIsRefusedOnlyWhereItWouldChangeAttention) {
 TEST(Families, SettingsNoFamilyComputesAreRefusedByName) {
   const std::pair<const char*, std::pair<const char*, json>> cases[] = {
       {"phi3", {"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}}}},
-      {"mistral", {"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}}}},
+      {"mistral", {"rope_scaling", {{"type", "dynamic"}, {"factor", 4.0}}}},
       {"phi3", {"partial_rotary_factor", 0.75}},
       {"phi3", {"embd_pdrop", 0.1}},
       {"qwen2", {"use_sliding_window", true}},

@@ -130,10 +130,10 @@ TEST(HfConfig, SettingsThisDecoderDoesNotComputeAreRefusedByName) {
     const std::string m = error_of(j);
     EXPECT_NE(m.find(std::string("'") + key + "'"), std::string::npos) << key << ": " << m;
   }
-  json yarn = hf_config();
-  yarn["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-  EXPECT_NE(error_of(yarn).find("rope_type \"yarn\" is not implemented"), std::string::npos)
-      << error_of(yarn);
+  json dynamic = hf_config();
+  dynamic["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}};
+  EXPECT_NE(error_of(dynamic).find("rope_type \"dynamic\" is not implemented"), std::string::npos)
+      << error_of(dynamic);
   json partial = hf_config();
   partial["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
   EXPECT_NE(error_of(partial).find("low_freq_factor"), std::string::npos) << error_of(partial);

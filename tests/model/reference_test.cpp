@@ -10,8 +10,10 @@
 // The configurations: grouped-query attention with head_dim wider than hidden_size / heads and untied
 // embeddings, tied embeddings, rope_theta 5e5, Llama 3.1's rope scaling (the newer rope_parameters form
 // that transformers 5 writes), and one directory per other family (Mistral, Qwen2, Qwen3, Phi-3, Gemma:
-// Note [Model families] in model/config.h), whose norms and biases are random too, and Phi-3's longrope
-// past its original length (the long factors) and within it (the short ones). bf16 applies to the cuda
+// Note [Model families] in model/config.h), whose norms and biases are random too, Phi-3's longrope
+// past its original length (the long factors) and within it (the short ones), and the rope scalings linear
+// (Llama, factor 2) and yarn (Qwen2, factor 4, run past its original context; tests/reference/
+// make_rope_reference.py made these two, with random norms too). bf16 applies to the cuda
 // backend's ops, which are checked against these same CPU ops (tests/kernels); this machine has no GPU to run
 // them here.
 #include <gtest/gtest.h>
@@ -137,7 +139,7 @@ TEST_P(Reference, MaskedLossMatchesTransformersLabels) {
 INSTANTIATE_TEST_SUITE_P(Transformers, Reference,
                          ::testing::Values("gqa_head_dim_untied", "tied", "rope_theta_5e5", "llama3_scaling",
                                            "mistral", "qwen2", "qwen3", "phi3", "phi3_longrope",
-                                           "phi3_longrope_short", "gemma"),
+                                           "phi3_longrope_short", "gemma", "rope_linear", "rope_yarn"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -165,6 +165,7 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
   const size_t Q = size_t(cfg.q_dim()), KV = size_t(cfg.kv_dim()), V = size_t(cfg.vocab_size);
   const size_t L = size_t(cfg.n_layers), half = size_t(cfg.head_dim()) / 2;
   const size_t sets = ckpt ? 1 : L;
+  const size_t MR = mlp_rows(cfg, N, ckpt);  // the MLP's rows at once (Note [The MLP in tiles])
   const bool lora = cfg.lora.active();
   const size_t R = lora ? size_t(cfg.lora.r) : 0;
   constexpr DType f32 = DType::fp32, i32 = DType::i32;
@@ -177,9 +178,9 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
         fn(in(&BlockActs::att), as.saved, f32);
     fn(in(&BlockActs::y), N * Q, act), fn(in(&BlockActs::x_mid), N * C, act),
         fn(in(&BlockActs::rstd2), N, f32);
-    fn(in(&BlockActs::xn2), N * C, act), fn(in(&BlockActs::gate), N * F, act),
-        fn(in(&BlockActs::up), N * F, act);
-    fn(in(&BlockActs::h), N * F, act);
+    fn(in(&BlockActs::xn2), N * C, act), fn(in(&BlockActs::gate), MR * F, act),
+        fn(in(&BlockActs::up), MR * F, act);
+    fn(in(&BlockActs::h), MR * F, act);
     const bool qkn = cfg.traits().qk_norm;
     fn(in(&BlockActs::q_raw), qkn ? N * Q : 0, act), fn(in(&BlockActs::k_raw), qkn ? N * KV : 0, act);
     fn(in(&BlockActs::rstdq), qkn ? N * size_t(cfg.n_heads) : 0, f32),
@@ -194,15 +195,15 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
       fn(at(&LlamaModel::logits_), logit_rows * V, act);
   fn(at(&LlamaModel::losses_), N, f32), fn(at(&LlamaModel::loss_), 1, f32);
   fn(at(&LlamaModel::dresid_), N * C, act), fn(at(&LlamaModel::dxn_), N * C, act);
-  fn(at(&LlamaModel::dblock_), backward_scratch(N, F, Q, KV).numel, act);
+  fn(at(&LlamaModel::dblock_), backward_scratch(N, MR * F, Q, KV).numel, act);
   fn(at(&LlamaModel::datt_), as.scratch, f32);
   fn(at(&LlamaModel::pad_row_), cfg.pad_token_id >= 0 ? C : 0, f32);
-  fn(at(&LlamaModel::lora_u_), lora ? N * std::max({Q, KV, C, F}) : 0, act);
+  fn(at(&LlamaModel::lora_u_), lora ? std::max(N * std::max({Q, KV, C}), MR * F) : 0, act);
   fn(at(&LlamaModel::lora_dt_), lora ? N * R : 0, act);
   fn(at(&LlamaModel::lora_x_), lora && cfg.lora.dropout > 0 ? N * std::max({Q, C, F}) : 0, act);
 }
 
-LlamaModel::BackwardScratch LlamaModel::backward_scratch(size_t N, size_t F, size_t Q, size_t KV) {
+LlamaModel::BackwardScratch LlamaModel::backward_scratch(size_t N, size_t mlp, size_t Q, size_t KV) {
   constexpr size_t kAlign = 128;
   auto up = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
   BackwardScratch s;
@@ -214,7 +215,7 @@ LlamaModel::BackwardScratch LlamaModel::backward_scratch(size_t N, size_t F, siz
   s.dq = up(N * Q);
   s.dk = s.dq + up(N * Q);
   s.dv = s.dk + up(N * KV);
-  s.numel = std::max(N * F, s.dv + N * KV);
+  s.numel = std::max(mlp, s.dv + N * KV);
   return s;
 }
 
@@ -307,6 +308,32 @@ size_t LlamaModel::loss_rows(const ModelConfig& cfg, size_t N) {
   return std::max<size_t>(1, budget / V);
 }
 
+// Note [The MLP in tiles]: with checkpointing, one block's MLP intermediates (gate, up and act(gate) up:
+// 3 x N x ffn_dim, and the backward's d(h)) are the largest activations at long context. Nothing after the
+// MLP needs them whole: its rows are independent, and its weight gradients are sums over rows. So when
+// N x ffn_dim exceeds the threshold the MLP runs over row tiles of that size: forward computes each tile's
+// gate, up, h and down projection into the block's output rows; the recompute in backward stops before
+// the MLP, and backward computes each tile's forward again and takes it back at once (down, the
+// activation, gate and up), adding its share of the weight gradients, tiles in row order (deterministic
+// whatever the threads). Each row's values are the untiled computation's; the weight gradients differ by
+// the order of their fp32 sums. LoRA's products follow their rows (lora_row0_: a site's s · A x for the
+// tile's rows); with LoRA dropout, whose masks are drawn over the whole tensor, the MLP is not tiled.
+// Without checkpointing every block keeps its activations for backward, so nothing is tiled.
+namespace {
+std::atomic<size_t> g_mlp_tile_elements{LlamaModel::kMlpTileElements};
+}  // namespace
+
+void LlamaModel::set_mlp_tile_elements(size_t elements) {
+  g_mlp_tile_elements.store(elements > 0 ? elements : kMlpTileElements, std::memory_order_relaxed);
+}
+
+size_t LlamaModel::mlp_rows(const ModelConfig& cfg, size_t N, bool checkpointed) {
+  const size_t F = std::max<size_t>(1, size_t(cfg.ffn_dim));
+  const size_t budget = g_mlp_tile_elements.load(std::memory_order_relaxed);
+  if (!checkpointed || N * F <= budget || (cfg.lora.active() && cfg.lora.dropout > 0)) return N;
+  return std::max<size_t>(1, budget / F);
+}
+
 kernels::OpShapes LlamaModel::op_shapes(const ModelConfig& cfg, int B, int T) {
   return {.N = B * T,
           .C = int(cfg.d_model),
@@ -391,6 +418,28 @@ Tensor LlamaModel::lora_input(Tensor x, int site, int N, int IC) {
   return xd;
 }
 
+Tensor LlamaModel::lora_t_rows(BlockActs& a, int site, int N) {
+  const size_t R = size_t(cfg_.lora.r), all = size_t(B_) * size_t(T_);
+  return a.lora_t.t.slice((size_t(lora_slot(site)) * all + lora_row0_) * R, size_t(N) * R);
+}
+
+void LlamaModel::lora_project_a(const ChunkView& ad, BlockActs& a, Tensor x, int proj, int N, Phase phase) {
+  int64_t row = 0;
+  const int site = lora_site_of_projection(cfg_, proj, &row);
+  if (!ad.layout->has(lora_a_index(site))) return;
+  const int R = int(cfg_.lora.r), IC = int(lora_site_in(cfg_, site));
+  const Tensor t = lora_t_rows(a, site, N);
+  const Tensor xin = lora_input(x, site, N, IC);
+  kernels::Ops& o = *ops_;
+  timed(
+      "lora_A", phase, linear_flops(N, IC, R),
+      [&] {
+        o.linear_forward(t, xin, weight(ad, lora_a_index(site)), N, IC, R);
+        o.scale(t, cfg_.lora.scale());
+      },
+      N, IC, R);
+}
+
 void LlamaModel::lora_forward(const ChunkView& ad, BlockActs& a, Tensor out, Tensor x, int proj, int N,
                               int OC, Phase phase) {
   int64_t row = 0;
@@ -398,17 +447,9 @@ void LlamaModel::lora_forward(const ChunkView& ad, BlockActs& a, Tensor out, Ten
   if (!ad.layout->has(lora_a_index(site))) return;  // this block does not adapt the site
   const int R = int(cfg_.lora.r), IC = int(lora_site_in(cfg_, site));
   kernels::Ops& o = *ops_;
-  const Tensor t = a.lora_t.t.slice(size_t(lora_slot(site)) * size_t(N) * size_t(R), size_t(N) * size_t(R));
-  if (row == 0) {  // the site's first projection: s · A x, kept for its other parts and for backward
-    const Tensor xin = lora_input(x, site, N, IC);
-    timed(
-        "lora_A", phase, linear_flops(N, IC, R),
-        [&] {
-          o.linear_forward(t, xin, weight(ad, lora_a_index(site)), N, IC, R);
-          o.scale(t, cfg_.lora.scale());
-        },
-        N, IC, R);
-  }
+  const Tensor t = lora_t_rows(a, site, N);
+  if (row == 0) lora_project_a(ad, a, x, proj, N, phase);  // s · A x, kept for the site's parts and backward
+  (void)IC;
   const Tensor b = weight(ad, lora_b_index(site)).slice(size_t(row) * size_t(R), size_t(OC) * size_t(R));
   const Tensor u = lora_u_.t.slice(0, size_t(N) * size_t(OC));
   timed(
@@ -428,7 +469,7 @@ void LlamaModel::lora_backward(const ChunkView& ad, float* ag, BlockActs& a, Ten
   const int R = int(cfg_.lora.r), IC = int(lora_site_in(cfg_, site));
   const Phase ph = Phase::backward;
   kernels::Ops& o = *ops_;
-  const Tensor t = a.lora_t.t.slice(size_t(lora_slot(site)) * size_t(N) * size_t(R), size_t(N) * size_t(R));
+  const Tensor t = lora_t_rows(a, site, N);
   const Tensor dt = lora_dt_.t.slice(0, size_t(N) * size_t(R));
   // The site's parts run in row order in backward as in forward (q, k, v; gate, up): the first zeroes the
   // gradient of s · A x, each adds its share, the last takes it through A.
@@ -474,7 +515,7 @@ float LlamaModel::embed_scale() const {
 // MLP's activation. Llama runs none of them, and its op sequence is what it was.
 void LlamaModel::block_forward(const ChunkView& p, const ChunkView* ad, Tensor x_in, Tensor x_out,
                                BlockActs& a, Phase phase) {
-  const int B = B_, T = T_, N = B * T, C = int(cfg_.d_model), F = int(cfg_.ffn_dim);
+  const int B = B_, T = T_, N = B * T, C = int(cfg_.d_model);
   const int NH = int(cfg_.n_heads), NKV = int(cfg_.n_kv_heads), D = int(cfg_.head_dim());
   const int Q = NH * D, KV = NKV * D;
   const Family& fam = cfg_.traits();  // one lookup per block
@@ -505,14 +546,34 @@ void LlamaModel::block_forward(const ChunkView& p, const ChunkView* ad, Tensor x
   timed("residual", phase, 0, [&] { o.residual_forward(a.x_mid.t, x_in, a.x_mid.t); });
   timed("ffn_norm", phase, 0,
         [&] { o.rmsnorm_forward(a.xn2.t, a.rstd2.t, a.x_mid.t, weight(p, kFfnNorm), N, C, eps, w_off); });
-  project(p, ad, a, a.gate.t, a.xn2.t, kWGate, -1, N, C, F, "gate_proj", phase);
-  project(p, ad, a, a.up.t, a.xn2.t, kWUp, -1, N, C, F, "up_proj", phase);
-  if (fam.act == MlpActivation::gelu_tanh)
-    timed("geglu", phase, 0, [&] { o.geglu_forward(a.h.t, a.gate.t, a.up.t); });
-  else
-    timed("swiglu", phase, 0, [&] { o.swiglu_forward(a.h.t, a.gate.t, a.up.t); });
-  project(p, ad, a, x_out, a.h.t, kWDown, -1, N, F, C, "down_proj", phase);
+  const size_t M = mlp_rows(cfg_, size_t(N), ckpt_);
+  if (M < size_t(N) && phase == Phase::recompute) return;  // backward computes the MLP tile by tile
+  for (size_t r0 = 0; r0 < size_t(N); r0 += M)
+    mlp_tile_forward(p, ad, a, x_out, r0, std::min(M, size_t(N) - r0), phase);
   timed("residual", phase, 0, [&] { o.residual_forward(x_out, a.x_mid.t, x_out); });
+}
+
+void LlamaModel::mlp_tile_forward(const ChunkView& p, const ChunkView* ad, BlockActs& a, Tensor x_out,
+                                  size_t r0, size_t n, Phase phase) {
+  const int C = int(cfg_.d_model), F = int(cfg_.ffn_dim), rows = int(n);
+  kernels::Ops& o = *ops_;
+  const Tensor xn2 = a.xn2.t.slice(r0 * size_t(C), n * size_t(C));
+  const Tensor gate = a.gate.t.slice(0, n * size_t(F)), up = a.up.t.slice(0, n * size_t(F)),
+               h = a.h.t.slice(0, n * size_t(F));
+  lora_row0_ = r0;
+  project(p, ad, a, gate, xn2, kWGate, -1, rows, C, F, "gate_proj", phase);
+  project(p, ad, a, up, xn2, kWUp, -1, rows, C, F, "up_proj", phase);
+  if (cfg_.traits().act == MlpActivation::gelu_tanh)
+    timed("geglu", phase, 0, [&] { o.geglu_forward(h, gate, up); });
+  else
+    timed("swiglu", phase, 0, [&] { o.swiglu_forward(h, gate, up); });
+  if (x_out) {
+    project(p, ad, a, x_out.slice(r0 * size_t(C), n * size_t(C)), h, kWDown, -1, rows, F, C, "down_proj",
+            phase);
+  } else if (ad) {
+    lora_project_a(*ad, a, h, kWDown, rows, phase);  // the down projection's s · A h, for its backward
+  }
+  lora_row0_ = 0;
 }
 
 // On entry dresid_ holds d(loss)/d(x_out); on return d(loss)/d(x_in). Parameter gradients go into g; a
@@ -532,33 +593,51 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, const ChunkView* a
   };
   const Family& fam = cfg_.traits();  // one lookup per block
   const float w_off = fam.norm_offset;
-  const BackwardScratch sc = backward_scratch(size_t(N), size_t(F), size_t(Q), size_t(KV));
-  const Tensor dh = dblock_.t.slice(sc.dh, size_t(N) * F), dy = dblock_.t.slice(sc.dy, size_t(N) * Q);
+  const BackwardScratch sc =
+      backward_scratch(size_t(N), mlp_rows(cfg_, size_t(N), ckpt_) * size_t(F), size_t(Q), size_t(KV));
+  const Tensor dy = dblock_.t.slice(sc.dy, size_t(N) * Q);
   const Tensor dq = dblock_.t.slice(sc.dq, size_t(N) * Q), dk = dblock_.t.slice(sc.dk, size_t(N) * KV);
   const Tensor dv = dblock_.t.slice(sc.dv, size_t(N) * KV);
 
-  // x_out = x_mid + down_proj(h): the residual passes dresid_ to both.
-  o.zero(dh);
-  timed(
-      "down_proj", ph, 2 * linear_flops(N, F, C),
-      [&] { o.linear_backward(dh, dw(kWDown), dresid_.t, a.h.t, weight(p, kWDown), N, F, C); }, N, F, C);
-  lora(dh, dresid_.t, a.h.t, kWDown, C);
-  // In place: each element's gate and up are read before its dgate and dup are written, and nothing
-  // after this reads the saved gate or up (a checkpointed block recomputes them).
-  if (fam.act == MlpActivation::gelu_tanh)
-    timed("geglu", ph, 0, [&] { o.geglu_backward(a.gate.t, a.up.t, dh, a.gate.t, a.up.t); });
-  else
-    timed("swiglu", ph, 0, [&] { o.swiglu_backward(a.gate.t, a.up.t, dh, a.gate.t, a.up.t); });
-  Tensor dgate = a.gate.t, dup = a.up.t;
+  // x_out = x_mid + down_proj(h): the residual passes dresid_ to both. The MLP's rows tile by tile (one
+  // tile of all N rows unless Note [The MLP in tiles] tiles it, its forward recomputed here per tile).
   o.zero(dxn_.t);
-  timed(
-      "gate_proj", ph, 2 * linear_flops(N, C, F),
-      [&] { o.linear_backward(dxn_.t, dw(kWGate), dgate, a.xn2.t, weight(p, kWGate), N, C, F); }, N, C, F);
-  lora(dxn_.t, dgate, a.xn2.t, kWGate, F);
-  timed(
-      "up_proj", ph, 2 * linear_flops(N, C, F),
-      [&] { o.linear_backward(dxn_.t, dw(kWUp), dup, a.xn2.t, weight(p, kWUp), N, C, F); }, N, C, F);
-  lora(dxn_.t, dup, a.xn2.t, kWUp, F);
+  const size_t M = mlp_rows(cfg_, size_t(N), ckpt_);
+  for (size_t r0 = 0; r0 < size_t(N); r0 += M) {
+    const size_t n = std::min(M, size_t(N) - r0);
+    const int rows = int(n);
+    if (M < size_t(N)) mlp_tile_forward(p, ad, a, Tensor{}, r0, n, Phase::recompute);
+    lora_row0_ = r0;
+    auto lora_t = [&](Tensor dx, Tensor dout, Tensor x, int proj, int OC) {
+      if (ad) lora_backward(*ad, ag, a, dx, dout, x, proj, rows, OC);
+    };
+    const Tensor dres = dresid_.t.slice(r0 * size_t(C), n * size_t(C)),
+                 dxn = dxn_.t.slice(r0 * size_t(C), n * size_t(C)),
+                 xn2 = a.xn2.t.slice(r0 * size_t(C), n * size_t(C));
+    const Tensor gate = a.gate.t.slice(0, n * size_t(F)), up = a.up.t.slice(0, n * size_t(F)),
+                 h = a.h.t.slice(0, n * size_t(F)), dht = dblock_.t.slice(sc.dh, n * size_t(F));
+    o.zero(dht);
+    timed(
+        "down_proj", ph, 2 * linear_flops(rows, F, C),
+        [&] { o.linear_backward(dht, dw(kWDown), dres, h, weight(p, kWDown), rows, F, C); }, rows, F, C);
+    lora_t(dht, dres, h, kWDown, C);
+    // In place: each element's gate and up are read before its dgate and dup are written, and nothing
+    // after this reads the saved gate or up (a checkpointed block recomputes them).
+    if (fam.act == MlpActivation::gelu_tanh)
+      timed("geglu", ph, 0, [&] { o.geglu_backward(gate, up, dht, gate, up); });
+    else
+      timed("swiglu", ph, 0, [&] { o.swiglu_backward(gate, up, dht, gate, up); });
+    const Tensor dgate = gate, dup = up;
+    timed(
+        "gate_proj", ph, 2 * linear_flops(rows, C, F),
+        [&] { o.linear_backward(dxn, dw(kWGate), dgate, xn2, weight(p, kWGate), rows, C, F); }, rows, C, F);
+    lora_t(dxn, dgate, xn2, kWGate, F);
+    timed(
+        "up_proj", ph, 2 * linear_flops(rows, C, F),
+        [&] { o.linear_backward(dxn, dw(kWUp), dup, xn2, weight(p, kWUp), rows, C, F); }, rows, C, F);
+    lora_t(dxn, dup, xn2, kWUp, F);
+    lora_row0_ = 0;
+  }
   timed("ffn_norm", ph, 0, [&] {
     o.rmsnorm_backward(dresid_.t, dw(kFfnNorm), dxn_.t, a.x_mid.t, weight(p, kFfnNorm), a.rstd2.t, N, C,
                        w_off);

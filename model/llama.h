@@ -94,6 +94,12 @@ class LlamaModel final : public TrainableModel {
   // The threshold loss_rows() uses: kLossChunkElements, or what a test sets for the whole process (0
   // restores the default). Set it before any model plans or runs.
   static void set_loss_chunk_elements(size_t elements);
+  // The rows of the MLP's intermediates a checkpointed forward and backward hold at once (Note [The MLP
+  // in tiles] in model/llama.cpp): N while N x ffn_dim is at most the threshold (kMlpTileElements, or what
+  // a test sets), else that many elements' worth; N without checkpointing, and with LoRA dropout.
+  static constexpr size_t kMlpTileElements = size_t(1) << 24;
+  static size_t mlp_rows(const ModelConfig& cfg, size_t N, bool checkpointed);
+  static void set_mlp_tile_elements(size_t elements);
   // Multiply-adds × 2 of one forward / backward over (B, T), as the profile counts them.
   double forward_flops(int B, int T) const;
   double backward_flops(int B, int T) const;
@@ -160,7 +166,8 @@ class LlamaModel final : public TrainableModel {
   struct BackwardScratch {
     size_t dh = 0, dy = 0, dq = 0, dk = 0, dv = 0, numel = 0;
   };
-  static BackwardScratch backward_scratch(size_t N, size_t F, size_t Q, size_t KV);
+  // mlp: the elements of the MLP's phase (dh: the tile's rows x ffn_dim).
+  static BackwardScratch backward_scratch(size_t N, size_t mlp, size_t Q, size_t KV);
   // logits_[0, n) = x[r0, r0 + n) W^T: n rows of logits, from row r0 of the final norm's output.
   void head_forward_logits(kernels::Tensor w_head, size_t r0, size_t n, Phase phase);
   void check_layout(const ChunkProvider& chunks) const;
@@ -215,6 +222,16 @@ class LlamaModel final : public TrainableModel {
   // (N, r), and A's input through dropout (N, widest projection input; lora_dropout > 0 only), which in
   // backward, once dA has read it, also takes the input gradient dt A on its way through the mask.
   Buf lora_u_, lora_dt_, lora_x_;
+  // The MLP in tiles (Note [The MLP in tiles]): the first row of the tile the LoRA products are for (their
+  // rows of lora_t), 0 outside one.
+  size_t lora_row0_ = 0;
+  // The block's MLP forward over rows [r0, r0 + n): gate, up and h in the tile's buffers, x_out's rows of
+  // the down projection unless `out` is empty.
+  void mlp_tile_forward(const ChunkView& p, const ChunkView* ad, BlockActs& a, kernels::Tensor x_out,
+                        size_t r0, size_t n, Phase phase);
+  // s · A x of projection `proj`'s site into its lora_t rows (LoRA's first product alone).
+  void lora_project_a(const ChunkView& ad, BlockActs& a, kernels::Tensor x, int proj, int N, Phase phase);
+  kernels::Tensor lora_t_rows(BlockActs& a, int site, int N);
   int lora_layer_ = 0;  // the block whose adapters run (the dropout mask's key)
   // Note [Dropout keys]: the key arm_dropout() gave the next forward; the last forward's, and whether it
   // drops out (its backward draws the same masks).

@@ -15,20 +15,16 @@
 #include "kernels/ops.h"
 #include "model/chunk.h"
 #include "model/llama.h"
+#include "tests/model/grad_compare.h"
 
 namespace strata::model {
 namespace {
 
 constexpr int B = 2, T = 32;
 
-struct Result {
-  float loss = 0;
-  std::vector<float> grads;  // every chunk's, end to end
-};
-
 // The tiny preset, one forward and backward over B x T tokens, the logits held `rows` rows at a time
 // (0: whole). Targets: random, with every fifth and a run of 20 longer than a chunk ignored (-1).
-Result run(int rows, int threads = 2) {
+GradResult run(int rows, int threads = 2) {
   const ModelConfig cfg = ModelConfig::preset("tiny");
   LlamaModel::set_loss_chunk_elements(rows > 0 ? std::size_t(rows) * std::size_t(cfg.vocab_size)
                                                : std::size_t(1) << 40);
@@ -43,7 +39,7 @@ Result run(int rows, int threads = 2) {
     tgt[i] = i % 5 == 4 || (i >= 30 && i < 50) ? -1 : std::int32_t(rng() % std::uint32_t(cfg.vocab_size));
   }
   LlamaModel m(cfg, {.checkpoint_activations = true});
-  Result r;
+  GradResult r;
   r.loss = m.forward(chunks, in.data(), tgt.data(), B, T);
   m.backward(chunks);
   const std::size_t n = chunks.layout().total_padded_numel();
@@ -53,28 +49,18 @@ Result run(int rows, int threads = 2) {
   return r;
 }
 
-// Relative L2 distance of chunk c's gradients.
-double rel(const Result& a, const Result& b, const ChunkLayout& c) {
-  double d = 0, s = 0;
-  for (std::size_t i = c.flat_offset; i < c.flat_offset + c.padded_numel; ++i) {
-    d += std::pow(double(a.grads[i]) - double(b.grads[i]), 2);
-    s += std::pow(double(b.grads[i]), 2);
-  }
-  return s > 0 ? std::sqrt(d / s) : std::sqrt(d);
-}
-
 TEST(ChunkedLoss, LossAndGradientsAreTheWholeLogitsOnesWithinRounding) {
-  const Result whole = run(0);
+  const GradResult whole = run(0);
   const ModelLayout layout(ModelConfig::preset("tiny"));
   for (int rows : {7, 13}) {  // 10 and 5 chunks, the last a partial one
-    const Result chunked = run(rows);
+    const GradResult chunked = run(rows);
     EXPECT_NEAR(chunked.loss, whole.loss, 1e-6 * whole.loss) << rows << " rows";
-    for (const ChunkLayout& c : layout.chunks()) EXPECT_LT(rel(chunked, whole, c), 1e-6) << c.name;
+    for (const ChunkLayout& c : layout.chunks()) EXPECT_LT(grad_rel(chunked, whole, c), 1e-6) << c.name;
   }
 }
 
 TEST(ChunkedLoss, AChunkedRunIsTheSameBitsWhateverTheThreads) {
-  const Result two = run(7, 2), one = run(7, 1), again = run(7, 2);
+  const GradResult two = run(7, 2), one = run(7, 1), again = run(7, 2);
   EXPECT_EQ(two.loss, one.loss);
   EXPECT_EQ(std::memcmp(two.grads.data(), one.grads.data(), two.grads.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(two.grads.data(), again.grads.data(), two.grads.size() * sizeof(float)), 0);

@@ -20,6 +20,7 @@
 #include "model/safetensors.h"
 #include "model_test_util.h"
 #include "tests/common/source_dir.h"
+#include "tests/model/config_error.h"
 
 namespace strata::model {
 namespace {
@@ -34,12 +35,7 @@ json config_of(const std::string& family) {
 }
 
 std::string error_of(const json& j) {
-  try {
-    ModelConfig::from_json(j, "config.json");
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(accepted)";
+  return config_error_of(j);
 }
 
 ModelConfig small(const std::string& family) {

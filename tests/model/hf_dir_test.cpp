@@ -20,6 +20,7 @@
 #include "model/rope.h"
 #include "model/safetensors.h"
 #include "model_test_util.h"
+#include "tests/model/config_error.h"
 
 namespace strata::model {
 namespace {
@@ -66,12 +67,7 @@ json llama3_scaling() {
 }
 
 std::string error_of(const json& j) {
-  try {
-    ModelConfig::from_json(j, "config.json");
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(accepted)";
+  return config_error_of(j);
 }
 
 TEST(HfConfig, ReadsTransformersKeysWithGqaAndAnExplicitHeadDim) {

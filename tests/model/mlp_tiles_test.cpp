@@ -18,6 +18,7 @@
 #include "model/llama.h"
 #include "model/lora.h"
 #include "tests/common/source_dir.h"
+#include "tests/model/grad_compare.h"
 
 namespace strata::model {
 namespace {
@@ -30,13 +31,8 @@ ModelConfig family(const std::string& name, bool lora) {
   return c;
 }
 
-struct Result {
-  float loss = 0;
-  std::vector<float> grads;
-};
-
 // One checkpointed forward and backward, the MLP `rows` rows at a time (0: untiled).
-Result run(const ModelConfig& cfg, int rows, int threads = 2) {
+GradResult run(const ModelConfig& cfg, int rows, int threads = 2) {
   LlamaModel::set_mlp_tile_elements(rows > 0 ? std::size_t(rows) * std::size_t(cfg.ffn_dim)
                                              : std::size_t(1) << 40);
   kernels::cpu::set_blas_threads(threads);
@@ -54,22 +50,13 @@ Result run(const ModelConfig& cfg, int rows, int threads = 2) {
     tgt[i] = std::int32_t(rng() % std::uint32_t(cfg.vocab_size));
   }
   LlamaModel m(cfg, {.checkpoint_activations = true});
-  Result r;
+  GradResult r;
   r.loss = m.forward(chunks, in.data(), tgt.data(), B, T);
   m.backward(chunks);
   r.grads.assign(chunks.all_grads(), chunks.all_grads() + chunks.layout().total_padded_numel());
   LlamaModel::set_mlp_tile_elements(0);
   kernels::cpu::set_blas_threads(2);
   return r;
-}
-
-double rel(const Result& a, const Result& b, const ChunkLayout& c) {
-  double d = 0, s = 0;
-  for (std::size_t i = c.flat_offset; i < c.flat_offset + c.padded_numel; ++i) {
-    d += std::pow(double(a.grads[i]) - double(b.grads[i]), 2);
-    s += std::pow(double(b.grads[i]), 2);
-  }
-  return s > 0 ? std::sqrt(d / s) : std::sqrt(d);
 }
 
 struct Case {
@@ -80,10 +67,10 @@ class MlpTiles : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MlpTiles, LossAndGradientsAreTheUntiledOnesWithinRounding) {
   const ModelConfig cfg = family(GetParam().family, GetParam().lora);
-  const Result whole = run(cfg, 0), tiled = run(cfg, 9);  // 8 tiles, the last a partial one
+  const GradResult whole = run(cfg, 0), tiled = run(cfg, 9);  // 8 tiles, the last a partial one
   EXPECT_NEAR(tiled.loss, whole.loss, 1e-6 * whole.loss);
   const ModelLayout layout(cfg);
-  for (const ChunkLayout& c : layout.chunks()) EXPECT_LT(rel(tiled, whole, c), 1e-5) << c.name;
+  for (const ChunkLayout& c : layout.chunks()) EXPECT_LT(grad_rel(tiled, whole, c), 1e-5) << c.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MlpTiles,
@@ -98,7 +85,7 @@ INSTANTIATE_TEST_SUITE_P(Families, MlpTiles,
 
 TEST(MlpTilesRun, IsTheSameBitsWhateverTheThreads) {
   const ModelConfig cfg = family("tiny", true);
-  const Result two = run(cfg, 9, 2), one = run(cfg, 9, 1);
+  const GradResult two = run(cfg, 9, 2), one = run(cfg, 9, 1);
   EXPECT_EQ(two.loss, one.loss);
   EXPECT_EQ(std::memcmp(two.grads.data(), one.grads.data(), two.grads.size() * sizeof(float)), 0);
 }

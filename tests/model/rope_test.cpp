@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "model/rope.h"
 #include "tests/common/source_dir.h"
+#include "tests/model/config_error.h"
 
 namespace strata::model {
 namespace {
@@ -87,12 +88,7 @@ json with_rope(const json& rope, const std::string& model_type = "llama") {
 }
 
 std::string error_of(const json& j) {
-  try {
-    ModelConfig::from_json(j, "config.json");
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(accepted)";
+  return config_error_of(j);
 }
 
 TEST(RopeConfig, LinearAndYarnReadTheSameInTheOlderAndNewerForm) {

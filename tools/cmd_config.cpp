@@ -74,12 +74,8 @@ void print_model_plan(const Config& cfg, const ConfigOpts& opts) {
   in.ops = (cuda ? kernels::kCudaWorkspaceBytes : 0) + ops->scratch_bytes(shapes);
   const std::uint64_t with = arch.activation_bytes(m, B, T, true, *ops),
                       without = arch.activation_bytes(m, B, T, false, *ops);
-  using CK = StrataConfig::Checkpointing;
-  bool checkpoint = cfg.strata.checkpoint_activations == CK::on;
-  if (cfg.strata.checkpoint_activations == CK::automatic) {
-    in.activations = without;
-    checkpoint = zero3::plan_memory(in, cfg.zero_optimization).memory.device_need() > capacity;
-  }
+  const std::optional<bool> mode = zero3::checkpointing_asked(cfg.strata);
+  const bool checkpoint = zero3::checkpointing_for(in, cfg.zero_optimization, mode, without);
   in.activations = checkpoint ? with : without;
   const zero3::Plan p = zero3::plan_memory(in, cfg.zero_optimization);
   zero3::MemoryPlan mp = p.memory;
@@ -108,10 +104,7 @@ void print_model_plan(const Config& cfg, const ConfigOpts& opts) {
   // How long a sequence fits (Note [The plan before the machine]): the same plan at every length.
   const std::int64_t longest = zero3::longest_sequence(
       in, cfg.zero_optimization, m.max_seq_len,
-      [&](std::int64_t t, bool ckpt) { return arch.activation_bytes(m, B, int(t), ckpt, *ops); },
-      cfg.strata.checkpoint_activations == CK::automatic
-          ? std::nullopt
-          : std::optional<bool>(cfg.strata.checkpoint_activations == CK::on));
+      [&](std::int64_t t, bool ckpt) { return arch.activation_bytes(m, B, int(t), ckpt, *ops); }, mode);
   std::printf(
       "longest sequence: %lld tokens a row at micro-batch %d fit the device (the model's max_seq_len %lld); "
       "activations %s a token at %d tokens\n",

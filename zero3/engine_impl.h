@@ -57,6 +57,8 @@ struct Engine::Impl final : EngineEnv, private UpdateGate {
   void plan_memory();
   PlanInput measured_plan_input();
   bool choose_checkpointing(PlanInput in, std::uint64_t activations_all) const;
+  // strata.checkpoint_activations, or EngineOptions' choice over it; empty for "auto".
+  std::optional<bool> checkpointing_mode() const;
   Plan plan_with_ratio(PlanInput& in);
   void lay_out_chunks(const PlanInput& in, const Plan& p);
   void report_ratio() const;

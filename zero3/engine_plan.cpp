@@ -52,10 +52,7 @@ void Engine::Impl::plan_memory() {
   plan.longest_seq_len = longest_sequence(
       in, cfg.zero_optimization, mcfg.max_seq_len,
       [&](std::int64_t T, bool ckpt) { return arch.activation_bytes(mcfg, B, int(T), ckpt, *ops); },
-      opts.checkpoint_activations ? opts.checkpoint_activations
-      : cfg.strata.checkpoint_activations == StrataConfig::Checkpointing::automatic
-          ? std::nullopt
-          : std::optional<bool>(cfg.strata.checkpoint_activations == StrataConfig::Checkpointing::on));
+      checkpointing_mode());
   lay_out_chunks(in, p);
   planned = std::move(in);
   report_ratio();
@@ -98,11 +95,11 @@ PlanInput Engine::Impl::measured_plan_input() {
 // activation when the plan without checkpointing fits the device (recomputing costs about a third of a
 // step), and checkpoints otherwise.
 bool Engine::Impl::choose_checkpointing(PlanInput in, std::uint64_t activations_all) const {
-  using CK = StrataConfig::Checkpointing;
-  if (opts.checkpoint_activations) return *opts.checkpoint_activations;
-  if (cfg.strata.checkpoint_activations != CK::automatic) return cfg.strata.checkpoint_activations == CK::on;
-  in.activations = activations_all;
-  return zero3::plan_memory(in, cfg.zero_optimization).memory.device_need() > in.device_capacity;
+  return checkpointing_for(std::move(in), cfg.zero_optimization, checkpointing_mode(), activations_all);
+}
+
+std::optional<bool> Engine::Impl::checkpointing_mode() const {
+  return opts.checkpoint_activations ? opts.checkpoint_activations : checkpointing_asked(cfg.strata);
 }
 
 Plan Engine::Impl::plan_with_ratio(PlanInput& in) {

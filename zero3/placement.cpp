@@ -453,6 +453,18 @@ OverlapDecision plan_overlap(std::vector<UpdateRoute>& routes, MemoryPlan& m, co
   return d;
 }
 
+std::optional<bool> checkpointing_asked(const StrataConfig& s) {
+  if (s.checkpoint_activations == StrataConfig::Checkpointing::automatic) return std::nullopt;
+  return s.checkpoint_activations == StrataConfig::Checkpointing::on;
+}
+
+bool checkpointing_for(PlanInput in, const ZeroConfig& z, std::optional<bool> fixed,
+                       std::uint64_t activations_all) {
+  if (fixed) return *fixed;
+  in.activations = activations_all;
+  return plan_memory(in, z).memory.device_need() > in.device_capacity;
+}
+
 std::int64_t longest_sequence(
     PlanInput in, const ZeroConfig& z, std::int64_t max_tokens,
     const std::function<std::uint64_t(std::int64_t T, bool checkpointed)>& activations,

@@ -345,6 +345,14 @@ struct Plan {
 
 Plan plan_memory(const PlanInput& in, const ZeroConfig& z);
 
+// strata.checkpoint_activations as a fixed choice (true / false), or empty for "auto".
+std::optional<bool> checkpointing_asked(const StrataConfig& s);
+// Note [Checkpointing by choice]: a fixed choice stands; "auto" (empty) keeps every activation where the
+// plan of `in` with `activations_all` (the model's bytes without checkpointing) fits in.device_capacity,
+// and checkpoints otherwise. Whether to checkpoint.
+bool checkpointing_for(PlanInput in, const ZeroConfig& z, std::optional<bool> fixed,
+                       std::uint64_t activations_all);
+
 // The longest row (tokens, up to max_tokens) whose plan fits in.device_capacity: `activations(T,
 // checkpointed)` gives the model's device bytes for a micro-batch of rows of T tokens; `checkpointing`
 // is true / false where the run's choice is fixed, empty for "auto" (checkpointing where the plan without

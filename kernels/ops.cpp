@@ -30,7 +30,7 @@ std::size_t Ops::scratch_bytes(const OpShapes&) const {
 
 void Ops::reserve_scratch(std::size_t) {}
 
-std::string Ops::attention_path(int, int, int, int, int) const {
+std::string Ops::attention_path(int, int, int, int, int, int) const {
   return caps().name;
 }
 
@@ -165,7 +165,7 @@ void Ops::bias_backward(Tensor db, Tensor dout, int N, int OC) {
   do_bias_backward(db, dout, N, OC);
 }
 
-AttentionSizes Ops::attention_sizes(int B, int T, int NH, int, int) const {
+AttentionSizes Ops::attention_sizes(int B, int T, int NH, int, int, int) const {
   return {.saved = sz(B, NH, T, T), .scratch = sz(B, NH, T, T)};
 }
 
@@ -207,30 +207,32 @@ void Ops::rope_operands(const Tensor& out, const Tensor& x, const Tensor& cos, c
 }
 
 void Ops::attention_operands(const Tensor& q_shaped, const Tensor& k, const Tensor& v, const Tensor& saved,
-                             int B, int T, int NH, int NKV, int HD) const {
+                             int B, int T, int NH, int NKV, int HD, int window) const {
   const DType A = caps().activation;
+  STRATA_CHECK(window >= 0, "kernels: attention's sliding window is ", window,
+               "; it must be 0 (none) or more");
   need(q_shaped, A, sz(B, T, NH, HD), "attention (B,T,NH,HD) operand");
   need(k, A, sz(B, T, NKV, HD), "attention (B,T,NKV,HD) operand");
   need(v, A, sz(B, T, NKV, HD), "attention (B,T,NKV,HD) operand");
-  need(saved, F, attention_sizes(B, T, NH, NKV, HD).saved, "attention saved state");
+  need(saved, F, attention_sizes(B, T, NH, NKV, HD, window).saved, "attention saved state");
 }
 
 void Ops::attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
-                            int NKV, int HD) {
+                            int NKV, int HD, int window) {
   check_model_role("attention_forward");
   need(out, caps().activation, sz(B, T, NH, HD), "attention out");
-  attention_operands(q, k, v, saved, B, T, NH, NKV, HD);
-  do_attention_forward(out, saved, q, k, v, B, T, NH, NKV, HD);
+  attention_operands(q, k, v, saved, B, T, NH, NKV, HD, window);
+  do_attention_forward(out, saved, q, k, v, B, T, NH, NKV, HD, window);
 }
 
 void Ops::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD) {
+                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD, int window) {
   check_model_role("attention_backward");
-  attention_operands(q, k, v, saved, B, T, NH, NKV, HD);
-  attention_operands(dout, dk, dv, saved, B, T, NH, NKV, HD);
+  attention_operands(q, k, v, saved, B, T, NH, NKV, HD, window);
+  attention_operands(dout, dk, dv, saved, B, T, NH, NKV, HD, window);
   need(dq, caps().activation, sz(B, T, NH, HD), "attention dq");
-  need(scratch, F, attention_sizes(B, T, NH, NKV, HD).scratch, "attention scratch");
-  do_attention_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD);
+  need(scratch, F, attention_sizes(B, T, NH, NKV, HD, window).scratch, "attention scratch");
+  do_attention_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD, window);
 }
 
 void Ops::swiglu_forward(Tensor out, Tensor gate, Tensor up) {

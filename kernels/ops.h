@@ -96,6 +96,9 @@ struct OpShapes {
   std::size_t reduce_numel = 0;
   // The model normalises q and k per head (Qwen3's q_norm, k_norm): RMSNorm over N * NH rows of HD.
   bool head_norm = false;
+  // The sliding window of the model's windowed layers (0: none): the scratch covers attention with it and
+  // without it (a model may have both kinds of layers).
+  int window = 0;
 };
 
 // Sizes of the attention buffers an implementation needs (elements, fp32).
@@ -152,14 +155,19 @@ class Ops {
   void rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta);
   void rope_forward(Tensor out, Tensor x /*(B,T,H,HD)*/, Tensor cos, Tensor sin, int B, int T, int H, int HD);
   void rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD);
-  // ---- causal attention, grouped-query heads ----
+  // ---- causal attention, grouped-query heads, optionally in a sliding window ----
+  // `window`: 0 (the default) plain causal attention; w >= 1 a sliding window, query t attending to keys
+  // t - w < s <= t only (kernels/cpu/ops.h; transformers' sliding_window_causal_mask_function), so w >= T
+  // is plain causal. A forward and its backward take the same window, and the buffers are sized for it.
   // What the attention ops need. The default is the unfused algorithm's (kernels/cpu and kernels/cuda):
-  // (B, NH, T, T) probabilities saved and as much scratch; a fused implementation overrides it.
-  virtual AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD) const;
+  // (B, NH, T, T) probabilities saved and as much scratch; a fused implementation overrides it. The sizes
+  // may depend on the window where an implementation takes another path for it (cuda: Note [attention
+  // paths]).
+  virtual AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD, int window = 0) const;
   void attention_forward(Tensor out /*(B,T,NH,HD)*/, Tensor saved /*attention_sizes().saved*/, Tensor q,
-                         Tensor k, Tensor v, int B, int T, int NH, int NKV, int HD);
+                         Tensor k, Tensor v, int B, int T, int NH, int NKV, int HD, int window = 0);
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                          Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD);
+                          Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD, int window = 0);
   // ---- SwiGLU, GeGLU, residual ----
   void swiglu_forward(Tensor out, Tensor gate, Tensor up);
   // May run in place (dgate == gate, dup == up): every implementation reads an element's inputs first.
@@ -218,9 +226,9 @@ class Ops {
   // Takes scratch of at least `bytes` now, so that later calls within the shapes it was sized for take no
   // device memory.
   virtual void reserve_scratch(std::size_t bytes);
-  // Which attention runs for this shape, in words ("cuDNN fused attention", or the fallback and why), so
-  // that a run can say what it computed with.
-  virtual std::string attention_path(int B, int T, int NH, int NKV, int HD) const;
+  // Which attention runs for this shape and window, in words ("cuDNN fused attention", or the fallback and
+  // why), so that a run can say what it computed with.
+  virtual std::string attention_path(int B, int T, int NH, int NKV, int HD, int window = 0) const;
 
   // ---- results back to the host (these wait for the stream) ----
   float read_f32(Tensor x);   // x[0] of an fp32 tensor
@@ -232,7 +240,7 @@ class Ops {
   void rope_operands(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int B, int T,
                      int H, int HD) const;
   void attention_operands(const Tensor& q_shaped, const Tensor& k, const Tensor& v, const Tensor& saved,
-                          int B, int T, int NH, int NKV, int HD) const;
+                          int B, int T, int NH, int NKV, int HD, int window) const;
   // What an implementation provides: the op, on operands the public method above has checked (dtypes
   // against caps(), sizes against the shape, null pointers). Each enqueues on stream() and returns.
   virtual void do_embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int V) = 0;
@@ -251,10 +259,10 @@ class Ops {
   virtual void do_rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H,
                                 int HD) = 0;
   virtual void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T,
-                                    int NH, int NKV, int HD) = 0;
+                                    int NH, int NKV, int HD, int window) = 0;
   virtual void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q,
-                                     Tensor k, Tensor v, Tensor saved, int B, int T, int NH, int NKV,
-                                     int HD) = 0;
+                                     Tensor k, Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD,
+                                     int window) = 0;
   virtual void do_swiglu_forward(Tensor out, Tensor gate, Tensor up) = 0;
   virtual void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) = 0;
   virtual void do_geglu_forward(Tensor out, Tensor gate, Tensor up) = 0;

@@ -160,8 +160,9 @@ bool is_zero(const json& v) {
 }
 
 // Refuses, by name, every Hugging Face setting the family's decoder does not compute (Note [Model families]:
-// no MLP biases, the family's activation, no dropout, full causal attention, one MLP per block, full rotary
-// embeddings, no soft-capping). `fam` is the family config.json names (model_type), already checked.
+// no MLP biases, the family's activation, no dropout, causal attention (sliding windows: read_windows), one
+// MLP per block, full rotary embeddings, no soft-capping). `fam` is the family config.json names
+// (model_type), already checked.
 void check_architecture(const json& j, const Family& fam, const std::string& where) {
   auto refuse = [&](const std::string& key, const std::string& why) {
     throw ConfigError(detail::cat(where, ": '", key, "' is ", j.at(key).dump(), ": ", why,
@@ -185,15 +186,6 @@ void check_architecture(const json& j, const Family& fam, const std::string& whe
     refuse("hidden_activation", "the MLP activation is hidden_act's");
   for (const char* k : {"attention_dropout", "resid_pdrop", "embd_pdrop"})
     if (j.contains(k) && !is_zero(j[k])) refuse(k, "dropout is not implemented (set it to 0.0)");
-  // Qwen2 and Qwen3 window layers only with use_sliding_window (then max_window_layers says which).
-  if (j.contains("use_sliding_window") && j["use_sliding_window"] != false)
-    refuse("use_sliding_window", "sliding-window layers are not implemented");
-  if (j.contains("layer_types")) {
-    const json& lt = j["layer_types"];
-    if (!lt.is_array() ||
-        std::any_of(lt.begin(), lt.end(), [](const json& t) { return t != "full_attention"; }))
-      refuse("layer_types", "every layer's attention must be \"full_attention\"");
-  }
   for (const char* k : {"num_local_experts", "num_experts", "num_experts_per_tok", "n_routed_experts"})
     if (j.contains(k) && !j[k].is_null()) refuse(k, "mixture-of-experts MLPs are not implemented");
   if (j.contains("partial_rotary_factor") &&
@@ -204,6 +196,74 @@ void check_architecture(const json& j, const Family& fam, const std::string& whe
     refuse("use_bidirectional_attention", "attention is causal here");
   for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping"})
     if (j.contains(k) && !j[k].is_null()) refuse(k, "logit soft-capping is not implemented");
+}
+
+// Which layers attend in a sliding window (Note [Sliding windows] in config.h), from the keys transformers
+// reads for `fam`; c.sliding_window holds the sliding_window key as read (0: absent or null) and c.n_layers
+// the layer count. Refused, by name: a key the family does not read set to something other than "off", a
+// window the family has no layers for, layer_types that disagree with the layer count or name a window
+// that is not set.
+void read_windows(const json& j, const Family& fam, ModelConfig& c, const std::string& where) {
+  auto refuse = [&](const char* key, const std::string& why) {
+    throw ConfigError(detail::cat(where, ": '", key, "' is ", j.at(key).dump(), ": ", why));
+  };
+  const std::string family = fam.model_type;
+  const bool per_layer = fam.window_key == WindowKey::use_sliding_window;  // Qwen2, Qwen3
+  if (j.contains("use_sliding_window") && !j["use_sliding_window"].is_null()) {
+    const json& u = j["use_sliding_window"];
+    if (!u.is_boolean()) refuse("use_sliding_window", "it must be true or false");
+    if (per_layer)
+      c.use_sliding_window = u.get<bool>();
+    else if (u.get<bool>())
+      refuse("use_sliding_window", detail::cat("a ", family, " model does not read it",
+                                               fam.window_key == WindowKey::sliding_window
+                                                   ? " (its sliding_window, when set, windows every layer)"
+                                                   : " (its attention is never windowed)",
+                                               "; remove it"));
+  }
+  if (per_layer && j.contains("max_window_layers") && !j["max_window_layers"].is_null()) {
+    const json& m = j["max_window_layers"];
+    if (!m.is_number_integer() || m.get<int64_t>() < 0)
+      refuse("max_window_layers", "it must be a whole number of layers >= 0");
+    c.max_window_layers = m.get<int64_t>();
+  }
+  if (per_layer && c.use_sliding_window && !j.contains("sliding_window"))
+    throw ConfigError(detail::cat(where,
+                                  ": use_sliding_window is true but 'sliding_window' is not given "
+                                  "(transformers would take its default, 4096); write the window, or null "
+                                  "for none"));
+  // Qwen2Config: sliding_window if use_sliding_window else None.
+  if (per_layer && !c.use_sliding_window) c.sliding_window = 0;
+  if (fam.window_key == WindowKey::none && c.sliding_window > 0)
+    throw ConfigError(detail::cat(where, ": 'sliding_window' is ", c.sliding_window, ": a ", family,
+                                  " model attends over the whole causal window; remove the key"));
+  if (!j.contains("layer_types") || j["layer_types"].is_null()) return;
+  const json& lt = j["layer_types"];
+  const auto is = [&](const char* type) {
+    return std::all_of(lt.begin(), lt.end(),
+                       [&](const json& t) { return t == "full_attention" || t == type; });
+  };
+  if (!per_layer) {
+    // Mistral and Phi-3 window every layer or none (MistralConfig only warns of layer_types): a list that
+    // says otherwise is refused, one that says "full_attention" throughout is read as the models read it.
+    if (!lt.is_array() || !is("full_attention"))
+      refuse("layer_types", detail::cat("a ", family, " model's layers all attend alike",
+                                        fam.window_key == WindowKey::sliding_window
+                                            ? " (sliding_window, when set, windows every layer)"
+                                            : "",
+                                        "; every entry must be \"full_attention\""));
+    return;
+  }
+  if (!lt.is_array() || !is("sliding_attention"))
+    refuse("layer_types", "each layer's attention must be \"full_attention\" or \"sliding_attention\"");
+  if (int64_t(lt.size()) != c.n_layers)
+    refuse("layer_types", detail::cat("it lists ", lt.size(), " layers; num_hidden_layers is ", c.n_layers));
+  c.sliding_layers.clear();
+  for (const json& t : lt) c.sliding_layers.push_back(t == "sliding_attention");
+  if (c.sliding_window == 0 && std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true) > 0)
+    refuse("layer_types",
+           "it names \"sliding_attention\" layers but no window is set (transformers cannot build their mask "
+           "either): set use_sliding_window true and sliding_window, or make every layer \"full_attention\"");
 }
 
 double get_number(const json& obj, const char* key, const std::string& where) {
@@ -464,6 +524,13 @@ json rope_scaling_json(const RopeScaling& s) {
               {"original_max_position_embeddings", s.original_max_position_embeddings}};
 }
 
+// config.json's layer_types for per-layer windows (true: windowed).
+json layer_type_names(const std::vector<bool>& sliding) {
+  json names = json::array();
+  for (bool s : sliding) names.push_back(s ? "sliding_attention" : "full_attention");
+  return names;
+}
+
 // The shortest decimal that reads back as `f` (1e-05, not 9.999999747378752e-06).
 double shortest(float f) {
   char buf[32];
@@ -522,20 +589,49 @@ std::vector<ModelConfig> presets() {
 
 }  // namespace
 
-void ModelConfig::check_sequence(int64_t T, const std::string& where) const {
-  if (sliding_window > 0 && T > sliding_window)
-    throw ConfigError(detail::cat(where, ": sequences of ", T, " tokens are longer than model '", name,
-                                  "''s sliding_window ", sliding_window,
-                                  ", which attention does not implement yet; train with a sequence length of "
-                                  "at most ",
-                                  sliding_window, " (the window then changes nothing)"));
+
+int64_t ModelConfig::window_of(int64_t layer) const {
+  if (sliding_window <= 0) return 0;
+  switch (traits().window_key) {
+    case WindowKey::sliding_window:
+      return sliding_window;  // every layer
+    case WindowKey::use_sliding_window:
+      if (!use_sliding_window) return 0;
+      if (!sliding_layers.empty())
+        return layer >= 0 && layer < int64_t(sliding_layers.size()) && sliding_layers[size_t(layer)]
+                   ? sliding_window
+                   : 0;
+      return layer >= max_window_layers ? sliding_window : 0;
+    case WindowKey::none:
+      break;
+  }
+  return 0;
 }
 
 void ModelConfig::validate(const std::string& where) const {
-  family_of(family, where);
+  const Family& fam = family_of(family, where);
   if (sliding_window < 0)
     throw ConfigError(
         detail::cat(where, ": sliding_window is ", sliding_window, "; it must be 0 (none) or more"));
+  // What read_windows refuses in a JSON, for a config built in code.
+  const bool per_layer = fam.window_key == WindowKey::use_sliding_window;
+  if (sliding_window > 0 && (fam.window_key == WindowKey::none || (per_layer && !use_sliding_window)))
+    throw ConfigError(detail::cat(where, ": sliding_window is ", sliding_window, ", which a ", family,
+                                  per_layer ? " model reads only with use_sliding_window true"
+                                            : " model does not read (its attention is never windowed)"));
+  if ((use_sliding_window || !sliding_layers.empty()) && !per_layer)
+    throw ConfigError(detail::cat(where, ": use_sliding_window and layer_types are Qwen2 and Qwen3 keys; a ",
+                                  family, " model does not read them"));
+  if (max_window_layers < 0)
+    throw ConfigError(
+        detail::cat(where, ": max_window_layers is ", max_window_layers, "; it must be 0 or more"));
+  if (!sliding_layers.empty() && int64_t(sliding_layers.size()) != n_layers)
+    throw ConfigError(
+        detail::cat(where, ": layer_types lists ", sliding_layers.size(), " layers; n_layers is ", n_layers));
+  if (sliding_window == 0 && std::count(sliding_layers.begin(), sliding_layers.end(), true) > 0)
+    throw ConfigError(detail::cat(where,
+                                  ": layer_types names sliding_attention layers but sliding_window is "
+                                  "not set"));
   if (attention_bias && !traits().bias_key)
     throw ConfigError(
         detail::cat(where, ": attention_bias is true, which a ", family, " model does not read; remove it"));
@@ -672,13 +768,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& where) {
                                       c.vocab_size, " tokens; transformers cannot build this model either"));
     }
   }
-  // Which families read sliding_window: Mistral and Phi-3 always; Qwen2 and Qwen3 only with
-  // use_sliding_window (refused); Llama and Gemma never had one (refused, as before).
+  // Which layers are windowed (Note [Sliding windows]).
   const std::string family = c.family;
-  if (fam.window_key == WindowKey::use_sliding_window) c.sliding_window = 0;
-  if (fam.window_key == WindowKey::none && c.sliding_window > 0)
-    throw ConfigError(detail::cat(where, ": 'sliding_window' is ", c.sliding_window, ": a ", family,
-                                  " model attends over the whole causal window; remove the key"));
+  read_windows(j, fam, c, where);
   if (fam.fused_projections && c.explicit_head_dim > 0 && c.n_heads > 0 &&
       !(c.d_model % c.n_heads == 0 && c.explicit_head_dim == c.d_model / c.n_heads))
     throw ConfigError(detail::cat(where, ": head_dim ", c.explicit_head_dim,
@@ -754,6 +846,14 @@ json ModelConfig::to_json() const {
   if (family != "llama") j["family"] = family;
   if (attention_bias) j["attention_bias"] = true;
   if (sliding_window > 0) j["sliding_window"] = sliding_window;
+  // Qwen2/3's per-layer keys only where they window something: with use_sliding_window false they change
+  // nothing, and a config saved before windows were computed compares equal (checkpoints' model config).
+  if (use_sliding_window) {
+    j["use_sliding_window"] = true;
+    if (sliding_window == 0) j["sliding_window"] = nullptr;  // given as null (read_windows wants the key)
+    j["max_window_layers"] = max_window_layers;
+    if (!sliding_layers.empty()) j["layer_types"] = layer_type_names(sliding_layers);
+  }
   if (pad_token_id >= 0) j["pad_token_id"] = pad_token_id;
   if (lora.active()) j["lora"] = lora_to_json(*this);
   return j;
@@ -784,7 +884,12 @@ json ModelConfig::to_hf_json() const {
   if (fam.mlp_bias_key) j["mlp_bias"] = false;
   if (fam.window_key == WindowKey::sliding_window)
     j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
-  if (fam.window_key == WindowKey::use_sliding_window) j["use_sliding_window"] = false;
+  if (fam.window_key == WindowKey::use_sliding_window) {
+    j["use_sliding_window"] = use_sliding_window;
+    j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+    j["max_window_layers"] = max_window_layers;
+    if (!sliding_layers.empty()) j["layer_types"] = layer_type_names(sliding_layers);
+  }
   if (fam.dropout_keys) j["resid_pdrop"] = 0.0, j["embd_pdrop"] = 0.0;
   if (rope_scaling.type == "longrope")
     j["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;

@@ -33,10 +33,14 @@
 //                                              (Note [Model families] below)
 //   attention_bias  [attention_bias]           bias on the q, k, v and o projections (llama, mistral,
 //                                              qwen3, gemma); default false. Qwen2 has q, k, v biases always
-//   sliding_window  [sliding_window]           null (default) or the window w: position i sees j only
-//                                              when i - j < w. A window no shorter than the sequence changes
-//                                              nothing and is accepted; a run with longer sequences is
-//                                              refused before it starts (Model::check_sequence)
+//   sliding_window  [sliding_window]           null (default) or the window w >= 1 of the windowed layers:
+//                                              there position i sees j only when i - w < j <= i (Note
+//                                              [Sliding windows] says which layers; Mistral, Phi-3: all)
+//   use_sliding_window [use_sliding_window]    Qwen2, Qwen3: whether any layer is windowed; default false
+//   max_window_layers [max_window_layers]      Qwen2, Qwen3: the layers from this index on are windowed
+//                                              (when layer_types is not given); default 28
+//   layer_types     [layer_types]              Qwen2, Qwen3: one "full_attention" or "sliding_attention" per
+//                                              layer; absent: from max_window_layers
 //   pad_token_id    [pad_token_id]             null (default) or the token whose embedding row the lookup
 //                                              never trains (transformers' padding_idx)
 //   name                                       label only; default "custom"
@@ -45,8 +49,9 @@
 // bookkeeping keys that do not change the computation (torch_dtype, bos_token_id, use_cache, ...) are
 // ignored; keys that describe something these decoders do not compute are refused by name unless they hold
 // the value that means "off": mlp_bias true, a hidden_act other than the family's, a non-zero dropout
-// (attention_dropout, resid_pdrop, embd_pdrop), sliding-window layers (use_sliding_window true, layer_types
-// other than "full_attention"), mixture-of-experts keys, a model_type outside the families, rope scaling
+// (attention_dropout, resid_pdrop, embd_pdrop), a window a family does not read (sliding_window on Llama and
+// Gemma, use_sliding_window true or "sliding_attention" layer_types outside Qwen2 and Qwen3, other layer
+// types anywhere), mixture-of-experts keys, a model_type outside the families, rope scaling
 // other than "default", "linear", "llama3", "yarn" and "longrope" (a phi3 config: other than "default" and
 // "longrope", as transformers' Phi3Config), partial_rotary_factor below 1, logit soft-capping.
 //
@@ -54,12 +59,30 @@
 // (kFamilies in config.cpp), never a copy of the decoder:
 //   family   class               differences from Llama
 //   llama    LlamaForCausalLM    -
-//   mistral  MistralForCausalLM  sliding_window (no effect when no shorter than the sequence)
-//   qwen2    Qwen2ForCausalLM    bias on q, k, v (always); use_sliding_window false
+//   mistral  MistralForCausalLM  sliding_window on every layer (Note [Sliding windows])
+//   qwen2    Qwen2ForCausalLM    bias on q, k, v (always); sliding_window on some layers (Note [Sliding
+//                                windows])
 //   qwen3    Qwen3ForCausalLM    RMSNorm over each head of q and k (q_norm, k_norm) before rope
 //   phi3     Phi3ForCausalLM     q, k, v stored fused as qkv_proj, gate and up as gate_up_proj
 //   gemma    GemmaForCausalLM    RMSNorm scales by (1 + w); embeddings times sqrt(hidden); GELU-tanh MLP
-
+// (Qwen3 and Phi-3 window their layers as Qwen2 and Mistral do.)
+//
+// Note [Sliding windows]: which layers attend in a sliding window, and how wide, as transformers 5 decides
+// (configuration_<family>.py, masking_utils.py): in a windowed layer query t attends to keys
+// t - w < s <= t, the w latest positions itself included (sliding_window_overlay and-ed with the causal
+// mask), w = sliding_window; the attention ops take it as their `window` (kernels/ops.h), window_of(layer).
+//   mistral, phi3  every layer when sliding_window is set (null: none); layer_types is not read by their
+//                  models (MistralConfig only warns of it), so it is accepted only all "full_attention".
+//   qwen2, qwen3   only with use_sliding_window true (false: sliding_window is dropped, as their configs set
+//                  it to None; true without the key is refused, transformers' default 4096 being a guess).
+//                  Then layer_types says which layers are "sliding_attention"; without it, the layers from
+//                  max_window_layers on (default 28, as transformers'). A "sliding_attention" layer without a
+//                  window is refused (transformers cannot build its mask).
+//   llama, gemma   never: sliding_window above 0, use_sliding_window true, sliding layers are refused.
+// A window no shorter than the sequence is plain causal attention. Every sequence length up to max_seq_len
+// is computed. to_hf_json writes these keys back as read (layer_types only when given); to_json too, but
+// Qwen2/3's use_sliding_window, max_window_layers and layer_types only with use_sliding_window true (false:
+// they change nothing, and configs saved before, e.g. in checkpoints, still compare equal).
 #pragma once
 
 #include <cstdint>
@@ -107,12 +130,12 @@ struct RopeScaling {
 
 enum class MlpActivation { silu, gelu_tanh };
 
-// Which config.json key windows a family's attention (Note [Model families]).
+// Which config.json keys window a family's attention (Note [Sliding windows]).
 enum class WindowKey {
   none,               // no window: a sliding_window above 0 is refused (Llama, Gemma)
-  sliding_window,     // sliding_window, null for none (Mistral, Phi-3)
-  use_sliding_window  // only with use_sliding_window true, which is refused; sliding_window is ignored
-                      // (Qwen2/3)
+  sliding_window,     // sliding_window on every layer, null for none (Mistral, Phi-3)
+  use_sliding_window  // sliding_window only with use_sliding_window true, on the layers layer_types or
+                      // max_window_layers names (Qwen2/3)
 };
 
 // One family's row (Note [Model families]).
@@ -146,6 +169,7 @@ const Family& family_of(const std::string& model_type, const std::string& where 
 std::vector<std::string> family_names();
 
 struct ModelConfig {
+  static constexpr int64_t kDefaultMaxWindowLayers = 28;  // transformers' Qwen2Config / Qwen3Config
   std::string name = "custom";
   std::string family = "llama";  // a Family's model_type
   int64_t vocab_size = 0;
@@ -161,7 +185,14 @@ struct ModelConfig {
   int64_t explicit_head_dim = 0;  // 0: d_model / n_heads (Hugging Face's head_dim when a config sets it)
   RopeScaling rope_scaling;
   bool attention_bias = false;  // q, k, v and o biases (families with Family::bias_key)
-  int64_t sliding_window = 0;   // 0: none (Note [Model families])
+  // Note [Sliding windows]: the window of the windowed layers (0: none), and for Qwen2/3 which layers are:
+  // use_sliding_window, max_window_layers and layer_types (sliding_layers, true for "sliding_attention";
+  // empty when config.json has none), kept as read so that they are written back. window_of() is the
+  // answer.
+  int64_t sliding_window = 0;
+  bool use_sliding_window = false;
+  int64_t max_window_layers = kDefaultMaxWindowLayers;
+  std::vector<bool> sliding_layers;
   // The embedding row transformers builds as nn.Embedding's padding_idx, whose gradient from the embedding
   // lookup is zero (-1: none). config.json's negative ids count from the vocabulary's end, as PyTorch's.
   int64_t pad_token_id = -1;
@@ -172,9 +203,8 @@ struct ModelConfig {
   const Family& traits() const { return family_of(family); }
   bool qkv_bias() const { return traits().qkv_bias || attention_bias; }
   bool o_bias() const { return attention_bias; }
-  // Refuses (ConfigError naming the window and the fix) a sequence of T tokens that a sliding window
-  // would change; `where` prefixes the message.
-  void check_sequence(int64_t T, const std::string& where) const;
+  // The sliding window layer `layer` attends in (kernels/ops.h's `window`; 0: plain causal attention).
+  int64_t window_of(int64_t layer) const;
 
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : d_model / n_heads; }
   int64_t q_dim() const { return n_heads * head_dim(); }      // width of the query projection

@@ -27,6 +27,23 @@ double attention_flops(int64_t B, int64_t T, int64_t H, int64_t D) {
   return 4.0 * double(B) * double(H) * double(D) * double(T) * double(T + 1) / 2.0;
 }
 
+// The attention buffers of every layer: each layer's sliding window (Note [Sliding windows] in config.h)
+// may take another path, with other sizes (kernels/cuda: Note [attention paths]), so the largest of each.
+kernels::AttentionSizes layer_attention_sizes(const kernels::Ops& ops, const ModelConfig& cfg, int B, int T) {
+  kernels::AttentionSizes as{};
+  std::vector<int64_t> seen;
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    const int64_t w = cfg.window_of(l);
+    if (std::find(seen.begin(), seen.end(), w) != seen.end()) continue;
+    seen.push_back(w);
+    const kernels::AttentionSizes s =
+        ops.attention_sizes(B, T, int(cfg.n_heads), int(cfg.n_kv_heads), int(cfg.head_dim()), int(w));
+    as.saved = std::max(as.saved, s.saved);
+    as.scratch = std::max(as.scratch, s.scratch);
+  }
+  return as;
+}
+
 // RAII timing of one chunk's forward or backward (acquire to release) for the profile.
 class ChunkTimer {
  public:
@@ -198,8 +215,7 @@ LlamaModel::BackwardScratch LlamaModel::backward_scratch(size_t N, size_t mlp, s
 void LlamaModel::ensure_buffers(int B, int T, bool whole_logits) {
   const size_t sets = opts_.checkpoint_activations ? 1 : size_t(cfg_.n_layers);
   if (acts_.size() < sets) acts_.resize(sets);
-  const kernels::AttentionSizes as =
-      ops_->attention_sizes(B, T, int(cfg_.n_heads), int(cfg_.n_kv_heads), int(cfg_.head_dim()));
+  const kernels::AttentionSizes as = layer_attention_sizes(*ops_, cfg_, B, T);
   bool synced = false;
   // Grows a buffer (never shrinks, so repeated steps do not reallocate); contents unspecified.
   auto fit = [&](Buf* b, size_t n, DType dtype) {
@@ -247,8 +263,7 @@ size_t LlamaModel::activation_bytes() const {
 
 size_t LlamaModel::activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
                                     const kernels::Ops& ops) {
-  const kernels::AttentionSizes as =
-      ops.attention_sizes(B, T, int(cfg.n_heads), int(cfg.n_kv_heads), int(cfg.head_dim()));
+  const kernels::AttentionSizes as = layer_attention_sizes(ops, cfg, B, T);
   size_t n = 0;
   each_buffer(cfg, B, T, checkpoint_activations, ops.caps().activation, as,
               loss_rows(cfg, size_t(B) * size_t(T)), static_cast<LlamaModel*>(nullptr),
@@ -320,7 +335,8 @@ kernels::OpShapes LlamaModel::op_shapes(const ModelConfig& cfg, int B, int T) {
           .NKV = int(cfg.n_kv_heads),
           .HD = int(cfg.head_dim()),
           .reduce_numel = 0,
-          .head_norm = cfg.traits().qk_norm};
+          .head_norm = cfg.traits().qk_norm,
+          .window = int(cfg.sliding_window)};  // every windowed layer's (Note [Sliding windows])
 }
 
 std::vector<float> LlamaModel::logits() const {
@@ -412,8 +428,9 @@ void LlamaModel::block_forward(const ChunkView& p, const ChunkView* ad, Tensor x
     o.rope_forward(a.q.t, a.q.t, rope_cos_.t, rope_sin_.t, B, T, NH, D);
     o.rope_forward(a.k.t, a.k.t, rope_cos_.t, rope_sin_.t, B, T, NKV, D);
   });
+  const int W = int(cfg_.window_of(lora_layer_));  // this block's sliding window (lora_layer_: its index)
   timed("attention", phase, attention_flops(B, T, NH, D),
-        [&] { o.attention_forward(a.y.t, a.att.t, a.q.t, a.k.t, a.v.t, B, T, NH, NKV, D); });
+        [&] { o.attention_forward(a.y.t, a.att.t, a.q.t, a.k.t, a.v.t, B, T, NH, NKV, D, W); });
   // o_proj writes into x_mid, then the residual adds the block input in place.
   project(p, ad, a, a.x_mid.t, a.y.t, kWo, kBo, N, Q, C, "o_proj", phase);
   timed("residual", phase, 0, [&] { o.residual_forward(a.x_mid.t, x_in, a.x_mid.t); });
@@ -522,8 +539,9 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, const ChunkView* a
       "o_proj", ph, 2 * linear_flops(N, Q, C),
       [&] { o.linear_backward(dy, dw(kWo), dresid_.t, a.y.t, weight(p, kWo), N, Q, C); }, N, Q, C);
   lora(dy, dresid_.t, a.y.t, kWo, C);
+  const int W = int(cfg_.window_of(lora_layer_));  // this block's sliding window (lora_layer_: its index)
   timed("attention", ph, 2 * attention_flops(B, T, NH, D), [&] {
-    o.attention_backward(dq, dk, dv, datt_.t, dy, a.q.t, a.k.t, a.v.t, a.att.t, B, T, NH, NKV, D);
+    o.attention_backward(dq, dk, dv, datt_.t, dy, a.q.t, a.k.t, a.v.t, a.att.t, B, T, NH, NKV, D, W);
   });
   timed("rope", ph, 0, [&] {
     o.rope_backward(dq, dq, rope_cos_.t, rope_sin_.t, B, T, NH, D);
@@ -573,7 +591,6 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
     throw ConfigError(detail::cat("LlamaModel::forward: B = ", B, ", T = ", T,
                                   "; B must be >= 1 and T in [1, ", cfg_.max_seq_len,
                                   "] (max_seq_len of model '", cfg_.name, "')"));
-  cfg_.check_sequence(T, "LlamaModel::forward");
   if (int64_t(B) * T > INT32_MAX)
     throw ConfigError(detail::cat("LlamaModel::forward: B * T = ", int64_t(B) * T,
                                   " tokens do not fit the ops' int row count; use a smaller batch"));

@@ -46,7 +46,6 @@ int resolve_seq_len(const model::ModelConfig& m, int requested, const std::strin
   if (T > m.max_seq_len)
     throw ConfigError(
         cat(flag, " ", T, " is longer than model '", m.name, "''s max_seq_len ", m.max_seq_len));
-  m.check_sequence(T, flag);
   return T;
 }
 

@@ -61,8 +61,7 @@ enum class Weights { fresh_only, allowed };
 ModelSource open_model(const std::string& spec, Weights weights);
 
 // The tokens a row runs over: `requested`, or min(max_seq_len, 256) when it is 0. Refused, naming `flag`,
-// below 1, beyond the model's max_seq_len, or beyond a sliding window the model cannot train past
-// (ModelConfig::check_sequence) — before any weight is read.
+// below 1 or beyond the model's max_seq_len, before any weight is read.
 int resolve_seq_len(const model::ModelConfig& m, int requested, const std::string& flag);
 
 // The command line's `--set name=value` overrides (names: docs/config.md): numbers, booleans and JSON arrays

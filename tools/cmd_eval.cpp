@@ -70,7 +70,6 @@ int run_eval(const EvalOpts& o) {
   if (o.seq_len > cfg.max_seq_len)
     throw ConfigError(cat("--seq-len ", o.seq_len, " is longer than model '", cfg.name, "''s max_seq_len ",
                           cfg.max_seq_len));
-  cfg.check_sequence(o.seq_len, "--seq-len");
   const model::TokenFile data = model::TokenFile::open(o.data);
   model::check_eval_inputs(cfg, data, o.seq_len, o.batch_size, o.max_batches);
 

@@ -389,12 +389,24 @@ void print_summary(const TrainRun& run, const LoopTotals& t) {
       world > 1 ? "largest rank's " : "", format_size(peak.device).c_str(), format_size(peak.pinned).c_str(),
       format_size(peak.nvme).c_str(), format_size(std::uint64_t(device_peak), 1).c_str(),
       format_size(engine.device().caps().capacity, 1).c_str());
-  // What attention computed with at the training shape (a fallback was also a warning when chosen).
-  std::fprintf(out, "  attention   %s\n",
-               engine.ops()
-                   .attention_path(engine.micro_batch(), seq_len, int(mcfg.n_heads), int(mcfg.n_kv_heads),
-                                   int(mcfg.head_dim()))
-                   .c_str());
+  // What attention computed with at the training shape (a fallback was also a warning when chosen), for
+  // the windowed layers apart when the model has both kinds (Note [Sliding windows] in model/config.h).
+  {
+    int windowed = 0, window = 0;
+    for (std::int64_t l = 0; l < mcfg.n_layers; ++l)
+      if (const std::int64_t w = mcfg.window_of(l); w > 0) ++windowed, window = int(w);
+    const auto path = [&](int w) {
+      return engine.ops().attention_path(engine.micro_batch(), seq_len, int(mcfg.n_heads),
+                                         int(mcfg.n_kv_heads), int(mcfg.head_dim()), w);
+    };
+    if (windowed == 0)
+      std::fprintf(out, "  attention   %s\n", path(0).c_str());
+    else if (windowed == int(mcfg.n_layers))
+      std::fprintf(out, "  attention   %s (sliding window %d)\n", path(window).c_str(), window);
+    else
+      std::fprintf(out, "  attention   %s; %d layers in a sliding window of %d: %s\n", path(0).c_str(), windowed,
+                   window, path(window).c_str());
+  }
   if (engine.plan().overlap_groups > 0) {
     const zero3::OverlapStats& os = engine.overlap_stats();
     std::fprintf(out,

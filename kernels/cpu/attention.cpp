@@ -2,8 +2,9 @@
 //
 // Each (batch, head) pair is a handful of matrix products over strided views of q, k, v (OpenBLAS, run
 // one after another so that OpenBLAS threads each) and a row-wise softmax or softmax gradient (oneTBB).
-// The products cover the full T x T square; the causal mask is applied by the row pass, which writes
-// exact zeros above the diagonal, so the products that follow add nothing from masked positions.
+// The products cover the full T x T square; the causal mask (and a sliding window's band) is applied by the
+// row pass, which writes exact zeros outside it, so the products that follow add nothing from masked
+// positions. This is the oracle: simple rather than fast, a window saves nothing here.
 #include <cblas.h>
 
 #include <cmath>
@@ -17,10 +18,11 @@
 namespace strata::kernels::cpu {
 namespace {
 
-void check_heads(const char* op, int NH, int NKV, int HD) {
+void check_heads(const char* op, int NH, int NKV, int HD, int window) {
   STRATA_CHECK(NKV > 0 && NH % NKV == 0, op, ": n_heads ", NH, " must be a positive multiple of n_kv_heads ",
                NKV);
   STRATA_CHECK(HD > 0, op, ": head width ", HD, " must be positive");
+  STRATA_CHECK(window >= 0, op, ": sliding window ", window, " must be 0 (none) or positive");
 }
 
 // Views of one (b, h) pair: the head's rows of q / dout (leading dimension NH * HD), its key/value
@@ -37,8 +39,8 @@ Head head(std::size_t b, std::size_t h, int T, int NH, int NKV, int HD) {
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                       int NH, int NKV, int HD) {
-  check_heads("attention_forward", NH, NKV, HD);
+                       int NH, int NKV, int HD, int window) {
+  check_heads("attention_forward", NH, NKV, HD, window);
   const float scale = float(1.0 / std::sqrt(double(HD)));
   const int ldq = NH * HD, ldkv = NKV * HD;
   // Scores: att (T,T) = scale * q_h (T,HD) k_g^T.
@@ -48,9 +50,11 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HD, scale, q + x.q, ldq, k + x.kv, ldkv,
                   0.0f, att + x.att, T);
     }
-  // Causal softmax, one task per row; zeros above the diagonal.
+  // Causal softmax, one task per row; zeros above the diagonal and before the window.
   impl::parallel_for_each_index(std::size_t(B) * NH * T, 8, [&](std::size_t row) {
-    impl::causal_softmax_row(att + row * T, row % T, std::size_t(T), 1.0f);  // scaled by the product
+    const std::size_t t = row % T;
+    impl::causal_softmax_row(att + row * T, t, std::size_t(T), 1.0f,  // scaled by the product
+                             impl::band_start(t, window));
   });
   // out_h (T,HD) = att (T,T) v_g (T,HD).
   for (int b = 0; b < B; ++b)
@@ -65,8 +69,8 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 // the unscaled q.k), dq_h = dp k_g, dk_g = sum over the group's heads of dp^T q_h, dv_g likewise a^T dout_h.
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
                         const float* k, const float* v, const float* att, int B, int T, int NH, int NKV,
-                        int HD) {
-  check_heads("attention_backward", NH, NKV, HD);
+                        int HD, int window) {
+  check_heads("attention_backward", NH, NKV, HD, window);
   const float scale = float(1.0 / std::sqrt(double(HD)));
   const int ldq = NH * HD, ldkv = NKV * HD;
   for (int b = 0; b < B; ++b)
@@ -76,7 +80,9 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
                   0.0f, scratch + x.att, T);
     }
   impl::parallel_for_each_index(std::size_t(B) * NH * T, 8, [&](std::size_t row) {
-    impl::causal_softmax_grad_row(scratch + row * T, att + row * T, row % T, std::size_t(T), scale);
+    const std::size_t t = row % T;
+    impl::causal_softmax_grad_row(scratch + row * T, att + row * T, t, std::size_t(T), scale,
+                                  impl::band_start(t, window));
   });
   // dk and dv are written: clear them, then add each head of the group in head order.
   impl::parallel_for_range(std::size_t(B) * T * NKV * HD, impl::kElementGrain,

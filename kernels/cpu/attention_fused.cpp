@@ -12,6 +12,12 @@
 //   backward: S and dP = dout_i v_j^T again (fp32 sums), P = e^(S - lse) (normalised: no second pass),
 //             dS = P (dP - D) / sqrt(HD) with D = rowsum(dout * out); then dv_j += P^T dout_i,
 //             dk_j += dS^T q_i, dq_i += dS k_j with P and dS rounded to bf16 as the products' operands.
+// A sliding window of w (kernels/cpu/ops.h: query t sees keys t - w < s <= t) cuts a band out of that
+// triangle: query block i runs key blocks j from the one holding its first row's first key, (t0 - w + 1)
+// / 128, to i, skipping every block left of the band outright; the blocks the band's left edge crosses are
+// masked like the diagonal one, each row from its own first key (a row that sees none of a block's keys
+// leaves its running max, sum and acc as they were). Without a window every row starts at key 0, and the
+// blocks, row passes and sums are the causal ones bit for bit.
 // Rounding points: q, k, v, dout arrive in bf16; P and dS are rounded to bf16 only as product operands
 // (l sums the unrounded P, as flash attention does); every sum is fp32; out, dq, dk, dv are each rounded to
 // bf16 once, from their complete fp32 sums. Those are the rounding points of the unfused bf16 attention it
@@ -65,15 +71,17 @@ namespace {
 
 constexpr int kBlock = 128;  // rows of a query block and of a key block (Note [Fused attention on the CPU])
 
-void check_heads(const char* op, int B, int T, int NH, int NKV, int HD) {
+void check_heads(const char* op, int B, int T, int NH, int NKV, int HD, int window) {
   STRATA_CHECK(B >= 0 && T >= 0, op, ": batch ", B, " and sequence length ", T, " must not be negative");
   STRATA_CHECK(NKV > 0 && NH > 0 && NH % NKV == 0, op, ": n_heads ", NH,
                " must be a positive multiple of n_kv_heads ", NKV);
   STRATA_CHECK(HD > 0, op, ": head width ", HD, " must be positive");
+  STRATA_CHECK(window >= 0, op, ": sliding window ", window, " must be 0 (none) or positive");
 }
 
 struct Dims {
   int B, T, NH, NKV, HD;
+  int window;  // 0: causal; else the sliding window (Note [Fused attention on the CPU])
   std::size_t group() const { return std::size_t(NH / NKV); }  // query heads per key/value head
   std::size_t ldq() const { return std::size_t(NH) * HD; }     // row stride of q, dout, out
   std::size_t ldkv() const { return std::size_t(NKV) * HD; }   // row stride of k, v
@@ -87,6 +95,16 @@ struct Dims {
     return (b * T + t) * ldkv() + g * HD;
   }
   std::size_t lse_at(std::size_t b, std::size_t h, std::size_t t) const { return (b * NH + h) * T + t; }
+  // The first key block query block i reads: the one holding its first row's first key.
+  std::size_t first_block(std::size_t i) const {
+    const std::size_t t0 = i * kBlock;
+    return window > 0 && t0 >= std::size_t(window) ? (t0 - std::size_t(window) + 1) / kBlock : 0;
+  }
+  // The first key of key block j (from s0) that row 0 of query block i (from t0) sees, relative to s0; row
+  // r's is this + r. At most -kBlock (every row sees from column 0) without a window.
+  int first_col(std::size_t t0, std::size_t s0) const {
+    return window > 0 ? int(t0) - int(s0) - window + 1 : -kBlock;
+  }
 };
 
 // ---- the row passes' arithmetic ------------------------------------------------------------------------
@@ -112,14 +130,16 @@ using impl::sum_row;
 
 // Forward, on a (rows, cols) block of raw scores: scale, mask, fold into each row's running max m and sum
 // l, P = e^(s - m) (left in s) rounded to bf16 into p with exact zeros where masked (so the product adds
-// nothing from there), and acc's row rescaled by e^(m_old - m_new) when the max grew.
+// nothing from there), and acc's row rescaled by e^(m_old - m_new) when the max grew. Row r sees columns
+// [max(0, first + r), diagonal ? r + 1 : cols); a row that sees none leaves m, l and acc alone.
 struct ForwardBlock {
   float* s;        // (rows, cols; ld kBlock)
   bf16_t* p;       // (rows, cols; ld kBlock)
   float *m, *l;    // (rows)
   float* acc;      // (rows, HD)
-  int rows, cols;  // on the diagonal block (cols == rows), query r sees keys 0..r
+  int rows, cols;  // on the diagonal block (cols == rows), query r sees keys up to r
   bool diagonal;
+  int first;  // Dims::first_col: row 0's first visible column (the window's left edge)
   float scale;
   int HD;
 };
@@ -127,24 +147,29 @@ struct ForwardBlock {
 [[gnu::always_inline]] inline void forward_rows(const ForwardBlock& f) {
   const std::size_t hd = std::size_t(f.HD);
   for (int r = 0; r < f.rows; ++r) {
-    const int n = f.diagonal ? r + 1 : f.cols;
+    const int lo = std::max(0, f.first + r), hi = f.diagonal ? r + 1 : f.cols;
     float* s = f.s + std::size_t(r) * kBlock;
     bf16_t* p = f.p + std::size_t(r) * kBlock;
-    for (int c = 0; c < n; ++c) s[c] *= f.scale;
-    const float mx = max_row(s, n, f.m[r]);
-    const float alpha = exp_f32(f.m[r] - mx);  // 0 on the first block (m = -inf)
-    for (int c = 0; c < n; ++c) s[c] = exp_f32(s[c] - mx);
-    f.l[r] = f.l[r] * alpha + sum_row(s, n);
+    if (lo >= hi) {
+      std::fill(p, p + f.cols, bf16_t{0});
+      continue;
+    }
+    for (int c = lo; c < hi; ++c) s[c] *= f.scale;
+    const float mx = max_row(s + lo, hi - lo, f.m[r]);
+    const float alpha = exp_f32(f.m[r] - mx);  // 0 on the row's first block (m = -inf)
+    for (int c = lo; c < hi; ++c) s[c] = exp_f32(s[c] - mx);
+    f.l[r] = f.l[r] * alpha + sum_row(s + lo, hi - lo);
     f.m[r] = mx;
-    for (int c = 0; c < n; ++c) p[c] = f32_to_bf16(s[c]);
-    for (int c = n; c < f.cols; ++c) p[c] = 0;
+    for (int c = 0; c < lo; ++c) p[c] = 0;
+    for (int c = lo; c < hi; ++c) p[c] = f32_to_bf16(s[c]);
+    for (int c = hi; c < f.cols; ++c) p[c] = 0;
     if (alpha != 1.0f)
       for (std::size_t e = 0; e < hd; ++e) f.acc[r * hd + e] *= alpha;
   }
 }
 
 // Backward, on a (rows, cols) block of raw scores s and the gradient dp of P: P = e^(scale s - lse) into
-// p, dS = P (dp - D) scale into ds, both rounded to bf16, exact zeros where masked.
+// p, dS = P (dp - D) scale into ds, both rounded to bf16, exact zeros where masked (ForwardBlock's mask).
 struct BackwardBlock {
   float* s;              // (rows, cols; ld kBlock)
   const float* dp;       // (rows, cols; ld kBlock)
@@ -152,23 +177,25 @@ struct BackwardBlock {
   const float *lse, *D;  // (rows)
   int rows, cols;
   bool diagonal;
+  int first;  // as ForwardBlock's
   float scale;
 };
 
 [[gnu::always_inline]] inline void backward_rows(const BackwardBlock& b) {
   for (int r = 0; r < b.rows; ++r) {
-    const int n = b.diagonal ? r + 1 : b.cols;
+    const int hi = b.diagonal ? r + 1 : b.cols, lo = std::min(hi, std::max(0, b.first + r));
     const std::size_t at = std::size_t(r) * kBlock;
     float* s = b.s + at;
     const float* dp = b.dp + at;
     bf16_t *p = b.p + at, *ds = b.ds + at;
     const float lse = b.lse[r], D = b.D[r];
-    for (int c = 0; c < n; ++c) s[c] = exp_f32(s[c] * b.scale - lse);
-    for (int c = 0; c < n; ++c) {
+    for (int c = lo; c < hi; ++c) s[c] = exp_f32(s[c] * b.scale - lse);
+    for (int c = lo; c < hi; ++c) {
       p[c] = f32_to_bf16(s[c]);
       ds[c] = f32_to_bf16(s[c] * (dp[c] - D) * b.scale);
     }
-    for (int c = n; c < b.cols; ++c) p[c] = ds[c] = 0;
+    for (int c = 0; c < lo; ++c) p[c] = ds[c] = 0;
+    for (int c = hi; c < b.cols; ++c) p[c] = ds[c] = 0;
   }
 }
 
@@ -350,9 +377,9 @@ FusedRows attention_fused_rows(FusedRows rows) {
 }
 
 void attention_fused_forward(bf16_t* out, float* saved, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                             int B, int T, int NH, int NKV, int HD, const FusedPaths& paths) {
-  check_heads("attention_fused_forward", B, T, NH, NKV, HD);
-  const Dims d{B, T, NH, NKV, HD};
+                             int B, int T, int NH, int NKV, int HD, int window, const FusedPaths& paths) {
+  check_heads("attention_fused_forward", B, T, NH, NKV, HD, window);
+  const Dims d{B, T, NH, NKV, HD, window};
   if (d.q_numel() == 0) return;
   const Products prod(d, paths.products);
   const RowPasses pass = row_passes(paths.rows);
@@ -369,11 +396,12 @@ void attention_fused_forward(bf16_t* out, float* saved, const bf16_t* q, const b
     std::fill(w.m, w.m + rows, -INFINITY);
     std::fill(w.l, w.l + rows, 0.0f);
     const bf16_t* qi = q + d.q_at(b, t0, h);
-    for (std::size_t j = 0; j <= i; ++j) {
+    for (std::size_t j = d.first_block(i); j <= i; ++j) {
       const std::size_t s0 = j * kBlock;
       const int cols = d.rows(j);
       prod.scores(w.s.data(), qi, k + d.kv_at(b, s0, g), rows, cols);
-      pass.forward({w.s.data(), w.p.data(), w.m, w.l, w.acc.data(), rows, cols, j == i, scale, HD});
+      pass.forward({w.s.data(), w.p.data(), w.m, w.l, w.acc.data(), rows, cols, j == i, d.first_col(t0, s0),
+                    scale, HD});
       prod.right(w.acc.data(), w.p.data(), v + d.kv_at(b, s0, g), rows, cols);
     }
     for (int r = 0; r < rows; ++r) {
@@ -387,9 +415,9 @@ void attention_fused_forward(bf16_t* out, float* saved, const bf16_t* q, const b
 
 void attention_fused_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* scratch, const bf16_t* dout,
                               const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* saved, int B,
-                              int T, int NH, int NKV, int HD, const FusedPaths& paths) {
-  check_heads("attention_fused_backward", B, T, NH, NKV, HD);
-  const Dims d{B, T, NH, NKV, HD};
+                              int T, int NH, int NKV, int HD, int window, const FusedPaths& paths) {
+  check_heads("attention_fused_backward", B, T, NH, NKV, HD, window);
+  const Dims d{B, T, NH, NKV, HD, window};
   if (d.q_numel() == 0) return;
   const Products prod(d, paths.products);
   const RowPasses pass = row_passes(paths.rows);
@@ -416,14 +444,14 @@ void attention_fused_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* scratch
           w.D[r] = dot_bf16(dout_i + r * d.ldq(), w.row.data(), HD);
         }
         std::fill(w.acc.begin(), w.acc.begin() + std::ptrdiff_t(rows * hd), 0.0f);
-        for (std::size_t j = 0; j <= i; ++j) {
+        for (std::size_t j = d.first_block(i); j <= i; ++j) {
           const std::size_t s0 = j * kBlock;
           const int cols = d.rows(j);
           const bf16_t* kj = k + d.kv_at(b, s0, g);
           prod.scores(w.s.data(), qi, kj, rows, cols);
           prod.scores(w.dp.data(), dout_i, v + d.kv_at(b, s0, g), rows, cols);
-          pass.backward(
-              {w.s.data(), w.dp.data(), w.p.data(), w.ds.data(), w.lse, w.D, rows, cols, j == i, scale});
+          pass.backward({w.s.data(), w.dp.data(), w.p.data(), w.ds.data(), w.lse, w.D, rows, cols, j == i,
+                         d.first_col(t0, s0), scale});
           prod.left(dv_sum + s0 * hd, w.p.data(), dout_i, rows, cols);
           prod.left(dk_sum + s0 * hd, w.ds.data(), qi, rows, cols);
           prod.right(w.acc.data(), w.ds.data(), kj, rows, cols);

@@ -1,15 +1,17 @@
 // strata/kernels/cpu/attention_fused.h: causal grouped-query attention on bf16 tensors that never holds
 // the (B, NH, T, T) probabilities — flash attention's blocking on the CPU, for the host backend's bf16
-// path (Note [Fused attention on the CPU] in attention_fused.cpp). Semantics, layouts and the head mapping
-// g = h / (NH / NKV) are ops.h's attention_forward / attention_backward, which stay the oracle.
+// path (Note [Fused attention on the CPU] in attention_fused.cpp). Semantics, layouts, the head mapping
+// g = h / (NH / NKV) and the sliding window (0: none) are ops.h's attention_forward / attention_backward,
+// which stay the oracle; with a window the key blocks left of the band are skipped.
 //
 // Example (q, k, v, dout, out, dq, dk, dv bf16; saved and scratch fp32):
 //   using namespace strata::kernels::cpu;
 //   std::vector<float> saved(attention_fused_saved(B, T, NH, HD));        // kept from forward to backward
 //   std::vector<float> scratch(attention_fused_scratch(B, T, NKV, HD));   // backward only
-//   attention_fused_forward(out, saved.data(), q, k, v, B, T, NH, NKV, HD);
+//   attention_fused_forward(out, saved.data(), q, k, v, B, T, NH, NKV, HD, window);
 //   ...
-//   attention_fused_backward(dq, dk, dv, scratch.data(), dout, q, k, v, saved.data(), B, T, NH, NKV, HD);
+//   attention_fused_backward(dq, dk, dv, scratch.data(), dout, q, k, v, saved.data(), B, T, NH, NKV, HD,
+//                            window);
 //
 // Threads: oneTBB tasks, each running single-threaded products; every output element is reduced in a fixed
 // order inside one task, so results are bit-identical whatever the oneTBB thread count.
@@ -49,7 +51,7 @@ FusedRows attention_fused_rows(FusedRows rows);
 void attention_fused_forward(bf16_t* out /*(B,T,NH,HD)*/, float* saved /*attention_fused_saved*/,
                              const bf16_t* q /*(B,T,NH,HD)*/, const bf16_t* k /*(B,T,NKV,HD)*/,
                              const bf16_t* v /*(B,T,NKV,HD)*/, int B, int T, int NH, int NKV, int HD,
-                             const FusedPaths& paths = {});
+                             int window = 0, const FusedPaths& paths = {});
 // WRITES dq, dk, dv (=), each rounded to bf16 once from its fp32 sum. scratch (attention_fused_scratch
 // elements) is overwritten; saved is the forward's, unchanged.
 void attention_fused_backward(bf16_t* dq /*(B,T,NH,HD)*/, bf16_t* dk /*(B,T,NKV,HD)*/,
@@ -57,6 +59,6 @@ void attention_fused_backward(bf16_t* dq /*(B,T,NH,HD)*/, bf16_t* dk /*(B,T,NKV,
                               const bf16_t* dout /*(B,T,NH,HD)*/, const bf16_t* q /*(B,T,NH,HD)*/,
                               const bf16_t* k /*(B,T,NKV,HD)*/, const bf16_t* v /*(B,T,NKV,HD)*/,
                               const float* saved /*attention_fused_saved*/, int B, int T, int NH, int NKV,
-                              int HD, const FusedPaths& paths = {});
+                              int HD, int window = 0, const FusedPaths& paths = {});
 
 }  // namespace strata::kernels::cpu

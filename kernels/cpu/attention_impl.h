@@ -7,30 +7,39 @@
 
 namespace strata::kernels::cpu::impl {
 
-// Row t of a (T, T) score block: a[s] = softmax over s <= t of scale * a[s]; exact zeros above the
-// diagonal (so the products that read the block add nothing from masked positions). scale 1 leaves the
-// scores as they are (the fp32 path folds 1/sqrt(HD) into its product).
-inline void causal_softmax_row(float* a, std::size_t t, std::size_t T, float scale) {
+// The first key row t sees: t - window + 1 with a sliding window (kernels/cpu/ops.h), else 0.
+inline std::size_t band_start(std::size_t t, int window) {
+  return window > 0 && t >= std::size_t(window) ? t - std::size_t(window) + 1 : 0;
+}
+
+// Row t of a (T, T) score block: a[s] = softmax over lo <= s <= t of scale * a[s]; exact zeros outside
+// (so the products that read the block add nothing from masked positions). lo is band_start(t, window):
+// 0 for plain causal attention. scale 1 leaves the scores as they are (the fp32 path folds 1/sqrt(HD) into
+// its product).
+inline void causal_softmax_row(float* a, std::size_t t, std::size_t T, float scale, std::size_t lo) {
   float maxv = -INFINITY;
-  for (std::size_t s = 0; s <= t; ++s) {
+  for (std::size_t s = lo; s <= t; ++s) {
     a[s] *= scale;
     maxv = a[s] > maxv ? a[s] : maxv;
   }
   float sum = 0.0f;
-  for (std::size_t s = 0; s <= t; ++s) {
+  for (std::size_t s = lo; s <= t; ++s) {
     a[s] = std::exp(a[s] - maxv);
     sum += a[s];
   }
   const float inv = 1.0f / sum;
-  for (std::size_t s = 0; s <= t; ++s) a[s] *= inv;
+  for (std::size_t s = lo; s <= t; ++s) a[s] *= inv;
+  for (std::size_t s = 0; s < lo; ++s) a[s] = 0.0f;
   for (std::size_t s = t + 1; s < T; ++s) a[s] = 0.0f;
 }
 
-// Row t of the softmax's gradient: dp = a (dp - rowsum(a dp)) * scale, zeros above the diagonal.
-inline void causal_softmax_grad_row(float* dp, const float* a, std::size_t t, std::size_t T, float scale) {
+// Row t of the softmax's gradient: dp = a (dp - rowsum(a dp)) * scale over lo <= s <= t, zeros outside.
+inline void causal_softmax_grad_row(float* dp, const float* a, std::size_t t, std::size_t T, float scale,
+                                    std::size_t lo) {
   float adot = 0.0f;
-  for (std::size_t s = 0; s <= t; ++s) adot += a[s] * dp[s];
-  for (std::size_t s = 0; s <= t; ++s) dp[s] = a[s] * (dp[s] - adot) * scale;
+  for (std::size_t s = lo; s <= t; ++s) adot += a[s] * dp[s];
+  for (std::size_t s = lo; s <= t; ++s) dp[s] = a[s] * (dp[s] - adot) * scale;
+  for (std::size_t s = 0; s < lo; ++s) dp[s] = 0.0f;
   for (std::size_t s = t + 1; s < T; ++s) dp[s] = 0.0f;
 }
 

@@ -40,23 +40,23 @@ namespace kc = kernels::cpu;
 namespace typed {
 
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                       int NH, int NKV, int HD) {
-  kc::attention_forward(out, att, q, k, v, B, T, NH, NKV, HD);
+                       int NH, int NKV, int HD, int window) {
+  kc::attention_forward(out, att, q, k, v, B, T, NH, NKV, HD, window);
 }
 // bf16: the fused attention (attention_fused.h): `saved` holds its row statistics and a copy of out.
 void attention_forward(kc::bf16_t* out, float* saved, const kc::bf16_t* q, const kc::bf16_t* k,
-                       const kc::bf16_t* v, int B, int T, int NH, int NKV, int HD) {
-  kc::attention_fused_forward(out, saved, q, k, v, B, T, NH, NKV, HD);
+                       const kc::bf16_t* v, int B, int T, int NH, int NKV, int HD, int window) {
+  kc::attention_fused_forward(out, saved, q, k, v, B, T, NH, NKV, HD, window);
 }
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
                         const float* k, const float* v, const float* att, int B, int T, int NH, int NKV,
-                        int HD) {
-  kc::attention_backward(dq, dk, dv, scratch, dout, q, k, v, att, B, T, NH, NKV, HD);
+                        int HD, int window) {
+  kc::attention_backward(dq, dk, dv, scratch, dout, q, k, v, att, B, T, NH, NKV, HD, window);
 }
 void attention_backward(kc::bf16_t* dq, kc::bf16_t* dk, kc::bf16_t* dv, float* scratch,
                         const kc::bf16_t* dout, const kc::bf16_t* q, const kc::bf16_t* k, const kc::bf16_t* v,
-                        const float* saved, int B, int T, int NH, int NKV, int HD) {
-  kc::attention_fused_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD);
+                        const float* saved, int B, int T, int NH, int NKV, int HD, int window) {
+  kc::attention_fused_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD, window);
 }
 
 }  // namespace typed
@@ -94,17 +94,19 @@ class CpuOps final : public Ops {
   }
   const OpsCaps& caps() const override { return caps_; }
   std::size_t device_bytes() const override { return workspace_.size(); }
-  std::string attention_path(int, int, int, int, int) const override {
-    if (!bf16_) return "kernels/cpu attention, fp32, (B,NH,T,T) fp32 probabilities";
+  std::string attention_path(int, int T, int, int, int, int window) const override {
+    const std::string band = window > 0 && window < T ? detail::cat(", sliding window ", window) : "";
+    if (!bf16_) return "kernels/cpu attention, fp32, (B,NH,T,T) fp32 probabilities" + band;
     const char* products = kc::bf16_matmul_impl().empty()
                                ? "fp32 loops over bf16 values (no native bf16 matmul)"
                                : "oneDNN bf16 products";
     return std::string("kernels/cpu fused attention, bf16 activations, ") + products +
-           ", no (B,NH,T,T) buffer";
+           ", no (B,NH,T,T) buffer" + band + (band.empty() ? "" : " (key blocks outside it skipped)");
   }
-  // bf16: the fused attention's row statistics and out (saved), and its fp32 dk, dv sums (scratch).
-  AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD) const override {
-    if (!bf16_) return Ops::attention_sizes(B, T, NH, NKV, HD);
+  // bf16: the fused attention's row statistics and out (saved), and its fp32 dk, dv sums (scratch). The
+  // window changes neither.
+  AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD, int window) const override {
+    if (!bf16_) return Ops::attention_sizes(B, T, NH, NKV, HD, window);
     return {kc::attention_fused_saved(B, T, NH, HD), kc::attention_fused_scratch(B, T, NKV, HD)};
   }
 
@@ -168,17 +170,19 @@ class CpuOps final : public Ops {
   }
 
   void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
-                            int NKV, int HD) override {
+                            int NKV, int HD, int window) override {
     enqueue_typed([=]<typename A>(A*) {
       typed::attention_forward(out.as<A>(), saved.as<float>(), q.as<A>(), k.as<A>(), v.as<A>(), B, T, NH, NKV,
-                               HD);
+                               HD, window);
     });
   }
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD) override {
+                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD,
+                             int window) override {
     enqueue_typed([=]<typename A>(A*) {
       typed::attention_backward(dq.as<A>(), dk.as<A>(), dv.as<A>(), scratch.as<float>(), dout.as<A>(),
-                                q.as<A>(), k.as<A>(), v.as<A>(), saved.as<float>(), B, T, NH, NKV, HD);
+                                q.as<A>(), k.as<A>(), v.as<A>(), saved.as<float>(), B, T, NH, NKV, HD,
+                                window);
     });
   }
 

@@ -132,18 +132,23 @@ void rope_backward(float* dx /*(B,T,H,HD)*/, const float* dout /*(B,T,H,HD)*/, c
                    const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD);
 
 // ---- causal self-attention with grouped-query heads ----------------------------------------------------
-// att[b,h,t,s] = softmax_s<=t(q[b,t,h,:] . k[b,s,g,:] / sqrt(HD)), g = h / (NH / NKV); zero for s > t.
-// out[b,t,h,:] = sum_s att[b,h,t,s] v[b,s,g,:]. NH must be a multiple of NKV. O(T^2) memory for att.
+// att[b,h,t,s] = softmax over s in band(t) of (q[b,t,h,:] . k[b,s,g,:] / sqrt(HD)), g = h / (NH / NKV); zero
+// for s outside band(t). out[b,t,h,:] = sum_s att[b,h,t,s] v[b,s,g,:]. NH must be a multiple of NKV. O(T^2)
+// memory for att.
+// band(t): the keys query t attends to. window 0: every s <= t (causal). window w >= 1 (a sliding window,
+// transformers' sliding_window_causal_mask_function): t - w < s <= t, the w latest positions, itself
+// included; w = 1 sees only itself, w >= T is causal.
 
 void attention_forward(float* out /*(B,T,NH,HD)*/, float* att /*(B,NH,T,T) saved for backward*/,
                        const float* q /*(B,T,NH,HD)*/, const float* k /*(B,T,NKV,HD)*/,
-                       const float* v /*(B,T,NKV,HD)*/, int B, int T, int NH, int NKV, int HD);
+                       const float* v /*(B,T,NKV,HD)*/, int B, int T, int NH, int NKV, int HD,
+                       int window = 0);
 // WRITES dq, dk, dv (=). scratch is overwritten (it holds the score gradients); it may not alias att.
 void attention_backward(float* dq /*(B,T,NH,HD)*/, float* dk /*(B,T,NKV,HD)*/, float* dv /*(B,T,NKV,HD)*/,
                         float* scratch /*(B,NH,T,T)*/, const float* dout /*(B,T,NH,HD)*/,
                         const float* q /*(B,T,NH,HD)*/, const float* k /*(B,T,NKV,HD)*/,
                         const float* v /*(B,T,NKV,HD)*/, const float* att /*(B,NH,T,T)*/, int B, int T,
-                        int NH, int NKV, int HD);
+                        int NH, int NKV, int HD, int window = 0);
 // On bf16 activations the host backend runs the fused attention instead (attention_fused.h).
 
 // ---- SwiGLU: out = silu(gate) * up, silu(z) = z / (1 + exp(-z)) ------------------------------------

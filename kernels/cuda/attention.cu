@@ -2,7 +2,9 @@
 // fp32 (B,NH,T,T) score buffer: correct first, O(T^2) memory (DESIGN.md accepts this for now).
 //
 // Layouts as in kernels/cpu/ops.h: q (B,T,NH,HD), k and v (B,T,NKV,HD); query head h reads key/value
-// head h / (NH / NKV). Scores use scale = 1 / sqrt(HD).
+// head h / (NH / NKV). Scores use scale = 1 / sqrt(HD). Query t attends to keys lo(t) <= s <= t: lo(t) = 0
+// (causal), or t - window + 1 with a sliding window (kernels/cpu/ops.h); the kernels loop over that band
+// only, and the score rows hold exact zeros outside it. Compiled, never run on a GPU here.
 #include <cmath>
 
 #include "kernels/cuda/common_impl.cuh"
@@ -12,7 +14,16 @@ namespace {
 
 struct Shape {
   int B, T, NH, NKV, HD;
+  int window;  // 0: causal
   __device__ int group() const { return NH / NKV; }
+  // The first key query t sees, and the last query that sees key s.
+  __device__ std::size_t lo(std::size_t t) const {
+    return window > 0 && t >= std::size_t(window) ? t - std::size_t(window) + 1 : 0;
+  }
+  __device__ std::size_t hi(std::size_t s) const {
+    const std::size_t last = std::size_t(T) - 1;
+    return window > 0 && s + std::size_t(window) - 1 < last ? s + std::size_t(window) - 1 : last;
+  }
   __device__ std::size_t q_at(std::size_t b, std::size_t t, std::size_t h) const {
     return ((b * T + t) * NH + h) * HD;
   }
@@ -21,13 +32,13 @@ struct Shape {
   }
 };
 
-// att[b,h,t,s] = q[b,t,h] . k[b,s,g] * scale for s <= t (the rest is set by the softmax).
+// att[b,h,t,s] = q[b,t,h] . k[b,s,g] * scale for s in the band (the rest is set by the softmax).
 __global__ void scores_kernel(float* att, const bf16* q, const bf16* k, Shape sh, float scale) {
   const std::size_t idx = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t T = sh.T;
   if (idx >= std::size_t(sh.B) * sh.NH * T * T) return;
   const std::size_t s = idx % T, t = (idx / T) % T, h = (idx / (T * T)) % sh.NH, b = idx / (T * T * sh.NH);
-  if (s > t) return;
+  if (s > t || s < sh.lo(t)) return;
   const bf16* qt = q + sh.q_at(b, t, h);
   const bf16* ks = k + sh.kv_at(b, s, h / sh.group());
   float d = 0.0f;
@@ -35,26 +46,27 @@ __global__ void scores_kernel(float* att, const bf16* q, const bf16* k, Shape sh
   att[idx] = d * scale;
 }
 
-// One block per (b,h,t) row: softmax over s <= t, zero beyond.
-__global__ void softmax_kernel(float* att, int T) {
+// One block per (b,h,t) row: softmax over the band lo <= s <= t, zero outside it.
+__global__ void softmax_kernel(float* att, Shape sh) {
   __shared__ float shared[impl::kThreads];
+  const int T = sh.T;
   float* a = att + std::size_t(blockIdx.x) * T;
-  const int t = blockIdx.x % T;
+  const int t = blockIdx.x % T, lo = int(sh.lo(std::size_t(t)));
   float mx = -INFINITY;
-  for (int s = threadIdx.x; s <= t; s += blockDim.x) mx = fmaxf(mx, a[s]);
+  for (int s = lo + threadIdx.x; s <= t; s += blockDim.x) mx = fmaxf(mx, a[s]);
   mx = impl::block_max(mx, shared);
   float sum = 0.0f;
-  for (int s = threadIdx.x; s <= t; s += blockDim.x) {
+  for (int s = lo + threadIdx.x; s <= t; s += blockDim.x) {
     const float e = expf(a[s] - mx);
     a[s] = e;
     sum += e;
   }
   sum = impl::block_sum(sum, shared);
   const float inv = 1.0f / sum;
-  for (int s = threadIdx.x; s < T; s += blockDim.x) a[s] = s <= t ? a[s] * inv : 0.0f;
+  for (int s = threadIdx.x; s < T; s += blockDim.x) a[s] = s >= lo && s <= t ? a[s] * inv : 0.0f;
 }
 
-// out[b,t,h,d] = sum_{s<=t} att[b,h,t,s] v[b,s,g,d].
+// out[b,t,h,d] = sum_{lo(t)<=s<=t} att[b,h,t,s] v[b,s,g,d].
 __global__ void weighted_values_kernel(bf16* out, const float* att, const bf16* v, Shape sh) {
   const std::size_t idx = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= std::size_t(sh.B) * sh.T * sh.NH * sh.HD) return;
@@ -64,17 +76,17 @@ __global__ void weighted_values_kernel(bf16* out, const float* att, const bf16* 
   const float* a = att + ((b * sh.NH + h) * sh.T + t) * sh.T;
   const std::size_t g = h / sh.group();
   float acc = 0.0f;
-  for (std::size_t s = 0; s <= t; ++s) acc += a[s] * __bfloat162float(v[sh.kv_at(b, s, g) + d]);
+  for (std::size_t s = sh.lo(t); s <= t; ++s) acc += a[s] * __bfloat162float(v[sh.kv_at(b, s, g) + d]);
   out[idx] = impl::to_bf16(acc);
 }
 
-// scratch[b,h,t,s] = dout[b,t,h] . v[b,s,g] for s <= t, 0 beyond.
+// scratch[b,h,t,s] = dout[b,t,h] . v[b,s,g] for s in the band, 0 outside it.
 __global__ void dprobs_kernel(float* scratch, const bf16* dout, const bf16* v, Shape sh) {
   const std::size_t idx = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t T = sh.T;
   if (idx >= std::size_t(sh.B) * sh.NH * T * T) return;
   const std::size_t s = idx % T, t = (idx / T) % T, h = (idx / (T * T)) % sh.NH, b = idx / (T * T * sh.NH);
-  if (s > t) {
+  if (s > t || s < sh.lo(t)) {
     scratch[idx] = 0.0f;
     return;
   }
@@ -85,19 +97,21 @@ __global__ void dprobs_kernel(float* scratch, const bf16* dout, const bf16* v, S
   scratch[idx] = d;
 }
 
-// One block per row: scratch = a (da - sum_s a da) * scale, the gradient of the scaled scores.
-__global__ void softmax_backward_kernel(float* scratch, const float* att, int T, float scale) {
+// One block per row: scratch = a (da - sum_s a da) * scale over the band, the gradient of the scaled
+// scores (dprobs_kernel left zeros outside it).
+__global__ void softmax_backward_kernel(float* scratch, const float* att, Shape sh, float scale) {
   __shared__ float shared[impl::kThreads];
+  const int T = sh.T;
   const std::size_t row = std::size_t(blockIdx.x) * T;
-  const int t = blockIdx.x % T;
+  const int t = blockIdx.x % T, lo = int(sh.lo(std::size_t(t)));
   float adot = 0.0f;
-  for (int s = threadIdx.x; s <= t; s += blockDim.x) adot += att[row + s] * scratch[row + s];
+  for (int s = lo + threadIdx.x; s <= t; s += blockDim.x) adot += att[row + s] * scratch[row + s];
   adot = impl::block_sum(adot, shared);
-  for (int s = threadIdx.x; s <= t; s += blockDim.x)
+  for (int s = lo + threadIdx.x; s <= t; s += blockDim.x)
     scratch[row + s] = att[row + s] * (scratch[row + s] - adot) * scale;
 }
 
-// dq[b,t,h,d] = sum_{s<=t} scratch[b,h,t,s] k[b,s,g,d].
+// dq[b,t,h,d] = sum_{lo(t)<=s<=t} scratch[b,h,t,s] k[b,s,g,d].
 __global__ void dq_kernel(bf16* dq, const float* scratch, const bf16* k, Shape sh) {
   const std::size_t idx = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= std::size_t(sh.B) * sh.T * sh.NH * sh.HD) return;
@@ -107,11 +121,11 @@ __global__ void dq_kernel(bf16* dq, const float* scratch, const bf16* k, Shape s
   const float* dp = scratch + ((b * sh.NH + h) * sh.T + t) * sh.T;
   const std::size_t g = h / sh.group();
   float acc = 0.0f;
-  for (std::size_t s = 0; s <= t; ++s) acc += dp[s] * __bfloat162float(k[sh.kv_at(b, s, g) + d]);
+  for (std::size_t s = sh.lo(t); s <= t; ++s) acc += dp[s] * __bfloat162float(k[sh.kv_at(b, s, g) + d]);
   dq[idx] = impl::to_bf16(acc);
 }
 
-// dk[b,s,g,d] = sum_{h in g} sum_{t>=s} scratch[b,h,t,s] q[b,t,h,d]; dv likewise with att and dout.
+// dk[b,s,g,d] = sum_{h in g} sum_{s<=t<=hi(s)} scratch[b,h,t,s] q[b,t,h,d]; dv likewise with att and dout.
 __global__ void dkv_kernel(bf16* dk, bf16* dv, const float* scratch, const float* att, const bf16* q,
                            const bf16* dout, Shape sh) {
   const std::size_t idx = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -122,7 +136,7 @@ __global__ void dkv_kernel(bf16* dk, bf16* dv, const float* scratch, const float
   float acc_k = 0.0f, acc_v = 0.0f;
   for (std::size_t h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
     const std::size_t rows = (b * sh.NH + h) * sh.T;
-    for (std::size_t t = s; t < std::size_t(sh.T); ++t) {
+    for (std::size_t t = s; t <= sh.hi(s); ++t) {
       const std::size_t at = (rows + t) * sh.T + s, qi = sh.q_at(b, t, h) + d;
       acc_k += scratch[at] * __bfloat162float(q[qi]);
       acc_v += att[at] * __bfloat162float(dout[qi]);
@@ -132,25 +146,26 @@ __global__ void dkv_kernel(bf16* dk, bf16* dv, const float* scratch, const float
   dv[idx] = impl::to_bf16(acc_v);
 }
 
-Shape checked_shape(const char* op, int B, int T, int NH, int NKV, int HD) {
+Shape checked_shape(const char* op, int B, int T, int NH, int NKV, int HD, int window) {
   STRATA_CHECK(NKV > 0 && NH % NKV == 0, op, ": n_heads ", NH, " must be a positive multiple of n_kv_heads ",
                NKV);
   STRATA_CHECK(HD > 0, op, ": head width ", HD, " must be positive");
-  return Shape{B, T, NH, NKV, HD};
+  STRATA_CHECK(window >= 0, op, ": sliding window ", window, " must be 0 (none) or positive");
+  return Shape{B, T, NH, NKV, HD, window};
 }
 
 }  // namespace
 
 void attention_forward(bf16* out, float* att, const bf16* q, const bf16* k, const bf16* v, int B, int T,
-                       int NH, int NKV, int HD, cudaStream_t stream) {
-  const Shape sh = checked_shape("attention_forward", B, T, NH, NKV, HD);
+                       int NH, int NKV, int HD, int window, cudaStream_t stream) {
+  const Shape sh = checked_shape("attention_forward", B, T, NH, NKV, HD, window);
   const std::size_t rows = std::size_t(B) * NH * T;
   if (rows == 0) return;
   detail::CudaDeviceGuard guard(stream);
   const float scale = float(1.0 / std::sqrt(double(HD)));
   scores_kernel<<<impl::blocks_for(rows * T), impl::kThreads, 0, stream>>>(att, q, k, sh, scale);
   STRATA_KERNEL_CHECK(stream);
-  softmax_kernel<<<unsigned(rows), impl::kThreads, 0, stream>>>(att, T);
+  softmax_kernel<<<unsigned(rows), impl::kThreads, 0, stream>>>(att, sh);
   STRATA_KERNEL_CHECK(stream);
   weighted_values_kernel<<<impl::blocks_for(rows * HD), impl::kThreads, 0, stream>>>(out, att, v, sh);
   STRATA_KERNEL_CHECK(stream);
@@ -158,15 +173,15 @@ void attention_forward(bf16* out, float* att, const bf16* q, const bf16* k, cons
 
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, float* scratch, const bf16* dout, const bf16* q,
                         const bf16* k, const bf16* v, const float* att, int B, int T, int NH, int NKV, int HD,
-                        cudaStream_t stream) {
-  const Shape sh = checked_shape("attention_backward", B, T, NH, NKV, HD);
+                        int window, cudaStream_t stream) {
+  const Shape sh = checked_shape("attention_backward", B, T, NH, NKV, HD, window);
   const std::size_t rows = std::size_t(B) * NH * T;
   if (rows == 0) return;
   detail::CudaDeviceGuard guard(stream);
   const float scale = float(1.0 / std::sqrt(double(HD)));
   dprobs_kernel<<<impl::blocks_for(rows * T), impl::kThreads, 0, stream>>>(scratch, dout, v, sh);
   STRATA_KERNEL_CHECK(stream);
-  softmax_backward_kernel<<<unsigned(rows), impl::kThreads, 0, stream>>>(scratch, att, T, scale);
+  softmax_backward_kernel<<<unsigned(rows), impl::kThreads, 0, stream>>>(scratch, att, sh, scale);
   STRATA_KERNEL_CHECK(stream);
   dq_kernel<<<impl::blocks_for(rows * HD), impl::kThreads, 0, stream>>>(dq, scratch, k, sh);
   STRATA_KERNEL_CHECK(stream);

@@ -45,7 +45,13 @@
 //
 // Note [cuDNN attention mask]: causal is the frontend's diagonal band with TOP_LEFT alignment and right
 // bound 0 (key s is seen by query t when s <= t), which is kernels/cpu's mask for equal query and key
-// lengths. The frontend's older set_causal_mask is the same setting, marked deprecated.
+// lengths. The frontend's older set_causal_mask is the same setting, marked deprecated. A sliding window w
+// adds the band's left bound w (set_diagonal_band_left_bound; its older name set_sliding_window_length):
+// with TOP_LEFT alignment the frontend keeps key s for query t when s + w > t
+// (cudnn_frontend/utils/attn_score_modifiers.h, sliding_window_mask), which is kernels/cpu's t - w < s
+// and transformers' sliding_window_overlay. Where the frontend or cuDNN has no windowed graph for a shape
+// (its support surface: cuDNN versions, architectures), plan() says why and kernels/cuda's own kernel,
+// which takes the same window, runs that shape.
 #include "kernels/cuda/attention_cudnn.h"
 
 #include <cmath>
@@ -96,7 +102,8 @@ std::size_t fp32_elems(std::size_t bytes) {
 }
 
 std::string describe(const AttentionShape& s) {
-  return detail::cat("B=", s.B, " T=", s.T, " NH=", s.NH, " NKV=", s.NKV, " HD=", s.HD, " ",
+  return detail::cat("B=", s.B, " T=", s.T, " NH=", s.NH, " NKV=", s.NKV, " HD=", s.HD,
+                     s.window > 0 ? detail::cat(" window=", s.window) : std::string(), " ",
                      dtype_name(s.dtype));
 }
 
@@ -135,7 +142,7 @@ float attn_scale(int HD) {
   return float(1.0 / std::sqrt(double(HD)));
 }  // kernels/cpu's
 
-// out, stats = sdpa(q, k, v), causal, with the statistics for training.
+// out, stats = sdpa(q, k, v), causal (in the shape's sliding window), with the statistics for training.
 std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionShape& s, int sm) {
   auto g = new_graph(s.dtype, sm);
   const Layout ql = bthd(s.B, s.T, s.NH, s.HD), kvl = bthd(s.B, s.T, s.NKV, s.HD);
@@ -146,6 +153,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionShape& s, int sm)
                    .set_attn_scale(attn_scale(s.HD))
                    .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                    .set_diagonal_band_right_bound(0);
+  if (s.window > 0) attrs.set_diagonal_band_left_bound(s.window);  // Note [cuDNN attention mask]
   auto [o, stats] = g->sdpa(q, k, v, attrs);
   output(o, kO, ql);
   output(stats, kStats, stats_layout(s));
@@ -166,7 +174,8 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionShape& s, bool d
                    .set_attn_scale(attn_scale(s.HD))
                    .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                    .set_diagonal_band_right_bound(0)
-                   .set_deterministic_algorithm(deterministic);  // Note [cuDNN attention determinism]
+                   .set_deterministic_algorithm(deterministic);    // Note [cuDNN attention determinism]
+  if (s.window > 0) attrs.set_diagonal_band_left_bound(s.window);  // Note [cuDNN attention mask]
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, attrs);
   output(dq, kdQ, ql);
   output(dk, kdK, kvl);
@@ -180,6 +189,7 @@ std::string shape_refusal(const AttentionShape& s) {
     return detail::cat("the activations are ", dtype_name(s.dtype), "; cuDNN's attention takes bf16 or fp16");
   if (s.B < 1 || s.T < 1 || s.NH < 1 || s.NKV < 1 || s.HD < 1 || s.NH % s.NKV != 0)
     return "an empty shape, or NH not a multiple of NKV";
+  if (s.window < 0) return detail::cat("a sliding window of ", s.window, "; it must be 0 (none) or positive");
   return "";
 }
 

@@ -16,10 +16,11 @@
 //   }
 //
 // Semantics are kernels/cpu's attention_forward / attention_backward (kernels/cpu/ops.h): q (B,T,NH,HD),
-// k and v (B,T,NKV,HD), out (B,T,NH,HD), causal, scale 1/sqrt(HD), query head h reads key/value head
-// h / (NH / NKV); backward WRITES dq, dk, dv (=). Tensors hold `dtype` (bf16 or fp16); saved and scratch
-// are fp32 tensors whose contents only this class reads (Note [cuDNN attention saved state] in the .cpp).
-// All work is enqueued on the stream given at construction; nothing synchronises the host.
+// k and v (B,T,NKV,HD), out (B,T,NH,HD), causal (within the shape's sliding window, if it has one), scale
+// 1/sqrt(HD), query head h reads key/value head h / (NH / NKV); backward WRITES dq, dk, dv (=). Tensors hold
+// `dtype` (bf16 or fp16); saved and scratch are fp32 tensors whose contents only this class reads (Note
+// [cuDNN attention saved state] in the .cpp). All work is enqueued on the stream given at construction;
+// nothing synchronises the host.
 //
 // Threads: public methods take the mutex of the implementation; they may be called from any thread, but
 // forward and backward enqueue on the one stream, in call order.
@@ -39,6 +40,9 @@ namespace strata::kernels {
 
 struct AttentionShape {
   int B = 0, T = 0, NH = 0, NKV = 0, HD = 0;
+  // 0: causal; w >= 1: a sliding window, query t seeing keys t - w < s <= t (kernels/ops.h). CudaOps passes
+  // 0 for a window no shorter than T (the same attention), so such shapes share the causal plan.
+  int window = 0;
   DType dtype = DType::bf16;  // q, k, v, out and the gradients
   auto operator<=>(const AttentionShape&) const = default;
 };

@@ -10,7 +10,10 @@
 // and attention_sizes() reports the chosen path's buffers, so forward, backward and the engine's memory
 // plan always agree. caps().fused_attention is true when cuDNN runs on this GPU at all: a shape it still
 // refuses (a head dimension past its limits, say) takes the unfused kernel, with its (B,NH,T,T) buffers.
-// The cuDNN path is compiled, never run on a GPU.
+// A sliding window is part of the shape (AttentionShape::window; 0 for one no shorter than T, which is
+// causal): cuDNN's windowed graphs where it has them, the own kernel with the same window where not, with
+// the reason in attention_path(). A model with full and windowed layers may so run two paths, and sizes
+// its buffers for the larger (model/llama.cpp). The cuDNN path is compiled, never run on a GPU.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -82,19 +85,23 @@ class CudaOps final : public Ops {
       if (sh.head_norm) b = std::max(b, ku::rmsnorm_backward_scratch_bytes(sh.N * sh.NH, sh.HD));
     }
     if (sh.B > 0 && sh.T > 0 && sh.NH > 0 && sh.NKV > 0 && sh.HD > 0)
-      if (const CudnnAttention::Plan& p = cudnn_->plan(shape(sh.B, sh.T, sh.NH, sh.NKV, sh.HD)); p.supported)
-        b = std::max(b, p.forward_workspace_bytes);
+      for (int window : {0, sh.window})  // the full layers' attention and the windowed ones'
+        if (const CudnnAttention::Plan& p = cudnn_->plan(shape(sh.B, sh.T, sh.NH, sh.NKV, sh.HD, window));
+            p.supported)
+          b = std::max(b, p.forward_workspace_bytes);
     return b;
   }
   void reserve_scratch(std::size_t bytes) override {
     if (bytes > 0) scratch(bytes);
   }
-  std::string attention_path(int B, int T, int NH, int NKV, int HD) const override {
+  std::string attention_path(int B, int T, int NH, int NKV, int HD, int window) const override {
     check_model_role("attention_path");
-    const CudnnAttention::Plan& p = cudnn_->plan(shape(B, T, NH, NKV, HD));
-    if (p.supported) return cudnn_->describe_path();
-    return detail::cat("kernels/cuda's own unfused attention, (B,NH,T,T) fp32 scores (cuDNN: ", p.why_not,
-                       ")");
+    const AttentionShape sh = shape(B, T, NH, NKV, HD, window);
+    const std::string band = sh.window > 0 ? detail::cat(", sliding window ", sh.window) : "";
+    const CudnnAttention::Plan& p = cudnn_->plan(sh);
+    if (p.supported) return cudnn_->describe_path() + band;
+    return detail::cat("kernels/cuda's own unfused attention, (B,NH,T,T) fp32 scores", band,
+                       " (cuDNN: ", p.why_not, ")");
   }
 
   void do_embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int V) override {
@@ -148,31 +155,32 @@ class CudaOps final : public Ops {
                       s_);
   }
 
-  AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD) const override {
+  AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD, int window) const override {
     check_model_role("attention_sizes");
-    const CudnnAttention::Plan& p = cudnn_->plan(shape(B, T, NH, NKV, HD));
-    return p.supported ? p.sizes : Ops::attention_sizes(B, T, NH, NKV, HD);
+    const CudnnAttention::Plan& p = cudnn_->plan(shape(B, T, NH, NKV, HD, window));
+    return p.supported ? p.sizes : Ops::attention_sizes(B, T, NH, NKV, HD, window);
   }
   void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
-                            int NKV, int HD) override {
-    const AttentionShape sh = shape(B, T, NH, NKV, HD);
+                            int NKV, int HD, int window) override {
+    const AttentionShape sh = shape(B, T, NH, NKV, HD, window);
     if (const CudnnAttention::Plan& p = cudnn_->plan(sh); p.supported) {
       cudnn_->forward(sh, out, saved, q, k, v, scratch(p.forward_workspace_bytes));
       return;
     }
     ku::attention_forward(out.as<ku::bf16>(), saved.as<float>(), q.as<ku::bf16>(), k.as<ku::bf16>(),
-                          v.as<ku::bf16>(), B, T, NH, NKV, HD, s_);
+                          v.as<ku::bf16>(), B, T, NH, NKV, HD, sh.window, s_);
   }
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD) override {
-    const AttentionShape sh = shape(B, T, NH, NKV, HD);
+                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD,
+                             int window) override {
+    const AttentionShape sh = shape(B, T, NH, NKV, HD, window);
     if (cudnn_->plan(sh).supported) {
       cudnn_->backward(sh, dq, dk, dv, scratch, dout, q, k, v, saved);
       return;
     }
     ku::attention_backward(dq.as<ku::bf16>(), dk.as<ku::bf16>(), dv.as<ku::bf16>(), scratch.as<float>(),
                            dout.as<ku::bf16>(), q.as<ku::bf16>(), k.as<ku::bf16>(), v.as<ku::bf16>(),
-                           saved.as<float>(), B, T, NH, NKV, HD, s_);
+                           saved.as<float>(), B, T, NH, NKV, HD, sh.window, s_);
   }
 
   void do_swiglu_forward(Tensor out, Tensor gate, Tensor up) override {
@@ -287,8 +295,15 @@ class CudaOps final : public Ops {
   static constexpr DType A = DType::bf16;
   static constexpr DType F = DType::fp32;
 
-  AttentionShape shape(int B, int T, int NH, int NKV, int HD) const {
-    return {.B = B, .T = T, .NH = NH, .NKV = NKV, .HD = HD, .dtype = caps_.activation};
+  // A window no shorter than T is causal attention: 0, so that both share one plan.
+  AttentionShape shape(int B, int T, int NH, int NKV, int HD, int window) const {
+    return {.B = B,
+            .T = T,
+            .NH = NH,
+            .NKV = NKV,
+            .HD = HD,
+            .window = window > 0 && window < T ? window : 0,
+            .dtype = caps_.activation};
   }
 
   // Scratch for the kernels that need it, grown to the largest request and reused: calls on one stream run

@@ -2,7 +2,8 @@
 // and attention_backward on the same bf16 inputs, widened), element by element within a bound derived from
 // its bf16 rounding points; bit for bit across oneTBB thread counts; exactly the buffers its size functions
 // name. Each behaviour runs with oneDNN's products (where native here) and with the loops a build without
-// oneDNN runs.
+// oneDNN runs, causal and in sliding windows (the oracle with the same window; attention_window_test.cpp
+// has the windows against float64).
 #include "kernels/cpu/attention_fused.h"
 
 #include <gtest/gtest.h>
@@ -33,15 +34,22 @@ using kc::FusedRows;
 
 struct Shape {
   int B, T, NH, NKV, HD;
+  int window = 0;  // 0: causal
   std::size_t nq() const { return std::size_t(B) * T * NH * HD; }
   std::size_t nkv() const { return std::size_t(B) * T * NKV * HD; }
 };
 void PrintTo(const Shape& s, std::ostream* os) {
-  *os << "B" << s.B << " T" << s.T << " NH" << s.NH << " NKV" << s.NKV << " HD" << s.HD;
+  *os << "B" << s.B << " T" << s.T << " NH" << s.NH << " NKV" << s.NKV << " HD" << s.HD << " window"
+      << s.window;
 }
 // T crosses the 128-row blocks: 1 row, short blocks, exactly one, one and two past it, two and a tail.
-const Shape kShapes[] = {{2, 1, 4, 2, 16},   {2, 17, 4, 4, 32},  {2, 100, 4, 1, 16}, {2, 128, 4, 2, 64},
-                         {1, 129, 4, 4, 32}, {2, 130, 4, 2, 64}, {1, 257, 4, 2, 32}};
+// Windows: one inside a block; two crossing the blocks, so that whole key blocks are skipped and the band's
+// edge cuts others (150: query block 2 starts in key block 0, whose keys its rows from 21 on see none of);
+// window 1; one as long as T.
+const Shape kShapes[] = {{2, 1, 4, 2, 16},       {2, 17, 4, 4, 32},      {2, 100, 4, 1, 16},
+                         {2, 128, 4, 2, 64},     {1, 129, 4, 4, 32},     {2, 130, 4, 2, 64},
+                         {1, 257, 4, 2, 32},     {2, 100, 4, 1, 16, 17}, {1, 300, 2, 1, 32, 150},
+                         {1, 300, 2, 1, 16, 40}, {1, 130, 2, 1, 16, 1},  {2, 17, 4, 4, 32, 17}};
 
 std::vector<float> to_f32(const std::vector<bf16_t>& x) {
   std::vector<float> r(x.size());
@@ -97,11 +105,11 @@ Fused run_fused(const Shape& s, const Inputs& in, const FusedPaths& paths, int t
   tbb::task_arena arena(threads);
   arena.execute([&] {
     kc::attention_fused_forward(f.out.data(), f.saved.data(), in.q.data(), in.k.data(), in.v.data(), s.B, s.T,
-                                s.NH, s.NKV, s.HD, paths);
+                                s.NH, s.NKV, s.HD, s.window, paths);
     f.saved_after_forward = f.saved;
     kc::attention_fused_backward(f.dq.data(), f.dk.data(), f.dv.data(), f.scratch.data(), in.dout.data(),
                                  in.q.data(), in.k.data(), in.v.data(), f.saved.data(), s.B, s.T, s.NH, s.NKV,
-                                 s.HD, paths);
+                                 s.HD, s.window, paths);
   });
   return f;
 }
@@ -117,9 +125,9 @@ Oracle run_oracle(const Shape& s, const Inputs& in) {
   Oracle o{std::vector<float>(s.nq()),  std::vector<float>(natt),    std::vector<float>(s.nq()),
            std::vector<float>(s.nkv()), std::vector<float>(s.nkv()), std::vector<float>(natt)};
   kc::attention_forward(o.out.data(), o.p.data(), in.qf.data(), in.kf.data(), in.vf.data(), s.B, s.T, s.NH,
-                        s.NKV, s.HD);
+                        s.NKV, s.HD, s.window);
   kc::attention_backward(o.dq.data(), o.dk.data(), o.dv.data(), o.ds.data(), in.doutf.data(), in.qf.data(),
-                         in.kf.data(), in.vf.data(), o.p.data(), s.B, s.T, s.NH, s.NKV, s.HD);
+                         in.kf.data(), in.vf.data(), o.p.data(), s.B, s.T, s.NH, s.NKV, s.HD, s.window);
   return o;
 }
 
@@ -133,7 +141,8 @@ Oracle run_oracle(const Shape& s, const Inputs& in) {
 //   |dk - dk*|   <= sum_h sum_t (u |dS_ts| + P_ts dD_t / sqrt(HD)) |q_t| + u |dk|
 // where dD_t = u sum_e |dout_te| (sum_s P_ts |v_se| + |out_te|) is the error of D = rowsum(dout * out)
 // computed from the rounded out (the oracle's D is exact up to fp32). Everything else — fp32 sums in
-// another order, fp32 e^x — is ~1e-6 relative, which the factor 1.25 covers with room.
+// another order, fp32 e^x — is ~1e-6 relative, which the factor 1.25 covers with room. Sums over s run
+// over every s <= t: the oracle's P and dS are exact zeros outside a sliding window.
 constexpr double kU = 1.0 / 256.0;
 constexpr double kSlack = 1.25;
 
@@ -281,7 +290,8 @@ TEST_P(AttentionFused, TouchesExactlyTheBuffersItsSizesName) {
 std::string name(const ::testing::TestParamInfo<Param>& info) {
   const auto& [s, products] = info.param;
   char buf[96];
-  std::snprintf(buf, sizeof buf, "B%dT%dH%dKV%dD%d_%s", s.B, s.T, s.NH, s.NKV, s.HD,
+  const std::string window = s.window > 0 ? "W" + std::to_string(s.window) : "";
+  std::snprintf(buf, sizeof buf, "B%dT%dH%dKV%dD%d%s_%s", s.B, s.T, s.NH, s.NKV, s.HD, window.c_str(),
                 products == FusedProducts::best ? "best" : "loops");
   return buf;
 }

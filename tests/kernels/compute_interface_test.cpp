@@ -188,6 +188,29 @@ TEST_P(Compute, RopeAndAttentionMatchTheCpuOps) {
   expect_matches(get(tdv), dv, "attention dv", 3e-2);
 }
 
+// A sliding window (kernels/ops.h's `window`) reaches the implementation: the same window on kernels/cpu.
+TEST_P(Compute, AttentionInASlidingWindowMatchesTheCpuOps) {
+  const int B = 2, T = 12, NH = 4, NKV = 2, HD = 8, W = 5;
+  const std::size_t nq = std::size_t(B) * T * NH * HD, nkv = std::size_t(B) * T * NKV * HD;
+  auto q = act(nq, 16), k = act(nkv, 17), v = act(nkv, 18), dout = act(nq, 19);
+  std::vector<float> out(nq), att(std::size_t(B) * NH * T * T), scratch(att.size()), dq(nq), dk(nkv), dv(nkv);
+  kc::attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD, W);
+  kc::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(), k.data(),
+                         v.data(), att.data(), B, T, NH, NKV, HD, W);
+  const AttentionSizes as = ops->attention_sizes(B, T, NH, NKV, HD, W);
+  Tensor tq = put(q, A), tk = put(k, A), tv = put(v, A), to = alloc(nq, A),
+         tsaved = alloc(as.saved, DType::fp32), tscr = alloc(as.scratch, DType::fp32), tdo = put(dout, A),
+         tdq = alloc(nq, A), tdk = alloc(nkv, A), tdv = alloc(nkv, A);
+  ops->attention_forward(to, tsaved, tq, tk, tv, B, T, NH, NKV, HD, W);
+  ops->attention_backward(tdq, tdk, tdv, tscr, tdo, tq, tk, tv, tsaved, B, T, NH, NKV, HD, W);
+  EXPECT_NE(ops->attention_path(B, T, NH, NKV, HD, W).find("sliding window 5"), std::string::npos)
+      << ops->attention_path(B, T, NH, NKV, HD, W);
+  expect_matches(get(to), out, "attention out");
+  expect_matches(get(tdq), dq, "attention dq", 3e-2);
+  expect_matches(get(tdk), dk, "attention dk", 3e-2);
+  expect_matches(get(tdv), dv, "attention dv", 3e-2);
+}
+
 TEST_P(Compute, SwigluAndResidualMatchTheCpuOps) {
   const std::size_t n = 300;
   auto g = act(n, 13), u = act(n, 14), d = act(n, 15);

@@ -9,9 +9,10 @@
 //     deterministic and not, for sm80 and sm90 (the compiled targets) and sm100 (which sm90's PTX reaches),
 //     against the libcudnn on this machine. A shape the frontend refuses fails here, in CI, instead of on the
 //     GPU machine. The shapes, with where each comes from (B = micro-batch, T = sequence length):
-//       tests/kernels: cuda_attention_cudnn_test.cpp (cuda_attention_cudnn_shapes.h, shared),
-//         compute_interface_test.cpp (2 x 5, 4/2 heads of 8), cuda_shapes_1b_test.cpp (1 x 256 and
-//         1 x 128 of 1b; 1 x 256, 16/2 heads of 128);
+//       tests/kernels: cuda_attention_cudnn_test.cpp (cuda_attention_cudnn_shapes.h, shared; with the
+//         sliding-window shapes, the first of which CudaOpsAttendInASlidingWindowAsTheCpuDoes runs too),
+//         compute_interface_test.cpp (2 x 5, 4/2 heads of 8; 2 x 12 in a window of 5),
+//         cuda_shapes_1b_test.cpp (1 x 256 and 1 x 128 of 1b; 1 x 256, 16/2 heads of 128);
 //       tests/zero3: backend_test.cpp (tiny, 2 x 32; tiny planned at 2 x 16 and run at 1 x 16; block_model's
 //         4/4 heads of 32 at 2 x 16), device_state_test.cpp (tiny, 2 x 32), cuda_engine_shapes_test.cpp
 //         (1b's blocks, 1 x 64);
@@ -137,8 +138,9 @@ constexpr AttentionShape shape(int B, int T, int NH, int NKV, int HD) {
 
 std::string describe(const AttentionShape& s) {
   std::ostringstream o;
-  o << "B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.NKV << " HD=" << s.HD << " "
-    << dtype_name(s.dtype);
+  o << "B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.NKV << " HD=" << s.HD;
+  if (s.window > 0) o << " window=" << s.window;
+  o << " " << dtype_name(s.dtype);
   return o.str();
 }
 
@@ -152,6 +154,7 @@ std::vector<UsedShape> used_shapes() {
   v.push_back({"kernels_cudnn_ops", kCudaOpsShape});
   const std::vector<UsedShape> others{
       {"kernels_compute_interface", shape(2, 5, 4, 2, 8)},
+      {"kernels_compute_interface", {.B = 2, .T = 12, .NH = 4, .NKV = 2, .HD = 8, .window = 5}},
       {"kernels_shapes_1b", shape(1, 256, 32, 4, 64)},
       {"kernels_shapes_1b", shape(1, 128, 32, 4, 64)},
       {"kernels_shapes_1b", shape(1, 256, 16, 2, 128)},
@@ -208,6 +211,7 @@ INSTANTIATE_TEST_SUITE_P(UsedShapes, CudnnAttentionGraphs, ::testing::ValuesIn(u
                            std::ostringstream name;
                            name << info.param.where << "_b" << s.B << "_t" << s.T << "_nh" << s.NH << "_nkv"
                                 << s.NKV << "_hd" << s.HD;
+                           if (s.window > 0) name << "_window" << s.window;
                            return name.str();
                          });
 

@@ -10,15 +10,19 @@
 
 namespace strata::kernels::test {
 
-// Grouped-query heads (NKV < NH, down to one key/value head) and sequence lengths that are not multiples of
-// 64; bf16. Each is a shape the frontend accepts: T = 2 is the shortest sequence its backward takes.
+// Grouped-query heads (NKV < NH, down to one key/value head), sequence lengths that are not multiples of
+// 64 and sliding windows (the band's left bound: one token, a window inside one 64-row tile, one across
+// tiles); bf16. Each is a shape the frontend accepts: T = 2 is the shortest sequence its backward takes.
 inline const std::vector<AttentionShape>& cudnn_test_shapes() {
   static const std::vector<AttentionShape> shapes{
-      {.B = 2, .T = 40, .NH = 4, .NKV = 4, .HD = 64},    // T < 64, MHA
-      {.B = 1, .T = 100, .NH = 8, .NKV = 2, .HD = 64},   // GQA, T % 64 != 0
-      {.B = 2, .T = 130, .NH = 6, .NKV = 1, .HD = 128},  // MQA, HD 128
-      {.B = 2, .T = 257, .NH = 4, .NKV = 2, .HD = 32},   // GQA, T = 4*64+1
-      {.B = 3, .T = 2, .NH = 2, .NKV = 1, .HD = 64},     // two tokens
+      {.B = 2, .T = 40, .NH = 4, .NKV = 4, .HD = 64},                  // T < 64, MHA
+      {.B = 1, .T = 100, .NH = 8, .NKV = 2, .HD = 64},                 // GQA, T % 64 != 0
+      {.B = 2, .T = 130, .NH = 6, .NKV = 1, .HD = 128},                // MQA, HD 128
+      {.B = 2, .T = 257, .NH = 4, .NKV = 2, .HD = 32},                 // GQA, T = 4*64+1
+      {.B = 3, .T = 2, .NH = 2, .NKV = 1, .HD = 64},                   // two tokens
+      {.B = 2, .T = 100, .NH = 8, .NKV = 2, .HD = 64, .window = 16},   // a sliding window, GQA
+      {.B = 1, .T = 257, .NH = 4, .NKV = 2, .HD = 32, .window = 100},  // one crossing the tiles
+      {.B = 2, .T = 40, .NH = 4, .NKV = 4, .HD = 64, .window = 1},     // each query sees itself
   };
   return shapes;
 }

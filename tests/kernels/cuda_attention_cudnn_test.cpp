@@ -1,7 +1,7 @@
 // cuDNN's fused attention (kernels/cuda/attention_cudnn.h) against the CPU reference (kernels/cpu's
 // attention) on fresh random bf16 inputs, for the shapes of tests/kernels/cuda_attention_cudnn_shapes.h:
-// grouped-query heads (NKV < NH, down to one key/value head) and sequence lengths that are not multiples
-// of 64, each also passed through the frontend's host-side checks in CI
+// grouped-query heads (NKV < NH, down to one key/value head), sequence lengths that are not multiples
+// of 64 and sliding windows, each also passed through the frontend's host-side checks in CI
 // (cuda_attention_cudnn_host_test.cpp). Bounds, as relative L2 error:
 //   out <= 1e-2 (bf16 storage rounds each output by up to 2^-9; flash attention also rounds the
 //     probabilities to bf16 before multiplying by V);
@@ -46,9 +46,10 @@ std::string cudnn_skip_reason(int ordinal) {
   return "";
 }
 
-// ln sum_s<=t exp(scale q_t . k_s) per (b, h, t), in double: what cuDNN saves as its statistics.
+// ln sum_s exp(scale q_t . k_s) over the keys query t sees (s <= t, and t - s < window with one) per
+// (b, h, t), in double: what cuDNN saves as its statistics.
 std::vector<float> ref_logsumexp(const std::vector<float>& q, const std::vector<float>& k, int B, int T,
-                                 int NH, int NKV, int HD) {
+                                 int NH, int NKV, int HD, int window) {
   std::vector<float> out(std::size_t(B) * NH * T);
   const double scale = 1.0 / std::sqrt(double(HD));
   std::vector<double> s(static_cast<std::size_t>(T));
@@ -56,8 +57,9 @@ std::vector<float> ref_logsumexp(const std::vector<float>& q, const std::vector<
     for (int h = 0; h < NH; ++h)
       for (int t = 0; t < T; ++t) {
         const float* qt = &q[((std::size_t(b) * T + t) * NH + h) * HD];
+        const int lo = window > 0 ? std::max(0, t - window + 1) : 0;
         double mx = -INFINITY;
-        for (int j = 0; j <= t; ++j) {
+        for (int j = lo; j <= t; ++j) {
           const float* kj = &k[((std::size_t(b) * T + j) * NKV + h / (NH / NKV)) * HD];
           double d = 0;
           for (int e = 0; e < HD; ++e) d += double(qt[e]) * double(kj[e]);
@@ -65,7 +67,7 @@ std::vector<float> ref_logsumexp(const std::vector<float>& q, const std::vector<
           mx = std::max(mx, s[std::size_t(j)]);
         }
         double sum = 0;
-        for (int j = 0; j <= t; ++j) sum += std::exp(s[std::size_t(j)] - mx);
+        for (int j = lo; j <= t; ++j) sum += std::exp(s[std::size_t(j)] - mx);
         out[(std::size_t(b) * NH + h) * T + t] = float(mx + std::log(sum));
       }
   return out;
@@ -87,9 +89,9 @@ class CudaCudnnAttention : public CudaTest, public ::testing::WithParamInterface
 
 TEST_P(CudaCudnnAttention, ForwardAndBackwardMatchTheCpuReference) {
   const AttentionShape sh = GetParam();
-  const int B = sh.B, T = sh.T, NH = sh.NH, NKV = sh.NKV, HD = sh.HD;
+  const int B = sh.B, T = sh.T, NH = sh.NH, NKV = sh.NKV, HD = sh.HD, W = sh.window;
   SCOPED_TRACE(::testing::Message() << "seed " << seed_ << ", B=" << B << " T=" << T << " NH=" << NH
-                                    << " NKV=" << NKV << " HD=" << HD);
+                                    << " NKV=" << NKV << " HD=" << HD << " window=" << W);
   CudnnAttention att(stream_);
   const CudnnAttention::Plan& plan = att.plan(sh);
   ASSERT_TRUE(plan.supported) << "cuDNN refused the shape: " << plan.why_not;
@@ -99,10 +101,10 @@ TEST_P(CudaCudnnAttention, ForwardAndBackwardMatchTheCpuReference) {
   const auto v = random_bf16_values(nkv, next_seed()), dout = random_bf16_values(nq, next_seed());
   const std::size_t att_n = std::size_t(B) * NH * T * T;
   std::vector<float> out(nq), probs(att_n), score_grads(att_n), dq(nq), dk(nkv), dv(nkv);
-  cpu::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  cpu::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD, W);
   cpu::attention_backward(dq.data(), dk.data(), dv.data(), score_grads.data(), dout.data(), q.data(),
-                          k.data(), v.data(), probs.data(), B, T, NH, NKV, HD);
-  const std::vector<float> lse = ref_logsumexp(q, k, B, T, NH, NKV, HD);
+                          k.data(), v.data(), probs.data(), B, T, NH, NKV, HD, W);
+  const std::vector<float> lse = ref_logsumexp(q, k, B, T, NH, NKV, HD, W);
 
   DeviceBuffer<cpu::bf16_t> d_q(to_bf16(q)), d_k(to_bf16(k)), d_v(to_bf16(v)), d_dout(to_bf16(dout));
   DeviceBuffer<cpu::bf16_t> d_out(nq), d_dq(nq), d_dk(nkv), d_dv(nkv);
@@ -133,6 +135,7 @@ INSTANTIATE_TEST_SUITE_P(
       const AttentionShape& s = info.param;
       std::ostringstream name;  // (operator+ chains trip GCC 12's -Wrestrict false positive at -O3)
       name << "b" << s.B << "_t" << s.T << "_nh" << s.NH << "_nkv" << s.NKV << "_hd" << s.HD;
+      if (s.window > 0) name << "_window" << s.window;
       return name.str();
     });
 
@@ -210,6 +213,50 @@ TEST_F(CudaTest, CudaOpsRunAOneTokenSequenceOnTheirOwnKernel) {
   EXPECT_LE(rel_l2(from_bf16(d_dv.download()), dv), 1e-2) << "dv";
   EXPECT_LE(max_abs(from_bf16(d_dq.download())), 1e-4f) << "dq";
   EXPECT_LE(max_abs(from_bf16(d_dk.download())), 1e-4f) << "dk";
+}
+
+// A sliding window through the compute interface: the path it names (cuDNN's windowed graphs, or the own
+// kernel with cuDNN's reason) computes what the CPU does with the same window, and a window no shorter
+// than T is causal attention (the same path and buffers).
+TEST_F(CudaTest, CudaOpsAttendInASlidingWindowAsTheCpuDoes) {
+  std::unique_ptr<Stream> s = device_->create_stream("window-attention-test");
+  std::unique_ptr<Ops> ops = make_ops(*device_, *s);
+  const int B = 2, T = 100, NH = 8, NKV = 2, HD = 64, W = 16;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  const std::string path = ops->attention_path(B, T, NH, NKV, HD, W);
+  RecordProperty("attention_path", path);
+  EXPECT_NE(path.find("sliding window 16"), std::string::npos) << path;
+  EXPECT_EQ(ops->attention_path(B, T, NH, NKV, HD, T), ops->attention_path(B, T, NH, NKV, HD));
+
+  const std::size_t nq = std::size_t(B) * T * NH * HD, nkv = std::size_t(B) * T * NKV * HD;
+  const auto q = random_bf16_values(nq, next_seed()), k = random_bf16_values(nkv, next_seed());
+  const auto v = random_bf16_values(nkv, next_seed()), dout = random_bf16_values(nq, next_seed());
+  const std::size_t att_n = std::size_t(B) * NH * T * T;
+  std::vector<float> out(nq), probs(att_n), score_grads(att_n), dq(nq), dk(nkv), dv(nkv);
+  cpu::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD, W);
+  cpu::attention_backward(dq.data(), dk.data(), dv.data(), score_grads.data(), dout.data(), q.data(),
+                          k.data(), v.data(), probs.data(), B, T, NH, NKV, HD, W);
+
+  const AttentionSizes as = ops->attention_sizes(B, T, NH, NKV, HD, W);
+  ops->reserve_scratch(ops->scratch_bytes({.B = B, .T = T, .NH = NH, .NKV = NKV, .HD = HD, .window = W}));
+  DeviceBuffer<cpu::bf16_t> d_q(to_bf16(q)), d_k(to_bf16(k)), d_v(to_bf16(v)), d_dout(to_bf16(dout));
+  DeviceBuffer<cpu::bf16_t> d_out(nq), d_dq(nq), d_dk(nkv), d_dv(nkv);
+  DeviceBuffer<float> d_saved(std::max<std::size_t>(1, as.saved)),
+      d_scratch(std::max<std::size_t>(1, as.scratch));
+  for (auto* b : {&d_out, &d_dq, &d_dk, &d_dv}) b->poison();
+  const auto bf16 = [](const DeviceBuffer<cpu::bf16_t>& d, std::size_t n) {
+    return Tensor{d.get(), DType::bf16, n};
+  };
+  const Tensor saved{d_saved.get(), DType::fp32, as.saved}, scr{d_scratch.get(), DType::fp32, as.scratch};
+  ops->attention_forward(bf16(d_out, nq), saved, bf16(d_q, nq), bf16(d_k, nkv), bf16(d_v, nkv), B, T, NH, NKV,
+                         HD, W);
+  ops->attention_backward(bf16(d_dq, nq), bf16(d_dk, nkv), bf16(d_dv, nkv), scr, bf16(d_dout, nq),
+                          bf16(d_q, nq), bf16(d_k, nkv), bf16(d_v, nkv), saved, B, T, NH, NKV, HD, W);
+  s->synchronize();
+  EXPECT_LE(rel_l2(from_bf16(d_out.download()), out), 1e-2) << "out, " << path;
+  EXPECT_LE(rel_l2(from_bf16(d_dq.download()), dq), 3e-2) << "dq, " << path;
+  EXPECT_LE(rel_l2(from_bf16(d_dk.download()), dk), 3e-2) << "dk, " << path;
+  EXPECT_LE(rel_l2(from_bf16(d_dv.download()), dv), 3e-2) << "dv, " << path;
 }
 
 }  // namespace

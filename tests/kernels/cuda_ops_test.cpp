@@ -178,18 +178,22 @@ TEST_F(CudaVsCpu, RotaryEmbedding) {
   EXPECT_LE(rel_l2(got(d_dx), dx), kTol);
 }
 
-class CudaAttention : public CudaVsCpu, public ::testing::WithParamInterface<std::pair<int, int>> {};
+// Query and key/value heads, and the sliding window (0: causal; 1: each query sees itself; 64 > T: causal).
+struct AttentionCase {
+  int nh, nkv, window;
+};
+class CudaAttention : public CudaVsCpu, public ::testing::WithParamInterface<AttentionCase> {};
 
 TEST_P(CudaAttention, MatchesCpu) {
   SEED_TRACE();
-  const int B = 2, T = 40, HD = 32, NH = GetParam().first, NKV = GetParam().second;
+  const int B = 2, T = 40, HD = 32, NH = GetParam().nh, NKV = GetParam().nkv, W = GetParam().window;
   const auto q = inputs(std::size_t(B) * T * NH * HD), k = inputs(std::size_t(B) * T * NKV * HD);
   const auto v = inputs(k.size()), dout = inputs(q.size());
   const std::size_t att_n = std::size_t(B) * NH * T * T;
   std::vector<float> out(q.size()), att(att_n), scratch(att_n), dq(q.size()), dk(k.size()), dv(v.size());
-  cpu::attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  cpu::attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD, W);
   cpu::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(), k.data(),
-                          v.data(), att.data(), B, T, NH, NKV, HD);
+                          v.data(), att.data(), B, T, NH, NKV, HD, W);
 
   DeviceBuffer<cpu::bf16_t> d_q(to_bf16(q)), d_k(to_bf16(k)), d_v(to_bf16(v)), d_dout(to_bf16(dout));
   DeviceBuffer<cpu::bf16_t> d_out(q.size()), d_dq(q.size()), d_dk(k.size()), d_dv(v.size());
@@ -198,10 +202,10 @@ TEST_P(CudaAttention, MatchesCpu) {
   d_att.poison();
   d_scratch.poison();
   kc::attention_forward(d_out.as<bf16>(), d_att.get(), d_q.as<bf16>(), d_k.as<bf16>(), d_v.as<bf16>(), B, T,
-                        NH, NKV, HD, stream_);
+                        NH, NKV, HD, W, stream_);
   kc::attention_backward(d_dq.as<bf16>(), d_dk.as<bf16>(), d_dv.as<bf16>(), d_scratch.get(),
                          d_dout.as<bf16>(), d_q.as<bf16>(), d_k.as<bf16>(), d_v.as<bf16>(), d_att.get(), B, T,
-                         NH, NKV, HD, stream_);
+                         NH, NKV, HD, W, stream_);
   EXPECT_LE(rel_l2(got(d_out), out), kTol);
   EXPECT_LE(rel_l2(d_att.download(), att), kTol);
   EXPECT_LE(rel_l2(got(d_dq), dq), kTol);
@@ -210,10 +214,13 @@ TEST_P(CudaAttention, MatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Heads, CudaAttention,
-                         ::testing::Values(std::pair{4, 4}, std::pair{8, 2}, std::pair{6, 1}),
+                         ::testing::Values(AttentionCase{4, 4, 0}, AttentionCase{8, 2, 0},
+                                           AttentionCase{6, 1, 0}, AttentionCase{8, 2, 7},
+                                           AttentionCase{6, 1, 1}, AttentionCase{4, 4, 64}),
                          [](const auto& info) {
-                           return "nh" + std::to_string(info.param.first) + "_nkv" +
-                                  std::to_string(info.param.second);
+                           return "nh" + std::to_string(info.param.nh) + "_nkv" +
+                                  std::to_string(info.param.nkv) +
+                                  (info.param.window ? "_window" + std::to_string(info.param.window) : "");
                          });
 
 TEST_F(CudaVsCpu, SwiGlu) {

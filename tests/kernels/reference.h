@@ -131,17 +131,21 @@ inline Vec ref_rope(const Vec& x, int B, int T, int H, int HD, double theta) {
   return out;
 }
 
-// Causal softmax attention; query head h reads key/value head h / (NH / NKV) (HF's repeat_kv).
-inline Vec ref_attention(const Vec& q, const Vec& k, const Vec& v, int B, int T, int NH, int NKV, int HD) {
+// Causal softmax attention; query head h reads key/value head h / (NH / NKV) (HF's repeat_kv). With a
+// sliding window w > 0, query t attends to keys u with t - w < u <= t only (transformers'
+// sliding_window_causal_mask_function: kv_idx > q_idx - sliding_window and kv_idx <= q_idx).
+inline Vec ref_attention(const Vec& q, const Vec& k, const Vec& v, int B, int T, int NH, int NKV, int HD,
+                         int window = 0) {
   Vec out(q.size(), 0.0);
   const int rep = NH / NKV;
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h)
       for (int t = 0; t < T; ++t) {
         const int g = h / rep;
-        Vec s(t + 1);
+        Vec s(t + 1, -std::numeric_limits<double>::infinity());  // outside the window: e^(-inf) = 0 below
         double mx = -1e300;
         for (int u = 0; u <= t; ++u) {
+          if (window > 0 && u <= t - window) continue;
           double d = 0.0;
           for (int e = 0; e < HD; ++e)
             d += q[((std::size_t(b) * T + t) * NH + h) * HD + e] *

@@ -1,7 +1,8 @@
 // The model families (Note [Model families] in model/config.h) beyond what tests/model/reference_test.cpp
 // checks against transformers: config.json as transformers 5 writes it read back and written again as the
-// same class, what each family lays out and initialises, a sliding window refused only where it would
-// change the computation, and an export of every family read back to the same weights and the same loss.
+// same class, what each family lays out and initialises, the settings no family computes refused by name,
+// and an export of every family read back to the same weights and the same loss. Sliding windows:
+// sliding_window_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -169,36 +170,14 @@ TEST(Families, PhiThreeLongropeReadsAsTransformersDoes) {
   EXPECT_NE(error_of(j).find("long_factor holds 1 factors"), std::string::npos) << error_of(j);
 }
 
-TEST(Families, SlidingWindowIsRefusedOnlyWhereItWouldChangeAttention) {
-  json j = config_of("mistral");
-  j["sliding_window"] = 16;
-  const ModelConfig c = ModelConfig::from_json(j);
-  EXPECT_NO_THROW(c.check_sequence(16, "--seq-len"));
-  try {
-    c.check_sequence(17, "--seq-len");
-    ADD_FAILURE() << "a sequence longer than the window was accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("sliding_window 16"), std::string::npos) << e.what();
-  }
-  InMemoryChunks ch{ModelLayout(c)};
-  ch.init(1);
-  LlamaModel m(c);
-  std::vector<int32_t> t(17, 3);
-  EXPECT_THROW(m.forward(ch, t.data(), t.data(), 1, 17), ConfigError);
-  // Qwen2 and Qwen3 read the window only with use_sliding_window, which transformers 5 writes false.
-  json q = config_of("qwen2");
-  q["sliding_window"] = 4;
-  EXPECT_EQ(ModelConfig::from_json(q).sliding_window, 0);
-}
-
 TEST(Families, SettingsNoFamilyComputesAreRefusedByName) {
   const std::pair<const char*, std::pair<const char*, json>> cases[] = {
       {"phi3", {"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}}}},
       {"mistral", {"rope_scaling", {{"type", "dynamic"}, {"factor", 4.0}}}},
       {"phi3", {"partial_rotary_factor", 0.75}},
       {"phi3", {"embd_pdrop", 0.1}},
-      {"qwen2", {"use_sliding_window", true}},
-      {"qwen3", {"layer_types", {"sliding_attention", "full_attention"}}},
+      {"mistral", {"use_sliding_window", true}},
+      {"qwen3", {"layer_types", {"sliding_attention", "full_attention"}}},  // and no window
       {"gemma", {"hidden_activation", "relu"}},
       {"gemma", {"final_logit_softcapping", 30.0}},
       {"gemma", {"use_bidirectional_attention", true}},

@@ -13,7 +13,9 @@
 // Note [Model families] in model/config.h), whose norms and biases are random too, Phi-3's longrope
 // past its original length (the long factors) and within it (the short ones), and the rope scalings linear
 // (Llama, factor 2) and yarn (Qwen2, factor 4, run past its original context; tests/reference/
-// make_rope_reference.py made these two, with random norms too). bf16 applies to the cuda
+// make_rope_reference.py made these two, with random norms too). Sliding windows (Note [Sliding windows]
+// in model/config.h): a window of 16 at T = 64 on every layer of Mistral and Phi-3, and on Qwen2's layer 1
+// alone (use_sliding_window, max_window_layers 1), at the same tolerances. bf16 applies to the cuda
 // backend's ops, which are checked against these same CPU ops (tests/kernels); this machine has no GPU to run
 // them here.
 #include <gtest/gtest.h>
@@ -139,7 +141,8 @@ TEST_P(Reference, MaskedLossMatchesTransformersLabels) {
 INSTANTIATE_TEST_SUITE_P(Transformers, Reference,
                          ::testing::Values("gqa_head_dim_untied", "tied", "rope_theta_5e5", "llama3_scaling",
                                            "mistral", "qwen2", "qwen3", "phi3", "phi3_longrope",
-                                           "phi3_longrope_short", "gemma", "rope_linear", "rope_yarn"),
+                                           "phi3_longrope_short", "gemma", "rope_linear", "rope_yarn",
+                                           "mistral_window", "qwen2_window", "phi3_window"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

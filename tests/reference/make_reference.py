@@ -3,7 +3,7 @@
 llm.c-style: tests/model/reference_test.cpp checks Strata's Llama against them in CI. Run by hand, never in
 CI (it needs torch and transformers); the dumps it writes are committed.
 
-    python3 tests/reference/make_reference.py [OUT_DIR]      (default: tests/reference/data)
+    python3 tests/reference/make_reference.py [OUT_DIR [NAME...]]   (default: tests/reference/data, all)
 
 For each configuration below it writes OUT_DIR/<name>/:
   config.json, model.safetensors   transformers' own save_pretrained of a randomly initialised
@@ -22,6 +22,11 @@ head_dim wider than hidden_size / heads, attention_bias true so that o_proj's bi
 tied). For those, every 1-D parameter (norm weights, biases) is also drawn at random, so that a wrong norm
 offset or a missing bias shows. The loss is cross-entropy on inputs shifted by one.
 
+Sliding windows (model/config.h, Note [Sliding windows]): mistral_window, qwen2_window and phi3_window run a
+window of 16 at T = 64, so that most queries see a quarter of the keys before them: Mistral and Phi-3 on
+every layer, Qwen2 with use_sliding_window and max_window_layers 1 (layer 0 full, layer 1 windowed). They
+are narrower than the others (hidden 32, vocabulary 128) to keep the dumps small.
+
 Each family's reference.json also holds "masked_loss": transformers' own loss, model(input_ids=inputs,
 labels=labels), with labels (B, T) = inputs where a fixed random draw keeps them and -100 elsewhere (stored
 as "labels", F32): transformers shifts them inside the model, so position t is scored against labels[t + 1].
@@ -35,6 +40,7 @@ import transformers
 from safetensors.torch import save_file
 
 B, T, STEPS = 2, 24, 10
+WINDOW_T = 64  # the windowed dumps' sequence length (window 16)
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -69,12 +75,22 @@ FAMILIES = {
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(num_key_value_heads=2, head_dim=16,
                                                       tie_word_embeddings=True)),
 }
+SMALL = dict(vocab_size=128, hidden_size=32, intermediate_size=48, num_key_value_heads=2)
+WINDOWED = {
+    "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(SMALL, sliding_window=16)),
+    "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM", dict(SMALL, tie_word_embeddings=True,
+                                                             use_sliding_window=True, sliding_window=16,
+                                                             max_window_layers=1)),
+    "phi3_window": ("Phi3Config", "Phi3ForCausalLM", dict(SMALL, pad_token_id=0, sliding_window=16)),
+}
 NOT_TAKEN = {"mistral": ("attention_bias", "mlp_bias"), "qwen2": ("attention_bias", "mlp_bias"),
              "qwen3": ("mlp_bias",), "phi3": ("attention_bias", "mlp_bias"), "gemma": ("mlp_bias",),
-             "phi3_longrope": ("attention_bias", "mlp_bias"), "phi3_longrope_short": ("attention_bias", "mlp_bias")}
+             "phi3_longrope": ("attention_bias", "mlp_bias"), "phi3_longrope_short": ("attention_bias", "mlp_bias"),
+             "mistral_window": ("attention_bias", "mlp_bias"), "qwen2_window": ("attention_bias", "mlp_bias"),
+             "phi3_window": ("attention_bias", "mlp_bias")}
 
 
-def make(name, overrides, out, family=None):
+def make(name, overrides, out, family=None, T=T):
     kw = dict(COMMON)
     kw.update(overrides)
     torch.manual_seed(1234)
@@ -144,11 +160,17 @@ def make(name, overrides, out, family=None):
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+    only = set(sys.argv[2:])
     torch.set_num_threads(1)
     for name, ov in CONFIGS.items():
-        make(name, ov, out)
+        if not only or name in only:
+            make(name, ov, out)
     for name, (cfg_cls, model_cls, ov) in FAMILIES.items():
-        make(name, ov, out, (cfg_cls, model_cls))
+        if not only or name in only:
+            make(name, ov, out, (cfg_cls, model_cls))
+    for name, (cfg_cls, model_cls, ov) in WINDOWED.items():
+        if not only or name in only:
+            make(name, ov, out, (cfg_cls, model_cls), T=WINDOW_T)
 
 
 if __name__ == "__main__":

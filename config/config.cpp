@@ -699,11 +699,6 @@ void ConfigParser::check_cross_keys() {
   if (cfg.optimizer.torch_adam)
     warn("optimizer.params.torch_adam: true has no effect; Strata has one Adam implementation");
   if (cfg.aio.use_gds) warn("aio.use_gds: true has no effect; GPUDirect Storage is not implemented");
-  if (cfg.activation_checkpointing.cpu_checkpointing)
-    warn(
-        "activation_checkpointing.cpu_checkpointing: true is not implemented; the block inputs stay in "
-        "device "
-        "memory (the device plan counts them)");
 }
 
 // The strata.lora block's keys are checked one by one (config_schema_lora.cpp) and PEFT's other options in

@@ -169,10 +169,14 @@ struct CheckpointConfig {
 // strata.checkpoint_activations says so, and these keys are accepted with what they mean here
 // (docs/config.md).
 struct ActivationCheckpointingConfig {
-  bool partition_activations = false;           // no effect: no tensor parallelism to partition across
-  bool cpu_checkpointing = false;               // not implemented: block inputs stay in device memory (warns)
-  bool contiguous_memory_optimization = false;  // no effect: the block inputs are one buffer already
-  std::int64_t number_checkpoints = 0;          // 0: unset; no effect (every block is a checkpoint)
+  // cpu_checkpointing: the checkpointed block inputs leave the device for pinned host memory (NVMe where
+  // that would not hold them), or auto: when the plan with them on the device does not fit (Note
+  // [Checkpoints off the device] in zero3/engine_checkpoints.h).
+  enum class CpuCheckpointing { automatic, on, off };  // "auto", true, false
+  bool partition_activations = false;                  // no effect: no tensor parallelism to partition across
+  CpuCheckpointing cpu_checkpointing = CpuCheckpointing::off;
+  bool contiguous_memory_optimization = false;   // no effect: the block inputs are one buffer already
+  std::int64_t number_checkpoints = 0;           // 0: unset; no effect (every block is a checkpoint)
   bool synchronize_checkpoint_boundary = false;  // no effect: the ops run in stream order
   bool profile = false;                          // no effect: `strata train`'s step times split the recompute
 };

@@ -429,12 +429,15 @@ std::vector<Option> build_options() {
                    "no tensor parallelism to partition them across.",
                .field = STRATA_FIELD(activation_checkpointing.partition_activations)});
   o.push_back({.path = "activation_checkpointing.cpu_checkpointing",
-               .kind = Kind::boolean,
+               .kind = Kind::choice,
                .def = false,
                .meaning =
-                   "Not implemented (warns when true): the block inputs stay in device memory, counted "
-                   "in the device plan's activations.",
-               .field = STRATA_FIELD(activation_checkpointing.cpu_checkpointing)});
+                   "With activation checkpointing, each block's saved input leaves the device for pinned "
+                   "host memory as soon as the next block has it, and comes back ahead of its use in "
+                   "backward (true); NVMe where pinned memory would not hold them. auto: on when the plan "
+                   "with the block inputs on the device does not fit. The same losses either way.",
+               .field = STRATA_FIELD(activation_checkpointing.cpu_checkpointing),
+               .choices = {"auto", "true", "false"}});
   o.push_back({.path = "activation_checkpointing.contiguous_memory_optimization",
                .kind = Kind::boolean,
                .def = false,

@@ -21,8 +21,11 @@ class LlamaDecoder final : public Architecture {
     return LlamaModel::op_shapes(cfg, B, T);
   }
   std::size_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
-                               const kernels::Ops& ops) const override {
-    return LlamaModel::activation_bytes(cfg, B, T, checkpoint_activations, ops);
+                               const kernels::Ops& ops, bool checkpoints_stored) const override {
+    return LlamaModel::activation_bytes(cfg, B, T, checkpoint_activations, ops, checkpoints_stored);
+  }
+  Checkpoints checkpoints(const ModelConfig& cfg, int B, int T, const kernels::Ops& ops) const override {
+    return {int(cfg.n_layers), LlamaModel::checkpoint_bytes(cfg, B, T, ops)};
   }
   std::unique_ptr<TrainableModel> make_model(const ModelConfig& cfg,
                                              const ModelOptions& opts) const override {

@@ -49,9 +49,16 @@ class Architecture {
   // (kernels::Ops::scratch_bytes; reduce_numel is the caller's to set).
   virtual kernels::OpShapes op_shapes(const ModelConfig& cfg, int B, int T) const = 0;
   // Device bytes of activations and scratch a forward and backward over (B, T) allocate with `ops`: the
-  // engine reserves them in its device plan.
+  // engine reserves them in its device plan. `checkpoints_stored`: a checkpointing forward's block inputs
+  // are kept by the provider's CheckpointStore (Note [Checkpoints off the device] in model/chunk.h).
   virtual std::size_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
-                                       const kernels::Ops& ops) const = 0;
+                                       const kernels::Ops& ops, bool checkpoints_stored = false) const = 0;
+  // What a checkpointing forward over (B, T) gives its CheckpointStore: `count` tensors of `bytes`.
+  struct Checkpoints {
+    int count = 0;
+    std::size_t bytes = 0;
+  };
+  virtual Checkpoints checkpoints(const ModelConfig& cfg, int B, int T, const kernels::Ops& ops) const = 0;
   // The trainable model `cfg` describes, computing where `opts` says.
   virtual std::unique_ptr<TrainableModel> make_model(const ModelConfig& cfg,
                                                      const ModelOptions& opts = {}) const = 0;

@@ -24,6 +24,7 @@
 // gradients of what it feeds, no weight gradient.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -47,6 +48,41 @@ struct ChunkView {
   }
   // The elements as fp32; strata::Error naming the chunk and its dtype when they are not fp32.
   const float* f32() const;
+};
+
+// Note [Checkpoints off the device]: with activation checkpointing the forward keeps each block's input
+// for backward (Note [Activation checkpointing] in model/llama.h): L tensors of (B, T, C), the only
+// activations that grow with the number of layers. A provider with somewhere else to keep them (the
+// engine: pinned host memory or NVMe through its tier manager, zero3/engine_checkpoints.h) gives the model
+// a CheckpointStore for a training forward, and the model then holds none of them itself: it asks the
+// store for each checkpoint's device memory when it writes it (forward) and when it reads it again
+// (backward), and says when each use on its compute stream ends. Block l reads checkpoint l and writes
+// checkpoint l + 1, so forward calls, for l = 0 .. L-1:
+//   put(0) before the embedding, written(0) after it;
+//   put(l + 1) and written(l + 1) around block l (l + 1 < L; the last block's output is the head's input,
+//   the model's own), then forward_done(l);
+// and backward, for l = L-1 .. 0: get(l, l - 1) before block l's recomputation, backward_done(l) after its
+// backward. Every call is made after the model's work it speaks of is enqueued on the compute stream (the
+// store orders its copies after that work with events) and before any later work that needs its answer;
+// the memory returned is valid until the matching done call. The copies are exact, so a run with the
+// checkpoints off the device computes the same bits.
+class CheckpointStore {
+ public:
+  virtual ~CheckpointStore() = default;
+  // A training forward begins: `count` checkpoints of `bytes` each. Forgets what an earlier forward left
+  // (one whose backward never ran).
+  virtual void begin(int count, std::size_t bytes) = 0;
+  // Device memory for checkpoint i, for the compute stream to write.
+  virtual void* put(int i) = 0;
+  // The compute stream's work so far writes checkpoint i.
+  virtual void written(int i) = 0;
+  // The compute stream's work so far is checkpoint i's last use in forward.
+  virtual void forward_done(int i) = 0;
+  // Checkpoint i on the device, with the compute stream's later work ordered after its arrival; `next`
+  // (-1: none) is the one backward needs after it, which may be brought back meanwhile.
+  virtual void* get(int i, int next) = 0;
+  // The compute stream's work so far is checkpoint i's last use in backward.
+  virtual void backward_done(int i) = 0;
 };
 
 class ChunkProvider {
@@ -75,6 +111,9 @@ class ChunkProvider {
     (void)id;
     return true;
   }
+  // Where a checkpointing forward with targets keeps its block inputs (Note [Checkpoints off the device]),
+  // or null (the default): in the model's own device memory.
+  virtual CheckpointStore* checkpoint_store() { return nullptr; }
 };
 
 // Fills chunk `id` (padded_numel floats) with the Llama-style decoder's initial parameters (what its

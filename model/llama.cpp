@@ -152,7 +152,7 @@ void LlamaModel::check_layout(const ChunkProvider& chunks) const {
 }
 
 template <typename M, typename Fn>
-void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DType act,
+void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, bool stored, DType act,
                              kernels::AttentionSizes as, size_t logit_rows, M* m, Fn&& fn) {
   const size_t N = size_t(B) * size_t(T), C = size_t(cfg.d_model), F = size_t(cfg.ffn_dim);
   const size_t Q = size_t(cfg.q_dim()), KV = size_t(cfg.kv_dim()), V = size_t(cfg.vocab_size);
@@ -183,7 +183,7 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DT
   fn(at(&LlamaModel::inputs_), N, i32), fn(at(&LlamaModel::targets_), N, i32);
   fn(at(&LlamaModel::rope_cos_), size_t(T) * half, f32),
       fn(at(&LlamaModel::rope_sin_), size_t(T) * half, f32);
-  fn(at(&LlamaModel::resid_), (L + 1) * N * C, act);
+  fn(at(&LlamaModel::resid_), (stored ? 1 : L + 1) * N * C, act);
   fn(at(&LlamaModel::xf_), N * C, act), fn(at(&LlamaModel::rstdf_), N, f32),
       fn(at(&LlamaModel::logits_), logit_rows * V, act);
   fn(at(&LlamaModel::losses_), N, f32), fn(at(&LlamaModel::loss_), 1, f32);
@@ -212,7 +212,7 @@ LlamaModel::BackwardScratch LlamaModel::backward_scratch(size_t N, size_t mlp, s
   return s;
 }
 
-void LlamaModel::ensure_buffers(int B, int T, bool whole_logits) {
+void LlamaModel::ensure_buffers(int B, int T, bool whole_logits, bool stored) {
   const size_t sets = opts_.checkpoint_activations ? 1 : size_t(cfg_.n_layers);
   if (acts_.size() < sets) acts_.resize(sets);
   const kernels::AttentionSizes as = layer_attention_sizes(*ops_, cfg_, B, T);
@@ -238,8 +238,8 @@ void LlamaModel::ensure_buffers(int B, int T, bool whole_logits) {
     b->t = Tensor{b->mem.data(), dtype, n};
   };
   const size_t N = size_t(B) * size_t(T);
-  each_buffer(cfg_, B, T, opts_.checkpoint_activations, act_, as, whole_logits ? N : loss_rows(cfg_, N), this,
-              fit);
+  each_buffer(cfg_, B, T, opts_.checkpoint_activations, stored, act_, as,
+              whole_logits ? N : loss_rows(cfg_, N), this, fit);
   if (rope_T_ != T) {
     ops_->rope_cache(rope_cos_.t, rope_sin_.t, T, int(cfg_.head_dim()), rope_inv_freq(cfg_, T));
     if (const float a = rope_attention_factor(cfg_);
@@ -256,17 +256,18 @@ size_t LlamaModel::activation_bytes() const {
   size_t n = 0;
   // Every set of block activations allocated so far (one, or one per layer), whatever the shape.
   const bool one_set = acts_.size() < size_t(cfg_.n_layers);
-  each_buffer(cfg_, 1, 1, one_set, act_, {}, 1, this,
+  each_buffer(cfg_, 1, 1, one_set, false, act_, {}, 1, this,
               [&](const Buf* b, size_t, DType) { n += b->mem.size(); });
   return n;
 }
 
 size_t LlamaModel::activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
-                                    const kernels::Ops& ops) {
+                                    const kernels::Ops& ops, bool checkpoints_stored) {
   const kernels::AttentionSizes as = layer_attention_sizes(ops, cfg, B, T);
   size_t n = 0;
-  each_buffer(cfg, B, T, checkpoint_activations, ops.caps().activation, as,
-              loss_rows(cfg, size_t(B) * size_t(T)), static_cast<LlamaModel*>(nullptr),
+  each_buffer(cfg, B, T, checkpoint_activations, checkpoint_activations && checkpoints_stored,
+              ops.caps().activation, as, loss_rows(cfg, size_t(B) * size_t(T)),
+              static_cast<LlamaModel*>(nullptr),
               [&](Buf*, size_t numel, DType dtype) { n += std::max<size_t>(1, numel * dtype_bytes(dtype)); });
   return n;
 }
@@ -363,9 +364,16 @@ Tensor LlamaModel::grad(const ChunkView& p, float* g, int index) {
   return Tensor{g + t.offset, DType::fp32, t.numel};
 }
 
+size_t LlamaModel::checkpoint_bytes(const ModelConfig& cfg, int B, int T, const kernels::Ops& ops) {
+  return size_t(B) * size_t(T) * size_t(cfg.d_model) * dtype_bytes(ops.caps().activation);
+}
+
 Tensor LlamaModel::resid(int l) const {
   const size_t NC = size_t(B_) * size_t(T_) * size_t(cfg_.d_model);
-  return resid_.t.slice(size_t(l) * NC, NC);
+  if (store_ == nullptr) return resid_.t.slice(size_t(l) * NC, NC);
+  if (l == int(cfg_.n_layers)) return resid_.t.slice(0, NC);
+  STRATA_CHECK(stored_[size_t(l)] != nullptr, "LlamaModel: block input ", l, " is not on the device now");
+  return Tensor{stored_[size_t(l)], act_, NC};
 }
 
 double LlamaModel::forward_flops(int B, int T) const {
@@ -599,7 +607,10 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
   forward_key_ = armed.value_or(0);
   B_ = B, T_ = T;
   ckpt_ = opts_.checkpoint_activations;
-  ensure_buffers(B, T, targets == nullptr);
+  // Note [Checkpoints off the device] (model/chunk.h): a checkpointing forward with targets keeps its block
+  // inputs where the provider says, when it has a store.
+  store_ = ckpt_ && targets != nullptr ? chunks.checkpoint_store() : nullptr;
+  ensure_buffers(B, T, targets == nullptr, store_ != nullptr);
   const int N = B * T, C = int(cfg_.d_model), V = int(cfg_.vocab_size), L = int(cfg_.n_layers);
   const ModelLayout& layout = chunks.layout();
   kernels::Ops& o = *ops_;
@@ -629,6 +640,11 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
   if (!tokens_copied_) tokens_copied_ = dev_->create_event();
   s.record(*tokens_copied_);
 
+  if (store_) {
+    stored_.assign(size_t(L), nullptr);
+    store_->begin(L, size_t(N) * size_t(C) * dtype_bytes(act_));
+    stored_[0] = store_->put(0);
+  }
   {
     ChunkTimer ct(profile_, layout.embedding_chunk(), Phase::forward, &chunk_flops_);
     Held e(chunks, layout.embedding_chunk());
@@ -637,6 +653,7 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
       if (embed_scale() != 1.0f) o.scale(resid(0), embed_scale());
     });
   }
+  if (store_) store_->written(0);
   for (int l = 0; l < L; ++l) {
     ChunkTimer ct(profile_, layout.block_chunk(l), Phase::forward, &chunk_flops_);
     Held b(chunks, layout.block_chunk(l));
@@ -644,8 +661,12 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
     std::optional<Held> ad;
     if (ad_id >= 0) ad.emplace(chunks, ad_id);
     lora_layer_ = l;
+    const bool to_store = store_ && l + 1 < L;
+    if (to_store) stored_[size_t(l) + 1] = store_->put(l + 1);
     block_forward(b.view(), ad ? &ad->view() : nullptr, resid(l), resid(l + 1), acts_[ckpt_ ? 0 : size_t(l)],
                   Phase::forward);
+    if (to_store) store_->written(l + 1);
+    if (store_) store_->forward_done(l), stored_[size_t(l)] = nullptr;
   }
   float loss = 0.0f;
   {
@@ -785,12 +806,14 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
     const ChunkView* adv = ad ? &ad->view() : nullptr;
     BlockActs& a = acts_[ckpt_ ? 0 : size_t(l)];
     lora_layer_ = l;
+    if (store_) stored_[size_t(l)] = store_->get(l, l - 1);
     if (ckpt_) {
       // The recomputed block output is not needed (resid(l + 1) holds it); dxn_ takes it as scratch
       // before block_backward zeroes it.
       block_forward(b.view(), adv, resid(l), dxn_.t, a, Phase::recompute);
     }
     block_backward(b.view(), bg.data(), adv, ag ? ag->data() : nullptr, resid(l), a);
+    if (store_) store_->backward_done(l), stored_[size_t(l)] = nullptr;
   }
   if (chunks.trains(layout.embedding_chunk())) {  // frozen: the lookup's backward has nothing to compute
     const int e_id = layout.embedding_chunk();

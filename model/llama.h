@@ -80,9 +80,13 @@ class LlamaModel final : public TrainableModel {
   // Bytes of activations and scratch currently allocated (grows to the largest B × T seen).
   size_t activation_bytes() const;
   // Device bytes of activations and scratch a forward and backward over (B, T) allocate with `ops`
-  // (what activation_bytes() reaches): the engine reserves them in its device plan.
+  // (what activation_bytes() reaches): the engine reserves them in its device plan. `checkpoints_stored`:
+  // the block inputs are kept by the provider's CheckpointStore (Note [Checkpoints off the device] in
+  // model/chunk.h), not counted here.
   static size_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
-                                 const kernels::Ops& ops);
+                                 const kernels::Ops& ops, bool checkpoints_stored = false);
+  // The block inputs a checkpointing forward over (B, T) keeps: n_layers of checkpoint_bytes each.
+  static size_t checkpoint_bytes(const ModelConfig& cfg, int B, int T, const kernels::Ops& ops);
   // The largest shapes its ops run for a micro-batch of B x T tokens, for the compute interface's
   // scratch (kernels::Ops::scratch_bytes; reduce_numel is the caller's to set).
   static kernels::OpShapes op_shapes(const ModelConfig& cfg, int B, int T);
@@ -134,12 +138,13 @@ class LlamaModel final : public TrainableModel {
   // fixed order; `m` null: buffer null (sizes only, for the static activation_bytes()). M: LlamaModel,
   // or const LlamaModel to read what is allocated.
   // `logit_rows`: the rows of logits held (loss_rows(), or every row for a forward without targets).
+  // `stored`: the block inputs are in a CheckpointStore; resid_ holds the head's input only.
   template <typename M, typename Fn>
-  static void each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, DType act,
+  static void each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, bool stored, DType act,
                           kernels::AttentionSizes as, size_t logit_rows, M* m, Fn&& fn);
 
   // `whole_logits`: every row's logits (a forward without targets, whose logits() the caller reads).
-  void ensure_buffers(int B, int T, bool whole_logits);
+  void ensure_buffers(int B, int T, bool whole_logits, bool stored);
   // `ad`: the block's adapter chunk (its LoRA tensors), nullptr when it has none; `ag` its gradients.
   void block_forward(const ChunkView& p, const ChunkView* ad, kernels::Tensor x_in, kernels::Tensor x_out,
                      BlockActs& a, Phase phase);
@@ -205,7 +210,12 @@ class LlamaModel final : public TrainableModel {
   std::unique_ptr<Event> tokens_copied_;  // the compute stream after their copies
   Buf rope_cos_, rope_sin_;               // (T, D/2) fp32
   int rope_T_ = 0;
-  Buf resid_;                    // (L + 1, N, C): resid_[l] is block l's input, [L] the head's
+  Buf resid_;  // (L + 1, N, C): resid_[l] is block l's input, [L] the head's; (N, C),
+               // the head's alone, while store_ keeps the block inputs
+  // The last checkpointing forward's CheckpointStore (null: none) and the device memory of each block
+  // input it gave (Note [Checkpoints off the device] in model/chunk.h).
+  CheckpointStore* store_ = nullptr;
+  std::vector<void*> stored_;
   std::vector<BlockActs> acts_;  // L sets, or 1 with checkpointing
   Buf xf_, rstdf_;               // (N, C), (N) fp32: final norm output and its rstd
   Buf logits_;                   // (loss_rows(N), V); backward turns them into dlogits in place

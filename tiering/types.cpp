@@ -9,8 +9,8 @@ namespace strata::tiering {
 namespace {
 
 constexpr std::array<const char*, kTierCount> kTierNames = {"device", "pinned", "nvme"};
-constexpr std::array<const char*, kKindCount> kKindNames = {"param",   "grad",       "master",
-                                                            "exp_avg", "exp_avg_sq", "staging"};
+constexpr std::array<const char*, kKindCount> kKindNames = {"param",      "grad",    "master",    "exp_avg",
+                                                            "exp_avg_sq", "staging", "activation"};
 constexpr std::array<const char*, 4> kStateNames = {"absent", "in_flight", "resident", "dirty"};
 constexpr std::array<const char*, 4> kPhaseNames = {"idle", "forward", "backward", "optimizer"};
 

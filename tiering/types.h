@@ -14,9 +14,11 @@ enum class Tier : std::uint8_t { device = 0, pinned = 1, nvme = 2 };
 inline constexpr int kTierCount = 3;
 
 // What a tensor holds (DESIGN.md §2: five tensors per chunk shard) plus `staging`: pinned buffers a move
-// NVMe <-> device passes through, counted so that the pinned tier's bytes always add up.
-enum class Kind : std::uint8_t { param = 0, grad, master, exp_avg, exp_avg_sq, staging };
-inline constexpr int kKindCount = 6;
+// NVMe <-> device passes through, counted so that the pinned tier's bytes always add up; and `activation`:
+// the model's checkpointed block inputs when they leave the device (Note [Checkpoints off the device] in
+// zero3/engine_checkpoints.h).
+enum class Kind : std::uint8_t { param = 0, grad, master, exp_avg, exp_avg_sq, staging, activation };
+inline constexpr int kKindCount = 7;
 
 // A tensor's state, derived from its copies:
 //   absent    no tier holds a valid copy (registered, never written — or its only copy was lost)

@@ -72,16 +72,15 @@ void print_model_plan(const Config& cfg, const ConfigOpts& opts) {
   for (const zero3::PlannedChunk& c : in.chunks)
     shapes.reduce_numel = std::max<std::size_t>(shapes.reduce_numel, c.shard.numel);
   in.ops = (cuda ? kernels::kCudaWorkspaceBytes : 0) + ops->scratch_bytes(shapes);
-  const std::uint64_t with = arch.activation_bytes(m, B, T, true, *ops),
-                      without = arch.activation_bytes(m, B, T, false, *ops);
+  const zero3::ActivationSizes sizes = zero3::activation_sizes(m, B, T, *ops);
   const std::optional<bool> mode = zero3::checkpointing_asked(cfg.strata);
-  const bool checkpoint = zero3::checkpointing_for(in, cfg.zero_optimization, mode, without);
-  in.activations = checkpoint ? with : without;
+  const std::optional<bool> offload = zero3::offload_asked(cfg.activation_checkpointing);
+  const zero3::ActivationChoice choice =
+      zero3::choose_activations(in, cfg.zero_optimization, mode, offload, sizes);
+  zero3::apply_activations(in, sizes, choice);
   const zero3::Plan p = zero3::plan_memory(in, cfg.zero_optimization);
   zero3::MemoryPlan mp = p.memory;
-  mp.checkpoint_activations = checkpoint;
-  mp.device_activations_checkpointed = with;
-  mp.device_activations_all = without;
+  zero3::note_activations(mp, sizes, choice);
   std::uint64_t quantised = 0;
   for (int c = 0; c < layout.num_chunks(); ++c)
     if (in.chunks[std::size_t(c)].packed)
@@ -104,7 +103,7 @@ void print_model_plan(const Config& cfg, const ConfigOpts& opts) {
   // How long a sequence fits (Note [The plan before the machine]): the same plan at every length.
   const std::int64_t longest = zero3::longest_sequence(
       in, cfg.zero_optimization, m.max_seq_len,
-      [&](std::int64_t t, bool ckpt) { return arch.activation_bytes(m, B, int(t), ckpt, *ops); }, mode);
+      [&](std::int64_t t) { return zero3::activation_sizes(m, B, int(t), *ops); }, mode, offload);
   std::printf(
       "longest sequence: %lld tokens a row at micro-batch %d fit the device (the model's max_seq_len %lld); "
       "activations %s a token at %d tokens\n",

@@ -389,6 +389,15 @@ void print_summary(const TrainRun& run, const LoopTotals& t) {
       world > 1 ? "largest rank's " : "", format_size(peak.device).c_str(), format_size(peak.pinned).c_str(),
       format_size(peak.nvme).c_str(), format_size(std::uint64_t(device_peak), 1).c_str(),
       format_size(engine.device().caps().capacity, 1).c_str());
+  if (engine.plan().activation_offload) {
+    const zero3::Engine::CheckpointMoves cm = engine.checkpoint_moves();
+    std::fprintf(
+        out,
+        "  activations block inputs in pinned host memory: %s (activation_checkpointing.cpu_checkpointing); "
+        "%llu copied out in forward, %llu back in backward\n",
+        format_size(engine.plan().pinned_activations, 1).c_str(), (unsigned long long)cm.out,
+        (unsigned long long)cm.back);
+  }
   // What attention computed with at the training shape (a fallback was also a warning when chosen), for
   // the windowed layers apart when the model has both kinds (Note [Sliding windows] in model/config.h).
   {
@@ -404,8 +413,8 @@ void print_summary(const TrainRun& run, const LoopTotals& t) {
     else if (windowed == int(mcfg.n_layers))
       std::fprintf(out, "  attention   %s (sliding window %d)\n", path(window).c_str(), window);
     else
-      std::fprintf(out, "  attention   %s; %d layers in a sliding window of %d: %s\n", path(0).c_str(), windowed,
-                   window, path(window).c_str());
+      std::fprintf(out, "  attention   %s; %d layers in a sliding window of %d: %s\n", path(0).c_str(),
+                   windowed, window, path(window).c_str());
   }
   if (engine.plan().overlap_groups > 0) {
     const zero3::OverlapStats& os = engine.overlap_stats();

@@ -247,7 +247,9 @@ void Engine::Impl::open_tiers() {
   to.pinned_budget = plan.pinned_budget;
   // The model allocates its activations, and the compute interface its workspace and scratch, from the
   // device beside the pool: the pool gets the rest.
-  to.device_budget = dev->caps().capacity - plan.device_activations - plan.device_ops;
+  // (The block inputs off the device are the pool's: Note [Checkpoints off the device].)
+  to.device_budget =
+      dev->caps().capacity - (plan.device_activations - plan.device_checkpoint_window) - plan.device_ops;
   tm = std::make_unique<tiering::TierManager>(*dev, to, swap.get());
   if (!cfg.strata.memprof.path.empty())
     trace = std::make_unique<tiering::TraceWriter>(
@@ -387,6 +389,11 @@ bool Engine::trains(int id) const {
   return impl_->slots.at(std::size_t(id)).route.trains;
 }
 
+model::CheckpointStore* Engine::checkpoint_store() {
+  Impl& im = *impl_;
+  return im.training_forward && im.checkpoints.active() ? &im.checkpoints : nullptr;
+}
+
 const model::ModelLayout& Engine::layout() const {
   return impl_->layout;
 }
@@ -475,6 +482,9 @@ nvme::IoStats Engine::nvme_stats() const {
 }
 const OverlapStats& Engine::overlap_stats() const {
   return impl_->overlap.stats();
+}
+Engine::CheckpointMoves Engine::checkpoint_moves() const {
+  return {impl_->checkpoints.moved_out(), impl_->checkpoints.moved_back()};
 }
 const UpdateStats& Engine::update_stats() const {
   return impl_->updater.stats();

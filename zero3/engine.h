@@ -241,6 +241,9 @@ class Engine final : public model::ChunkProvider {
   // order]): the model's backward does not wait for its stream.
   bool orders_grads_by_stream() const override { return true; }
   bool trains(int id) const override;
+  // A training forward's (Engine::forward's) store for the block inputs, where the plan keeps them off
+  // the device (Note [Checkpoints off the device] in zero3/engine_checkpoints.h); null otherwise.
+  model::CheckpointStore* checkpoint_store() override;
 
   // ---- training ----
   // One micro-batch: forward and backward, weighed as backward's `step_counted` says. Returns the loss.
@@ -318,6 +321,12 @@ class Engine final : public model::ChunkProvider {
   nvme::IoStats nvme_stats() const;
   const OverlapStats& overlap_stats() const;
   const UpdateStats& update_stats() const;
+  // The block inputs off the device (Note [Checkpoints off the device] in zero3/engine_checkpoints.h):
+  // copies out in forward and back in backward since the engine started.
+  struct CheckpointMoves {
+    std::uint64_t out = 0, back = 0;
+  };
+  CheckpointMoves checkpoint_moves() const;
   tiering::TierManager& tiers();
   Device& device();
   // The fp32 master parameters of this rank's shard of chunk `id`, copied out wherever they live; a frozen

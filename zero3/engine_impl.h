@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "zero3/engine_cache.h"
+#include "zero3/engine_checkpoints.h"
 #include "zero3/engine_grads.h"
 #include "zero3/engine_overlap.h"
 #include "zero3/engine_state.h"
@@ -56,7 +57,6 @@ struct Engine::Impl final : EngineEnv, private UpdateGate {
   // offload_optimizer.ratio "auto" chosen, the chunks laid out from it, and the ratio's log line.
   void plan_memory();
   PlanInput measured_plan_input();
-  bool choose_checkpointing(PlanInput in, std::uint64_t activations_all) const;
   // strata.checkpoint_activations, or EngineOptions' choice over it; empty for "auto".
   std::optional<bool> checkpointing_mode() const;
   Plan plan_with_ratio(PlanInput& in);
@@ -180,6 +180,9 @@ struct Engine::Impl final : EngineEnv, private UpdateGate {
   GradientPath grads{*this, cache, *this};
   Updater updater{*this, cache};
   OptimizerOverlap overlap{*this, updater};
+  // The block inputs off the device (plan_memory says whether), offered to training forwards only.
+  CheckpointOffload checkpoints{*this};
+  bool training_forward = false;
 
  private:
   // UpdateGate (engine_gate.h): the overlap's.

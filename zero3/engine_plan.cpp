@@ -32,27 +32,24 @@ std::uint64_t Engine::Impl::overlap_room() {
 
 void Engine::Impl::plan_memory() {
   PlanInput in = measured_plan_input();
-  const model::Architecture& arch = model::architecture(mcfg);
-  const auto activations = [&](bool checkpointed) {
-    return arch.activation_bytes(mcfg, int(cfg.train_micro_batch_size_per_gpu), planned_seq_len, checkpointed,
-                                 *ops);
-  };
-  const std::uint64_t with_checkpointing = activations(true), without = activations(false);
-  checkpoint_activations = choose_checkpointing(in, without);
-  in.activations = checkpoint_activations ? with_checkpointing : without;
+  const int B = int(cfg.train_micro_batch_size_per_gpu);
+  const ActivationSizes sizes = activation_sizes(mcfg, B, planned_seq_len, *ops);
+  const ActivationChoice choice = choose_activations(in, cfg.zero_optimization, checkpointing_mode(),
+                                                     offload_asked(cfg.activation_checkpointing), sizes);
+  checkpoint_activations = choice.checkpoint;
+  apply_activations(in, sizes, choice);
   const Plan p = plan_with_ratio(in);
   plan = p.memory;
-  plan.checkpoint_activations = checkpoint_activations;
+  note_activations(plan, sizes, choice);
   plan.device_headroom = dev->caps().reserved;
-  plan.device_activations_checkpointed = with_checkpointing;
-  plan.device_activations_all = without;
+  checkpoints.plan(choice.checkpoint && choice.offload ? sizes.checkpoints : 0,
+                   std::size_t(sizes.checkpoint_bytes));
   // How long a sequence fits this device at this micro-batch (strata config and Python show it).
-  const int B = int(cfg.train_micro_batch_size_per_gpu);
   plan.activation_bytes_per_token = plan.device_activations / std::uint64_t(std::max(1, B * planned_seq_len));
   plan.longest_seq_len = longest_sequence(
       in, cfg.zero_optimization, mcfg.max_seq_len,
-      [&](std::int64_t T, bool ckpt) { return arch.activation_bytes(mcfg, B, int(T), ckpt, *ops); },
-      checkpointing_mode());
+      [&](std::int64_t T) { return activation_sizes(mcfg, B, int(T), *ops); }, checkpointing_mode(),
+      offload_asked(cfg.activation_checkpointing));
   lay_out_chunks(in, p);
   planned = std::move(in);
   report_ratio();
@@ -88,14 +85,6 @@ PlanInput Engine::Impl::measured_plan_input() {
   in.ops = *std::max_element(ops_bytes.begin(), ops_bytes.end());
   in.device_capacity = dev->caps().capacity;
   return in;
-}
-
-// Note [Checkpointing by choice]: an explicit choice (EngineOptions, or strata.checkpoint_activations
-// true / false) stands, and a plan that does not fit then fails as any other. "auto" keeps every
-// activation when the plan without checkpointing fits the device (recomputing costs about a third of a
-// step), and checkpoints otherwise.
-bool Engine::Impl::choose_checkpointing(PlanInput in, std::uint64_t activations_all) const {
-  return checkpointing_for(std::move(in), cfg.zero_optimization, checkpointing_mode(), activations_all);
 }
 
 std::optional<bool> Engine::Impl::checkpointing_mode() const {
@@ -281,7 +270,7 @@ void Engine::Impl::warm_up_communicators() {
 
 std::uint64_t Engine::Impl::host_need() const {
   const DeviceCaps& caps = dev->caps();
-  return plan.pinned_state + plan.pinned_staging +
+  return plan.pinned_state + plan.pinned_staging + plan.pinned_activations +
          (caps.backend == BackendKind::host ? std::min(caps.capacity, plan.device_need()) : 0);
 }
 
@@ -327,6 +316,12 @@ void Engine::Impl::check_fits() const {
       todo += cat("checkpoint activations (strata.checkpoint_activations true or \"auto\": ",
                   format_size(plan.device_activations_checkpointed), " of activations instead of ",
                   format_size(plan.device_activations_all), "), ");
+    else if (!plan.activation_offload)
+      todo +=
+          cat("keep the block inputs in host memory (activation_checkpointing.cpu_checkpointing true or "
+              "\"auto\": ",
+              format_size(plan.device_activations_other_offload), " of activations instead of ",
+              format_size(plan.device_activations), "), ");
     if (plan.device_optimizer_groups > 0)
       todo += cat("raise zero_optimization.offload_optimizer.ratio (", plan.offload_ratio, " keeps ",
                   plan.device_optimizer_groups, " of ", plan.optimizer_groups,
@@ -374,7 +369,12 @@ void Engine::Impl::check_fits() const {
              " tensors of the largest sub-group, sub_group_size ", z.sub_group_size, ")"),
          "lower zero_optimization.sub_group_size (or offload_optimizer.buffer_count)"},
         {plan.pinned_grad_window, "gradient window (shards of the largest chunk on their way to NVMe)",
-         "train on more ranks (each holds 1/N of a chunk's gradients)"}};
+         "train on more ranks (each holds 1/N of a chunk's gradients)"},
+        {plan.pinned_activations,
+         cat("checkpointed block inputs (activation_checkpointing.cpu_checkpointing, a micro-batch of ",
+             cfg.train_micro_batch_size_per_gpu, " x ", planned_seq_len, " tokens)"),
+         "set activation_checkpointing.cpu_checkpointing to false, or lower the micro-batch or the sequence "
+         "length"}};
     std::string made_of;
     const Part* largest = &parts.front();
     for (const Part& p : parts) {

@@ -255,9 +255,12 @@ float Engine::forward(model::TrainableModel& model, const std::int32_t* inputs, 
   try {
     const auto t0 = Clock::now();
     model.arm_dropout(dropout_key(im.cfg.strata.seed, im.global_step + 1, im.micro_steps, im.comm->rank()));
+    im.training_forward = true;
     im.forward_loss = model.forward(*this, inputs, targets, B, T);
+    im.training_forward = false;
     im.times.forward += seconds_since(t0);
   } catch (...) {
+    im.training_forward = false;
     im.abandon_pass();
     throw;
   }
@@ -301,6 +304,7 @@ void Engine::backward(model::TrainableModel& model, std::optional<std::int64_t> 
     im.times.backward += seconds_since(t0);
   } catch (...) {
     im.overlap.end_backward(BackwardEnd::failed);
+    im.checkpoints.reset();
     end_pass();
     throw;
   }
@@ -325,6 +329,7 @@ void Engine::abandon_forward() {
 }
 
 void Engine::Impl::abandon_pass() {
+  checkpoints.reset();
   cache.abandon_pass();
   tm->set_step(global_step, tiering::Phase::idle);
 }

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "cpu_optim/rule.h"
+#include "model/architecture.h"
 #include "model/nf4_chunk.h"
 #include "tiering/caching_allocator.h"
 
@@ -269,6 +270,10 @@ nlohmann::json to_json(const MemoryPlan& p) {
           {"checkpoint_activations", p.checkpoint_activations},
           {"device_activations_checkpointed", p.device_activations_checkpointed},
           {"device_activations_all", p.device_activations_all},
+          {"activation_offload", p.activation_offload},
+          {"device_checkpoint_window", p.device_checkpoint_window},
+          {"pinned_activations", p.pinned_activations},
+          {"device_activations_other_offload", p.device_activations_other_offload},
           {"device_ops", p.device_ops},
           {"device_accumulators", p.device_accumulators},
           {"device_accumulator_bytes", p.device_accumulator_bytes},
@@ -304,7 +309,18 @@ std::string describe(const MemoryPlan& p, tiering::Tier grad_home, bool each_ran
       " (checkpointing ", p.checkpoint_activations ? "on" : "off", ", ",
       p.checkpoint_activations ? "off" : "on", ": ",
       format_size(p.checkpoint_activations ? p.device_activations_all : p.device_activations_checkpointed, 1),
-      ") + compute workspace ", format_size(p.device_ops, 1), " + gradient accumulators ",
+      ")",
+      p.checkpoint_activations
+          ? detail::cat(" with the block inputs ",
+                        p.activation_offload
+                            ? detail::cat("in pinned host memory (", format_size(p.pinned_activations, 1),
+                                          "; ", kCheckpointWindow, " on the device at once: ",
+                                          format_size(p.device_checkpoint_window, 1), ")")
+                            : "on the device",
+                        " (activation_checkpointing.cpu_checkpointing ", p.activation_offload ? "off" : "on",
+                        ": ", format_size(p.device_activations_other_offload, 1), ")")
+          : std::string(),
+      " + compute workspace ", format_size(p.device_ops, 1), " + gradient accumulators ",
       format_size(p.device_accumulator_bytes, 1), " (", p.device_accumulators, " chunks) + chunk cache ",
       format_size(p.device_cache, 1),
       p.device_headroom > 0
@@ -315,8 +331,11 @@ std::string describe(const MemoryPlan& p, tiering::Tier grad_home, bool each_ran
   // gradient window and staging); with both offloads on NVMe, only buffers (Note [Gradients through NVMe]).
   out +=
       detail::cat("host plan", per, ": pinned state ", format_size(p.pinned_state, 1), " + buffers ",
-                  format_size(p.pinned_staging, 1), " (pinned pool budget ", format_size(p.pinned_budget, 1),
-                  "), NVMe state ", format_size(p.nvme_state, 1), "; fp32 gradients ",
+                  format_size(p.pinned_staging, 1),
+                  p.activation_offload ? detail::cat(" + activations ", format_size(p.pinned_activations, 1))
+                                       : std::string(),
+                  " (pinned pool budget ", format_size(p.pinned_budget, 1), "), NVMe state ",
+                  format_size(p.nvme_state, 1), "; fp32 gradients ",
                   grad_home == tiering::Tier::nvme     ? "on NVMe"
                   : grad_home == tiering::Tier::pinned ? "in pinned host memory"
                                                        : "on the device",
@@ -465,14 +484,65 @@ bool checkpointing_for(PlanInput in, const ZeroConfig& z, std::optional<bool> fi
   return plan_memory(in, z).memory.device_need() > in.device_capacity;
 }
 
-std::int64_t longest_sequence(
-    PlanInput in, const ZeroConfig& z, std::int64_t max_tokens,
-    const std::function<std::uint64_t(std::int64_t T, bool checkpointed)>& activations,
-    std::optional<bool> checkpointing) {
+std::optional<bool> offload_asked(const ActivationCheckpointingConfig& a) {
+  using C = ActivationCheckpointingConfig::CpuCheckpointing;
+  if (a.cpu_checkpointing == C::automatic) return std::nullopt;
+  return a.cpu_checkpointing == C::on;
+}
+
+ActivationSizes activation_sizes(const model::ModelConfig& m, int B, int T, const kernels::Ops& ops) {
+  const model::Architecture& arch = model::architecture(m);
+  const model::Architecture::Checkpoints k = arch.checkpoints(m, B, T, ops);
+  return {.all = arch.activation_bytes(m, B, T, false, ops),
+          .checkpointed = arch.activation_bytes(m, B, T, true, ops),
+          .offloaded = arch.activation_bytes(m, B, T, true, ops, true),
+          .checkpoints = k.count,
+          .checkpoint_bytes = k.bytes};
+}
+
+void note_activations(MemoryPlan& p, const ActivationSizes& a, ActivationChoice c) {
+  p.checkpoint_activations = c.checkpoint;
+  p.device_activations_checkpointed = a.checkpointed;
+  p.device_activations_all = a.all;
+  PlanInput other;
+  apply_activations(other, a, {true, !(c.checkpoint && c.offload)});
+  p.device_activations_other_offload = other.activations + other.checkpoint_window;
+}
+
+void apply_activations(PlanInput& in, const ActivationSizes& a, ActivationChoice c) {
+  const bool off = c.checkpoint && c.offload;
+  in.activations = !c.checkpoint ? a.all : off ? a.offloaded : a.checkpointed;
+  const tiering::AllocatorOptions da = tiering::device_allocator_options(tiering::TierOptions{});
+  in.checkpoint_window =
+      off ? std::uint64_t(std::min(kCheckpointWindow, a.checkpoints)) *
+                std::uint64_t(tiering::CachingAllocator::block_bytes(da, std::size_t(a.checkpoint_bytes)))
+          : 0;
+  in.checkpoint_host = off ? std::uint64_t(a.checkpoints) * a.checkpoint_bytes : 0;
+}
+
+ActivationChoice choose_activations(PlanInput in, const ZeroConfig& z, std::optional<bool> checkpointing,
+                                    std::optional<bool> offload, const ActivationSizes& a) {
+  ActivationChoice c;
+  c.checkpoint = checkpointing_for(in, z, checkpointing, a.all);
+  if (!c.checkpoint) return {false, false};
+  if (offload) {
+    c.offload = *offload;
+    return c;
+  }
+  apply_activations(in, a, {true, false});
+  c.offload = plan_memory(in, z).memory.device_need() > in.device_capacity;
+  return c;
+}
+
+std::int64_t longest_sequence(PlanInput in, const ZeroConfig& z, std::int64_t max_tokens,
+                              const std::function<ActivationSizes(std::int64_t T)>& sizes,
+                              std::optional<bool> checkpointing, std::optional<bool> offload) {
   auto fits = [&](std::int64_t T) {
-    for (bool ckpt : {false, true}) {
-      if (checkpointing && *checkpointing != ckpt) continue;
-      in.activations = activations(T, ckpt);
+    const ActivationSizes a = sizes(T);
+    for (ActivationChoice c : {ActivationChoice{false, false}, {true, false}, {true, true}}) {
+      if (checkpointing && *checkpointing != c.checkpoint) continue;
+      if (offload && c.checkpoint && *offload != c.offload) continue;
+      apply_activations(in, a, c);
       if (plan_memory(in, z).memory.device_need() <= in.device_capacity) return true;
     }
     return false;
@@ -571,7 +641,10 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   }
   if (in.head >= 0 && in.embedding >= 0)
     m.device_working_set = std::max(m.device_working_set, held(in.head) + held(in.embedding));
-  m.device_activations = in.activations;
+  m.device_activations = in.activations + in.checkpoint_window;
+  m.activation_offload = in.checkpoint_window > 0 || in.checkpoint_host > 0;
+  m.device_checkpoint_window = in.checkpoint_window;
+  m.pinned_activations = in.checkpoint_host;
   m.device_ops = in.ops;
   // Per-chunk gradient squared norms and non-finite flags, 16 bytes a chunk, when the compute interface
   // reduces device-home gradients.
@@ -637,6 +710,8 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   m.pinned_grad_window = grad_window, m.buffers_only = buffers_only;
   const std::uint64_t slab = 64ull << 20;
   m.pinned_budget = m.pinned_state + staging + 2 * slab + (staging + m.pinned_state) / 16;
+  // The block inputs off the device (Note [Checkpoints off the device]): in the pool beside the state.
+  m.pinned_budget += m.pinned_activations + m.pinned_activations / 16;
   // The gradient staging buffer (accumulation into a pinned shard) is pinned memory of the engine's own,
   // outside the tier manager's budget; so is the parameter staging of device-home params stepped on the
   // host.

@@ -19,6 +19,8 @@
 #include "config/config.h"
 #include "core/dtype.h"
 #include "cpu_optim/cpu_optim.h"
+#include "kernels/ops.h"
+#include "model/config.h"
 #include "model/layout.h"
 #include "tiering/manager.h"
 
@@ -77,6 +79,12 @@ struct MemoryPlan {
   // activation bytes of each mode, so that the plan shows what the other would take.
   bool checkpoint_activations = true;
   std::uint64_t device_activations_checkpointed = 0, device_activations_all = 0;
+  // Note [Checkpoints off the device] (zero3/engine_checkpoints.h): whether the checkpointed block inputs
+  // live in pinned host memory (activation_checkpointing.cpu_checkpointing), what device_activations
+  // counts for the ones on the device at once (in the tier manager's pool, not beside it), their pinned
+  // bytes (in pinned_budget), and the activations a micro-batch would take with the other choice.
+  bool activation_offload = false;
+  std::uint64_t device_checkpoint_window = 0, pinned_activations = 0, device_activations_other_offload = 0;
   std::uint64_t pinned_staging = 0;  // NVMe swap buffers (params, optimizer sub-groups), gradient staging
   std::uint64_t pinned_budget = 0;   // what the tier manager's pinned pool may take
   // pinned_staging's buffers in the pool, by the setting that sizes each (Note [Host memory bounded by
@@ -283,7 +291,10 @@ struct PlanInput {
   DType activation = DType::fp32;    // the dtype chunks are gathered in (the compute interface's)
   bool device_state_by_ops = false;  // device-home state stepped by the compute interface (stats tensor)
   std::uint64_t activations = 0;     // the model's device bytes for one micro-batch
-  std::uint64_t ops = 0;             // the compute interface's device bytes (MemoryPlan.device_ops)
+  // Note [Checkpoints off the device] (zero3/engine_checkpoints.h): with the block inputs off the device,
+  // the device blocks of those in flight (inside the tier manager's pool) and their pinned bytes.
+  std::uint64_t checkpoint_window = 0, checkpoint_host = 0;
+  std::uint64_t ops = 0;  // the compute interface's device bytes (MemoryPlan.device_ops)
   std::uint64_t device_capacity = 0;
   int accumulation_steps = 1;  // gradient_accumulation_steps: > 1 lets gradients accumulate on the device
   // Stage 1 at several ranks: the accumulators hold whole chunks, summed locally over the micro-batches
@@ -353,15 +364,40 @@ std::optional<bool> checkpointing_asked(const StrataConfig& s);
 bool checkpointing_for(PlanInput in, const ZeroConfig& z, std::optional<bool> fixed,
                        std::uint64_t activations_all);
 
-// The longest row (tokens, up to max_tokens) whose plan fits in.device_capacity: `activations(T,
-// checkpointed)` gives the model's device bytes for a micro-batch of rows of T tokens; `checkpointing`
-// is true / false where the run's choice is fixed, empty for "auto" (checkpointing where the plan without
-// it does not fit, as the engine chooses). 0 when not even one token fits. A bisection: the activations
-// grow with T.
-std::int64_t longest_sequence(
-    PlanInput in, const ZeroConfig& z, std::int64_t max_tokens,
-    const std::function<std::uint64_t(std::int64_t T, bool checkpointed)>& activations,
-    std::optional<bool> checkpointing);
+// activation_checkpointing.cpu_checkpointing as a fixed choice, or empty for "auto".
+std::optional<bool> offload_asked(const ActivationCheckpointingConfig& a);
+
+// What a micro-batch's activations take, each way (the model's Architecture gives the figures): the
+// model's device bytes keeping every activation, checkpointing with the block inputs on the device, and
+// checkpointing with them in a CheckpointStore; and those block inputs (count of `checkpoint_bytes`).
+struct ActivationSizes {
+  std::uint64_t all = 0, checkpointed = 0, offloaded = 0;
+  int checkpoints = 0;
+  std::uint64_t checkpoint_bytes = 0;
+};
+struct ActivationChoice {
+  bool checkpoint = true, offload = false;
+};
+// The sizes of model `m` (its Architecture's) for a micro-batch of B x T tokens computed by `ops`.
+ActivationSizes activation_sizes(const model::ModelConfig& m, int B, int T, const kernels::Ops& ops);
+// The plan's activation fields for choice `c` (checkpoint_activations, the other choices' bytes).
+void note_activations(MemoryPlan& p, const ActivationSizes& a, ActivationChoice c);
+// Block inputs on the device at once with them off it (Note [Checkpoints off the device]).
+inline constexpr int kCheckpointWindow = 3;
+// Sets in.activations, in.checkpoint_window and in.checkpoint_host for choice `c`.
+void apply_activations(PlanInput& in, const ActivationSizes& a, ActivationChoice c);
+// Note [Checkpointing by choice], then the offload: a fixed choice stands; "auto" offloads the block inputs
+// where the plan with them on the device does not fit. Never offloads without checkpointing.
+ActivationChoice choose_activations(PlanInput in, const ZeroConfig& z, std::optional<bool> checkpointing,
+                                    std::optional<bool> offload, const ActivationSizes& a);
+
+// The longest row (tokens, up to max_tokens) whose plan fits in.device_capacity: `sizes(T)` gives the
+// activations of a micro-batch of rows of T tokens; `checkpointing` and `offload` are true / false where
+// the run's choice is fixed, empty for "auto" (any way that fits, as the engine chooses). 0 when not even
+// one token fits. A bisection: the activations grow with T.
+std::int64_t longest_sequence(PlanInput in, const ZeroConfig& z, std::int64_t max_tokens,
+                              const std::function<ActivationSizes(std::int64_t T)>& sizes,
+                              std::optional<bool> checkpointing, std::optional<bool> offload);
 
 // Bytes one optimizer step moves over the host link (host memory <-> device), as the plan's routes move
 // them: every micro-batch gathers each chunk whose working copy is off the device twice (forward, then

@@ -53,13 +53,22 @@ TEST(ActivationCheckpointingSection, DeepSpeedsKeysAreReadWithoutWarnings) {
   EXPECT_EQ(c.activation_checkpointing.number_checkpoints, 4);
 }
 
-TEST(ActivationCheckpointingSection, CpuCheckpointingWarnsThatItIsNotImplemented) {
-  const Config c =
-      Config::parse({{"train_batch_size", 8}, {"activation_checkpointing", {{"cpu_checkpointing", true}}}});
-  ASSERT_EQ(c.warnings().size(), 1u);
-  EXPECT_TRUE(testing::contains(c.warnings()[0], "activation_checkpointing.cpu_checkpointing"))
-      << c.warnings()[0];
-  EXPECT_TRUE(testing::contains(c.warnings()[0], "not implemented")) << c.warnings()[0];
+TEST(ActivationCheckpointingSection, CpuCheckpointingReadsTrueFalseAndAuto) {
+  using Cpu = ActivationCheckpointingConfig::CpuCheckpointing;
+  const auto parsed = [](nlohmann::json v) {
+    const Config c =
+        Config::parse({{"train_batch_size", 8}, {"activation_checkpointing", {{"cpu_checkpointing", v}}}});
+    EXPECT_TRUE(c.warnings().empty()) << c.warnings()[0];
+    return c.activation_checkpointing.cpu_checkpointing;
+  };
+  EXPECT_EQ(parsed(true), Cpu::on);
+  EXPECT_EQ(parsed(false), Cpu::off);
+  EXPECT_EQ(parsed("auto"), Cpu::automatic);
+  EXPECT_EQ(Config::parse({{"train_batch_size", 8}}).activation_checkpointing.cpu_checkpointing, Cpu::off);
+  EXPECT_TRUE(
+      testing::contains(testing::parse_error({{"train_batch_size", 8},
+                                              {"activation_checkpointing", {{"cpu_checkpointing", 2}}}}),
+                        "activation_checkpointing.cpu_checkpointing"));
 }
 
 TEST(ActivationCheckpointingSection, BadValuesAndUnknownKeysAreRefused) {

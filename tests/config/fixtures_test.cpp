@@ -99,7 +99,8 @@ TEST(Fixtures, Bf16CosineLionParsesWithItsTensorBoardSection) {
   EXPECT_TRUE(c.tensorboard.enabled);
   EXPECT_EQ(c.tensorboard.output_path, "logs/");
   EXPECT_EQ(c.tensorboard.job_name, "llama-run");
-  EXPECT_FALSE(c.activation_checkpointing.cpu_checkpointing);
+  EXPECT_EQ(c.activation_checkpointing.cpu_checkpointing,
+            ActivationCheckpointingConfig::CpuCheckpointing::off);
 }
 
 TEST(Fixtures, HuggingFaceAutoValuesResolveFromTheCommandLine) {

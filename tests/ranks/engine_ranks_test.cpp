@@ -112,6 +112,25 @@ TEST_P(TwoRanks, LossesAndNormsAreOneRanksWithTheSameSamplesBitForBit) {
   EXPECT_LT(two.losses.back(), two.losses.front());
 }
 
+// The block inputs off the device (Note [Checkpoints off the device] in zero3/engine_checkpoints.h) at two
+// ranks: the losses and norms of the run with them on the device, bit for bit.
+TEST_P(TwoRanks, BlockInputsOffTheDeviceTrainTheSameLossesAndNormsBitForBit) {
+  ScratchDir d("ranks-ckpt-offload-r" + std::to_string(testing::ranks().rank()));
+  const std::string tokens = make_tokens(d);
+  const auto run = [&](bool offload) {
+    return train(make_config(std::get<0>(GetParam()), std::get<1>(GetParam()), d.path(),
+                             {{"train_micro_batch_size_per_gpu", 1},
+                              {"strata", {{"checkpoint_activations", true}}},
+                              {"activation_checkpointing", {{"cpu_checkpointing", offload}}}},
+                             2),
+                 testing::ranks(), tokens, 3);
+  };
+  const RunResult on = run(true), off = run(false);
+  EXPECT_TRUE(on.plan.activation_offload);
+  EXPECT_EQ(on.losses, off.losses);
+  EXPECT_EQ(on.norms, off.norms);
+}
+
 // Frozen chunks (the embedding and block 0 of tiny's four) are gathered at N ranks as at one and pass no
 // gradient: the chunks that train give one rank's losses and norms, bit for bit.
 TEST_P(TwoRanks, WithFrozenChunksLossesAndNormsAreOneRanksBitForBit) {

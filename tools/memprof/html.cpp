@@ -48,7 +48,7 @@ constexpr const char* kPage = R"HTML(<!DOCTYPE html>
 (function () {
   const D = JSON.parse(document.getElementById('data').textContent);
   const COLORS = { param: '#4e79a7', grad: '#f28e2b', master: '#59a14f', exp_avg: '#76b7b2',
-                   exp_avg_sq: '#edc948', staging: '#b07aa1' };
+                   exp_avg_sq: '#edc948', staging: '#b07aa1', activation: '#e15759' };
   const PHASE = { forward: 'rgba(78,121,167,0.09)', backward: 'rgba(242,142,43,0.10)',
                   optimizer: 'rgba(89,161,79,0.11)', idle: null };
   const M = { l: 78, r: 16, t: 8, b: 22 };

@@ -30,7 +30,9 @@ TraceSample sample_from(const json& j) {
   const json& b = j.at("bytes");
   for (int t = 0; t < kTierCount; ++t) {
     const json& row = b.at(to_string(Tier(t)));
-    for (int k = 0; k < kKindCount; ++k) s.bytes[t][k] = whole_of<std::uint64_t>(row.at(k));
+    // A trace written before a kind existed has fewer columns: the missing kinds held nothing.
+    for (int k = 0; k < kKindCount; ++k)
+      s.bytes[t][k] = std::size_t(k) < row.size() ? whole_of<std::uint64_t>(row.at(k)) : 0;
   }
   for (int t = 0; t < kTierCount; ++t) s.reserved[t] = whole_of<std::uint64_t>(j.at("reserved").at(t));
   return s;

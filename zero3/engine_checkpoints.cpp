@@ -1,0 +1,127 @@
+// The model's checkpointed block inputs in pinned host memory, moved by the tier manager: Note
+// [Checkpoints off the device] in engine_checkpoints.h.
+#include "zero3/engine_checkpoints.h"
+
+#include "core/error.h"
+
+namespace strata::zero3 {
+
+using detail::cat;
+
+void CheckpointOffload::plan(int count, std::size_t bytes) {
+  planned_count_ = count;
+  planned_bytes_ = bytes;
+}
+
+CheckpointOffload::Entry& CheckpointOffload::at(int i) {
+  STRATA_CHECK(i >= 0 && i < int(entries_.size()), "CheckpointOffload: checkpoint ", i, " of ",
+               entries_.size());
+  return entries_[std::size_t(i)];
+}
+
+void CheckpointOffload::hold(Entry& e) {
+  if (!e.held) env_.tm->pin(e.id), e.held = true;
+}
+
+void CheckpointOffload::let_go(Entry& e) {
+  if (e.held) env_.tm->unpin(e.id), e.held = false;
+}
+
+void CheckpointOffload::begin(int count, std::size_t bytes) {
+  tiering::TierManager& tm = *env_.tm;
+  if (count != int(entries_.size()) || bytes > bytes_) {
+    // The first forward, or a longer one than the tensors hold: (re)registered, at least the plan's size.
+    reset();
+    if (!entries_.empty()) {
+      Event& after = *entries_.front().done;
+      env_.compute_stream->record(after);
+      for (Entry& e : entries_) let_go(e), tm.unregister_tensor(e.id, &after);
+    }
+    entries_.clear();
+    bytes_ = std::max(bytes, planned_bytes_);
+    entries_.resize(std::size_t(count));
+    for (int i = 0; i < count; ++i) {
+      Entry& e = entries_[std::size_t(i)];
+      e.id = tm.register_tensor({.name = cat("activations.", i),
+                                 .kind = tiering::Kind::activation,
+                                 .dtype = DType::u8,
+                                 .bytes = bytes_,
+                                 .home = Tier::pinned});
+      e.written = env_.dev->create_event();
+      e.done = env_.dev->create_event();
+    }
+    return;
+  }
+  reset();
+}
+
+void CheckpointOffload::reset() {
+  for (int i = 0; i < int(entries_.size()); ++i) {
+    Entry& e = entries_[std::size_t(i)];
+    e.back = {};
+    if (last(i)) continue;  // its device block is kept (the note)
+    let_go(e);
+    if (env_.tm->data(e.id, Tier::device) != nullptr) {
+      // Free it after the compute stream's work so far; a copy with no valid home copy is kept first.
+      env_.compute_stream->record(*e.done);
+      env_.tm->evict(e.id, Tier::device, Tier::pinned, e.done.get());
+    }
+  }
+}
+
+void* CheckpointOffload::put(int i) {
+  Entry& e = at(i);
+  void* p = env_.tm->allocate(e.id, Tier::device);
+  hold(e);
+  return p;
+}
+
+void CheckpointOffload::written(int i) {
+  Entry& e = at(i);
+  env_.tm->mark_written(e.id, Tier::device);
+  if (last(i)) return;
+  env_.compute_stream->record(*e.written);
+  env_.tm->fetch(e.id, Tier::pinned, e.written.get());  // out beside the next block's forward
+  ++moved_out_;
+}
+
+void CheckpointOffload::forward_done(int i) {
+  Entry& e = at(i);
+  if (last(i)) return;
+  let_go(e);
+  env_.compute_stream->record(*e.done);
+  // The pinned copy is valid once the copy out is done (the manager waits for it): only the device block
+  // goes, after the compute stream's last read.
+  env_.tm->evict(e.id, Tier::device, Tier::pinned, e.done.get());
+}
+
+void* CheckpointOffload::get(int i, int next) {
+  tiering::TierManager& tm = *env_.tm;
+  Entry& e = at(i);
+  if (!e.back && !last(i)) {
+    e.back = tm.fetch(e.id, Tier::device);
+    if (e.back) ++moved_back_;
+  }
+  hold(e);
+  e.back.enqueue_wait(*env_.compute_stream);
+  e.back = {};
+  void* p = tm.data(e.id, Tier::device);
+  STRATA_CHECK(p != nullptr, "CheckpointOffload: checkpoint ", i, " is not on the device");
+  if (next >= 0 && !last(next)) {
+    Entry& n = at(next);
+    n.back = tm.fetch(n.id, Tier::device);  // back beside this block's backward
+    if (n.back) ++moved_back_;
+    hold(n);
+  }
+  return p;
+}
+
+void CheckpointOffload::backward_done(int i) {
+  Entry& e = at(i);
+  if (last(i)) return;
+  let_go(e);
+  env_.compute_stream->record(*e.done);
+  env_.tm->evict(e.id, Tier::device, Tier::pinned, e.done.get());
+}
+
+}  // namespace strata::zero3

@@ -55,10 +55,29 @@ void CheckpointOffload::begin(int count, std::size_t bytes) {
   reset();
 }
 
+void CheckpointOffload::free_done(std::size_t keep) {
+  std::vector<int> still;
+  for (std::size_t k = 0; k < leaving_.size(); ++k) {
+    Entry& e = at(leaving_[k]);
+    const bool wait = leaving_.size() - k > keep;  // the oldest beyond `keep`
+    if (!wait && e.out && !e.out.done()) {
+      still.push_back(leaving_[k]);
+      continue;
+    }
+    e.out = {};
+    // The pinned copy is valid once the copy out is done (the manager waits for it where it has not):
+    // only the device block goes, after the compute stream's last read (e.done).
+    env_.tm->evict(e.id, Tier::device, Tier::pinned, e.done.get());
+  }
+  leaving_ = std::move(still);
+}
+
 void CheckpointOffload::reset() {
+  free_done(0);
   for (int i = 0; i < int(entries_.size()); ++i) {
     Entry& e = entries_[std::size_t(i)];
     e.back = {};
+    e.out = {};
     if (last(i)) continue;  // its device block is kept (the note)
     let_go(e);
     if (env_.tm->data(e.id, Tier::device) != nullptr) {
@@ -70,6 +89,9 @@ void CheckpointOffload::reset() {
 }
 
 void* CheckpointOffload::put(int i) {
+  // Room for this one: at most kCheckpointWindow - 1 others on the device (the one being read, and one
+  // whose copy out may still run).
+  free_done(std::size_t(kCheckpointWindow) - 2);
   Entry& e = at(i);
   void* p = env_.tm->allocate(e.id, Tier::device);
   hold(e);
@@ -81,7 +103,7 @@ void CheckpointOffload::written(int i) {
   env_.tm->mark_written(e.id, Tier::device);
   if (last(i)) return;
   env_.compute_stream->record(*e.written);
-  env_.tm->fetch(e.id, Tier::pinned, e.written.get());  // out beside the next block's forward
+  e.out = env_.tm->fetch(e.id, Tier::pinned, e.written.get());  // out beside the next block's forward
   ++moved_out_;
 }
 
@@ -90,13 +112,13 @@ void CheckpointOffload::forward_done(int i) {
   if (last(i)) return;
   let_go(e);
   env_.compute_stream->record(*e.done);
-  // The pinned copy is valid once the copy out is done (the manager waits for it): only the device block
-  // goes, after the compute stream's last read.
-  env_.tm->evict(e.id, Tier::device, Tier::pinned, e.done.get());
+  leaving_.push_back(i);
+  free_done(1);
 }
 
 void* CheckpointOffload::get(int i, int next) {
   tiering::TierManager& tm = *env_.tm;
+  free_done(0);  // backward: every copy out has long ended
   Entry& e = at(i);
   if (!e.back && !last(i)) {
     e.back = tm.fetch(e.id, Tier::device);

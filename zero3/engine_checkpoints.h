@@ -8,8 +8,11 @@
 // manager, of kind `activation`, at home in pinned host memory:
 //   forward   put(i) takes a device block from the pool for the tensor (pinned there: never evicted while
 //             in use); written(i) marks it written and starts its copy out on the manager's D2H stream
-//             after the compute stream's write (an event); forward_done(i) frees the device block after
-//             the compute stream's last read. So the copy runs beside block i's forward, which reads it.
+//             after the compute stream's write (an event); after forward_done(i) its device block is freed
+//             (following the compute stream's last read) as soon as that copy has ended — checked at the
+//             next calls, waited for only when a further block would exceed the window (the training
+//             thread never waits for the compute stream just to free memory). So the copy runs beside
+//             block i's forward, which reads it.
 //   backward  get(i, next) waits (on the compute stream) for checkpoint i's copy back, issued one block
 //             ahead, and issues next's; backward_done(i) frees the device block after block i's backward.
 // The last block's input never leaves: the first backward block reads it at once (it keeps its device
@@ -58,6 +61,7 @@ class CheckpointOffload final : public model::CheckpointStore {
   struct Entry {
     tiering::TensorId id = 0;
     bool held = false;   // pinned in the tier manager (its device block in use)
+    tiering::Move out;   // its copy out (forward)
     tiering::Move back;  // its copy back to the device, issued ahead (backward)
     std::unique_ptr<Event> written, done;
   };
@@ -65,11 +69,16 @@ class CheckpointOffload final : public model::CheckpointStore {
   bool last(int i) const { return i == int(entries_.size()) - 1; }
   void hold(Entry& e);
   void let_go(Entry& e);
+  // Frees the device blocks of the block inputs forward is done with whose copy out has ended, and more
+  // (waiting for their copies) while more than `keep` remain: the training thread waits for a copy only
+  // where the window would grow past its plan.
+  void free_done(std::size_t keep);
 
   const EngineEnv& env_;
   int planned_count_ = 0;
   std::size_t planned_bytes_ = 0, bytes_ = 0;
   std::vector<Entry> entries_;
+  std::vector<int> leaving_;  // forward is done with these; their device blocks go once copied out
   std::uint64_t moved_out_ = 0, moved_back_ = 0;
 };
 

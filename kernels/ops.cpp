@@ -30,7 +30,7 @@ std::size_t Ops::scratch_bytes(const OpShapes&) const {
 
 void Ops::reserve_scratch(std::size_t) {}
 
-std::string Ops::attention_path(int, int, int, int, int, int) const {
+std::string Ops::attention_path(int, int, int, int, int, int, bool) const {
   return caps().name;
 }
 
@@ -165,7 +165,7 @@ void Ops::bias_backward(Tensor db, Tensor dout, int N, int OC) {
   do_bias_backward(db, dout, N, OC);
 }
 
-AttentionSizes Ops::attention_sizes(int B, int T, int NH, int, int, int) const {
+AttentionSizes Ops::attention_sizes(int B, int T, int NH, int, int, int, bool) const {
   return {.saved = sz(B, NH, T, T), .scratch = sz(B, NH, T, T)};
 }
 
@@ -185,54 +185,60 @@ void Ops::rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta) {
   rope_cache(cos, sin, T, HD, inv_freq);
 }
 
-void Ops::rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) {
+void Ops::rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD,
+                       Tensor positions) {
   check_model_role("rope_forward");
-  rope_operands(out, x, cos, sin, B, T, H, HD);
-  do_rope_forward(out, x, cos, sin, B, T, H, HD);
+  rope_operands(out, x, cos, sin, B, T, H, HD, positions);
+  do_rope_forward(out, x, cos, sin, B, T, H, HD, positions);
 }
 
-void Ops::rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD) {
+void Ops::rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD,
+                        Tensor positions) {
   check_model_role("rope_backward");
-  rope_operands(dx, dout, cos, sin, B, T, H, HD);
-  do_rope_backward(dx, dout, cos, sin, B, T, H, HD);
+  rope_operands(dx, dout, cos, sin, B, T, H, HD, positions);
+  do_rope_backward(dx, dout, cos, sin, B, T, H, HD, positions);
 }
 
 void Ops::rope_operands(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int B,
-                        int T, int H, int HD) const {
+                        int T, int H, int HD, const Tensor& positions) const {
   const DType A = caps().activation;
   need(out, A, sz(B, T, H, HD), "rope out");
   need(x, A, sz(B, T, H, HD), "rope x");
   need(cos, F, sz(T, HD / 2), "rope cos");
   need(sin, F, sz(T, HD / 2), "rope sin");
+  if (positions) need(positions, DType::i32, sz(B, T), "rope positions");
 }
 
 void Ops::attention_operands(const Tensor& q_shaped, const Tensor& k, const Tensor& v, const Tensor& saved,
-                             int B, int T, int NH, int NKV, int HD, int window) const {
+                             int B, int T, int NH, int NKV, int HD, int window,
+                             const Tensor& positions) const {
   const DType A = caps().activation;
   STRATA_CHECK(window >= 0, "kernels: attention's sliding window is ", window,
                "; it must be 0 (none) or more");
   need(q_shaped, A, sz(B, T, NH, HD), "attention (B,T,NH,HD) operand");
   need(k, A, sz(B, T, NKV, HD), "attention (B,T,NKV,HD) operand");
   need(v, A, sz(B, T, NKV, HD), "attention (B,T,NKV,HD) operand");
-  need(saved, F, attention_sizes(B, T, NH, NKV, HD, window).saved, "attention saved state");
+  need(saved, F, attention_sizes(B, T, NH, NKV, HD, window, bool(positions)).saved, "attention saved state");
+  if (positions) need(positions, DType::i32, sz(B, T), "attention positions");
 }
 
 void Ops::attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
-                            int NKV, int HD, int window) {
+                            int NKV, int HD, int window, Tensor positions) {
   check_model_role("attention_forward");
   need(out, caps().activation, sz(B, T, NH, HD), "attention out");
-  attention_operands(q, k, v, saved, B, T, NH, NKV, HD, window);
-  do_attention_forward(out, saved, q, k, v, B, T, NH, NKV, HD, window);
+  attention_operands(q, k, v, saved, B, T, NH, NKV, HD, window, positions);
+  do_attention_forward(out, saved, q, k, v, B, T, NH, NKV, HD, window, positions);
 }
 
 void Ops::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD, int window) {
+                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD, int window,
+                             Tensor positions) {
   check_model_role("attention_backward");
-  attention_operands(q, k, v, saved, B, T, NH, NKV, HD, window);
-  attention_operands(dout, dk, dv, saved, B, T, NH, NKV, HD, window);
+  attention_operands(q, k, v, saved, B, T, NH, NKV, HD, window, positions);
+  attention_operands(dout, dk, dv, saved, B, T, NH, NKV, HD, window, positions);
   need(dq, caps().activation, sz(B, T, NH, HD), "attention dq");
-  need(scratch, F, attention_sizes(B, T, NH, NKV, HD, window).scratch, "attention scratch");
-  do_attention_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD, window);
+  need(scratch, F, attention_sizes(B, T, NH, NKV, HD, window, bool(positions)).scratch, "attention scratch");
+  do_attention_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD, window, positions);
 }
 
 void Ops::swiglu_forward(Tensor out, Tensor gate, Tensor up) {

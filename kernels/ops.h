@@ -153,21 +153,32 @@ class Ops {
   // the call returns); the theta form uses the unscaled fp32(theta^(-2i/HD)).
   void rope_cache(Tensor cos /*(T,HD/2) fp32*/, Tensor sin, int T, int HD, std::span<const float> inv_freq);
   void rope_cache(Tensor cos, Tensor sin, int T, int HD, float theta);
-  void rope_forward(Tensor out, Tensor x /*(B,T,H,HD)*/, Tensor cos, Tensor sin, int B, int T, int H, int HD);
-  void rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD);
+  // `positions` ((B,T) i32, each in [0, T), or empty): row (b, t) takes the tables' row positions[b, t]
+  // instead of t — transformers' position_ids, restarting at every packed document (Note [Document masks]
+  // in kernels/cpu/ops.h).
+  void rope_forward(Tensor out, Tensor x /*(B,T,H,HD)*/, Tensor cos, Tensor sin, int B, int T, int H, int HD,
+                    Tensor positions = {});
+  void rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD,
+                     Tensor positions = {});
   // ---- causal attention, grouped-query heads, optionally in a sliding window ----
   // `window`: 0 (the default) plain causal attention; w >= 1 a sliding window, query t attending to keys
   // t - w < s <= t only (kernels/cpu/ops.h; transformers' sliding_window_causal_mask_function), so w >= T
-  // is plain causal. A forward and its backward take the same window, and the buffers are sized for it.
+  // is plain causal. `positions` ((B,T) i32 or empty): packed documents, each query seeing only its own
+  // document's keys, s >= t - positions[b, t] (Note [Document masks] in kernels/cpu/ops.h: one mask with
+  // the window). A forward and its backward take the same window and positions, and the buffers are sized
+  // for them (`documents`: positions will be given).
   // What the attention ops need. The default is the unfused algorithm's (kernels/cpu and kernels/cuda):
   // (B, NH, T, T) probabilities saved and as much scratch; a fused implementation overrides it. The sizes
   // may depend on the window where an implementation takes another path for it (cuda: Note [attention
   // paths]).
-  virtual AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD, int window = 0) const;
+  virtual AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD, int window = 0,
+                                         bool documents = false) const;
   void attention_forward(Tensor out /*(B,T,NH,HD)*/, Tensor saved /*attention_sizes().saved*/, Tensor q,
-                         Tensor k, Tensor v, int B, int T, int NH, int NKV, int HD, int window = 0);
+                         Tensor k, Tensor v, int B, int T, int NH, int NKV, int HD, int window = 0,
+                         Tensor positions = {});
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                          Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD, int window = 0);
+                          Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD, int window = 0,
+                          Tensor positions = {});
   // ---- SwiGLU, GeGLU, residual ----
   void swiglu_forward(Tensor out, Tensor gate, Tensor up);
   // May run in place (dgate == gate, dup == up): every implementation reads an element's inputs first.
@@ -226,9 +237,10 @@ class Ops {
   // Takes scratch of at least `bytes` now, so that later calls within the shapes it was sized for take no
   // device memory.
   virtual void reserve_scratch(std::size_t bytes);
-  // Which attention runs for this shape and window, in words ("cuDNN fused attention", or the fallback and
-  // why), so that a run can say what it computed with.
-  virtual std::string attention_path(int B, int T, int NH, int NKV, int HD, int window = 0) const;
+  // Which attention runs for this shape and window (and with `documents`, a document mask), in words
+  // ("cuDNN fused attention", or the fallback and why), so that a run can say what it computed with.
+  virtual std::string attention_path(int B, int T, int NH, int NKV, int HD, int window = 0,
+                                     bool documents = false) const;
 
   // ---- results back to the host (these wait for the stream) ----
   float read_f32(Tensor x);   // x[0] of an fp32 tensor
@@ -238,9 +250,9 @@ class Ops {
  protected:
   explicit Ops(Stream& s, OpsRole role = OpsRole::model) : stream_(s), role_(role) {}
   void rope_operands(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int B, int T,
-                     int H, int HD) const;
+                     int H, int HD, const Tensor& positions) const;
   void attention_operands(const Tensor& q_shaped, const Tensor& k, const Tensor& v, const Tensor& saved,
-                          int B, int T, int NH, int NKV, int HD, int window) const;
+                          int B, int T, int NH, int NKV, int HD, int window, const Tensor& positions) const;
   // What an implementation provides: the op, on operands the public method above has checked (dtypes
   // against caps(), sizes against the shape, null pointers). Each enqueues on stream() and returns.
   virtual void do_embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int V) = 0;
@@ -255,14 +267,16 @@ class Ops {
   virtual void do_bias_forward(Tensor out, Tensor b, int N, int OC) = 0;
   virtual void do_bias_backward(Tensor db, Tensor dout, int N, int OC) = 0;
   virtual void do_rope_cache(Tensor cos, Tensor sin, int T, int HD, std::vector<float> inv_freq) = 0;
-  virtual void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) = 0;
-  virtual void do_rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H,
-                                int HD) = 0;
+  // `positions` may be empty (no documents) in the rope and attention ops.
+  virtual void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD,
+                               Tensor positions) = 0;
+  virtual void do_rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD,
+                                Tensor positions) = 0;
   virtual void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T,
-                                    int NH, int NKV, int HD, int window) = 0;
+                                    int NH, int NKV, int HD, int window, Tensor positions) = 0;
   virtual void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q,
                                      Tensor k, Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD,
-                                     int window) = 0;
+                                     int window, Tensor positions) = 0;
   virtual void do_swiglu_forward(Tensor out, Tensor gate, Tensor up) = 0;
   virtual void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) = 0;
   virtual void do_geglu_forward(Tensor out, Tensor gate, Tensor up) = 0;

@@ -42,7 +42,8 @@ nlohmann::json DataPosition::to_json() const {
           {"seq_len", seq_len},
           {"file_tokens", file_tokens},
           {"file_digest", file_digest},
-          {"mask_digest", mask_digest}};
+          {"mask_digest", mask_digest},
+          {"docs_digest", docs_digest}};
 }
 
 DataPosition DataPosition::from_json(const nlohmann::json& j) {
@@ -60,6 +61,7 @@ DataPosition DataPosition::from_json(const nlohmann::json& j) {
   if (j.contains("file_tokens")) p.file_tokens = need("file_tokens").get<uint64_t>();  // absent: older files
   if (j.contains("file_digest")) p.file_digest = need("file_digest").get<uint64_t>();
   if (j.contains("mask_digest")) p.mask_digest = need("mask_digest").get<uint64_t>();  // absent: no mask
+  if (j.contains("docs_digest")) p.docs_digest = need("docs_digest").get<uint64_t>();  // absent: no docs
   return p;
 }
 
@@ -86,6 +88,11 @@ DataLoader::DataLoader(const TokenFile& file, DataOptions opts) : file_(file), o
   digest_ = scan.digest;
   const int64_t targets = num_samples_ * int64_t(opts.seq_len);
   counted_targets_ = file.mask() ? int64_t(file.mask()->count(1, size_t(targets))) : targets;
+  if (const PackedDocs* docs = file.docs()) {  // a target that starts a document does not count either
+    for (uint64_t s : docs->starts())
+      if (s >= 1 && s <= uint64_t(targets) && (!file.mask() || file.mask()->counts(size_t(s))))
+        --counted_targets_;
+  }
   order_ = epoch_samples(0);
 }
 
@@ -148,6 +155,8 @@ Batch DataLoader::next() {
   const size_t T = size_t(opts_.seq_len);
   b.inputs.resize(size_t(b.rows) * T);
   b.targets.resize(size_t(b.rows) * T);
+  const PackedDocs* docs = file_.docs();
+  if (docs) b.positions.resize(size_t(b.rows) * T);
   std::vector<int32_t> window(T + 1);
   for (int r = 0; r < b.rows; ++r) {
     int64_t s = order_[size_t(cursor_ + r)];
@@ -165,13 +174,15 @@ Batch DataLoader::next() {
     std::copy(window.begin() + 1, window.end(), targets);
     if (const LossMask* mask = file_.mask()) {
       const uint8_t* counts = mask->bytes() + size_t(s) * T + 1;  // Note [Loss mask in batches]
-      for (size_t j = 0; j < T; ++j) {
+      for (size_t j = 0; j < T; ++j)
         if (counts[j] == 0) targets[j] = kIgnoreTarget;
-        b.counted += counts[j];
-      }
-    } else {
-      b.counted += int64_t(T);
     }
+    if (docs) {  // Note [Packed documents]
+      docs->positions(size_t(s) * T, T, b.positions.data() + size_t(r) * T);
+      for (uint64_t i = size_t(s) * T + 1, e = i + T; i < e; ++i)
+        if (docs->starts_at(i)) targets[i - (size_t(s) * T + 1)] = kIgnoreTarget;
+    }
+    for (size_t j = 0; j < T; ++j) b.counted += targets[j] >= 0 ? 1 : 0;
     b.sample_ids.push_back(s);
   }
   cursor_ += b.rows;
@@ -188,6 +199,7 @@ DataPosition DataLoader::position() const {
   p.file_tokens = file_.size();
   p.file_digest = digest_;
   p.mask_digest = file_.mask() ? file_.mask()->digest() : 0;
+  p.docs_digest = file_.docs() ? file_.docs()->digest() : 0;
   return p;
 }
 
@@ -217,6 +229,19 @@ void DataLoader::set_position(const DataPosition& pos) {
              : std::string("no loss mask"),
         ": resume with the mask the checkpoint trained with (scripts/tokenize_text.py writes it beside the "
         "token file as TOKENFILE.mask), or start a new run"));
+  const PackedDocs* docs = file_.docs();
+  const uint64_t docs_digest = docs ? docs->digest() : 0;
+  if (pos.docs_digest != docs_digest)
+    throw ConfigError(detail::cat(
+        "data position was saved over ",
+        pos.docs_digest == 0 ? std::string("no document boundaries")
+                             : detail::cat("document boundaries (digest ", pos.docs_digest, ")"),
+        "; ", name(), " has ",
+        docs ? detail::cat("the document boundaries ", docs->path(), " (digest ", docs_digest, ")")
+             : std::string("no document boundaries"),
+        ": resume with the boundaries the checkpoint trained with (scripts/tokenize_text.py writes them "
+        "beside "
+        "the token file as TOKENFILE.docs), or start a new run"));
   if (pos.epoch < 0 || pos.sample < 0 || pos.sample > per_rank_)
     throw ConfigError(detail::cat("data position epoch ", pos.epoch, " sample ", pos.sample,
                                   " is outside an epoch of ", per_rank_, " samples per rank"));

@@ -7,6 +7,7 @@
 //                                           .seed = 1234, .vocab_size = cfg.vocab_size});
 //   strata::model::Batch b = loader.next();         // b.inputs, b.targets: (b.rows, T) int32
 //   // b.counted: the targets that count (all of them unless train.bin.mask says otherwise)
+//   // b.positions: (b.rows, T) position_ids when train.bin.docs keeps documents apart, else empty
 //   nlohmann::json pos = loader.position().to_json(); // into a checkpoint's meta.json
 //   loader.set_position(strata::model::DataPosition::from_json(pos));  // resume exactly there
 //
@@ -24,6 +25,8 @@
 // the row of sample s is token i = s*T + 1 + j; it is kIgnoreTarget (-100) when mask byte i is 0, so the
 // model leaves it out of its mean. The inputs are the tokens as they are, and the samples, their order
 // and the sharding do not depend on the mask. Batch::counted is the number of targets that count.
+// With document boundaries beside the token file (model/packed_docs.h) a batch also carries each row's
+// positions, and a target that starts a document is kIgnoreTarget too (Note [Packed documents]).
 #pragma once
 
 #include <cstdint>
@@ -54,8 +57,10 @@ struct Batch {
   int seq_len = 0;
   std::vector<int32_t> inputs;      // (rows, seq_len)
   std::vector<int32_t> targets;     // (rows, seq_len): inputs shifted left by one token; kIgnoreTarget
-                                    // where the loss mask leaves the target out
-  int64_t counted = 0;              // targets that count: rows * seq_len without a mask
+                                    // where the loss mask leaves the target out, or it starts a document
+  std::vector<int32_t> positions;   // (rows, seq_len) with document boundaries, restarting at 0 at each
+                                    // document and row start (Note [Packed documents]); else empty
+  int64_t counted = 0;              // targets that count: rows * seq_len without a mask or documents
   std::vector<int64_t> sample_ids;  // (rows)
   int64_t epoch = 0;
 };
@@ -72,6 +77,8 @@ struct DataPosition {
   // Its loss mask's digest (LossMask::digest), 0 without a mask; a position saved before masks existed
   // reads as 0.
   uint64_t mask_digest = 0;
+  // Its document boundaries' digest (PackedDocs::digest), 0 without them (and in older positions).
+  uint64_t docs_digest = 0;
 
   nlohmann::json to_json() const;
   static DataPosition from_json(const nlohmann::json& j);  // ConfigError naming a missing/bad key
@@ -111,8 +118,8 @@ class DataLoader {
 
   DataPosition position() const;
   // Throws ConfigError when the position was saved with another seed, world or seq_len, over another
-  // token file (a different token count or contents) or loss mask (another one, or one and none), or is
-  // past the end of its epoch.
+  // token file (a different token count or contents), loss mask or document boundaries (another one, or
+  // one and none), or is past the end of its epoch.
   void set_position(const DataPosition& pos);
 
  private:

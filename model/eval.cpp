@@ -58,7 +58,10 @@ EvalResult evaluate(TrainableModel& m, ChunkProvider& chunks, const TokenFile& d
   // (B·T + 1) tokens: sequence r of the batch has its inputs at r·T, its targets one token later.
   std::vector<std::int32_t> window(std::size_t(batch_size) * T + 1);
   const LossMask* mask = data.mask();
-  std::vector<std::int32_t> targets(mask ? std::size_t(batch_size) * T : 0);  // (B, T): the masked ones
+  const PackedDocs* docs = data.docs();
+  // (B, T): the targets left out by the mask or a document start; the positions with documents.
+  std::vector<std::int32_t> targets(mask || docs ? std::size_t(batch_size) * T : 0);
+  std::vector<std::int32_t> positions(docs ? std::size_t(batch_size) * T : 0);
   double sum = 0;  // Σ batch mean × batch counted targets
   std::int64_t tokens = 0, counted = 0;
   for (std::int64_t s = 0; s < S; s += batch_size) {
@@ -77,7 +80,20 @@ EvalResult evaluate(TrainableModel& m, ChunkProvider& chunks, const TokenFile& d
       }
       tgt = targets.data();
     }
-    const float mean = m.forward(chunks, window.data(), tgt, B, seq_len);
+    if (docs) {  // Note [Packed documents]: each sequence a row of its own
+      if (!mask) std::copy(tgt, tgt + n, targets.begin());
+      tgt = targets.data();
+      for (int r = 0; r < B; ++r) {
+        const std::size_t begin = (std::size_t(s) + std::size_t(r)) * T;
+        docs->positions(begin, T, positions.data() + std::size_t(r) * T);
+        for (std::size_t j = 0; j < T; ++j)
+          if (targets[std::size_t(r) * T + j] >= 0 && docs->starts_at(begin + 1 + j)) {
+            targets[std::size_t(r) * T + j] = kIgnoreTarget;
+            --c;
+          }
+      }
+    }
+    const float mean = m.forward(chunks, window.data(), tgt, B, seq_len, docs ? positions.data() : nullptr);
     sum += double(mean) * double(c);
     tokens += std::int64_t(n);
     counted += std::int64_t(c);

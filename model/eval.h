@@ -18,7 +18,9 @@
 // (the last batch may hold fewer).
 //
 // With a loss mask beside the file (model/loss_mask.h), target token i is left out (given to the model as
-// kIgnoreTarget) where mask byte i is 0; the sequences are the same.
+// kIgnoreTarget) where mask byte i is 0; the sequences are the same. With document boundaries beside it
+// (model/packed_docs.h), each sequence's documents are kept apart as in training (Note [Packed documents]):
+// positions per document, and a target that starts a document left out.
 //
 // The loss is the mean over every target that counts (all of them without a mask): the batches' mean
 // losses (LlamaModel::forward, each over its counted targets) weighted by their counted targets, summed in

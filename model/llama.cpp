@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "model/dtype.h"
 #include "model/llama_impl.h"
+#include "model/packed_docs.h"
 #include "model/rope.h"
 
 namespace strata::model {
@@ -28,16 +29,18 @@ double attention_flops(int64_t B, int64_t T, int64_t H, int64_t D) {
 }
 
 // The attention buffers of every layer: each layer's sliding window (Note [Sliding windows] in config.h)
-// may take another path, with other sizes (kernels/cuda: Note [attention paths]), so the largest of each.
-kernels::AttentionSizes layer_attention_sizes(const kernels::Ops& ops, const ModelConfig& cfg, int B, int T) {
+// may take another path, with other sizes (kernels/cuda: Note [attention paths]), so the largest of each;
+// with `documents` the paths that keep packed documents apart.
+kernels::AttentionSizes layer_attention_sizes(const kernels::Ops& ops, const ModelConfig& cfg, int B, int T,
+                                              bool documents) {
   kernels::AttentionSizes as{};
   std::vector<int64_t> seen;
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const int64_t w = cfg.window_of(l);
     if (std::find(seen.begin(), seen.end(), w) != seen.end()) continue;
     seen.push_back(w);
-    const kernels::AttentionSizes s =
-        ops.attention_sizes(B, T, int(cfg.n_heads), int(cfg.n_kv_heads), int(cfg.head_dim()), int(w));
+    const kernels::AttentionSizes s = ops.attention_sizes(B, T, int(cfg.n_heads), int(cfg.n_kv_heads),
+                                                          int(cfg.head_dim()), int(w), documents);
     as.saved = std::max(as.saved, s.saved);
     as.scratch = std::max(as.scratch, s.scratch);
   }
@@ -180,7 +183,8 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, bo
         fn(in(&BlockActs::rstdk), qkn ? N * size_t(cfg.n_kv_heads) : 0, f32);
     fn(in(&BlockActs::lora_t), lora ? N * R * lora_sites_of(cfg).size() : 0, act);
   }
-  fn(at(&LlamaModel::inputs_), N, i32), fn(at(&LlamaModel::targets_), N, i32);
+  fn(at(&LlamaModel::inputs_), N, i32), fn(at(&LlamaModel::targets_), N, i32),
+      fn(at(&LlamaModel::positions_), N, i32);
   fn(at(&LlamaModel::rope_cos_), size_t(T) * half, f32),
       fn(at(&LlamaModel::rope_sin_), size_t(T) * half, f32);
   fn(at(&LlamaModel::resid_), (stored ? 1 : L + 1) * N * C, act);
@@ -215,7 +219,7 @@ LlamaModel::BackwardScratch LlamaModel::backward_scratch(size_t N, size_t mlp, s
 void LlamaModel::ensure_buffers(int B, int T, bool whole_logits, bool stored) {
   const size_t sets = opts_.checkpoint_activations ? 1 : size_t(cfg_.n_layers);
   if (acts_.size() < sets) acts_.resize(sets);
-  const kernels::AttentionSizes as = layer_attention_sizes(*ops_, cfg_, B, T);
+  const kernels::AttentionSizes as = layer_attention_sizes(*ops_, cfg_, B, T, documents_);
   bool synced = false;
   // Grows a buffer (never shrinks, so repeated steps do not reallocate); contents unspecified.
   auto fit = [&](Buf* b, size_t n, DType dtype) {
@@ -263,7 +267,7 @@ size_t LlamaModel::activation_bytes() const {
 
 size_t LlamaModel::activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
                                     const kernels::Ops& ops, bool checkpoints_stored) {
-  const kernels::AttentionSizes as = layer_attention_sizes(ops, cfg, B, T);
+  const kernels::AttentionSizes as = layer_attention_sizes(ops, cfg, B, T, /*documents=*/false);
   size_t n = 0;
   each_buffer(cfg, B, T, checkpoint_activations, checkpoint_activations && checkpoints_stored,
               ops.caps().activation, as, loss_rows(cfg, size_t(B) * size_t(T)),
@@ -433,12 +437,12 @@ void LlamaModel::block_forward(const ChunkView& p, const ChunkView* ad, Tensor x
     });
   }
   timed("rope", phase, 0, [&] {
-    o.rope_forward(a.q.t, a.q.t, rope_cos_.t, rope_sin_.t, B, T, NH, D);
-    o.rope_forward(a.k.t, a.k.t, rope_cos_.t, rope_sin_.t, B, T, NKV, D);
+    o.rope_forward(a.q.t, a.q.t, rope_cos_.t, rope_sin_.t, B, T, NH, D, positions());
+    o.rope_forward(a.k.t, a.k.t, rope_cos_.t, rope_sin_.t, B, T, NKV, D, positions());
   });
   const int W = int(cfg_.window_of(lora_layer_));  // this block's sliding window (lora_layer_: its index)
   timed("attention", phase, attention_flops(B, T, NH, D),
-        [&] { o.attention_forward(a.y.t, a.att.t, a.q.t, a.k.t, a.v.t, B, T, NH, NKV, D, W); });
+        [&] { o.attention_forward(a.y.t, a.att.t, a.q.t, a.k.t, a.v.t, B, T, NH, NKV, D, W, positions()); });
   // o_proj writes into x_mid, then the residual adds the block input in place.
   project(p, ad, a, a.x_mid.t, a.y.t, kWo, kBo, N, Q, C, "o_proj", phase);
   timed("residual", phase, 0, [&] { o.residual_forward(a.x_mid.t, x_in, a.x_mid.t); });
@@ -549,11 +553,12 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, const ChunkView* a
   lora(dy, dresid_.t, a.y.t, kWo, C);
   const int W = int(cfg_.window_of(lora_layer_));  // this block's sliding window (lora_layer_: its index)
   timed("attention", ph, 2 * attention_flops(B, T, NH, D), [&] {
-    o.attention_backward(dq, dk, dv, datt_.t, dy, a.q.t, a.k.t, a.v.t, a.att.t, B, T, NH, NKV, D, W);
+    o.attention_backward(dq, dk, dv, datt_.t, dy, a.q.t, a.k.t, a.v.t, a.att.t, B, T, NH, NKV, D, W,
+                         positions());
   });
   timed("rope", ph, 0, [&] {
-    o.rope_backward(dq, dq, rope_cos_.t, rope_sin_.t, B, T, NH, D);
-    o.rope_backward(dk, dk, rope_cos_.t, rope_sin_.t, B, T, NKV, D);
+    o.rope_backward(dq, dq, rope_cos_.t, rope_sin_.t, B, T, NH, D, positions());
+    o.rope_backward(dk, dk, rope_cos_.t, rope_sin_.t, B, T, NKV, D, positions());
   });
   // The per-head norm's backward takes dq, dk to the projections' outputs. Its dx accumulates, so it goes
   // to zeroed buffers no longer read: y (o_proj's backward is done) and v (attention's is).
@@ -589,8 +594,8 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, const ChunkView* a
   });
 }
 
-float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const int32_t* targets, int B,
-                          int T) {
+float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const int32_t* targets, int B, int T,
+                          const int32_t* positions) {
   // Note [Dropout keys]: only an armed forward with targets drops out; the arming is this forward's alone,
   // taken even by a forward that throws below.
   const std::optional<std::uint64_t> armed = std::exchange(armed_key_, std::nullopt);
@@ -605,7 +610,9 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
   have_targets_ = false;  // set on success only: a forward that throws leaves nothing to backward
   dropping_ = armed.has_value() && targets != nullptr && cfg_.lora.active() && cfg_.lora.dropout > 0;
   forward_key_ = armed.value_or(0);
+  if (positions) check_document_positions(positions, B, T, "LlamaModel::forward");
   B_ = B, T_ = T;
+  documents_ = positions != nullptr;
   ckpt_ = opts_.checkpoint_activations;
   // Note [Checkpoints off the device] (model/chunk.h): a checkpointing forward with targets keeps its block
   // inputs where the provider says, when it has a store.
@@ -629,13 +636,17 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
   // last forward's copies are done, which they long are: the host does not wait for the stream here.
   const size_t tok_bytes = size_t(N) * sizeof(int32_t);
   if (tokens_copied_) tokens_copied_->synchronize();
-  if (tokens_host_.size() < 2 * tok_bytes) tokens_host_ = PinnedBuffer(*dev_, 2 * tok_bytes);
+  if (tokens_host_.size() < 3 * tok_bytes) tokens_host_ = PinnedBuffer(*dev_, 3 * tok_bytes);
   auto* staged = static_cast<int32_t*>(tokens_host_.data());
   std::memcpy(staged, inputs, tok_bytes);
   s.copy_async(inputs_.t.data, staged, tok_bytes, CopyKind::host_to_device);
   if (targets) {
     std::memcpy(staged + N, targets, tok_bytes);
     s.copy_async(targets_.t.data, staged + N, tok_bytes, CopyKind::host_to_device);
+  }
+  if (positions) {
+    std::memcpy(staged + 2 * N, positions, tok_bytes);
+    s.copy_async(positions_.t.data, staged + 2 * N, tok_bytes, CopyKind::host_to_device);
   }
   if (!tokens_copied_) tokens_copied_ = dev_->create_event();
   s.record(*tokens_copied_);

@@ -64,9 +64,12 @@ class LlamaModel final : public TrainableModel {
 
   // Runs the model over inputs (B, T) with T <= max_seq_len. With targets (B, T) — a target < 0 is
   // ignored — returns the mean cross-entropy and keeps what backward needs; with targets == nullptr
-  // computes the logits only and returns 0. Throws ConfigError for a bad B or T, strata::Error for a
-  // token outside the vocabulary or a provider whose layout does not match this config.
-  float forward(ChunkProvider& chunks, const int32_t* inputs, const int32_t* targets, int B, int T) override;
+  // computes the logits only and returns 0. With positions (B, T), packed documents kept apart
+  // (TrainableModel::forward). Throws ConfigError for a bad B or T or positions that are not documents'
+  // (each 0 or one more than the one before it, all below T), strata::Error for a token outside the
+  // vocabulary or a provider whose layout does not match this config.
+  float forward(ChunkProvider& chunks, const int32_t* inputs, const int32_t* targets, int B, int T,
+                const int32_t* positions = nullptr) override;
   // Adds the gradients of grad_scale × loss (the last forward's) into the chunks' gradient buffers,
   // handing each back as it finishes. Overwrites logits(). Requires a forward with targets.
   void backward(ChunkProvider& chunks, float grad_scale) override;
@@ -185,6 +188,8 @@ class LlamaModel final : public TrainableModel {
   kernels::Tensor weight(const ChunkView& p, int index) const;
   static kernels::Tensor grad(const ChunkView& p, float* g, int index);
   kernels::Tensor resid(int l) const;
+  // The last forward's positions for the rope and attention ops, or empty without documents.
+  kernels::Tensor positions() const { return documents_ ? positions_.t : kernels::Tensor{}; }
   template <typename Fn>
   void timed(const char* op, Phase phase, double flops, Fn&& fn, int64_t n = 0, int64_t ic = 0,
              int64_t oc = 0);
@@ -203,10 +208,11 @@ class LlamaModel final : public TrainableModel {
   // Shape of the last forward.
   int B_ = 0, T_ = 0;
   bool have_targets_ = false, ckpt_ = false;
+  bool documents_ = false;  // the last forward had positions (positions_ holds them)
   double chunk_flops_ = 0;  // flops since the current chunk began (profiling)
 
-  Buf inputs_, targets_;                  // (N) i32
-  PinnedBuffer tokens_host_;              // (2, N) i32: the inputs and targets on their way to the device
+  Buf inputs_, targets_, positions_;      // (N) i32
+  PinnedBuffer tokens_host_;              // (3, N) i32: inputs, targets, positions on their way to the device
   std::unique_ptr<Event> tokens_copied_;  // the compute stream after their copies
   Buf rope_cos_, rope_sin_;               // (T, D/2) fp32
   int rope_T_ = 0;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/token_file.h"
 
 namespace strata::model {
 
@@ -132,25 +133,7 @@ void write_mask_file(const std::string& path, std::span<const std::uint8_t> mask
       throw ConfigError(cat("loss mask ", path, ": byte ", i, " is ", int(mask[i]), "; each must be 0 or 1"));
     buf[kMaskHeaderInts * 4 + i] = mask[i];
   }
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  STRATA_SYS_CHECK(fd >= 0, "create ", tmp);
-  const std::uint8_t* p = buf.data();
-  std::size_t left = buf.size();
-  while (left > 0) {
-    const ssize_t w = ::write(fd, p, left);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      detail::throw_sys(__FILE__, __LINE__, "write", err, cat(left, " bytes to ", tmp));
-    }
-    p += w;
-    left -= std::size_t(w);
-  }
-  STRATA_SYS_CHECK(::close(fd) == 0, "close ", tmp);
-  STRATA_SYS_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "rename ", tmp, " to ", path);
+  write_file_replacing(path, buf);
 }
 
 }  // namespace strata::model

@@ -92,6 +92,8 @@ TokenFile TokenFile::open(const std::string& path, TokenType flat_type) {
   const std::string mp = mask_path(path);
   std::error_code ec;
   if (std::filesystem::exists(mp, ec)) f.mask_.emplace(LossMask::open(mp, path, f.count_));
+  const std::string dp = docs_path(path);
+  if (std::filesystem::exists(dp, ec)) f.docs_.emplace(PackedDocs::open(dp, path, f.count_));
   return f;
 }
 
@@ -111,6 +113,8 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
     header_ = o.header_;
     mask_ = std::move(o.mask_);
     o.mask_.reset();
+    docs_ = std::move(o.docs_);
+    o.docs_.reset();
     o.map_ = nullptr;
     o.tokens_ = nullptr;
     o.count_ = 0;
@@ -200,11 +204,15 @@ void write_token_file(const std::string& path, std::span<const uint32_t> tokens,
       buf.insert(buf.end(), p, p + 4);
     }
   }
+  write_file_replacing(path, std::span<const unsigned char>(buf.data(), buf.size()));
+}
+
+void write_file_replacing(const std::string& path, std::span<const unsigned char> bytes) {
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   STRATA_SYS_CHECK(fd >= 0, "create ", tmp);
   try {
-    write_all(fd, buf.data(), buf.size(), tmp);
+    write_all(fd, bytes.data(), bytes.size(), tmp);
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());

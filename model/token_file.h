@@ -6,6 +6,7 @@
 //   std::vector<int32_t> window(f.size());
 //   f.read(0, f.size(), window.data());
 //   if (const strata::model::LossMask* m = f.mask()) ...     // train.bin.mask, when it is there
+//   if (const strata::model::PackedDocs* d = f.docs()) ...   // train.bin.docs, when it is there
 //
 // Formats accepted by open():
 //   - llm.c's .bin: a header of 256 little-endian int32 (magic, version, token count, 0...), then the
@@ -13,7 +14,8 @@
 //     (llm.c's Llama-3 files). The token count in the header must match the file size.
 //   - otherwise a flat array of little-endian uint16 or uint32 tokens, as `flat_type` says; the file size
 //     must be a multiple of the token size.
-// Beside either, an optional loss mask: TOKENFILE.mask (model/loss_mask.h), opened and checked by open().
+// Beside either, an optional loss mask: TOKENFILE.mask (model/loss_mask.h), and optional document
+// boundaries: TOKENFILE.docs (model/packed_docs.h), each opened and checked by open().
 #pragma once
 
 #include <cstddef>
@@ -23,6 +25,7 @@
 #include <string>
 
 #include "model/loss_mask.h"
+#include "model/packed_docs.h"
 
 namespace strata::model {
 
@@ -38,7 +41,8 @@ class TokenFile {
  public:
   // Throws IoError (cannot open/map) or ConfigError (bad header, size not a multiple of the token size,
   // or no tokens) naming the path. When mask_path(path) exists it is opened too (LossMask::open: a
-  // ConfigError when it does not go with this file); without one the file reads as before.
+  // ConfigError when it does not go with this file); without one the file reads as before. So is
+  // docs_path(path) (PackedDocs::open).
   static TokenFile open(const std::string& path, TokenType flat_type = TokenType::u16);
 
   TokenFile(TokenFile&& o) noexcept;
@@ -54,6 +58,8 @@ class TokenFile {
   uint32_t at(size_t i) const;
   // The loss mask beside the file (null: none, every target counts).
   const LossMask* mask() const { return mask_ ? &*mask_ : nullptr; }
+  // The document boundaries beside the file (null: none, documents are not kept apart).
+  const PackedDocs* docs() const { return docs_ ? &*docs_ : nullptr; }
   // One pass over every token: the index of the first token >= `limit` (size() when none), and a digest
   // of the whole contents (FNV-1a over the token values), which tells one file's tokens from another's.
   struct Scan {
@@ -74,7 +80,12 @@ class TokenFile {
   TokenType type_ = TokenType::u16;
   bool header_ = false;
   std::optional<LossMask> mask_;
+  std::optional<PackedDocs> docs_;
 };
+
+// Writes `bytes` to path + ".tmp", then renames it to `path`, so that a reader never sees half a file: how
+// the token file and its sidecars (loss mask, document boundaries) are written. IoError when it cannot.
+void write_file_replacing(const std::string& path, std::span<const unsigned char> bytes);
 
 // Writes `tokens` as `type` (u16 refuses ids above 65535), with llm.c's header by default. Written to
 // path + ".tmp" and renamed, so a reader never sees half a file. Throws IoError / ConfigError.

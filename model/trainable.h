@@ -40,9 +40,11 @@ class TrainableModel {
   virtual const ModelConfig& config() const = 0;
   // Runs the model over inputs (B, T). With targets (B, T) — a target < 0 is ignored — returns the mean
   // cross-entropy and keeps what backward needs; with targets == nullptr computes the logits only and
-  // returns 0.
-  virtual float forward(ChunkProvider& chunks, const int32_t* inputs, const int32_t* targets, int B,
-                        int T) = 0;
+  // returns 0. With positions (B, T) — transformers' position_ids of packed documents (Note [Packed
+  // documents] in model/packed_docs.h) — each document attends to itself only and its rotary positions
+  // start at 0; without, every row is one sequence.
+  virtual float forward(ChunkProvider& chunks, const int32_t* inputs, const int32_t* targets, int B, int T,
+                        const int32_t* positions = nullptr) = 0;
   // Adds the gradients of grad_scale × loss (the last forward's) into the chunks' gradient buffers, handing
   // each back as it finishes.
   virtual void backward(ChunkProvider& chunks, float grad_scale) = 0;

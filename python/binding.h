@@ -35,6 +35,8 @@ TokenArray read_tokens(py::handle obj, const char* what);
 // numpy.asarray reads it without a copy, and goes back into engine(...) unchanged. A batch of a token file
 // with a loss mask also carries its labels (rows, cols): the tokens, -100 where the mask leaves the token
 // out as a target (and in column 0, never a target); engine(batch) takes them when no labels are given.
+// A batch of a token file with document boundaries (TOKENFILE.docs) carries those labels (-100 at each
+// document's first token too) and its position_ids (rows, cols), which engine(batch) takes likewise.
 class Tokens {
  public:
   Tokens(std::vector<std::int32_t> data, int rows, int cols)
@@ -44,11 +46,13 @@ class Tokens {
   int cols() const { return cols_; }
   const Tokens* labels() const { return labels_.get(); }  // null: no mask, the labels are the tokens
   void set_labels(Tokens labels) { labels_ = std::make_shared<const Tokens>(std::move(labels)); }
+  const Tokens* positions() const { return positions_.get(); }  // null: no documents kept apart
+  void set_positions(Tokens p) { positions_ = std::make_shared<const Tokens>(std::move(p)); }
 
  private:
   std::vector<std::int32_t> data_;  // (rows, cols)
   int rows_ = 0, cols_ = 0;
-  std::shared_ptr<const Tokens> labels_;
+  std::shared_ptr<const Tokens> labels_, positions_;
 };
 
 // Registration, one function per file (module.cpp calls them in this order).

@@ -39,9 +39,16 @@ Tokens TokenLoader::next() {
     window[std::size_t(r) * W + T] =
         std::int32_t(file_->at(std::size_t(b.sample_ids[std::size_t(r)]) * T + T));
   }
-  // A loss mask: the targets as the DataLoader masked them (Note [Loss mask in batches]), one column on.
-  std::optional<std::vector<std::int32_t>> labels;
-  if (file_->mask()) {
+  // A loss mask or documents: the targets as the DataLoader left them out (Note [Loss mask in batches], Note
+  // [Packed documents]), one column on; with documents each window's positions too.
+  std::optional<std::vector<std::int32_t>> labels, positions;
+  if (const model::PackedDocs* docs = file_->docs()) {
+    positions.emplace(window.size());
+    for (int r = 0; r < b.rows; ++r)
+      docs->positions(std::size_t(b.sample_ids[std::size_t(r)]) * T, W,
+                      positions->data() + std::size_t(r) * W);
+  }
+  if (file_->mask() || file_->docs()) {
     labels.emplace(window.size());
     for (int r = 0; r < b.rows; ++r) {
       std::int32_t* row = labels->data() + std::size_t(r) * W;
@@ -51,6 +58,7 @@ Tokens TokenLoader::next() {
   }
   Tokens out(std::move(window), b.rows, int(W));
   if (labels) out.set_labels(Tokens(std::move(*labels), b.rows, int(W)));
+  if (positions) out.set_positions(Tokens(std::move(*positions), b.rows, int(W)));
   return out;
 }
 
@@ -84,8 +92,17 @@ void bind_data(py::module_& m) {
             if (!t.labels()) return std::nullopt;
             return *t.labels();
           },
-          "The batch's labels when its token file has a loss mask (-100 where a token does not count), "
-          "else None; engine(batch) uses them when no labels are given")
+          "The batch's labels when its token file has a loss mask (-100 where a token does not count) or "
+          "document boundaries (-100 at each document's first token), else None; engine(batch) uses them "
+          "when no labels are given")
+      .def_property_readonly(
+          "position_ids",
+          [](const Tokens& t) -> std::optional<Tokens> {
+            if (!t.positions()) return std::nullopt;
+            return *t.positions();
+          },
+          "The batch's position_ids when its token file has document boundaries (TOKENFILE.docs: 0 at each "
+          "document's and row's first token), else None; engine(batch) uses them when none are given")
       .def("__len__", &Tokens::rows)
       .def("tolist",
            [](const Tokens& t) {

@@ -14,7 +14,10 @@
 // not given, each micro-batch weighs the same (its mean / (accumulation steps x world)). The loss
 // returned stays the micro-batch's mean either way. Every row has the same L; B may be
 // below the micro-batch (a last, short batch), never above it, and L - 1 never above the seq_len the
-// device plan reserved activations for: either would allocate past the plan.
+// device plan reserved activations for: either would allocate past the plan. position_ids (B, L),
+// optional, are transformers' per-document positions of packed rows (its padding-free packing): each
+// document attends to itself only and its rotary positions restart (model/packed_docs.h); the model takes
+// the first L - 1 columns, as it takes the inputs.
 //
 // Threads: every method is called with the GIL held and releases it around the engine's work, so a
 // Python data pipeline runs meanwhile. One Python thread drives a Core at a time (the engine's calls come
@@ -36,6 +39,7 @@
 #include "core/log.h"
 #include "model/hf_dir.h"
 #include "model/loss_mask.h"
+#include "model/packed_docs.h"
 #include "model/safetensors.h"
 #include "python/binding.h"
 #include "python/loader.h"
@@ -79,6 +83,8 @@ nlohmann::json parse_json(const std::string& text, const char* what) {
 // A micro-batch as the model takes it: inputs and targets (B, T) int32.
 struct ModelBatch {
   std::vector<std::int32_t> inputs, targets;
+  std::vector<std::int32_t> positions;  // (B, T) or empty: no position_ids
+  const std::int32_t* positions_or_null() const { return positions.empty() ? nullptr : positions.data(); }
   int B = 0, T = 0;
   std::optional<std::int64_t> step_counted;  // num_items_in_batch
 };
@@ -126,13 +132,15 @@ class Core {
 
   // ---- the loop ----
   // The forward of one micro-batch (Note [Batches from Python]); returns its loss. Drops a pending forward.
-  float forward(py::handle input_ids, py::handle labels, std::optional<std::int64_t> num_items_in_batch) {
+  float forward(py::handle input_ids, py::handle labels, std::optional<std::int64_t> num_items_in_batch,
+                py::handle position_ids) {
     zero3::Engine& e = engine();
-    ModelBatch b = agreed_batch(input_ids, labels, num_items_in_batch, "engine(input_ids, labels)");
+    ModelBatch b =
+        agreed_batch(input_ids, labels, num_items_in_batch, position_ids, "engine(input_ids, labels)");
     const float loss = collective("engine(input_ids, labels)", [&] {
       py::gil_scoped_release nogil;
       if (e.forward_pending()) e.abandon_forward();
-      return e.forward(*model_, b.inputs.data(), b.targets.data(), b.B, b.T);
+      return e.forward(*model_, b.inputs.data(), b.targets.data(), b.B, b.T, b.positions_or_null());
     });
     step_counted_ = b.step_counted;  // for this forward's backward
     return loss;
@@ -183,13 +191,14 @@ class Core {
 
   // The loss of a micro-batch without gradients (the model's forward outside a training pass, as
   // model::evaluate runs it). Drops a pending forward.
-  float eval_loss(py::handle input_ids, py::handle labels) {
+  float eval_loss(py::handle input_ids, py::handle labels, py::handle position_ids) {
     zero3::Engine& e = engine();
-    ModelBatch b = agreed_batch(input_ids, labels, std::nullopt, "engine.eval_loss(input_ids, labels)");
+    ModelBatch b =
+        agreed_batch(input_ids, labels, std::nullopt, position_ids, "engine.eval_loss(input_ids, labels)");
     return collective("engine.eval_loss(input_ids, labels)", [&] {
       py::gil_scoped_release nogil;
       if (e.forward_pending()) e.abandon_forward();
-      return model_->forward(e, b.inputs.data(), b.targets.data(), b.B, b.T);
+      return model_->forward(e, b.inputs.data(), b.targets.data(), b.B, b.T, b.positions_or_null());
     });
   }
 
@@ -351,11 +360,11 @@ class Core {
   }
 
   ModelBatch agreed_batch(py::handle input_ids, py::handle labels, std::optional<std::int64_t> items,
-                          const char* call) {
+                          py::handle position_ids, const char* call) {
     std::exception_ptr refused;
     ModelBatch b;
     try {
-      b = to_model_batch(input_ids, labels, items, call);
+      b = to_model_batch(input_ids, labels, items, position_ids, call);
     } catch (...) {
       refused = std::current_exception();
     }
@@ -376,10 +385,11 @@ class Core {
   }
 
   ModelBatch to_model_batch(py::handle input_ids, py::handle labels, std::optional<std::int64_t> items,
-                            const char* call) {
+                            py::handle position_ids, const char* call) {
     const TokenArray ids = read_tokens(input_ids, "input_ids");
-    std::optional<TokenArray> lab;
+    std::optional<TokenArray> lab, pos;
     if (!labels.is_none()) lab = read_tokens(labels, "labels");
+    if (!position_ids.is_none()) pos = read_tokens(position_ids, "position_ids");
     const std::int64_t V = source_.config.vocab_size;
     const int mb = engine().micro_batch();
     if (ids.rows < 1 || ids.rows > mb)
@@ -395,6 +405,9 @@ class Core {
                             " (give initialize(seq_len=...) the longest sequence you feed)"));
     if (lab && (lab->rows != ids.rows || lab->cols != ids.cols))
       throw ConfigError(cat(call, ": labels have shape (", lab->rows, ", ", lab->cols, "), input_ids (",
+                            ids.rows, ", ", ids.cols, "); give them the same shape"));
+    if (pos && (pos->rows != ids.rows || pos->cols != ids.cols))
+      throw ConfigError(cat(call, ": position_ids have shape (", pos->rows, ", ", pos->cols, "), input_ids (",
                             ids.rows, ", ", ids.cols, "); give them the same shape"));
     ModelBatch b;
     b.B = ids.rows;
@@ -420,6 +433,16 @@ class Core {
         const std::int64_t l = tgt.at(r, t + 1);
         b.targets[at] = l < 0 ? model::kIgnoreTarget : std::int32_t(l);
       }
+    }
+    if (pos) {  // the model's columns; it refuses positions that are not documents' (ConfigError)
+      b.positions.resize(b.inputs.size());
+      for (int r = 0; r < b.B; ++r)
+        for (int t = 0; t < b.T; ++t) {
+          const std::int64_t p = pos->at(r, t);
+          b.positions[std::size_t(r) * std::size_t(b.T) + std::size_t(t)] =
+              p < INT32_MIN || p > INT32_MAX ? -1 : std::int32_t(p);
+        }
+      model::check_document_positions(b.positions.data(), b.B, b.T, call);
     }
     if (items) {
       std::int64_t counted = 0;
@@ -455,10 +478,11 @@ void bind_engine(py::module_& m) {
            py::arg("seq_len"), py::arg("backend"), py::arg("device_memory_cap"),
            py::arg("checkpoint_activations"), py::arg("adapter") = std::string())
       .def("forward", &Core::forward, py::arg("input_ids"), py::arg("labels") = py::none(),
-           py::arg("num_items_in_batch") = py::none())
+           py::arg("num_items_in_batch") = py::none(), py::arg("position_ids") = py::none())
       .def("backward", &Core::backward)
       .def("step", &Core::step)
-      .def("eval_loss", &Core::eval_loss, py::arg("input_ids"), py::arg("labels") = py::none())
+      .def("eval_loss", &Core::eval_loss, py::arg("input_ids"), py::arg("labels") = py::none(),
+           py::arg("position_ids") = py::none())
       .def_property_readonly("forward_pending", &Core::forward_pending)
       .def_property_readonly("pending_micro_steps", &Core::pending_micro_steps)
       .def("save_checkpoint", &Core::save_checkpoint, py::arg("dir"), py::arg("tag"), py::arg("client_state"),

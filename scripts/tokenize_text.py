@@ -66,6 +66,16 @@ pad token (pad_token, else eos_token) whose mask is 0. The trainer's window for 
 from s*T: its last target is the next row's first token, which counts only if its byte is 1 (a template
 never starts with an assistant token; with --train-on-prompt it counts).
 
+Packed documents (model/packed_docs.h, Note [Packed documents]): when documents or examples are packed one
+after another (the default; not with --pad-rows, whose rows each hold one example), OUT.docs says where each
+starts, so that `strata train` and `strata eval` keep them apart: attention within each document only,
+rotary positions from 0 in each, and no document scored on the one before it, as transformers' padding-free
+packing (DataCollatorWithFlattening) computes. --no-docs leaves it out (documents then attend to each
+other, as before). OUT.docs: 256 little-endian int32, [0] magic 20261204, [1] version 1, [2] and [3] the
+token count as a uint64 (low, high), [4] and [5] the document count likewise, the rest 0; then one
+little-endian uint64 per document, the index of its first token (increasing, the first 0). Written as
+OUT.docs.tmp and renamed before OUT.tmp, as the mask is; a run that writes none removes a stale OUT.docs.
+
 Mask file OUT.mask (model/loss_mask.h reads it): 256 little-endian int32, [0] magic 20261127, [1] version 1,
 [2] and [3] the token count as a little-endian uint64 (low 32 bits, high 32 bits), the rest 0; then one
 byte per token of OUT. Written as OUT.mask.tmp; once both files are complete the old OUT is removed, then
@@ -99,6 +109,8 @@ LLMC_U32 = (20240801, 7)
 INT32_MAX = 2**31 - 1
 MASK_HEADER_INTS = 256
 MASK_MAGIC, MASK_VERSION = 20261127, 1
+DOCS_HEADER_INTS = 256
+DOCS_MAGIC, DOCS_VERSION = 20261204, 1
 
 # Fallback names, looked up in tokenizer.json's added tokens when no config names the token.
 BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>")
@@ -173,6 +185,19 @@ def llmc_header(count, width):
     return header.tobytes()
 
 
+def docs_bytes(count, starts):
+    """OUT.docs for `count` tokens whose documents start at `starts` (increasing, below count)."""
+    header = array("I", [0] * DOCS_HEADER_INTS)
+    header[0], header[1] = DOCS_MAGIC, DOCS_VERSION
+    header[2], header[3] = count & 0xFFFFFFFF, count >> 32
+    header[4], header[5] = len(starts) & 0xFFFFFFFF, len(starts) >> 32
+    body = array("Q", starts)
+    if sys.byteorder == "big":
+        header.byteswap()
+        body.byteswap()
+    return header.tobytes() + body.tobytes()
+
+
 def mask_header(count):
     """OUT.mask's 1024-byte header for `count` tokens: magic, version, the count as a uint64 (low, high)."""
     header = array("I", [0] * MASK_HEADER_INTS)
@@ -183,13 +208,17 @@ def mask_header(count):
 
 
 class Output:
-    """The token file OUT being written, as OUT.tmp, and with masks=True its loss mask, as OUT.mask.tmp.
-    write() appends tokens (and their mask bytes); commit() writes the counts into the headers and renames
-    the files into place (the module docstring says in which order); discard() removes what was written."""
+    """The token file OUT being written, as OUT.tmp, and with masks=True its loss mask, as OUT.mask.tmp;
+    with docs=True its document starts (start_document() before each document's tokens), written as
+    OUT.docs.tmp at commit. write() appends tokens (and their mask bytes); commit() writes the counts into the
+    headers and renames the files into place (the module docstring says in which order); discard() removes
+    what was written."""
 
-    def __init__(self, path, width, masks):
+    def __init__(self, path, width, masks, docs=False):
         self.path, self.width, self.count = path, width, 0
         self.tmp, self.mask_path, self.mask_tmp = path + ".tmp", path + ".mask", path + ".mask.tmp"
+        self.docs_path, self.docs_tmp = path + ".docs", path + ".docs.tmp"
+        self.starts = array("Q") if docs else None
         self.out = self.mask = None
         try:
             self.out = open(self.tmp, "wb")
@@ -200,6 +229,12 @@ class Output:
         except BaseException:
             self.discard()
             raise
+
+    def start_document(self, offset=0):
+        """The next document starts `offset` tokens past what was written (an empty one adds no start)."""
+        at = self.count + offset
+        if self.starts is not None and (not self.starts or self.starts[-1] < at):  # else the one before was empty
+            self.starts.append(at)
 
     def write(self, tokens, mask=None):
         """Appends `tokens` (ids, each < 2**(8 * width)) and, to the mask, `mask` (one 0/1 byte a token)."""
@@ -223,6 +258,16 @@ class Output:
                 f.seek(0)
                 f.write(header)
                 f.close()
+        if self.starts is not None:
+            while self.starts and self.starts[-1] >= self.count:  # an empty last document starts nothing
+                self.starts.pop()
+            with open(self.docs_tmp, "wb") as f:
+                f.write(docs_bytes(self.count, self.starts))
+            if os.path.lexists(self.path):
+                os.remove(self.path)  # the old tokens never pair with the new boundaries
+            os.replace(self.docs_tmp, self.docs_path)
+        elif os.path.lexists(self.docs_path):
+            os.remove(self.docs_path)  # boundaries of an earlier packed run never pair with the new tokens
         if self.mask is not None:
             if os.path.lexists(self.path):
                 os.remove(self.path)  # the old tokens never pair with the new mask
@@ -237,6 +282,8 @@ class Output:
                 f.close()
                 if os.path.exists(path):
                     os.remove(path)
+        if os.path.exists(self.docs_tmp):
+            os.remove(self.docs_tmp)
 
 
 def _read_json(path):
@@ -440,14 +487,15 @@ class Cutter:
 
 
 def check_paths(args, tokenizer_files):
-    """The inputs exist, and no file this run writes or removes (OUT, OUT.tmp, OUT.mask, OUT.mask.tmp) is
-    one it reads: an input or one of tokenizer_files."""
+    """The inputs exist, and no file this run writes or removes (OUT, OUT.tmp, OUT.mask, OUT.mask.tmp,
+    OUT.docs, OUT.docs.tmp) is one it reads: an input or one of tokenizer_files."""
     for path in args.inputs:
         if not os.path.isfile(path):
             raise InputError(f"{path}: no such input file")
     read = [(p, "the input") for p in args.inputs] + [(p, "the tokenizer's") for p in tokenizer_files]
     for path, what in read:
-        for target in (args.out, args.out + ".tmp", args.out + ".mask", args.out + ".mask.tmp"):
+        for target in (args.out, args.out + ".tmp", args.out + ".mask", args.out + ".mask.tmp", args.out + ".docs",
+                       args.out + ".docs.tmp"):
             if os.path.exists(target) and os.path.samefile(target, path):
                 as_tmp = "" if target == args.out else f" (written or removed as {target})"
                 raise InputError(f"--out {args.out}{as_tmp} is {what} {path}; writing it would overwrite "
@@ -496,7 +544,7 @@ def tokenize(args):
     cutter = Cutter(lambda text: tok.encode(text, add_special_tokens=False).ids)
     docs = 0
     held = collections.Counter()  # input path -> the documents it held
-    out = Output(args.out, width, masks=False)
+    out = Output(args.out, width, masks=False, docs=args.docs)
     try:
         def flush(batch):
             if not batch:
@@ -505,6 +553,7 @@ def tokenize(args):
             encodings = encode([piece.context + piece.text for piece in batch], add_special_tokens=False)
             for piece, enc in zip(batch, encodings):
                 if piece.first:
+                    out.start_document(len(tokens))
                     tokens.extend(prefix)
                 tokens.extend(enc.ids[piece.skip:])
                 if piece.last:
@@ -548,7 +597,8 @@ def tokenize(args):
         return f"{s.role.upper()} {s.content}={s.id} per document"
 
     print(f"tokenize: {docs} documents, {count} tokens, uint{8 * width} (vocabulary {vocab_size}) -> "
-          f"{args.out}; {said(bos)}, {said(eos, shared)}")
+          f"{args.out}; {said(bos)}, {said(eos, shared)}" +
+          (f"; {len(out.starts)} document starts -> {out.docs_path}" if out.starts is not None else ""))
 
 
 def examples(paths):
@@ -619,7 +669,7 @@ def tokenize_chat(args):
 
     # examples; counted: tokens that count; longer: than T (cut with --pad-rows); no_target: examples; kinds
     n, kinds = collections.Counter(), collections.Counter()
-    out = Output(args.out, width, masks=True)
+    out = Output(args.out, width, masks=True, docs=args.docs and not args.pad_rows)
     try:
         for where, example in examples(args.inputs):
             ids, mask = renderer.encode(where, example, args.train_on_prompt)
@@ -639,6 +689,7 @@ def tokenize_chat(args):
             counted = mask.count(1)
             n["counted"] += counted
             n["no_target"] += counted == 0
+            out.start_document()
             out.write(ids, mask)
         if n["examples"] == 0:
             raise InputError(f"the inputs hold no examples (only blank lines); {args.out} was not written")
@@ -681,7 +732,8 @@ def tokenize_chat(args):
             if kinds["prompt-completion"] + kinds["chat prompt-completion"] else "") if x)
     formats = ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items()))
     print(f"tokenize: {n['examples']} examples ({formats}), {out.count} tokens, {n['counted']} tokens that count "
-          f"({how}); uint{8 * width} (vocabulary {vocab_size}) -> {args.out} and {out.mask_path}", file=sys.stderr)
+          f"({how}); uint{8 * width} (vocabulary {vocab_size}) -> {args.out} and {out.mask_path}" +
+          (f"; {len(out.starts)} example starts -> {out.docs_path}" if out.starts is not None else ""), file=sys.stderr)
 
 
 def main(argv=None):
@@ -718,6 +770,10 @@ def main(argv=None):
     chat.add_argument("--seq-len", type=int, default=None, metavar="T",
                       help="the training sequence length: reports the examples longer than T tokens; "
                            "with --pad-rows, the row length")
+    p.add_argument("--docs", action=argparse.BooleanOptionalAction, default=True,
+                   help="write OUT.docs, where each packed document (with --chat, each example) starts, so that "
+                        "training keeps them apart (default: yes; not with --pad-rows, whose rows hold one "
+                        "example each)")
     chat.add_argument("--pad-rows", action="store_true",
                       help="each example fills one row of exactly T (--seq-len) tokens: cut after T, "
                            "else padded with the pad token (pad_token, else eos_token), mask 0 "

@@ -123,6 +123,11 @@ int run_eval(const EvalOpts& o) {
         mask->path().c_str(), mask->counted(), mask->size(), in_range, (long long)S, last,
         mask->size() - last - 1);
   }
+  if (const model::PackedDocs* docs = data.docs())
+    std::fprintf(stderr,
+                 "eval: documents: %s: %zu documents kept apart (attention within each, rotary positions "
+                 "from 0 in each, a document's first token not a target)\n",
+                 docs->path().c_str(), docs->size());
   const model::EvalResult r = model::evaluate(*m, chunks, data, o.seq_len, o.batch_size, o.max_batches);
   if (data.mask())
     std::printf("eval loss %.9g ppl %.9g tokens %lld counted %lld\n", r.loss, r.ppl, (long long)r.tokens,

@@ -262,6 +262,12 @@ void print_start(const TrainRun& run, std::int64_t steps, std::int64_t first) {
                      ? "tokens (a step's loss is the mean over its counted targets)"
                      : "micro_batches (a step's loss is the mean of its micro-batches' means)");
   }
+  // Document boundaries (model/packed_docs.h): packed documents kept apart.
+  if (const model::PackedDocs* docs = file.docs())
+    std::fprintf(out,
+                 "documents: %s: %zu documents kept apart (attention within each, rotary positions from 0 in "
+                 "each, a document's first token not a target)\n",
+                 docs->path().c_str(), docs->size());
   std::fputs(zero3::describe(engine.plan(), zero3::shard_homes(cfg).grad, world > 1).c_str(), out);
   // How each chunk is updated (Note [Update routes] in zero3/placement.cpp), in runs of equal routes.
   std::fprintf(out, "update routes%s:\n%s\n", world > 1 ? " (each rank)" : "",
@@ -404,9 +410,10 @@ void print_summary(const TrainRun& run, const LoopTotals& t) {
     int windowed = 0, window = 0;
     for (std::int64_t l = 0; l < mcfg.n_layers; ++l)
       if (const std::int64_t w = mcfg.window_of(l); w > 0) ++windowed, window = int(w);
+    const bool documents = run.file.docs() != nullptr;  // packed documents kept apart (model/packed_docs.h)
     const auto path = [&](int w) {
       return engine.ops().attention_path(engine.micro_batch(), seq_len, int(mcfg.n_heads),
-                                         int(mcfg.n_kv_heads), int(mcfg.head_dim()), w);
+                                         int(mcfg.n_kv_heads), int(mcfg.head_dim()), w, documents);
     };
     if (windowed == 0)
       std::fprintf(out, "  attention   %s\n", path(0).c_str());

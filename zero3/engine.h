@@ -262,8 +262,10 @@ class Engine final : public model::ChunkProvider {
   // n of 0 adds nothing. Without it, those of the mean / (accumulation steps x world): the mean of the
   // micro-batches' means. The two agree bit for bit when every micro-batch counts N / (accumulation steps x
   // world). ConfigError for a step_counted below n (nothing is changed; the forward stays pending).
+  // positions (B, T), optional: packed documents' position_ids (TrainableModel::forward); forward_backward
+  // passes a batch's.
   float forward(model::TrainableModel& model, const std::int32_t* inputs, const std::int32_t* targets, int B,
-                int T);
+                int T, const std::int32_t* positions = nullptr);
   void backward(model::TrainableModel& model, std::optional<std::int64_t> step_counted = std::nullopt);
   void abandon_forward();
   bool forward_pending() const;

@@ -247,7 +247,7 @@ void Engine::end_pass() {
 }
 
 float Engine::forward(model::TrainableModel& model, const std::int32_t* inputs, const std::int32_t* targets,
-                      int B, int T) {
+                      int B, int T, const std::int32_t* positions) {
   Impl& im = *impl_;
   STRATA_CHECK(!im.forward_open, "zero3: forward while the last forward's backward is pending");
   begin_pass();
@@ -256,7 +256,7 @@ float Engine::forward(model::TrainableModel& model, const std::int32_t* inputs, 
     const auto t0 = Clock::now();
     model.arm_dropout(dropout_key(im.cfg.strata.seed, im.global_step + 1, im.micro_steps, im.comm->rank()));
     im.training_forward = true;
-    im.forward_loss = model.forward(*this, inputs, targets, B, T);
+    im.forward_loss = model.forward(*this, inputs, targets, B, T, positions);
     im.training_forward = false;
     im.times.forward += seconds_since(t0);
   } catch (...) {
@@ -344,7 +344,8 @@ int Engine::pending_micro_steps() const {
 
 float Engine::forward_backward(model::TrainableModel& model, const model::Batch& batch,
                                std::optional<std::int64_t> step_counted) {
-  const float loss = forward(model, batch.inputs.data(), batch.targets.data(), batch.rows, batch.seq_len);
+  const float loss = forward(model, batch.inputs.data(), batch.targets.data(), batch.rows, batch.seq_len,
+                             batch.positions.empty() ? nullptr : batch.positions.data());
   backward(model, step_counted);
   return loss;
 }

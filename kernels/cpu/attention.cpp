@@ -4,7 +4,8 @@
 // one after another so that OpenBLAS threads each) and a row-wise softmax or softmax gradient (oneTBB).
 // The products cover the full T x T square; the causal mask (and a sliding window's band) is applied by the
 // row pass, which writes exact zeros outside it, so the products that follow add nothing from masked
-// positions. This is the oracle: simple rather than fast, a window saves nothing here.
+// positions; a document mask (Note [Document masks] in ops.h) the same way. This is the oracle: simple
+// rather than fast, a window or documents save nothing here.
 #include <cblas.h>
 
 #include <cmath>
@@ -39,7 +40,7 @@ Head head(std::size_t b, std::size_t h, int T, int NH, int NKV, int HD) {
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                       int NH, int NKV, int HD, int window) {
+                       int NH, int NKV, int HD, int window, const std::int32_t* pos) {
   check_heads("attention_forward", NH, NKV, HD, window);
   const float scale = float(1.0 / std::sqrt(double(HD)));
   const int ldq = NH * HD, ldkv = NKV * HD;
@@ -50,11 +51,11 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HD, scale, q + x.q, ldq, k + x.kv, ldkv,
                   0.0f, att + x.att, T);
     }
-  // Causal softmax, one task per row; zeros above the diagonal and before the window.
+  // Causal softmax, one task per row; zeros above the diagonal and before the window or the document.
   impl::parallel_for_each_index(std::size_t(B) * NH * T, 8, [&](std::size_t row) {
-    const std::size_t t = row % T;
+    const std::size_t t = row % T, b = row / T / std::size_t(NH);
     impl::causal_softmax_row(att + row * T, t, std::size_t(T), 1.0f,  // scaled by the product
-                             impl::band_start(t, window));
+                             impl::first_key(t, window, pos ? pos + b * T : nullptr));
   });
   // out_h (T,HD) = att (T,T) v_g (T,HD).
   for (int b = 0; b < B; ++b)
@@ -69,7 +70,7 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 // the unscaled q.k), dq_h = dp k_g, dk_g = sum over the group's heads of dp^T q_h, dv_g likewise a^T dout_h.
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
                         const float* k, const float* v, const float* att, int B, int T, int NH, int NKV,
-                        int HD, int window) {
+                        int HD, int window, const std::int32_t* pos) {
   check_heads("attention_backward", NH, NKV, HD, window);
   const float scale = float(1.0 / std::sqrt(double(HD)));
   const int ldq = NH * HD, ldkv = NKV * HD;
@@ -80,9 +81,9 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
                   0.0f, scratch + x.att, T);
     }
   impl::parallel_for_each_index(std::size_t(B) * NH * T, 8, [&](std::size_t row) {
-    const std::size_t t = row % T;
+    const std::size_t t = row % T, b = row / T / std::size_t(NH);
     impl::causal_softmax_grad_row(scratch + row * T, att + row * T, t, std::size_t(T), scale,
-                                  impl::band_start(t, window));
+                                  impl::first_key(t, window, pos ? pos + b * T : nullptr));
   });
   // dk and dv are written: clear them, then add each head of the group in head order.
   impl::parallel_for_range(std::size_t(B) * T * NKV * HD, impl::kElementGrain,

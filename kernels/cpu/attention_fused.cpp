@@ -17,7 +17,10 @@
 // / 128, to i, skipping every block left of the band outright; the blocks the band's left edge crosses are
 // masked like the diagonal one, each row from its own first key (a row that sees none of a block's keys
 // leaves its running max, sum and acc as they were). Without a window every row starts at key 0, and the
-// blocks, row passes and sums are the causal ones bit for bit.
+// blocks, row passes and sums are the causal ones bit for bit. Documents (Note [Document masks] in ops.h)
+// move a row's first key further right, to its document's start: each row's first key is computed once per
+// query block (first_keys), the block skips the key blocks left of its earliest row's, and the row passes
+// mask each row from its own, so a window and documents are one mask here.
 // Rounding points: q, k, v, dout arrive in bf16; P and dS are rounded to bf16 only as product operands
 // (l sums the unrounded P, as flash attention does); every sum is fp32; out, dq, dk, dv are each rounded to
 // bf16 once, from their complete fp32 sums. Those are the rounding points of the unfused bf16 attention it
@@ -51,6 +54,8 @@
 // targets give the same bits (tests check each one this CPU has), so a run does not depend on the
 // machine.
 #include "kernels/cpu/attention_fused.h"
+
+#include "kernels/cpu/attention_impl.h"
 
 #include <algorithm>
 #include <bit>
@@ -95,17 +100,22 @@ struct Dims {
     return (b * T + t) * ldkv() + g * HD;
   }
   std::size_t lse_at(std::size_t b, std::size_t h, std::size_t t) const { return (b * NH + h) * T + t; }
-  // The first key block query block i reads: the one holding its first row's first key.
-  std::size_t first_block(std::size_t i) const {
-    const std::size_t t0 = i * kBlock;
-    return window > 0 && t0 >= std::size_t(window) ? (t0 - std::size_t(window) + 1) / kBlock : 0;
-  }
-  // The first key of key block j (from s0) that row 0 of query block i (from t0) sees, relative to s0; row
-  // r's is this + r. At most -kBlock (every row sees from column 0) without a window.
-  int first_col(std::size_t t0, std::size_t s0) const {
-    return window > 0 ? int(t0) - int(s0) - window + 1 : -kBlock;
-  }
 };
+
+// The first key each row of the query block from t0 (rows of them) in batch row b sees, into key0, and the
+// first key block the query block reads: the one holding the earliest of them (Note [Document masks] in
+// ops.h; without a window or positions every row's is 0).
+std::size_t first_keys(const Dims& d, const std::int32_t* pos, std::size_t b, std::size_t t0, int rows,
+                       int* key0) {
+  const std::int32_t* row = pos ? pos + b * std::size_t(d.T) : nullptr;
+  std::size_t earliest = t0;
+  for (int r = 0; r < rows; ++r) {
+    const std::size_t first = impl::first_key(t0 + std::size_t(r), d.window, row);
+    key0[r] = int(first);
+    earliest = std::min(earliest, first);
+  }
+  return earliest / kBlock;
+}
 
 // ---- the row passes' arithmetic ------------------------------------------------------------------------
 
@@ -131,7 +141,7 @@ using impl::sum_row;
 // Forward, on a (rows, cols) block of raw scores: scale, mask, fold into each row's running max m and sum
 // l, P = e^(s - m) (left in s) rounded to bf16 into p with exact zeros where masked (so the product adds
 // nothing from there), and acc's row rescaled by e^(m_old - m_new) when the max grew. Row r sees columns
-// [max(0, first + r), diagonal ? r + 1 : cols); a row that sees none leaves m, l and acc alone.
+// [max(0, key0[r] - s0), diagonal ? r + 1 : cols); a row that sees none leaves m, l and acc alone.
 struct ForwardBlock {
   float* s;        // (rows, cols; ld kBlock)
   bf16_t* p;       // (rows, cols; ld kBlock)
@@ -139,7 +149,8 @@ struct ForwardBlock {
   float* acc;      // (rows, HD)
   int rows, cols;  // on the diagonal block (cols == rows), query r sees keys up to r
   bool diagonal;
-  int first;  // Dims::first_col: row 0's first visible column (the window's left edge)
+  const int* key0;  // (rows) each row's first visible key (first_keys), absolute
+  int s0;           // the block's first key
   float scale;
   int HD;
 };
@@ -147,7 +158,7 @@ struct ForwardBlock {
 [[gnu::always_inline]] inline void forward_rows(const ForwardBlock& f) {
   const std::size_t hd = std::size_t(f.HD);
   for (int r = 0; r < f.rows; ++r) {
-    const int lo = std::max(0, f.first + r), hi = f.diagonal ? r + 1 : f.cols;
+    const int lo = std::max(0, f.key0[r] - f.s0), hi = f.diagonal ? r + 1 : f.cols;
     float* s = f.s + std::size_t(r) * kBlock;
     bf16_t* p = f.p + std::size_t(r) * kBlock;
     if (lo >= hi) {
@@ -177,13 +188,14 @@ struct BackwardBlock {
   const float *lse, *D;  // (rows)
   int rows, cols;
   bool diagonal;
-  int first;  // as ForwardBlock's
+  const int* key0;  // as ForwardBlock's
+  int s0;
   float scale;
 };
 
 [[gnu::always_inline]] inline void backward_rows(const BackwardBlock& b) {
   for (int r = 0; r < b.rows; ++r) {
-    const int hi = b.diagonal ? r + 1 : b.cols, lo = std::min(hi, std::max(0, b.first + r));
+    const int hi = b.diagonal ? r + 1 : b.cols, lo = std::min(hi, std::max(0, b.key0[r] - b.s0));
     const std::size_t at = std::size_t(r) * kBlock;
     float* s = b.s + at;
     const float* dp = b.dp + at;
@@ -342,6 +354,7 @@ struct Work {
   std::vector<bf16_t> row;       // (HD): one row of the saved copy of out
   float m[kBlock], l[kBlock];    // forward: running max and sum per row
   float lse[kBlock], D[kBlock];  // backward: log-sum-exp and rowsum(dout * out) per row
+  int key0[kBlock];              // each row's first visible key (first_keys)
 };
 
 Work& work(int HD) {
@@ -377,7 +390,8 @@ FusedRows attention_fused_rows(FusedRows rows) {
 }
 
 void attention_fused_forward(bf16_t* out, float* saved, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                             int B, int T, int NH, int NKV, int HD, int window, const FusedPaths& paths) {
+                             int B, int T, int NH, int NKV, int HD, int window, const std::int32_t* pos,
+                             const FusedPaths& paths) {
   check_heads("attention_fused_forward", B, T, NH, NKV, HD, window);
   const Dims d{B, T, NH, NKV, HD, window};
   if (d.q_numel() == 0) return;
@@ -396,12 +410,12 @@ void attention_fused_forward(bf16_t* out, float* saved, const bf16_t* q, const b
     std::fill(w.m, w.m + rows, -INFINITY);
     std::fill(w.l, w.l + rows, 0.0f);
     const bf16_t* qi = q + d.q_at(b, t0, h);
-    for (std::size_t j = d.first_block(i); j <= i; ++j) {
+    for (std::size_t j = first_keys(d, pos, b, t0, rows, w.key0); j <= i; ++j) {
       const std::size_t s0 = j * kBlock;
       const int cols = d.rows(j);
       prod.scores(w.s.data(), qi, k + d.kv_at(b, s0, g), rows, cols);
-      pass.forward({w.s.data(), w.p.data(), w.m, w.l, w.acc.data(), rows, cols, j == i, d.first_col(t0, s0),
-                    scale, HD});
+      pass.forward(
+          {w.s.data(), w.p.data(), w.m, w.l, w.acc.data(), rows, cols, j == i, w.key0, int(s0), scale, HD});
       prod.right(w.acc.data(), w.p.data(), v + d.kv_at(b, s0, g), rows, cols);
     }
     for (int r = 0; r < rows; ++r) {
@@ -415,7 +429,8 @@ void attention_fused_forward(bf16_t* out, float* saved, const bf16_t* q, const b
 
 void attention_fused_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* scratch, const bf16_t* dout,
                               const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* saved, int B,
-                              int T, int NH, int NKV, int HD, int window, const FusedPaths& paths) {
+                              int T, int NH, int NKV, int HD, int window, const std::int32_t* pos,
+                              const FusedPaths& paths) {
   check_heads("attention_fused_backward", B, T, NH, NKV, HD, window);
   const Dims d{B, T, NH, NKV, HD, window};
   if (d.q_numel() == 0) return;
@@ -444,14 +459,14 @@ void attention_fused_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* scratch
           w.D[r] = dot_bf16(dout_i + r * d.ldq(), w.row.data(), HD);
         }
         std::fill(w.acc.begin(), w.acc.begin() + std::ptrdiff_t(rows * hd), 0.0f);
-        for (std::size_t j = d.first_block(i); j <= i; ++j) {
+        for (std::size_t j = first_keys(d, pos, b, t0, rows, w.key0); j <= i; ++j) {
           const std::size_t s0 = j * kBlock;
           const int cols = d.rows(j);
           const bf16_t* kj = k + d.kv_at(b, s0, g);
           prod.scores(w.s.data(), qi, kj, rows, cols);
           prod.scores(w.dp.data(), dout_i, v + d.kv_at(b, s0, g), rows, cols);
           pass.backward({w.s.data(), w.dp.data(), w.p.data(), w.ds.data(), w.lse, w.D, rows, cols, j == i,
-                         d.first_col(t0, s0), scale});
+                         w.key0, int(s0), scale});
           prod.left(dv_sum + s0 * hd, w.p.data(), dout_i, rows, cols);
           prod.left(dk_sum + s0 * hd, w.ds.data(), qi, rows, cols);
           prod.right(w.acc.data(), w.ds.data(), kj, rows, cols);

@@ -2,7 +2,8 @@
 // the (B, NH, T, T) probabilities — flash attention's blocking on the CPU, for the host backend's bf16
 // path (Note [Fused attention on the CPU] in attention_fused.cpp). Semantics, layouts, the head mapping
 // g = h / (NH / NKV) and the sliding window (0: none) are ops.h's attention_forward / attention_backward,
-// which stay the oracle; with a window the key blocks left of the band are skipped.
+// which stay the oracle; with a window the key blocks left of the band are skipped, and so with per-token
+// positions `pos` ((B,T) i32 or null, Note [Document masks] in ops.h) those before a row's document.
 //
 // Example (q, k, v, dout, out, dq, dk, dv bf16; saved and scratch fp32):
 //   using namespace strata::kernels::cpu;
@@ -18,6 +19,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/cpu/ops.h"
 
@@ -51,7 +53,7 @@ FusedRows attention_fused_rows(FusedRows rows);
 void attention_fused_forward(bf16_t* out /*(B,T,NH,HD)*/, float* saved /*attention_fused_saved*/,
                              const bf16_t* q /*(B,T,NH,HD)*/, const bf16_t* k /*(B,T,NKV,HD)*/,
                              const bf16_t* v /*(B,T,NKV,HD)*/, int B, int T, int NH, int NKV, int HD,
-                             int window = 0, const FusedPaths& paths = {});
+                             int window = 0, const std::int32_t* pos = nullptr, const FusedPaths& paths = {});
 // WRITES dq, dk, dv (=), each rounded to bf16 once from its fp32 sum. scratch (attention_fused_scratch
 // elements) is overwritten; saved is the forward's, unchanged.
 void attention_fused_backward(bf16_t* dq /*(B,T,NH,HD)*/, bf16_t* dk /*(B,T,NKV,HD)*/,
@@ -59,6 +61,7 @@ void attention_fused_backward(bf16_t* dq /*(B,T,NH,HD)*/, bf16_t* dk /*(B,T,NKV,
                               const bf16_t* dout /*(B,T,NH,HD)*/, const bf16_t* q /*(B,T,NH,HD)*/,
                               const bf16_t* k /*(B,T,NKV,HD)*/, const bf16_t* v /*(B,T,NKV,HD)*/,
                               const float* saved /*attention_fused_saved*/, int B, int T, int NH, int NKV,
-                              int HD, int window = 0, const FusedPaths& paths = {});
+                              int HD, int window = 0, const std::int32_t* pos = nullptr,
+                              const FusedPaths& paths = {});
 
 }  // namespace strata::kernels::cpu

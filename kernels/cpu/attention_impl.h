@@ -2,14 +2,25 @@
 // Internal to kernels/cpu.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 namespace strata::kernels::cpu::impl {
 
 // The first key row t sees: t - window + 1 with a sliding window (kernels/cpu/ops.h), else 0.
 inline std::size_t band_start(std::size_t t, int window) {
   return window > 0 && t >= std::size_t(window) ? t - std::size_t(window) + 1 : 0;
+}
+
+// The first key row t sees (Note [Document masks] in ops.h): band_start(t, window), or, with `pos` (the
+// row's positions, (T) i32), the start of t's document t - pos[t] where that is later.
+inline std::size_t first_key(std::size_t t, int window, const std::int32_t* pos) {
+  const std::size_t lo = band_start(t, window);
+  if (!pos) return lo;
+  const std::size_t back = std::size_t(std::max<std::int32_t>(pos[t], 0));
+  return std::max(lo, back < t ? t - back : 0);
 }
 
 // Row t of a (T, T) score block: a[s] = softmax over lo <= s <= t of scale * a[s]; exact zeros outside

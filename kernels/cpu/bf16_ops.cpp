@@ -154,9 +154,9 @@ void bias_forward(bf16_t* out, const bf16_t* b, int N, int OC) {
 namespace {
 
 // Blocks of positions within one sequence, each rotated by the fp32 function as a batch of one sequence
-// starting at the block's first position (its rows of the tables).
+// starting at the block's first position (its rows of the tables), or with `pos` at the block's rows of pos.
 void rotate(bf16_t* out, const bf16_t* x, const float* cos, const float* sin, int B, int T, int H, int HD,
-            bool backward) {
+            bool backward, const std::int32_t* pos) {
   STRATA_CHECK(HD % 2 == 0, "rotary embedding: head width ", HD, " must be even");
   const std::size_t width = std::size_t(H) * HD, half = std::size_t(HD / 2), per = block_rows(width);
   const std::size_t per_seq = (std::size_t(T) + per - 1) / per;
@@ -168,12 +168,13 @@ void rotate(bf16_t* out, const bf16_t* x, const float* cos, const float* sin, in
     widen_bf16(xf, x + at, m);
     in_pieces(t1 - t0, kRopeRows, [&](std::size_t j0, std::size_t j1) {
       const std::size_t t = t0 + j0;
+      // Without positions the tables from row t; with them the whole tables, indexed by the block's pos.
+      const std::size_t from = pos ? 0 : t * half;
+      const std::int32_t* p = pos ? pos + b * std::size_t(T) + t : nullptr;
       if (backward)
-        rope_backward(of + j0 * width, xf + j0 * width, cos + t * half, sin + t * half, 1, int(j1 - j0), H,
-                      HD);
+        rope_backward(of + j0 * width, xf + j0 * width, cos + from, sin + from, 1, int(j1 - j0), H, HD, p);
       else
-        rope_forward(of + j0 * width, xf + j0 * width, cos + t * half, sin + t * half, 1, int(j1 - j0), H,
-                     HD);
+        rope_forward(of + j0 * width, xf + j0 * width, cos + from, sin + from, 1, int(j1 - j0), H, HD, p);
     });
     narrow_bf16(out + at, of, m);
   });
@@ -182,13 +183,13 @@ void rotate(bf16_t* out, const bf16_t* x, const float* cos, const float* sin, in
 }  // namespace
 
 void rope_forward(bf16_t* out, const bf16_t* x, const float* cos, const float* sin, int B, int T, int H,
-                  int HD) {
-  rotate(out, x, cos, sin, B, T, H, HD, false);
+                  int HD, const std::int32_t* pos) {
+  rotate(out, x, cos, sin, B, T, H, HD, false, pos);
 }
 
 void rope_backward(bf16_t* dx, const bf16_t* dout, const float* cos, const float* sin, int B, int T, int H,
-                   int HD) {
-  rotate(dx, dout, cos, sin, B, T, H, HD, true);
+                   int HD, const std::int32_t* pos) {
+  rotate(dx, dout, cos, sin, B, T, H, HD, true, pos);
 }
 
 // ---- SwiGLU, GeGLU, residual, scale ---------------------------------------------------------------------

@@ -40,23 +40,25 @@ namespace kc = kernels::cpu;
 namespace typed {
 
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                       int NH, int NKV, int HD, int window) {
-  kc::attention_forward(out, att, q, k, v, B, T, NH, NKV, HD, window);
+                       int NH, int NKV, int HD, int window, const std::int32_t* pos) {
+  kc::attention_forward(out, att, q, k, v, B, T, NH, NKV, HD, window, pos);
 }
 // bf16: the fused attention (attention_fused.h): `saved` holds its row statistics and a copy of out.
 void attention_forward(kc::bf16_t* out, float* saved, const kc::bf16_t* q, const kc::bf16_t* k,
-                       const kc::bf16_t* v, int B, int T, int NH, int NKV, int HD, int window) {
-  kc::attention_fused_forward(out, saved, q, k, v, B, T, NH, NKV, HD, window);
+                       const kc::bf16_t* v, int B, int T, int NH, int NKV, int HD, int window,
+                       const std::int32_t* pos) {
+  kc::attention_fused_forward(out, saved, q, k, v, B, T, NH, NKV, HD, window, pos);
 }
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
                         const float* k, const float* v, const float* att, int B, int T, int NH, int NKV,
-                        int HD, int window) {
-  kc::attention_backward(dq, dk, dv, scratch, dout, q, k, v, att, B, T, NH, NKV, HD, window);
+                        int HD, int window, const std::int32_t* pos) {
+  kc::attention_backward(dq, dk, dv, scratch, dout, q, k, v, att, B, T, NH, NKV, HD, window, pos);
 }
 void attention_backward(kc::bf16_t* dq, kc::bf16_t* dk, kc::bf16_t* dv, float* scratch,
                         const kc::bf16_t* dout, const kc::bf16_t* q, const kc::bf16_t* k, const kc::bf16_t* v,
-                        const float* saved, int B, int T, int NH, int NKV, int HD, int window) {
-  kc::attention_fused_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD, window);
+                        const float* saved, int B, int T, int NH, int NKV, int HD, int window,
+                        const std::int32_t* pos) {
+  kc::attention_fused_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD, window, pos);
 }
 
 }  // namespace typed
@@ -94,8 +96,9 @@ class CpuOps final : public Ops {
   }
   const OpsCaps& caps() const override { return caps_; }
   std::size_t device_bytes() const override { return workspace_.size(); }
-  std::string attention_path(int, int T, int, int, int, int window) const override {
-    const std::string band = window > 0 && window < T ? detail::cat(", sliding window ", window) : "";
+  std::string attention_path(int, int T, int, int, int, int window, bool documents) const override {
+    const std::string band = (window > 0 && window < T ? detail::cat(", sliding window ", window) : "") +
+                             (documents ? ", documents kept apart" : "");
     if (!bf16_) return "kernels/cpu attention, fp32, (B,NH,T,T) fp32 probabilities" + band;
     const char* products = kc::bf16_matmul_impl().empty()
                                ? "fp32 loops over bf16 values (no native bf16 matmul)"
@@ -104,9 +107,10 @@ class CpuOps final : public Ops {
            ", no (B,NH,T,T) buffer" + band + (band.empty() ? "" : " (key blocks outside it skipped)");
   }
   // bf16: the fused attention's row statistics and out (saved), and its fp32 dk, dv sums (scratch). The
-  // window changes neither.
-  AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD, int window) const override {
-    if (!bf16_) return Ops::attention_sizes(B, T, NH, NKV, HD, window);
+  // window and documents change neither.
+  AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD, int window,
+                                 bool documents) const override {
+    if (!bf16_) return Ops::attention_sizes(B, T, NH, NKV, HD, window, documents);
     return {kc::attention_fused_saved(B, T, NH, HD), kc::attention_fused_scratch(B, T, NKV, HD)};
   }
 
@@ -157,32 +161,35 @@ class CpuOps final : public Ops {
     enqueue(
         [=, f = std::move(inv_freq)] { kc::rope_cache(cos.as<float>(), sin.as<float>(), T, HD, f.data()); });
   }
-  void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) override {
+  void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD,
+                       Tensor pos) override {
     enqueue_typed([=]<typename A>(A*) {
-      kc::rope_forward(out.as<A>(), x.as<A>(), cos.as<float>(), sin.as<float>(), B, T, H, HD);
+      kc::rope_forward(out.as<A>(), x.as<A>(), cos.as<float>(), sin.as<float>(), B, T, H, HD,
+                       pos.as<std::int32_t>());
     });
   }
-  void do_rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H,
-                        int HD) override {
+  void do_rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD,
+                        Tensor pos) override {
     enqueue_typed([=]<typename A>(A*) {
-      kc::rope_backward(dx.as<A>(), dout.as<A>(), cos.as<float>(), sin.as<float>(), B, T, H, HD);
+      kc::rope_backward(dx.as<A>(), dout.as<A>(), cos.as<float>(), sin.as<float>(), B, T, H, HD,
+                        pos.as<std::int32_t>());
     });
   }
 
   void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
-                            int NKV, int HD, int window) override {
+                            int NKV, int HD, int window, Tensor pos) override {
     enqueue_typed([=]<typename A>(A*) {
       typed::attention_forward(out.as<A>(), saved.as<float>(), q.as<A>(), k.as<A>(), v.as<A>(), B, T, NH, NKV,
-                               HD, window);
+                               HD, window, pos.as<std::int32_t>());
     });
   }
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD,
-                             int window) override {
+                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD, int window,
+                             Tensor pos) override {
     enqueue_typed([=]<typename A>(A*) {
       typed::attention_backward(dq.as<A>(), dk.as<A>(), dv.as<A>(), scratch.as<float>(), dout.as<A>(),
-                                q.as<A>(), k.as<A>(), v.as<A>(), saved.as<float>(), B, T, NH, NKV, HD,
-                                window);
+                                q.as<A>(), k.as<A>(), v.as<A>(), saved.as<float>(), B, T, NH, NKV, HD, window,
+                                pos.as<std::int32_t>());
     });
   }
 

@@ -115,7 +115,8 @@ std::string bf16_matmul_impl();
 //   cos, sin = cos(angle), sin(angle) evaluated in double, stored as fp32
 //   out[i]        = x[i] * cos - x[i + HD/2] * sin
 //   out[i + HD/2] = x[i + HD/2] * cos + x[i] * sin
-// The position of row (b, t) is t: sequences start at position 0.
+// The position of row (b, t) is t (sequences start at position 0), or with `pos` ((B,T) i32, each in
+// [0, T): transformers' position_ids) pos[b, t]: the rows of the tables at pos (Note [Document masks]).
 
 void rope_cache(float* cos /*(T,HD/2)*/, float* sin /*(T,HD/2)*/, int T, int HD, float theta);
 // The same tables from given inverse frequencies (HD/2 of them, e.g. a scaled rotary embedding's:
@@ -126,10 +127,12 @@ void rope_cache(float* cos /*(T,HD/2)*/, float* sin /*(T,HD/2)*/, int T, int HD,
 void rope_inv_freq(float* inv_freq /*(HD/2)*/, int HD, float theta);
 // x is q (NH heads) or k (NKV heads): pass the head count as H. out may alias x.
 void rope_forward(float* out /*(B,T,H,HD)*/, const float* x /*(B,T,H,HD)*/, const float* cos /*(T,HD/2)*/,
-                  const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD);
+                  const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD,
+                  const std::int32_t* pos /*(B,T) or null*/ = nullptr);
 // dx = R^T dout  (WRITES dx; the inverse rotation). dx may alias dout.
 void rope_backward(float* dx /*(B,T,H,HD)*/, const float* dout /*(B,T,H,HD)*/, const float* cos /*(T,HD/2)*/,
-                   const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD);
+                   const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD,
+                   const std::int32_t* pos /*(B,T) or null*/ = nullptr);
 
 // ---- causal self-attention with grouped-query heads ----------------------------------------------------
 // att[b,h,t,s] = softmax over s in band(t) of (q[b,t,h,:] . k[b,s,g,:] / sqrt(HD)), g = h / (NH / NKV); zero
@@ -137,18 +140,33 @@ void rope_backward(float* dx /*(B,T,H,HD)*/, const float* dout /*(B,T,H,HD)*/, c
 // memory for att.
 // band(t): the keys query t attends to. window 0: every s <= t (causal). window w >= 1 (a sliding window,
 // transformers' sliding_window_causal_mask_function): t - w < s <= t, the w latest positions, itself
-// included; w = 1 sees only itself, w >= T is causal.
+// included; w = 1 sees only itself, w >= T is causal. With `pos` ((B,T) i32, per-token positions) the band
+// is also cut at the start of t's document: s >= t - pos[b, t] (Note [Document masks]).
+//
+// Note [Document masks]: packed rows hold several documents back to back, and a document must not see
+// the one before it. The caller says where each starts by per-token positions, transformers' position_ids
+// of padding-free packing (DataCollatorWithFlattening): 0 at a document's first token, then 1, 2, ... So
+// that one mask serves windows and documents alike, query t of row b sees key s iff
+//   s <= t,  t - s < window (with a window),  s >= t - pos[b, t]   (t's document began pos[b, t] back),
+// and the rotary embedding rotates row (b, t) by position pos[b, t]. That is transformers' mask exactly when
+// every pos[b, t] is 0 or pos[b, t-1] + 1 (its find_packed_sequence_indices starts a sequence wherever
+// position_ids do not go up by one; positions that do not restart at 0 are not packed documents, and the
+// model refuses them before they get here). A position above t reads as t (the row's first key). Every
+// query sees itself, so no row of the softmax is empty. The kernels skip what lies outside the band: the
+// fused CPU attention and cuda's own kernel whole key blocks and keys, the unfused CPU one only in its
+// row passes (its products cover the square).
 
 void attention_forward(float* out /*(B,T,NH,HD)*/, float* att /*(B,NH,T,T) saved for backward*/,
                        const float* q /*(B,T,NH,HD)*/, const float* k /*(B,T,NKV,HD)*/,
-                       const float* v /*(B,T,NKV,HD)*/, int B, int T, int NH, int NKV, int HD,
-                       int window = 0);
+                       const float* v /*(B,T,NKV,HD)*/, int B, int T, int NH, int NKV, int HD, int window = 0,
+                       const std::int32_t* pos /*(B,T) or null*/ = nullptr);
 // WRITES dq, dk, dv (=). scratch is overwritten (it holds the score gradients); it may not alias att.
 void attention_backward(float* dq /*(B,T,NH,HD)*/, float* dk /*(B,T,NKV,HD)*/, float* dv /*(B,T,NKV,HD)*/,
                         float* scratch /*(B,NH,T,T)*/, const float* dout /*(B,T,NH,HD)*/,
                         const float* q /*(B,T,NH,HD)*/, const float* k /*(B,T,NKV,HD)*/,
                         const float* v /*(B,T,NKV,HD)*/, const float* att /*(B,NH,T,T)*/, int B, int T,
-                        int NH, int NKV, int HD, int window = 0);
+                        int NH, int NKV, int HD, int window = 0,
+                        const std::int32_t* pos /*(B,T) or null*/ = nullptr);
 // On bf16 activations the host backend runs the fused attention instead (attention_fused.h).
 
 // ---- SwiGLU: out = silu(gate) * up, silu(z) = z / (1 + exp(-z)) ------------------------------------
@@ -229,9 +247,10 @@ void rmsnorm_backward(bf16_t* dx /*(N,C) +=*/, float* dw /*(C) fp32 +=*/, const 
 void bias_forward(bf16_t* out /*(N,OC) +=*/, const bf16_t* b /*(OC)*/, int N, int OC);
 void bias_backward(float* db /*(OC) fp32 +=*/, const bf16_t* dout /*(N,OC)*/, int N, int OC);
 void rope_forward(bf16_t* out /*(B,T,H,HD)*/, const bf16_t* x /*(B,T,H,HD)*/, const float* cos /*(T,HD/2)*/,
-                  const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD);
+                  const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD,
+                  const std::int32_t* pos /*(B,T) or null*/ = nullptr);
 void rope_backward(bf16_t* dx /*(B,T,H,HD)*/, const bf16_t* dout /*(B,T,H,HD)*/, const float* cos,
-                   const float* sin, int B, int T, int H, int HD);
+                   const float* sin, int B, int T, int H, int HD, const std::int32_t* pos = nullptr);
 void swiglu_forward(bf16_t* out /*(n)*/, const bf16_t* gate /*(n)*/, const bf16_t* up /*(n)*/, std::size_t n);
 void swiglu_backward(bf16_t* dgate /*(n)*/, bf16_t* dup /*(n)*/, const bf16_t* dout /*(n)*/,
                      const bf16_t* gate /*(n)*/, const bf16_t* up /*(n)*/, std::size_t n);

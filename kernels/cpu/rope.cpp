@@ -10,13 +10,14 @@
 namespace strata::kernels::cpu {
 namespace {
 
-// Rotates every head of every row by +angle (sign = 1) or -angle (sign = -1).
+// Rotates every head of every row by +angle (sign = 1) or -angle (sign = -1); row (b, t)'s angle is that of
+// position t, or pos[b, t] (Note [Document masks] in ops.h).
 void rotate(float* out, const float* x, const float* cos, const float* sin, int B, int T, int H, int HD,
-            float sign) {
+            float sign, const std::int32_t* pos) {
   STRATA_CHECK(HD % 2 == 0, "rotary embedding: head width ", HD, " must be even");
   const int half = HD / 2;
   impl::parallel_for_each_index(std::size_t(B) * T, 4, [&](std::size_t bt) {
-    const std::size_t t = bt % std::size_t(T);
+    const std::size_t t = pos ? std::size_t(pos[bt]) : bt % std::size_t(T);
     const float* ct = cos + t * half;
     const float* st = sin + t * half;
     for (int h = 0; h < H; ++h) {
@@ -60,14 +61,14 @@ void rope_cache(float* cos, float* sin, int T, int HD, float theta) {
   rope_cache(cos, sin, T, HD, inv_freq.data());
 }
 
-void rope_forward(float* out, const float* x, const float* cos, const float* sin, int B, int T, int H,
-                  int HD) {
-  rotate(out, x, cos, sin, B, T, H, HD, 1.0f);
+void rope_forward(float* out, const float* x, const float* cos, const float* sin, int B, int T, int H, int HD,
+                  const std::int32_t* pos) {
+  rotate(out, x, cos, sin, B, T, H, HD, 1.0f, pos);
 }
 
 void rope_backward(float* dx, const float* dout, const float* cos, const float* sin, int B, int T, int H,
-                   int HD) {
-  rotate(dx, dout, cos, sin, B, T, H, HD, -1.0f);
+                   int HD, const std::int32_t* pos) {
+  rotate(dx, dout, cos, sin, B, T, H, HD, -1.0f, pos);
 }
 
 }  // namespace strata::kernels::cpu

@@ -3,8 +3,9 @@
 //
 // Layouts as in kernels/cpu/ops.h: q (B,T,NH,HD), k and v (B,T,NKV,HD); query head h reads key/value
 // head h / (NH / NKV). Scores use scale = 1 / sqrt(HD). Query t attends to keys lo(t) <= s <= t: lo(t) = 0
-// (causal), or t - window + 1 with a sliding window (kernels/cpu/ops.h); the kernels loop over that band
-// only, and the score rows hold exact zeros outside it. Compiled, never run on a GPU here.
+// (causal), or t - window + 1 with a sliding window (kernels/cpu/ops.h), or later with per-token positions:
+// the start of t's document, t - pos[b, t] (kernels/cpu's Note [Document masks]); the kernels loop over
+// that band only, and the score rows hold exact zeros outside it. Compiled, never run on a GPU here.
 #include <cmath>
 
 #include "kernels/cuda/common_impl.cuh"
@@ -14,11 +15,18 @@ namespace {
 
 struct Shape {
   int B, T, NH, NKV, HD;
-  int window;  // 0: causal
+  int window;               // 0: causal
+  const std::int32_t* pos;  // (B,T) positions, or null: no documents
   __device__ int group() const { return NH / NKV; }
-  // The first key query t sees, and the last query that sees key s.
-  __device__ std::size_t lo(std::size_t t) const {
-    return window > 0 && t >= std::size_t(window) ? t - std::size_t(window) + 1 : 0;
+  // The first key query t of batch row b sees, and the last query that may see key s (the window's; a
+  // query up to it may still start its document after s: lo() says).
+  __device__ std::size_t lo(std::size_t b, std::size_t t) const {
+    std::size_t first = window > 0 && t >= std::size_t(window) ? t - std::size_t(window) + 1 : 0;
+    if (pos) {
+      const std::size_t back = std::size_t(max(pos[b * std::size_t(T) + t], 0));
+      first = max(first, back < t ? t - back : std::size_t(0));
+    }
+    return first;
   }
   __device__ std::size_t hi(std::size_t s) const {
     const std::size_t last = std::size_t(T) - 1;
@@ -38,7 +46,7 @@ __global__ void scores_kernel(float* att, const bf16* q, const bf16* k, Shape sh
   const std::size_t T = sh.T;
   if (idx >= std::size_t(sh.B) * sh.NH * T * T) return;
   const std::size_t s = idx % T, t = (idx / T) % T, h = (idx / (T * T)) % sh.NH, b = idx / (T * T * sh.NH);
-  if (s > t || s < sh.lo(t)) return;
+  if (s > t || s < sh.lo(b, t)) return;
   const bf16* qt = q + sh.q_at(b, t, h);
   const bf16* ks = k + sh.kv_at(b, s, h / sh.group());
   float d = 0.0f;
@@ -51,7 +59,7 @@ __global__ void softmax_kernel(float* att, Shape sh) {
   __shared__ float shared[impl::kThreads];
   const int T = sh.T;
   float* a = att + std::size_t(blockIdx.x) * T;
-  const int t = blockIdx.x % T, lo = int(sh.lo(std::size_t(t)));
+  const int t = blockIdx.x % T, lo = int(sh.lo(blockIdx.x / T / sh.NH, std::size_t(t)));
   float mx = -INFINITY;
   for (int s = lo + threadIdx.x; s <= t; s += blockDim.x) mx = fmaxf(mx, a[s]);
   mx = impl::block_max(mx, shared);
@@ -76,7 +84,7 @@ __global__ void weighted_values_kernel(bf16* out, const float* att, const bf16* 
   const float* a = att + ((b * sh.NH + h) * sh.T + t) * sh.T;
   const std::size_t g = h / sh.group();
   float acc = 0.0f;
-  for (std::size_t s = sh.lo(t); s <= t; ++s) acc += a[s] * __bfloat162float(v[sh.kv_at(b, s, g) + d]);
+  for (std::size_t s = sh.lo(b, t); s <= t; ++s) acc += a[s] * __bfloat162float(v[sh.kv_at(b, s, g) + d]);
   out[idx] = impl::to_bf16(acc);
 }
 
@@ -86,7 +94,7 @@ __global__ void dprobs_kernel(float* scratch, const bf16* dout, const bf16* v, S
   const std::size_t T = sh.T;
   if (idx >= std::size_t(sh.B) * sh.NH * T * T) return;
   const std::size_t s = idx % T, t = (idx / T) % T, h = (idx / (T * T)) % sh.NH, b = idx / (T * T * sh.NH);
-  if (s > t || s < sh.lo(t)) {
+  if (s > t || s < sh.lo(b, t)) {
     scratch[idx] = 0.0f;
     return;
   }
@@ -103,7 +111,7 @@ __global__ void softmax_backward_kernel(float* scratch, const float* att, Shape 
   __shared__ float shared[impl::kThreads];
   const int T = sh.T;
   const std::size_t row = std::size_t(blockIdx.x) * T;
-  const int t = blockIdx.x % T, lo = int(sh.lo(std::size_t(t)));
+  const int t = blockIdx.x % T, lo = int(sh.lo(blockIdx.x / T / sh.NH, std::size_t(t)));
   float adot = 0.0f;
   for (int s = lo + threadIdx.x; s <= t; s += blockDim.x) adot += att[row + s] * scratch[row + s];
   adot = impl::block_sum(adot, shared);
@@ -121,11 +129,12 @@ __global__ void dq_kernel(bf16* dq, const float* scratch, const bf16* k, Shape s
   const float* dp = scratch + ((b * sh.NH + h) * sh.T + t) * sh.T;
   const std::size_t g = h / sh.group();
   float acc = 0.0f;
-  for (std::size_t s = sh.lo(t); s <= t; ++s) acc += dp[s] * __bfloat162float(k[sh.kv_at(b, s, g) + d]);
+  for (std::size_t s = sh.lo(b, t); s <= t; ++s) acc += dp[s] * __bfloat162float(k[sh.kv_at(b, s, g) + d]);
   dq[idx] = impl::to_bf16(acc);
 }
 
 // dk[b,s,g,d] = sum_{h in g} sum_{s<=t<=hi(s)} scratch[b,h,t,s] q[b,t,h,d]; dv likewise with att and dout.
+// Where a document mask cut (t, s) out, both rows hold exact zeros, so the sums add nothing from there.
 __global__ void dkv_kernel(bf16* dk, bf16* dv, const float* scratch, const float* att, const bf16* q,
                            const bf16* dout, Shape sh) {
   const std::size_t idx = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -146,19 +155,20 @@ __global__ void dkv_kernel(bf16* dk, bf16* dv, const float* scratch, const float
   dv[idx] = impl::to_bf16(acc_v);
 }
 
-Shape checked_shape(const char* op, int B, int T, int NH, int NKV, int HD, int window) {
+Shape checked_shape(const char* op, int B, int T, int NH, int NKV, int HD, int window,
+                    const std::int32_t* pos) {
   STRATA_CHECK(NKV > 0 && NH % NKV == 0, op, ": n_heads ", NH, " must be a positive multiple of n_kv_heads ",
                NKV);
   STRATA_CHECK(HD > 0, op, ": head width ", HD, " must be positive");
   STRATA_CHECK(window >= 0, op, ": sliding window ", window, " must be 0 (none) or positive");
-  return Shape{B, T, NH, NKV, HD, window};
+  return Shape{B, T, NH, NKV, HD, window, pos};
 }
 
 }  // namespace
 
 void attention_forward(bf16* out, float* att, const bf16* q, const bf16* k, const bf16* v, int B, int T,
-                       int NH, int NKV, int HD, int window, cudaStream_t stream) {
-  const Shape sh = checked_shape("attention_forward", B, T, NH, NKV, HD, window);
+                       int NH, int NKV, int HD, int window, const std::int32_t* pos, cudaStream_t stream) {
+  const Shape sh = checked_shape("attention_forward", B, T, NH, NKV, HD, window, pos);
   const std::size_t rows = std::size_t(B) * NH * T;
   if (rows == 0) return;
   detail::CudaDeviceGuard guard(stream);
@@ -173,8 +183,8 @@ void attention_forward(bf16* out, float* att, const bf16* q, const bf16* k, cons
 
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, float* scratch, const bf16* dout, const bf16* q,
                         const bf16* k, const bf16* v, const float* att, int B, int T, int NH, int NKV, int HD,
-                        int window, cudaStream_t stream) {
-  const Shape sh = checked_shape("attention_backward", B, T, NH, NKV, HD, window);
+                        int window, const std::int32_t* pos, cudaStream_t stream) {
+  const Shape sh = checked_shape("attention_backward", B, T, NH, NKV, HD, window, pos);
   const std::size_t rows = std::size_t(B) * NH * T;
   if (rows == 0) return;
   detail::CudaDeviceGuard guard(stream);

@@ -14,6 +14,10 @@
 // causal): cuDNN's windowed graphs where it has them, the own kernel with the same window where not, with
 // the reason in attention_path(). A model with full and windowed layers may so run two paths, and sizes
 // its buffers for the larger (model/llama.cpp). The cuDNN path is compiled, never run on a GPU.
+// Documents (positions given: kernels/cpu's Note [Document masks]) take the own kernel, whose band takes
+// them, whatever the shape: the cuDNN graphs here have no per-token document mask (cuDNN's ragged,
+// variable-length form would make every document a sequence of its own, a graph per packing), so
+// attention_sizes(..., documents) reports the own kernel's (B,NH,T,T) buffers and attention_path says why.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -94,10 +98,14 @@ class CudaOps final : public Ops {
   void reserve_scratch(std::size_t bytes) override {
     if (bytes > 0) scratch(bytes);
   }
-  std::string attention_path(int B, int T, int NH, int NKV, int HD, int window) const override {
+  std::string attention_path(int B, int T, int NH, int NKV, int HD, int window,
+                             bool documents) const override {
     check_model_role("attention_path");
     const AttentionShape sh = shape(B, T, NH, NKV, HD, window);
     const std::string band = sh.window > 0 ? detail::cat(", sliding window ", sh.window) : "";
+    if (documents)
+      return detail::cat("kernels/cuda's own unfused attention, (B,NH,T,T) fp32 scores", band,
+                         ", documents kept apart (cuDNN's graphs here have no per-token document mask)");
     const CudnnAttention::Plan& p = cudnn_->plan(sh);
     if (p.supported) return cudnn_->describe_path() + band;
     return detail::cat("kernels/cuda's own unfused attention, (B,NH,T,T) fp32 scores", band,
@@ -146,41 +154,46 @@ class CudaOps final : public Ops {
   void do_rope_cache(Tensor cos, Tensor sin, int T, int HD, std::vector<float> inv_freq) override {
     ku::rope_cache(cos.as<float>(), sin.as<float>(), T, HD, inv_freq.data(), s_);
   }
-  void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD) override {
-    ku::rope_forward(out.as<ku::bf16>(), x.as<ku::bf16>(), cos.as<float>(), sin.as<float>(), B, T, H, HD, s_);
+  void do_rope_forward(Tensor out, Tensor x, Tensor cos, Tensor sin, int B, int T, int H, int HD,
+                       Tensor pos) override {
+    ku::rope_forward(out.as<ku::bf16>(), x.as<ku::bf16>(), cos.as<float>(), sin.as<float>(), B, T, H, HD,
+                     pos.as<std::int32_t>(), s_);
   }
-  void do_rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H,
-                        int HD) override {
+  void do_rope_backward(Tensor dx, Tensor dout, Tensor cos, Tensor sin, int B, int T, int H, int HD,
+                        Tensor pos) override {
     ku::rope_backward(dx.as<ku::bf16>(), dout.as<ku::bf16>(), cos.as<float>(), sin.as<float>(), B, T, H, HD,
-                      s_);
+                      pos.as<std::int32_t>(), s_);
   }
 
-  AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD, int window) const override {
+  // Note [attention paths]: documents take the own kernel.
+  AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD, int window,
+                                 bool documents) const override {
     check_model_role("attention_sizes");
+    if (documents) return Ops::attention_sizes(B, T, NH, NKV, HD, window, documents);
     const CudnnAttention::Plan& p = cudnn_->plan(shape(B, T, NH, NKV, HD, window));
     return p.supported ? p.sizes : Ops::attention_sizes(B, T, NH, NKV, HD, window);
   }
   void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T, int NH,
-                            int NKV, int HD, int window) override {
+                            int NKV, int HD, int window, Tensor pos) override {
     const AttentionShape sh = shape(B, T, NH, NKV, HD, window);
-    if (const CudnnAttention::Plan& p = cudnn_->plan(sh); p.supported) {
+    if (const CudnnAttention::Plan& p = cudnn_->plan(sh); !pos && p.supported) {
       cudnn_->forward(sh, out, saved, q, k, v, scratch(p.forward_workspace_bytes));
       return;
     }
     ku::attention_forward(out.as<ku::bf16>(), saved.as<float>(), q.as<ku::bf16>(), k.as<ku::bf16>(),
-                          v.as<ku::bf16>(), B, T, NH, NKV, HD, sh.window, s_);
+                          v.as<ku::bf16>(), B, T, NH, NKV, HD, sh.window, pos.as<std::int32_t>(), s_);
   }
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD,
-                             int window) override {
+                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD, int window,
+                             Tensor pos) override {
     const AttentionShape sh = shape(B, T, NH, NKV, HD, window);
-    if (cudnn_->plan(sh).supported) {
+    if (!pos && cudnn_->plan(sh).supported) {
       cudnn_->backward(sh, dq, dk, dv, scratch, dout, q, k, v, saved);
       return;
     }
     ku::attention_backward(dq.as<ku::bf16>(), dk.as<ku::bf16>(), dv.as<ku::bf16>(), scratch.as<float>(),
                            dout.as<ku::bf16>(), q.as<ku::bf16>(), k.as<ku::bf16>(), v.as<ku::bf16>(),
-                           saved.as<float>(), B, T, NH, NKV, HD, sh.window, s_);
+                           saved.as<float>(), B, T, NH, NKV, HD, sh.window, pos.as<std::int32_t>(), s_);
   }
 
   void do_swiglu_forward(Tensor out, Tensor gate, Tensor up) override {

@@ -10,10 +10,11 @@
 //   kc::rope_cache(cos, sin, T, HD, inv_freq, s);         // device tables, the CPU's values
 //   kc::rmsnorm_forward(xn, rstd, x, w_norm, N, C, 1e-5f, /*w_offset=*/0.0f, s);
 //   kc::linear_forward(gemm, q, xn, wq, N, C, NH * HD, s);
-//   kc::rope_forward(q, q, cos, sin, B, T, NH, HD, s);
-//   kc::attention_forward(y, att, q, k, v, B, T, NH, NKV, HD, /*window=*/0, s);
+//   kc::rope_forward(q, q, cos, sin, B, T, NH, HD, /*pos=*/nullptr, s);
+//   kc::attention_forward(y, att, q, k, v, B, T, NH, NKV, HD, /*window=*/0, /*pos=*/nullptr, s);
 //   ...
-//   kc::attention_backward(dq, dk, dv, att_scratch, dy, q, k, v, att, B, T, NH, NKV, HD, /*window=*/0, s);
+//   kc::attention_backward(dq, dk, dv, att_scratch, dy, q, k, v, att, B, T, NH, NKV, HD, /*window=*/0,
+//                          /*pos=*/nullptr, s);
 //   kc::linear_backward(gemm, dxn, dwq, dq, xn, wq, N, C, NH * HD, s);   // dxn +=, dwq += (fp32)
 //   kc::rmsnorm_backward(dx, dw, dxn, x, w_norm, rstd, N, C, 0.0f, scratch.data(), scratch.size(), s);
 //
@@ -117,25 +118,28 @@ void bias_backward(float* db /*(OC) +=*/, const bf16* dout /*(N,OC)*/, int N, in
 // Fills device tables with kernels/cpu's rope_cache values (computed on the host, copied, and waited for).
 void rope_cache(float* cos /*(T,HD/2)*/, float* sin /*(T,HD/2)*/, int T, int HD,
                 const float* inv_freq /*(HD/2) host*/, cudaStream_t stream);
-// out may alias x.
+// out may alias x. pos: null, or (B,T) positions (kernels/cpu's Note [Document masks]).
 void rope_forward(bf16* out /*(B,T,H,HD)*/, const bf16* x /*(B,T,H,HD)*/, const float* cos /*(T,HD/2)*/,
-                  const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD, cudaStream_t stream);
+                  const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD, const std::int32_t* pos,
+                  cudaStream_t stream);
 // dx = R^T dout (writes; may alias dout).
 void rope_backward(bf16* dx /*(B,T,H,HD)*/, const bf16* dout /*(B,T,H,HD)*/, const float* cos /*(T,HD/2)*/,
-                   const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD, cudaStream_t stream);
+                   const float* sin /*(T,HD/2)*/, int B, int T, int H, int HD, const std::int32_t* pos,
+                   cudaStream_t stream);
 
 // ---- causal self-attention, grouped-query heads (O(T^2) fp32 scores) ------------------------------------
-// window: 0 causal, w >= 1 a sliding window (query t sees keys t - w < s <= t), as kernels/cpu's.
+// window: 0 causal, w >= 1 a sliding window (query t sees keys t - w < s <= t), as kernels/cpu's; pos:
+// null, or (B,T) positions whose documents cut the band too (kernels/cpu's Note [Document masks]).
 void attention_forward(bf16* out /*(B,T,NH,HD)*/, float* att /*(B,NH,T,T) saved*/,
                        const bf16* q /*(B,T,NH,HD)*/, const bf16* k /*(B,T,NKV,HD)*/,
                        const bf16* v /*(B,T,NKV,HD)*/, int B, int T, int NH, int NKV, int HD, int window,
-                       cudaStream_t stream);
+                       const std::int32_t* pos, cudaStream_t stream);
 // Writes dq, dk, dv; scratch is overwritten.
 void attention_backward(bf16* dq /*(B,T,NH,HD)*/, bf16* dk /*(B,T,NKV,HD)*/, bf16* dv /*(B,T,NKV,HD)*/,
                         float* scratch /*(B,NH,T,T)*/, const bf16* dout /*(B,T,NH,HD)*/,
                         const bf16* q /*(B,T,NH,HD)*/, const bf16* k /*(B,T,NKV,HD)*/,
                         const bf16* v /*(B,T,NKV,HD)*/, const float* att /*(B,NH,T,T)*/, int B, int T, int NH,
-                        int NKV, int HD, int window, cudaStream_t stream);
+                        int NKV, int HD, int window, const std::int32_t* pos, cudaStream_t stream);
 
 // ---- SwiGLU, GeGLU and residual add ----------------------------------------------------------------------
 void swiglu_forward(bf16* out /*(n)*/, const bf16* gate /*(n)*/, const bf16* up /*(n)*/, std::size_t n,

@@ -130,6 +130,14 @@ def _masked_labels(input_ids, labels):
     return labels
 
 
+def _batch_positions(input_ids, position_ids):
+    """position_ids as given, else a token_loader batch's own (its token file's document boundaries), else
+    None."""
+    if position_ids is None and isinstance(input_ids, _strata.Tokens):
+        return input_ids.position_ids
+    return position_ids
+
+
 def _byte_size(value):
     """device_memory_cap as the engine takes it: bytes (int) or a size string such as "64MiB" (0: keep the
     config's)."""
@@ -160,10 +168,10 @@ class Engine:
         self._last_step = None
 
     # ---- the loop ----
-    def __call__(self, input_ids, labels=None, num_items_in_batch=None):
-        return self.forward(input_ids, labels, num_items_in_batch)
+    def __call__(self, input_ids, labels=None, num_items_in_batch=None, position_ids=None):
+        return self.forward(input_ids, labels, num_items_in_batch, position_ids)
 
-    def forward(self, input_ids, labels=None, num_items_in_batch=None):
+    def forward(self, input_ids, labels=None, num_items_in_batch=None, position_ids=None):
         """The forward of one micro-batch: input_ids (B, L) integers, labels (B, L) or None (= input_ids),
         Hugging Face's causal-LM convention: labels are not shifted by the caller — position t predicts
         labels[:, t + 1], the model runs over the first L - 1 tokens, and a label of -100 (any negative one)
@@ -176,8 +184,15 @@ class Engine:
         `strata train` does by default); not given, each micro-batch weighs the same (the mean of the
         micro-batch means, a plain DeepSpeed loop). The returned loss is the micro-batch's mean either way.
 
+        position_ids (B, L) or None: packed documents, as transformers' padding-free packing takes them
+        (DataCollatorWithFlattening): 0 at each document's first token, then 1, 2, ...; each document then
+        attends to itself only and its rotary positions start at 0. Give labels with -100 at each
+        document's first token too, as that collator does, so that no document is scored on the one before.
+
         A batch of token_loader over a token file with a loss mask (TOKENFILE.mask) carries its labels
-        (batch.labels, -100 where the mask leaves a token out); with labels=None those are used."""
+        (batch.labels, -100 where the mask leaves a token out); with labels=None those are used. One with
+        document boundaries (TOKENFILE.docs) carries such labels and batch.position_ids, used when
+        position_ids=None."""
         if num_items_in_batch is not None:
             if isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, int):
                 try:
@@ -188,8 +203,9 @@ class Engine:
             if num_items_in_batch < 0:
                 raise ValueError(f"num_items_in_batch: {num_items_in_batch} must be at least 0")
         labels = _masked_labels(input_ids, labels)
+        position_ids = _batch_positions(input_ids, position_ids)
         with self._lock:
-            value = self._core.forward(input_ids, labels, num_items_in_batch)
+            value = self._core.forward(input_ids, labels, num_items_in_batch, position_ids)
             self._forward_id += 1
             return Loss(value, self._token, self._forward_id)
 
@@ -234,11 +250,12 @@ class Engine:
     def _boundary(self):
         return (self.micro_steps + 1) % self._core.accumulation_steps == 0
 
-    def eval_loss(self, input_ids, labels=None) -> float:
+    def eval_loss(self, input_ids, labels=None, position_ids=None) -> float:
         """The loss of a batch (same conventions as forward) without gradients or optimizer state."""
         labels = _masked_labels(input_ids, labels)
+        position_ids = _batch_positions(input_ids, position_ids)
         with self._lock:
-            return self._core.eval_loss(input_ids, labels)
+            return self._core.eval_loss(input_ids, labels, position_ids)
 
     # ---- DeepSpeed's counters and figures ----
     @property

@@ -105,11 +105,11 @@ Fused run_fused(const Shape& s, const Inputs& in, const FusedPaths& paths, int t
   tbb::task_arena arena(threads);
   arena.execute([&] {
     kc::attention_fused_forward(f.out.data(), f.saved.data(), in.q.data(), in.k.data(), in.v.data(), s.B, s.T,
-                                s.NH, s.NKV, s.HD, s.window, paths);
+                                s.NH, s.NKV, s.HD, s.window, nullptr, paths);
     f.saved_after_forward = f.saved;
     kc::attention_fused_backward(f.dq.data(), f.dk.data(), f.dv.data(), f.scratch.data(), in.dout.data(),
                                  in.q.data(), in.k.data(), in.v.data(), f.saved.data(), s.B, s.T, s.NH, s.NKV,
-                                 s.HD, s.window, paths);
+                                 s.HD, s.window, nullptr, paths);
   });
   return f;
 }

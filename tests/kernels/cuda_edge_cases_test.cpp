@@ -81,8 +81,8 @@ TEST_F(CudaZeroSizes, EmptyShapesLaunchNothing) {
   kc::cast_bf16_to_f32(f.get(), b, 0, stream_);
   kc::scale(f.get(), 2.0f, 0, stream_);
   kc::scale(b, 2.0f, 0, stream_);
-  kc::rope_forward(b, b, f.get(), f.get(), 0, 4, 2, 8, stream_);
-  kc::attention_forward(b, f.get(), b, b, b, 0, 4, 2, 2, 8, /*window=*/0, stream_);
+  kc::rope_forward(b, b, f.get(), f.get(), 0, 4, 2, 8, nullptr, stream_);
+  kc::attention_forward(b, f.get(), b, b, b, 0, 4, 2, 2, 8, /*window=*/0, nullptr, stream_);
   kc::rmsnorm_forward(b, f.get(), b, b, 0, 8, 1e-5f, 1.0f, stream_);
   kc::squared_norm(norm.get(), f.get(), 0, s.data(), s.size(), stream_);
   EXPECT_EQ(norm.download()[0], 0.0);

@@ -172,8 +172,9 @@ TEST_F(CudaVsCpu, RotaryEmbedding) {
   DeviceBuffer<cpu::bf16_t> d_x(to_bf16(x)), d_dout(to_bf16(dout)), d_out(x.size()), d_dx(x.size());
   d_out.poison();
   d_dx.poison();
-  kc::rope_forward(d_out.as<bf16>(), d_x.as<bf16>(), d_cos.get(), d_sin.get(), B, T, H, HD, stream_);
-  kc::rope_backward(d_dx.as<bf16>(), d_dout.as<bf16>(), d_cos.get(), d_sin.get(), B, T, H, HD, stream_);
+  kc::rope_forward(d_out.as<bf16>(), d_x.as<bf16>(), d_cos.get(), d_sin.get(), B, T, H, HD, nullptr, stream_);
+  kc::rope_backward(d_dx.as<bf16>(), d_dout.as<bf16>(), d_cos.get(), d_sin.get(), B, T, H, HD, nullptr,
+                    stream_);
   EXPECT_LE(rel_l2(got(d_out), out), kTol);
   EXPECT_LE(rel_l2(got(d_dx), dx), kTol);
 }
@@ -202,15 +203,68 @@ TEST_P(CudaAttention, MatchesCpu) {
   d_att.poison();
   d_scratch.poison();
   kc::attention_forward(d_out.as<bf16>(), d_att.get(), d_q.as<bf16>(), d_k.as<bf16>(), d_v.as<bf16>(), B, T,
-                        NH, NKV, HD, W, stream_);
+                        NH, NKV, HD, W, nullptr, stream_);
   kc::attention_backward(d_dq.as<bf16>(), d_dk.as<bf16>(), d_dv.as<bf16>(), d_scratch.get(),
                          d_dout.as<bf16>(), d_q.as<bf16>(), d_k.as<bf16>(), d_v.as<bf16>(), d_att.get(), B, T,
-                         NH, NKV, HD, W, stream_);
+                         NH, NKV, HD, W, nullptr, stream_);
   EXPECT_LE(rel_l2(got(d_out), out), kTol);
   EXPECT_LE(rel_l2(d_att.download(), att), kTol);
   EXPECT_LE(rel_l2(got(d_dq), dq), kTol);
   EXPECT_LE(rel_l2(got(d_dk), dk), kTol);
   EXPECT_LE(rel_l2(got(d_dv), dv), kTol);
+}
+
+// Packed documents (kernels/cpu's Note [Document masks]): the own kernel's mask and rope with positions
+// against the CPU, with and without a window. Row 0 holds documents of 13, 1 and 26 tokens, row 1 of 40.
+TEST_F(CudaVsCpu, AttentionAndRopeWithDocuments) {
+  SEED_TRACE();
+  const int B = 2, T = 40, HD = 32, NH = 8, NKV = 2;
+  std::vector<std::int32_t> pos;
+  for (int n : {13, 1, 26, 40})
+    for (int p = 0; p < n; ++p) pos.push_back(p);
+  DeviceBuffer<std::int32_t> d_pos(pos);
+  const auto q = inputs(std::size_t(B) * T * NH * HD), k = inputs(std::size_t(B) * T * NKV * HD);
+  const auto v = inputs(k.size()), dout = inputs(q.size());
+  for (const int W : {0, 7}) {
+    SCOPED_TRACE("window " + std::to_string(W));
+    const std::size_t att_n = std::size_t(B) * NH * T * T;
+    std::vector<float> out(q.size()), att(att_n), scratch(att_n), dq(q.size()), dk(k.size()), dv(v.size());
+    cpu::attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD, W,
+                           pos.data());
+    cpu::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(), k.data(),
+                            v.data(), att.data(), B, T, NH, NKV, HD, W, pos.data());
+    DeviceBuffer<cpu::bf16_t> d_q(to_bf16(q)), d_k(to_bf16(k)), d_v(to_bf16(v)), d_dout(to_bf16(dout));
+    DeviceBuffer<cpu::bf16_t> d_out(q.size()), d_dq(q.size()), d_dk(k.size()), d_dv(v.size());
+    DeviceBuffer<float> d_att(att_n), d_scratch(att_n);
+    for (auto* b : {&d_out, &d_dq, &d_dk, &d_dv}) b->poison();
+    d_att.poison();
+    d_scratch.poison();
+    kc::attention_forward(d_out.as<bf16>(), d_att.get(), d_q.as<bf16>(), d_k.as<bf16>(), d_v.as<bf16>(), B, T,
+                          NH, NKV, HD, W, d_pos.get(), stream_);
+    kc::attention_backward(d_dq.as<bf16>(), d_dk.as<bf16>(), d_dv.as<bf16>(), d_scratch.get(),
+                           d_dout.as<bf16>(), d_q.as<bf16>(), d_k.as<bf16>(), d_v.as<bf16>(), d_att.get(), B,
+                           T, NH, NKV, HD, W, d_pos.get(), stream_);
+    EXPECT_LE(rel_l2(got(d_out), out), kTol);
+    EXPECT_LE(rel_l2(d_att.download(), att), kTol);
+    EXPECT_LE(rel_l2(got(d_dq), dq), kTol);
+    EXPECT_LE(rel_l2(got(d_dk), dk), kTol);
+    EXPECT_LE(rel_l2(got(d_dv), dv), kTol);
+  }
+  const int H = NH;
+  std::vector<float> cos(std::size_t(T) * HD / 2), sin(cos.size()), rout(q.size()), rdx(q.size());
+  cpu::rope_cache(cos.data(), sin.data(), T, HD, 10000.0f);
+  cpu::rope_forward(rout.data(), q.data(), cos.data(), sin.data(), B, T, H, HD, pos.data());
+  cpu::rope_backward(rdx.data(), dout.data(), cos.data(), sin.data(), B, T, H, HD, pos.data());
+  DeviceBuffer<float> d_cos(cos), d_sin(sin);
+  DeviceBuffer<cpu::bf16_t> d_x(to_bf16(q)), d_g(to_bf16(dout)), d_rout(q.size()), d_rdx(q.size());
+  d_rout.poison();
+  d_rdx.poison();
+  kc::rope_forward(d_rout.as<bf16>(), d_x.as<bf16>(), d_cos.get(), d_sin.get(), B, T, H, HD, d_pos.get(),
+                   stream_);
+  kc::rope_backward(d_rdx.as<bf16>(), d_g.as<bf16>(), d_cos.get(), d_sin.get(), B, T, H, HD, d_pos.get(),
+                    stream_);
+  EXPECT_LE(rel_l2(got(d_rout), rout), kTol);
+  EXPECT_LE(rel_l2(got(d_rdx), rdx), kTol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Heads, CudaAttention,

@@ -315,10 +315,10 @@ TEST_P(CudaShapes1bAttention, TheUnfusedCudaKernelMatchesTheCpu) {
   auto* s = static_cast<cudaStream_t>(gpu_.stream->native_handle());
   auto bf = [](Tensor t) { return t.as<kcu::bf16>(); };
   kcu::attention_forward(bf(out.gpu), att.as<float>(), bf(tq.gpu), bf(tk.gpu), bf(tv.gpu), c.B, c.T, c.NH,
-                         c.NKV, c.HD, /*window=*/0, s);
+                         c.NKV, c.HD, /*window=*/0, /*pos=*/nullptr, s);
   kcu::attention_backward(bf(dq.gpu), bf(dk.gpu), bf(dv.gpu), att_scratch.as<float>(), bf(td.gpu), bf(tq.gpu),
                           bf(tk.gpu), bf(tv.gpu), att.as<float>(), c.B, c.T, c.NH, c.NKV, c.HD, /*window=*/0,
-                          s);
+                          /*pos=*/nullptr, s);
   EXPECT_LT(error(out), kTol) << "out";
   EXPECT_LT(error(dq), kAttentionGrad) << "dq";
   EXPECT_LT(error(dk), kAttentionGrad) << "dk";

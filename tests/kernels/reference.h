@@ -113,8 +113,10 @@ inline Vec ref_linear(const Vec& x, const Vec& w, int N, int IC, int OC) {
 }
 
 // Hugging Face's apply_rotary_pos_emb on a (B,T,H,HD) tensor: x * cos + rotate_half(x) * sin with
-// rotate_half(x) = cat(-x2, x1) and cos/sin = cat(freqs, freqs).
-inline Vec ref_rope(const Vec& x, int B, int T, int H, int HD, double theta) {
+// rotate_half(x) = cat(-x2, x1) and cos/sin = cat(freqs, freqs); row (b, t) at position t, or with `pos`
+// ((B,T), position_ids) at pos[b * T + t].
+inline Vec ref_rope(const Vec& x, int B, int T, int H, int HD, double theta,
+                    const std::vector<std::int32_t>* pos = nullptr) {
   Vec out(x.size());
   const int half = HD / 2;
   for (int b = 0; b < B; ++b)
@@ -122,30 +124,48 @@ inline Vec ref_rope(const Vec& x, int B, int T, int H, int HD, double theta) {
       for (int h = 0; h < H; ++h) {
         const double* xh = &x[((std::size_t(b) * T + t) * H + h) * HD];
         double* oh = &out[((std::size_t(b) * T + t) * H + h) * HD];
+        const double p = pos ? double((*pos)[std::size_t(b) * T + t]) : double(t);
         for (int d = 0; d < HD; ++d) {
           const double freq = std::pow(theta, -double(2 * (d % half)) / HD);
           const double rot = d < half ? -xh[d + half] : xh[d - half];
-          oh[d] = xh[d] * std::cos(t * freq) + rot * std::sin(t * freq);
+          oh[d] = xh[d] * std::cos(p * freq) + rot * std::sin(p * freq);
         }
       }
   return out;
 }
 
+// transformers' find_packed_sequence_indices: the sequence each token of a row belongs to, a new one
+// wherever position_ids do not go up by one (pos (B,T)).
+inline std::vector<int> ref_packed_sequences(const std::vector<std::int32_t>& pos, int B, int T) {
+  std::vector<int> seq(pos.size());
+  for (int b = 0; b < B; ++b)
+    for (int t = 0, n = 0; t < T; ++t) {
+      const std::size_t i = std::size_t(b) * T + t;
+      if (t > 0 && pos[i] != pos[i - 1] + 1) ++n;
+      seq[i] = n;
+    }
+  return seq;
+}
+
 // Causal softmax attention; query head h reads key/value head h / (NH / NKV) (HF's repeat_kv). With a
 // sliding window w > 0, query t attends to keys u with t - w < u <= t only (transformers'
-// sliding_window_causal_mask_function: kv_idx > q_idx - sliding_window and kv_idx <= q_idx).
+// sliding_window_causal_mask_function: kv_idx > q_idx - sliding_window and kv_idx <= q_idx). With `pos`
+// ((B,T) position_ids), only to keys of its own packed sequence as well (transformers'
+// packed_sequence_mask_function over ref_packed_sequences).
 inline Vec ref_attention(const Vec& q, const Vec& k, const Vec& v, int B, int T, int NH, int NKV, int HD,
-                         int window = 0) {
+                         int window = 0, const std::vector<std::int32_t>* pos = nullptr) {
   Vec out(q.size(), 0.0);
   const int rep = NH / NKV;
+  const std::vector<int> seq = pos ? ref_packed_sequences(*pos, B, T) : std::vector<int>{};
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h)
       for (int t = 0; t < T; ++t) {
         const int g = h / rep;
-        Vec s(t + 1, -std::numeric_limits<double>::infinity());  // outside the window: e^(-inf) = 0 below
+        Vec s(t + 1, -std::numeric_limits<double>::infinity());  // outside the mask: e^(-inf) = 0 below
         double mx = -1e300;
         for (int u = 0; u <= t; ++u) {
           if (window > 0 && u <= t - window) continue;
+          if (pos && seq[std::size_t(b) * T + u] != seq[std::size_t(b) * T + t]) continue;
           double d = 0.0;
           for (int e = 0; e < HD; ++e)
             d += q[((std::size_t(b) * T + t) * NH + h) * HD + e] *

@@ -114,7 +114,7 @@ def eval_line(strata, model, data, *extra):
 
 
 TORCH_CHECK = r"""
-import json, struct, sys
+import json, os, struct, sys
 import torch, transformers
 model_dir, data, seq_len, rows = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 m = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -122,12 +122,21 @@ def body(path, header_ints, fmt):
     raw = open(path, "rb").read()[header_ints * 4:]
     return list(struct.unpack(f"<{len(raw) // struct.calcsize(fmt)}{fmt}", raw))
 tokens, mask = body(data, 256, "H"), body(data + ".mask", 256, "B")
-ids, labels = [], []
+# Packed examples kept apart (OUT.docs, model/packed_docs.h): position_ids from 0 at each example and row
+# start, and no example scored on the one before it, as transformers' padding-free packing does.
+starts = set(body(data + ".docs", 256, "Q")) if os.path.exists(data + ".docs") else set()
+ids, labels, pos = [], [], []
 for s in range(rows):  # strata eval's rows: consecutive windows of seq_len + 1 tokens from the start
     w = tokens[s * seq_len: s * seq_len + seq_len + 1]
     ids.append(w[:seq_len])
-    labels.append([w[j + 1] if mask[s * seq_len + j + 1] else -100 for j in range(seq_len)])
-logits = m(input_ids=torch.tensor(ids)).logits.float()
+    labels.append([w[j + 1] if mask[s * seq_len + j + 1] and s * seq_len + j + 1 not in starts else -100
+                   for j in range(seq_len)])
+    p = []
+    for j in range(seq_len):
+        p.append(0 if j == 0 or s * seq_len + j in starts else p[-1] + 1)
+    pos.append(p)
+extra = dict(position_ids=torch.tensor(pos), use_cache=False) if starts else {}
+logits = m(input_ids=torch.tensor(ids), **extra).logits.float()
 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.tensor(labels).reshape(-1),
                                          ignore_index=-100)
 print(json.dumps({"class": type(m).__name__, "loss": float(loss)}))

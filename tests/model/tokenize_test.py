@@ -81,6 +81,13 @@ def expected_file(tok, docs, bos, eos, width):
     return header + struct.pack(f"<{len(tokens)}{'H' if width == 2 else 'I'}", *tokens), tokens
 
 
+def docs_file(count, starts):
+    """OUT.docs as model/packed_docs.h reads it: magic 20261204, version 1, the token and document counts as
+    uint64, then each document's first token as a uint64."""
+    header = struct.pack("<6i", 20261204, 1, count, 0, len(starts), 0) + bytes(4 * 250)
+    return header + struct.pack(f"<{len(starts)}Q", *starts)
+
+
 def read(path):
     with open(path, "rb") as f:
         return f.read()
@@ -207,6 +214,8 @@ def chat_checks(script, tmp):
           "1 examples have no token that counts" in r.stderr and "Traceback" not in r.stderr,
           f"--chat reports conversations, tokens, tokens that count and those with none: {r.stderr.strip()}")
     check(not os.path.exists(out + ".tmp") and not os.path.exists(out + ".mask.tmp"), "no .tmp file is left")
+    check(read(out + ".docs") == docs_file(24, [0, len(CONV1_IDS)]) and not os.path.exists(out + ".docs.tmp"),
+          "packed --chat writes OUT.docs: each conversation's first token")
 
     # (c2) The template without {% generation %} (the prefix method) gives the same tokens and mask.
     rc, err = run_in("--chat", "--tokenizer", plain, "--out", out, convs)
@@ -228,6 +237,7 @@ def chat_checks(script, tmp):
               read(out + ".mask") == mask_bytes(conv1_mask + conv2_mask + [0] * 4) and
               "1 examples were cut to --seq-len 12" in err,
               f"--pad-rows {' '.join(extra)}: rows of 12, cut and padded with <pad> (mask 0) ({err.strip()})")
+        check(not os.path.exists(out + ".docs"), "--pad-rows writes no OUT.docs (a row holds one example)")
     # Packed, --seq-len only reports the conversations longer than it.
     rc, err = run_in("--chat", "--seq-len", "10", "--tokenizer", gen, "--out", out, convs)
     check(rc == 0 and read(out) == token_bytes(want_ids) and "1 examples are longer than --seq-len 10" in err,
@@ -540,6 +550,14 @@ def main():
             check("3 documents" in r.stdout and f"{len(tokens)} tokens" in r.stdout and "uint16" in r.stdout,
                   f"the summary names documents, tokens and width: {r.stdout.strip()}")
             check(not os.path.exists(out + ".tmp"), "no .tmp file is left behind")
+            # Packed: OUT.docs says where each document (its BOS) starts.
+            lengths = [len(expected_file(tok, [d], bos, eos, 2)[1]) for d in docs]
+            starts = [sum(lengths[:i]) for i in range(len(docs))]
+            check(read(out + ".docs") == docs_file(len(tokens), starts) and "3 document starts" in r.stdout,
+                  f"OUT.docs holds the documents' starts {starts} ({r.stdout.strip()})")
+            r = run(script, "--tokenizer", model, "--out", out, "--no-docs", txt, jsonl)
+            check(r.returncode == 0 and read(out) == want and not os.path.exists(out + ".docs"),
+                  f"--no-docs writes no OUT.docs and removes a stale one ({r.stderr.strip()})")
 
         # (2) --no-bos --no-eos: the tokenizer's own encoding only, its post-processor's <s> not applied.
         out2 = os.path.join(tmp, "plain.bin")

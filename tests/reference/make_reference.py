@@ -27,6 +27,15 @@ window of 16 at T = 64, so that most queries see a quarter of the keys before th
 every layer, Qwen2 with use_sliding_window and max_window_layers 1 (layer 0 full, layer 1 windowed). They
 are narrower than the others (hidden 32, vocabulary 128) to keep the dumps small.
 
+Packed documents (model/packed_docs.h, Note [Packed documents]): llama_packed and mistral_window_packed
+(window 16) hold rows of T + 1 = 65 tokens packed from documents of fixed lengths, run by transformers with
+per-document position_ids (its padding-free packing: masking_utils' find_packed_sequence_indices) and
+labels as DataCollatorWithFlattening makes them (-100 at every document's first token). They store
+input_ids, position_ids and labels (B, T + 1, F32) in reference.safetensors, and in reference.json
+"packed_loss" (that forward's loss) and "document_losses": [row, first token, tokens, loss] of each
+document run alone (no position_ids, no other document), each document's loss in the packed row being its
+loss alone (checked here within 1e-6 relative, and by tests/model/packed_documents_test.cpp for Strata).
+
 Each family's reference.json also holds "masked_loss": transformers' own loss, model(input_ids=inputs,
 labels=labels), with labels (B, T) = inputs where a fixed random draw keeps them and -100 elsewhere (stored
 as "labels", F32): transformers shifts them inside the model, so position t is scored against labels[t + 1].
@@ -83,11 +92,17 @@ WINDOWED = {
                                                              max_window_layers=1)),
     "phi3_window": ("Phi3Config", "Phi3ForCausalLM", dict(SMALL, pad_token_id=0, sliding_window=16)),
 }
+# Packed rows: each row's documents, by length, over T + 1 = 65 tokens (one of a single token).
+PACKED = {
+    "llama_packed": (None, dict(SMALL)),
+    "mistral_window_packed": (("MistralConfig", "MistralForCausalLM"), dict(SMALL, sliding_window=16)),
+}
+PACKED_DOCS = [[20, 1, 30, 14], [40, 25]]
 NOT_TAKEN = {"mistral": ("attention_bias", "mlp_bias"), "qwen2": ("attention_bias", "mlp_bias"),
              "qwen3": ("mlp_bias",), "phi3": ("attention_bias", "mlp_bias"), "gemma": ("mlp_bias",),
              "phi3_longrope": ("attention_bias", "mlp_bias"), "phi3_longrope_short": ("attention_bias", "mlp_bias"),
              "mistral_window": ("attention_bias", "mlp_bias"), "qwen2_window": ("attention_bias", "mlp_bias"),
-             "phi3_window": ("attention_bias", "mlp_bias")}
+             "phi3_window": ("attention_bias", "mlp_bias"), "mistral_window_packed": ("attention_bias", "mlp_bias")}
 
 
 def make(name, overrides, out, family=None, T=T):
@@ -158,6 +173,63 @@ def make(name, overrides, out, family=None, T=T):
     print(f"{name}: loss {first:.6f}, after {STEPS} steps {losses[-1]:.6f} -> {d}")
 
 
+def make_packed(name, family, overrides, out):
+    kw = dict(COMMON)
+    kw.update(overrides)
+    torch.manual_seed(1234)
+    if family is None:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw)).to(torch.float32)
+    else:
+        for k in NOT_TAKEN[name]:
+            kw.pop(k, None)
+        model = getattr(transformers, family[1])(getattr(transformers, family[0])(**kw)).to(torch.float32)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.08)
+            else:
+                p.add_(torch.randn_like(p) * 0.1)
+    d = os.path.join(out, name)
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    if os.path.exists(os.path.join(d, "generation_config.json")):
+        os.remove(os.path.join(d, "generation_config.json"))
+    rows, width = len(PACKED_DOCS), WINDOW_T + 1
+    assert all(sum(docs) == width for docs in PACKED_DOCS)
+    g = torch.Generator().manual_seed(99)
+    ids = torch.randint(0, kw["vocab_size"], (rows, width), generator=g)
+    # DataCollatorWithFlattening: position_ids restart at 0 per document; labels are the tokens with -100 at
+    # each document's first token (so no document is scored on the one before it).
+    pos = torch.tensor([[p for n in docs for p in range(n)] for docs in PACKED_DOCS])
+    labels = torch.where(pos == 0, torch.full_like(ids, -100), ids)
+    model.eval()
+    with torch.no_grad():
+        # use_cache=False: transformers looks for packed sequences only without a cache (masking_utils'
+        # _preprocess_mask_arguments), and an eval forward would make one.
+        packed = float(model(input_ids=ids, position_ids=pos, labels=labels, use_cache=False).loss)
+        per_doc, total, count = [], 0.0, 0
+        for r, docs in enumerate(PACKED_DOCS):
+            start = 0
+            for n in docs:
+                if n >= 2:  # a document of one token has no target
+                    doc = ids[r:r + 1, start:start + n]
+                    loss = float(model(input_ids=doc, labels=doc, use_cache=False).loss)
+                    per_doc.append([r, start, n, loss])
+                    total += loss * (n - 1)
+                    count += n - 1
+                start += n
+    mean = total / count
+    assert abs(packed - mean) <= 1e-6 * abs(mean), (packed, mean)  # transformers keeps them apart too
+    tensors = {"input_ids": ids.to(torch.float32).contiguous(), "position_ids": pos.to(torch.float32).contiguous(),
+               "labels": labels.to(torch.float32).contiguous()}
+    save_file(tensors, os.path.join(d, "reference.safetensors"))
+    meta = {"batch": rows, "seq_len": WINDOW_T, "packed_loss": packed, "document_losses": per_doc,
+            "torch": torch.__version__, "transformers": transformers.__version__}
+    with open(os.path.join(d, "reference.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    print(f"{name}: packed loss {packed:.6f} over {len(per_doc)} documents -> {d}")
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
     only = set(sys.argv[2:])
@@ -171,6 +243,9 @@ def main():
     for name, (cfg_cls, model_cls, ov) in WINDOWED.items():
         if not only or name in only:
             make(name, ov, out, (cfg_cls, model_cls), T=WINDOW_T)
+    for name, (family, ov) in PACKED.items():
+        if not only or name in only:
+            make_packed(name, family, ov, out)
 
 
 if __name__ == "__main__":

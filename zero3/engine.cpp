@@ -206,11 +206,14 @@ Engine::Impl::~Impl() {
 
 void Engine::Impl::open_tiers() {
   const auto& z = cfg.zero_optimization;
-  if (plan.nvme_state > 0) {
-    // One store for both: its swap files striped over every directory listed (one per drive).
-    const std::vector<std::string>& paths = z.offload_optimizer.device == OffloadDevice::nvme
-                                                ? z.offload_optimizer.nvme_paths
-                                                : z.offload_param.nvme_paths;
+  if (plan.nvme_state > 0 || plan.nvme_activations > 0) {
+    // One store for both: its swap files striped over every directory listed (one per drive). The block
+    // inputs alone on NVMe take whichever nvme_path the config names (checkpoint_nvme_path).
+    const std::vector<std::string>& paths =
+        z.offload_optimizer.device == OffloadDevice::nvme ||
+                (plan.nvme_state == 0 && !z.offload_optimizer.nvme_paths.empty())
+            ? z.offload_optimizer.nvme_paths
+            : z.offload_param.nvme_paths;
     if (z.offload_optimizer.device == OffloadDevice::nvme && z.offload_param.device == OffloadDevice::nvme &&
         z.offload_param.nvme_paths != z.offload_optimizer.nvme_paths)
       STRATA_WARN_ONCE("offload_param.nvme_path (", strata::detail::join(z.offload_param.nvme_paths),
@@ -235,9 +238,12 @@ void Engine::Impl::open_tiers() {
           4 * (1 + rule.states() + (homes.grad == Tier::nvme ? 1 : 0)), " bytes a parameter",
           homes.grad == Tier::nvme ? "; strata.nvme_gradients false keeps the gradients in host memory" : "",
           ")");
+    if (plan.nvme_activations > 0)
+      what += cat(what.empty() ? "" : " and ", format_size(plan.nvme_activations),
+                  " of checkpointed block inputs (activation_checkpointing.cpu_checkpointing)");
     so.capacity_why =
         cat(what, world > 1 ? cat(" for this rank's shard (rank ", comm->rank(), " of ", world, ")") : "",
-            ", plus ", format_size(plan.nvme_budget - plan.nvme_state),
+            ", plus ", format_size(plan.nvme_budget - plan.nvme_state - plan.nvme_activations),
             " of room for extent alignment and reuse (1/16 of that + 64 MiB)");
     // Each rank its own swap file: ranks on one machine may share nvme_path.
     so.name = world > 1 ? cat("zero3-rank", comm->rank()) : std::string("zero3");

@@ -92,6 +92,9 @@ struct EngineTestHooks {
   // Note [thread device]; DeviceOptions::check_thread_device), so that a thread of the engine's that
   // would touch another rank's GPU on cuda is found without one. Use a strata.device other than 0.
   bool check_thread_device = false;
+  // The host memory the plan weighs against (0: the machine's), so that a test can make pinned memory too
+  // small for the block inputs (Note [Checkpoints off the device]).
+  std::uint64_t host_memory = 0;
   // Called on the training thread with chunk `chunk`'s gradient buffer (numel fp32, device
   // memory the CPU addresses) once the model's ops have written it and before it is handed to the shard —
   // to put an overflow into the backward that ends a step. Null: not called.

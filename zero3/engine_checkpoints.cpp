@@ -8,9 +8,10 @@ namespace strata::zero3 {
 
 using detail::cat;
 
-void CheckpointOffload::plan(int count, std::size_t bytes) {
+void CheckpointOffload::plan(int count, std::size_t bytes, Tier home) {
   planned_count_ = count;
   planned_bytes_ = bytes;
+  home_ = home;
 }
 
 CheckpointOffload::Entry& CheckpointOffload::at(int i) {
@@ -46,7 +47,7 @@ void CheckpointOffload::begin(int count, std::size_t bytes) {
                                  .kind = tiering::Kind::activation,
                                  .dtype = DType::u8,
                                  .bytes = bytes_,
-                                 .home = Tier::pinned});
+                                 .home = home_});
       e.written = env_.dev->create_event();
       e.done = env_.dev->create_event();
     }
@@ -68,6 +69,8 @@ void CheckpointOffload::free_done(std::size_t keep) {
     // The pinned copy is valid once the copy out is done (the manager waits for it where it has not):
     // only the device block goes, after the compute stream's last read (e.done).
     env_.tm->evict(e.id, Tier::device, Tier::pinned, e.done.get());
+    // On to NVMe, where that is home: the pinned copy goes once written there.
+    if (home_ == Tier::nvme) env_.tm->evict(e.id, Tier::pinned, Tier::nvme);
   }
   leaving_ = std::move(still);
 }
@@ -83,7 +86,7 @@ void CheckpointOffload::reset() {
     if (env_.tm->data(e.id, Tier::device) != nullptr) {
       // Free it after the compute stream's work so far; a copy with no valid home copy is kept first.
       env_.compute_stream->record(*e.done);
-      env_.tm->evict(e.id, Tier::device, Tier::pinned, e.done.get());
+      env_.tm->evict(e.id, Tier::device, home_, e.done.get());
     }
   }
 }
@@ -143,7 +146,8 @@ void CheckpointOffload::backward_done(int i) {
   if (last(i)) return;
   let_go(e);
   env_.compute_stream->record(*e.done);
-  env_.tm->evict(e.id, Tier::device, Tier::pinned, e.done.get());
+  // Its home copy (pinned, or on NVMe) is valid: only the device block goes.
+  env_.tm->evict(e.id, Tier::device, home_, e.done.get());
 }
 
 }  // namespace strata::zero3

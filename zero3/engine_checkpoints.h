@@ -19,9 +19,14 @@
 // block from step to step). So the device holds kCheckpointWindow (placement.h) blocks at most — one being
 // read, one being written or brought back, one whose free waits for the compute stream — planned inside
 // the pool (MemoryPlan.device_checkpoint_window), and pinned memory holds L - 1 of them
-// (pinned_activations, in the pool's budget). The copies are exact: the losses and gradients are those of
-// the run with the block inputs on the device, bit for bit. Every move is the tier manager's, so memprof's
-// trace shows each checkpoint going out in forward and coming back in backward (kind "activation").
+// (pinned_activations, in the pool's budget). Where that would take the host plan past 90% of the
+// machine's memory and the config names an nvme_path, NVMe is the next tier (Engine::Impl::plan_memory
+// decides, and says so): each block input goes on from pinned memory to its swap file once copied out, and
+// comes back to the device through a pinned staging block, so pinned memory holds kCheckpointWindow + 1 of
+// them on their way (MemoryPlan.nvme_activations the rest). The copies are exact: the losses and
+// gradients are those of the run with the block inputs on the device, bit for bit. Every move is the tier
+// manager's, so memprof's trace shows each checkpoint going out in forward and coming back in backward (kind
+// "activation").
 #pragma once
 
 #include <cstddef>
@@ -42,7 +47,7 @@ class CheckpointOffload final : public model::CheckpointStore {
 
   // What the plan chose: `count` block inputs of `bytes` each off the device, or none (count 0). The
   // tensors are registered at the first forward, the tier manager being open then.
-  void plan(int count, std::size_t bytes);
+  void plan(int count, std::size_t bytes, Tier home);
   bool active() const { return planned_count_ > 0; }
   // Frees what a forward left on the device (one that failed, or whose backward will not run).
   void reset();
@@ -77,6 +82,7 @@ class CheckpointOffload final : public model::CheckpointStore {
   const EngineEnv& env_;
   int planned_count_ = 0;
   std::size_t planned_bytes_ = 0, bytes_ = 0;
+  Tier home_ = Tier::pinned;
   std::vector<Entry> entries_;
   std::vector<int> leaving_;  // forward is done with these; their device blocks go once copied out
   std::uint64_t moved_out_ = 0, moved_back_ = 0;

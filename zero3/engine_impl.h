@@ -77,6 +77,13 @@ struct Engine::Impl final : EngineEnv, private UpdateGate {
   std::vector<std::uint64_t> every_ranks(std::uint64_t mine);
   // Host memory the plan takes: pinned state and staging, and on the host backend the device too.
   std::uint64_t host_need() const;
+  // Where NVMe swap files go: offload_optimizer's nvme_path when it swaps, else offload_param's; empty
+  // when neither names one.
+  std::string checkpoint_nvme_path() const;
+  // The machine's memory, or EngineTestHooks::host_memory.
+  std::uint64_t host_memory() const {
+    return opts.testing.host_memory > 0 ? opts.testing.host_memory : physical_memory();
+  }
   // The ranks sharing this rank's machine (its host name) and the host memory their plans take together:
   // the host-memory checks weigh what the machine holds against all of them (share_host, after plan_memory).
   void share_host();

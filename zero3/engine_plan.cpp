@@ -22,7 +22,7 @@ using detail::cat;
 // on this 23 GiB machine and backward slowed under the memory pressure as much as the step gained). The
 // least over ranks (Note [Ranks agree]): every rank overlaps the same chunks.
 std::uint64_t Engine::Impl::overlap_room() {
-  const std::uint64_t ram = physical_memory();
+  const std::uint64_t ram = host_memory();
   const std::uint64_t host = host_need_here;
   const std::vector<std::uint64_t> rooms = every_ranks(
       ram == 0 ? std::numeric_limits<std::uint64_t>::max()
@@ -42,8 +42,22 @@ void Engine::Impl::plan_memory() {
   plan = p.memory;
   note_activations(plan, sizes, choice);
   plan.device_headroom = dev->caps().reserved;
+  // Note [Checkpoints off the device]: NVMe is the next tier where pinned memory would not hold them.
+  if (plan.activation_offload && host_need() > host_memory() / 10 * 9 && !checkpoint_nvme_path().empty()) {
+    const std::uint64_t pinned = plan.pinned_activations;
+    in.checkpoints_on_nvme = true;
+    plan = plan_with_ratio(in).memory;
+    note_activations(plan, sizes, choice);
+    plan.device_headroom = dev->caps().reserved;
+    if (comm->rank() == 0)
+      STRATA_LOG_INFO("zero3: the checkpointed block inputs (", format_size(plan.nvme_activations),
+                      ") go to NVMe under ", checkpoint_nvme_path(), ", through ",
+                      format_size(plan.pinned_activations), " of pinned memory: with them in pinned memory (",
+                      format_size(pinned), ") the host plan would exceed 90% of the machine's ",
+                      format_size(host_memory()));
+  }
   checkpoints.plan(choice.checkpoint && choice.offload ? sizes.checkpoints : 0,
-                   std::size_t(sizes.checkpoint_bytes));
+                   std::size_t(sizes.checkpoint_bytes), in.checkpoints_on_nvme ? Tier::nvme : Tier::pinned);
   // How long a sequence fits this device at this micro-batch (strata config and Python show it).
   plan.activation_bytes_per_token = plan.device_activations / std::uint64_t(std::max(1, B * planned_seq_len));
   plan.longest_seq_len = longest_sequence(
@@ -268,6 +282,13 @@ void Engine::Impl::warm_up_communicators() {
   grad_stream->synchronize();
 }
 
+std::string Engine::Impl::checkpoint_nvme_path() const {
+  const auto& z = cfg.zero_optimization;
+  for (const std::vector<std::string>* p : {&z.offload_optimizer.nvme_paths, &z.offload_param.nvme_paths})
+    if (!p->empty()) return p->front();
+  return {};
+}
+
 std::uint64_t Engine::Impl::host_need() const {
   const DeviceCaps& caps = dev->caps();
   return plan.pinned_state + plan.pinned_staging + plan.pinned_activations +
@@ -346,7 +367,7 @@ void Engine::Impl::check_fits() const {
         need, " bytes (docs/train.md, \"Device memory\")"));
   }
   // On the host backend the device is host memory too.
-  const std::uint64_t ram = physical_memory();
+  const std::uint64_t ram = host_memory();
   const std::uint64_t host = host_need_here;
   if (ram && host > ram / 10 * 9) {
     // What the buffers are made of, each with the setting that sizes it; the advice names the largest.
@@ -373,7 +394,8 @@ void Engine::Impl::check_fits() const {
         {plan.pinned_activations,
          cat("checkpointed block inputs (activation_checkpointing.cpu_checkpointing, a micro-batch of ",
              cfg.train_micro_batch_size_per_gpu, " x ", planned_seq_len, " tokens)"),
-         "set activation_checkpointing.cpu_checkpointing to false, or lower the micro-batch or the sequence "
+         "name a zero_optimization.offload_optimizer.nvme_path (the block inputs then go on to NVMe), set "
+         "activation_checkpointing.cpu_checkpointing to false, or lower the micro-batch or the sequence "
          "length"}};
     std::string made_of;
     const Part* largest = &parts.front();

@@ -273,6 +273,7 @@ nlohmann::json to_json(const MemoryPlan& p) {
           {"activation_offload", p.activation_offload},
           {"device_checkpoint_window", p.device_checkpoint_window},
           {"pinned_activations", p.pinned_activations},
+          {"nvme_activations", p.nvme_activations},
           {"device_activations_other_offload", p.device_activations_other_offload},
           {"device_ops", p.device_ops},
           {"device_accumulators", p.device_accumulators},
@@ -311,14 +312,19 @@ std::string describe(const MemoryPlan& p, tiering::Tier grad_home, bool each_ran
       format_size(p.checkpoint_activations ? p.device_activations_all : p.device_activations_checkpointed, 1),
       ")",
       p.checkpoint_activations
-          ? detail::cat(" with the block inputs ",
-                        p.activation_offload
-                            ? detail::cat("in pinned host memory (", format_size(p.pinned_activations, 1),
-                                          "; ", kCheckpointWindow, " on the device at once: ",
-                                          format_size(p.device_checkpoint_window, 1), ")")
-                            : "on the device",
-                        " (activation_checkpointing.cpu_checkpointing ", p.activation_offload ? "off" : "on",
-                        ": ", format_size(p.device_activations_other_offload, 1), ")")
+          ? detail::cat(
+                " with the block inputs ",
+                p.activation_offload
+                    ? detail::cat(
+                          p.nvme_activations > 0
+                              ? detail::cat("on NVMe (", format_size(p.nvme_activations, 1), ", through ",
+                                            format_size(p.pinned_activations, 1), " of pinned memory")
+                              : detail::cat("in pinned host memory (", format_size(p.pinned_activations, 1)),
+                          "; ", kCheckpointWindow,
+                          " on the device at once: ", format_size(p.device_checkpoint_window, 1), ")")
+                    : "on the device",
+                " (activation_checkpointing.cpu_checkpointing ", p.activation_offload ? "off" : "on", ": ",
+                format_size(p.device_activations_other_offload, 1), ")")
           : std::string(),
       " + compute workspace ", format_size(p.device_ops, 1), " + gradient accumulators ",
       format_size(p.device_accumulator_bytes, 1), " (", p.device_accumulators, " chunks) + chunk cache ",
@@ -335,7 +341,10 @@ std::string describe(const MemoryPlan& p, tiering::Tier grad_home, bool each_ran
                   p.activation_offload ? detail::cat(" + activations ", format_size(p.pinned_activations, 1))
                                        : std::string(),
                   " (pinned pool budget ", format_size(p.pinned_budget, 1), "), NVMe state ",
-                  format_size(p.nvme_state, 1), "; fp32 gradients ",
+                  format_size(p.nvme_state, 1),
+                  p.nvme_activations > 0 ? detail::cat(" + activations ", format_size(p.nvme_activations, 1))
+                                         : std::string(),
+                  "; fp32 gradients ",
                   grad_home == tiering::Tier::nvme     ? "on NVMe"
                   : grad_home == tiering::Tier::pinned ? "in pinned host memory"
                                                        : "on the device",
@@ -518,6 +527,7 @@ void apply_activations(PlanInput& in, const ActivationSizes& a, ActivationChoice
                 std::uint64_t(tiering::CachingAllocator::block_bytes(da, std::size_t(a.checkpoint_bytes)))
           : 0;
   in.checkpoint_host = off ? std::uint64_t(a.checkpoints) * a.checkpoint_bytes : 0;
+  in.checkpoint_bytes = off ? a.checkpoint_bytes : 0;
 }
 
 ActivationChoice choose_activations(PlanInput in, const ZeroConfig& z, std::optional<bool> checkpointing,
@@ -645,6 +655,11 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   m.activation_offload = in.checkpoint_window > 0 || in.checkpoint_host > 0;
   m.device_checkpoint_window = in.checkpoint_window;
   m.pinned_activations = in.checkpoint_host;
+  if (in.checkpoints_on_nvme && in.checkpoint_host > 0) {
+    m.nvme_activations = in.checkpoint_host;
+    m.pinned_activations =
+        std::min(in.checkpoint_host, std::uint64_t(kCheckpointWindow + 1) * in.checkpoint_bytes);
+  }
   m.device_ops = in.ops;
   // Per-chunk gradient squared norms and non-finite flags, 16 bytes a chunk, when the compute interface
   // reduces device-home gradients.
@@ -718,7 +733,8 @@ Plan plan_memory(const PlanInput& in, const ZeroConfig& z) {
   if (grads_pinned) m.pinned_staging += p.largest_shard * sizeof(float);
   if (in.device_state_by_ops && homes.param == Tier::device && stepped_on_host)
     m.pinned_staging += p.largest_shard * working_bytes;
-  if (m.nvme_state > 0) m.nvme_budget = m.nvme_state + m.nvme_state / 16 + (64ull << 20);
+  if (const std::uint64_t nvme = m.nvme_state + m.nvme_activations; nvme > 0)
+    m.nvme_budget = nvme + nvme / 16 + (64ull << 20);
   p.routes.reserve(in.chunks.size());
   for (std::size_t c = 0; c < in.chunks.size(); ++c) p.routes.push_back(route_of(in, c, accumulate[c] != 0));
   return p;

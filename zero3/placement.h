@@ -85,8 +85,9 @@ struct MemoryPlan {
   // bytes (in pinned_budget), and the activations a micro-batch would take with the other choice.
   bool activation_offload = false;
   std::uint64_t device_checkpoint_window = 0, pinned_activations = 0, device_activations_other_offload = 0;
-  std::uint64_t pinned_staging = 0;  // NVMe swap buffers (params, optimizer sub-groups), gradient staging
-  std::uint64_t pinned_budget = 0;   // what the tier manager's pinned pool may take
+  std::uint64_t nvme_activations = 0;  // the block inputs on NVMe (pinned_activations: those on their way)
+  std::uint64_t pinned_staging = 0;    // NVMe swap buffers (params, optimizer sub-groups), gradient staging
+  std::uint64_t pinned_budget = 0;     // what the tier manager's pinned pool may take
   // pinned_staging's buffers in the pool, by the setting that sizes each (Note [Host memory bounded by
   // buffers]): parameter reads (offload_param.buffer_count chunks), the parameter cache (max_in_cpu), the
   // optimizer's sub-group window with the new working params (offload_optimizer.buffer_count,
@@ -293,7 +294,10 @@ struct PlanInput {
   std::uint64_t activations = 0;     // the model's device bytes for one micro-batch
   // Note [Checkpoints off the device] (zero3/engine_checkpoints.h): with the block inputs off the device,
   // the device blocks of those in flight (inside the tier manager's pool) and their pinned bytes.
-  std::uint64_t checkpoint_window = 0, checkpoint_host = 0;
+  std::uint64_t checkpoint_window = 0, checkpoint_host = 0, checkpoint_bytes = 0;
+  // They go on to NVMe (the engine decides: pinned memory would not hold them); pinned memory then holds
+  // kCheckpointWindow + 1 of them on their way.
+  bool checkpoints_on_nvme = false;
   std::uint64_t ops = 0;  // the compute interface's device bytes (MemoryPlan.device_ops)
   std::uint64_t device_capacity = 0;
   int accumulation_steps = 1;  // gradient_accumulation_steps: > 1 lets gradients accumulate on the device

@@ -105,6 +105,53 @@ INSTANTIATE_TEST_SUITE_P(Placements, CheckpointOffloadAt,
                                   offload_name(info.param.optim);
                          });
 
+// NVMe, the next tier: a host too small for the block inputs in pinned memory sends them on to the swap
+// file, and the run trains the same bits.
+TEST(CheckpointOffload, WherePinnedMemoryWouldNotHoldThemTheyGoToNvme) {
+  ScratchDir d("ckpt-offload-nvme");
+  const std::string tokens = make_tokens(d);
+  constexpr int kLong = 256;
+  model::ModelConfig deep = block_model("deep", 8);
+  deep.max_seq_len = kLong;
+  const Config cfg =
+      offload_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path(), true,
+                     {{"zero_optimization", {{"offload_optimizer", {{"nvme_path", d.path()}}}}}});
+  // The host memory at which the plan with them pinned does not fit (check_fits' 90%), by half of them.
+  const EngineOptions at_long = {.backend = "host", .seq_len = kLong};
+  Engine probe(cfg, deep, at_long);
+  const MemoryPlan& pinned = probe.plan();
+  ASSERT_EQ(pinned.nvme_activations, 0u);
+  const std::uint64_t need = pinned.pinned_state + pinned.pinned_staging + pinned.pinned_activations +
+                             std::min<std::uint64_t>(probe.device().caps().capacity, pinned.device_need());
+  EngineOptions small = at_long;
+  small.testing.host_memory = (need - pinned.pinned_activations / 2) / 9 * 10;
+  const Engine e(cfg, deep, small);
+  EXPECT_EQ(e.plan().nvme_activations,
+            std::uint64_t(deep.n_layers) * e.micro_batch() * kLong * deep.d_model * 2);
+  EXPECT_LT(e.plan().pinned_activations, pinned.pinned_activations);
+  const auto run = [&](const EngineOptions& o) {
+    kernels::cpu::set_blas_threads(1);
+    Engine engine(cfg, deep, o);
+    model::TokenFile file = model::TokenFile::open(tokens);
+    model::DataLoader data(
+        file,
+        {.batch_size = engine.micro_batch(), .seq_len = kLong, .seed = 3, .vocab_size = deep.vocab_size});
+    model::LlamaModel m(deep, engine.model_options());
+    std::vector<double> seen;
+    for (int i = 0; i < 2; ++i) {
+      const StepResult s = engine.train_batch(m, data);
+      seen.push_back(s.loss), seen.push_back(s.grad_norm);
+    }
+    // The state is in pinned memory: what NVMe carries is the block inputs, out and back.
+    if (engine.plan().nvme_activations > 0) {
+      EXPECT_GE(engine.nvme_stats().bytes_written, engine.plan().nvme_activations / deep.n_layers);
+      EXPECT_GE(engine.nvme_stats().bytes_read, engine.plan().nvme_activations / deep.n_layers);
+    }
+    return seen;
+  };
+  EXPECT_EQ(run(small), run(at_long));
+}
+
 // memprof's trace: every block input but the last goes out once a forward and comes back once a backward,
 // as tensors of kind "activation" in the pinned tier.
 TEST(CheckpointOffload, MemprofShowsTheCheckpointsMovingOutAndBack) {

@@ -437,5 +437,31 @@ TEST_P(CudaCrossEntropy, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Gradient, CudaCrossEntropy, ::testing::Values(false, true),
                          [](const auto& info) { return std::string(info.param ? "in_place" : "separate"); });
 
+// The loss in row chunks (Note [The loss in row chunks] in model/llama.cpp): a chunk of a longer batch,
+// divided by the whole batch's count of targets (n_valid), gives each row's loss and gradient as the CPU's
+// does, and its share of the mean.
+TEST_F(CudaVsCpu, CrossEntropyOfAChunkDividesByTheBatchsCount) {
+  SEED_TRACE();
+  const int N = 40, V = 2053, n_valid = 97;  // this chunk's rows of a batch counting 97 targets
+  const float grad_scale = 0.25f;
+  std::vector<std::int32_t> targets(N);
+  std::mt19937 rng{static_cast<unsigned>(next_seed())};
+  for (int i = 0; i < N; ++i) targets[i] = i % 5 == 2 ? -100 : int(rng() % V);
+  const auto logits = inputs(std::size_t(N) * V, 3.0f);
+  std::vector<float> dlogits(logits.size()), losses(N);
+  const float share = cpu::cross_entropy_forward_backward(dlogits.data(), losses.data(), logits.data(),
+                                                          targets.data(), N, V, grad_scale, n_valid);
+  DeviceBuffer<std::int32_t> d_targets(targets);
+  DeviceBuffer<cpu::bf16_t> d_logits(to_bf16(logits));
+  DeviceBuffer<float> d_losses(N), d_mean(1);
+  d_losses.poison();
+  d_mean.poison();
+  kc::cross_entropy_forward_backward(d_logits.as<bf16>(), d_losses.get(), d_mean.get(), d_logits.as<bf16>(),
+                                     d_targets.get(), N, V, grad_scale, stream_, n_valid);
+  EXPECT_LE(rel_l2(d_losses.download(), losses), kTol);
+  EXPECT_LE(rel_l2(d_mean.download(), std::vector<float>{share}), kTol);
+  EXPECT_LE(rel_l2(got(d_logits), dlogits), kTol);
+}
+
 }  // namespace
 }  // namespace strata::kernels::test

@@ -26,6 +26,30 @@ EngineOptions opts(std::uint64_t cap = 0) {
   return {.backend = "host", .device_memory_cap = cap, .seq_len = kSeq};
 }
 
+// Each step's loss and gradient norm, `steps` steps of `m` under `cfg` from a fresh engine (and, where the
+// block inputs are on NVMe, a check that NVMe carried them).
+std::vector<double> losses_and_norms(const Config& cfg, const model::ModelConfig& m,
+                                     const std::string& tokens, const EngineOptions& o, int steps) {
+  kernels::cpu::set_blas_threads(1);
+  Engine engine(cfg, m, o);
+  model::TokenFile file = model::TokenFile::open(tokens);
+  model::DataLoader data(
+      file,
+      {.batch_size = engine.micro_batch(), .seq_len = o.seq_len, .seed = 3, .vocab_size = m.vocab_size});
+  model::LlamaModel model(m, engine.model_options());
+  std::vector<double> seen;
+  for (int i = 0; i < steps; ++i) {
+    const StepResult s = engine.train_batch(model, data);
+    seen.push_back(s.loss), seen.push_back(s.grad_norm);
+  }
+  // The state is in pinned memory in the NVMe test: what NVMe carries is the block inputs, out and back.
+  if (engine.plan().nvme_activations > 0 && engine.plan().nvme_state == 0) {
+    EXPECT_GE(engine.nvme_stats().bytes_written, engine.plan().nvme_activations / std::uint64_t(m.n_layers));
+    EXPECT_GE(engine.nvme_stats().bytes_read, engine.plan().nvme_activations / std::uint64_t(m.n_layers));
+  }
+  return seen;
+}
+
 TEST(CheckpointOffload, ThePlanKeepsAWindowOnTheDeviceAndTheRestPinned) {
   ScratchDir d("ckpt-offload-plan");
   const Engine on(offload_config(OffloadDevice::cpu, OffloadDevice::cpu, d.path(), true), kModel, opts());
@@ -78,21 +102,12 @@ TEST_P(CheckpointOffloadAt, TrainsTheSameLossesAndGradientNormsBitForBit) {
   ScratchDir d("ckpt-offload-bits");
   const std::string tokens = make_tokens(d);
   const auto run = [&](bool offload) {
-    kernels::cpu::set_blas_threads(1);
-    Engine engine(offload_config(GetParam().param, GetParam().optim, d.path(), offload), kModel, opts());
-    EXPECT_EQ(engine.plan().activation_offload, offload);
-    model::TokenFile file = model::TokenFile::open(tokens);
-    model::DataLoader data(
-        file,
-        {.batch_size = engine.micro_batch(), .seq_len = kSeq, .seed = 3, .vocab_size = kModel.vocab_size});
-    model::LlamaModel m(kModel, engine.model_options());
-    std::vector<double> seen;
-    for (int i = 0; i < 3; ++i) {
-      const StepResult s = engine.train_batch(m, data);
-      seen.push_back(s.loss), seen.push_back(s.grad_norm);
-    }
-    return seen;
+    return losses_and_norms(offload_config(GetParam().param, GetParam().optim, d.path(), offload), kModel,
+                            tokens, opts(), 3);
   };
+  EXPECT_TRUE(Engine(offload_config(GetParam().param, GetParam().optim, d.path(), true), kModel, opts())
+                  .plan()
+                  .activation_offload);
   EXPECT_EQ(run(true), run(false));
 }
 
@@ -129,27 +144,7 @@ TEST(CheckpointOffload, WherePinnedMemoryWouldNotHoldThemTheyGoToNvme) {
   EXPECT_EQ(e.plan().nvme_activations,
             std::uint64_t(deep.n_layers) * e.micro_batch() * kLong * deep.d_model * 2);
   EXPECT_LT(e.plan().pinned_activations, pinned.pinned_activations);
-  const auto run = [&](const EngineOptions& o) {
-    kernels::cpu::set_blas_threads(1);
-    Engine engine(cfg, deep, o);
-    model::TokenFile file = model::TokenFile::open(tokens);
-    model::DataLoader data(
-        file,
-        {.batch_size = engine.micro_batch(), .seq_len = kLong, .seed = 3, .vocab_size = deep.vocab_size});
-    model::LlamaModel m(deep, engine.model_options());
-    std::vector<double> seen;
-    for (int i = 0; i < 2; ++i) {
-      const StepResult s = engine.train_batch(m, data);
-      seen.push_back(s.loss), seen.push_back(s.grad_norm);
-    }
-    // The state is in pinned memory: what NVMe carries is the block inputs, out and back.
-    if (engine.plan().nvme_activations > 0) {
-      EXPECT_GE(engine.nvme_stats().bytes_written, engine.plan().nvme_activations / deep.n_layers);
-      EXPECT_GE(engine.nvme_stats().bytes_read, engine.plan().nvme_activations / deep.n_layers);
-    }
-    return seen;
-  };
-  EXPECT_EQ(run(small), run(at_long));
+  EXPECT_EQ(losses_and_norms(cfg, deep, tokens, small, 2), losses_and_norms(cfg, deep, tokens, at_long, 2));
 }
 
 // memprof's trace: every block input but the last goes out once a forward and comes back once a backward,

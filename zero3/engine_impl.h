@@ -76,7 +76,10 @@ struct Engine::Impl final : EngineEnv, private UpdateGate {
   // Every rank's `mine`, in rank order (a collective): plan inputs a rank measures on its own.
   std::vector<std::uint64_t> every_ranks(std::uint64_t mine);
   // Host memory the plan takes: pinned state and staging, and on the host backend the device too.
-  std::uint64_t host_need() const;
+  std::uint64_t host_need() const { return host_need(plan); }
+  std::uint64_t host_need(const MemoryPlan& m) const;
+  // Whether plan `m`, its block inputs in pinned memory, would take more than check_fits' 90% of the host.
+  bool plan_pinned_too_big(const MemoryPlan& m) const;
   // Where NVMe swap files go: offload_optimizer's nvme_path when it swaps, else offload_param's; empty
   // when neither names one.
   std::string checkpoint_nvme_path() const;

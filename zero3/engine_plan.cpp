@@ -38,24 +38,27 @@ void Engine::Impl::plan_memory() {
                                                      offload_asked(cfg.activation_checkpointing), sizes);
   checkpoint_activations = choice.checkpoint;
   apply_activations(in, sizes, choice);
-  const Plan p = plan_with_ratio(in);
+  Plan p = plan_with_ratio(in);
+  // Note [Checkpoints off the device]: NVMe is the next tier where pinned memory would not hold them. Every
+  // rank takes the same tier (Note [Ranks agree]): one collective on every rank, then the plan again with
+  // the ratio already chosen (zero3::plan_memory: no collective).
+  const bool too_big = plan_pinned_too_big(p.memory);
+  const std::vector<std::uint64_t> asked = every_ranks(too_big ? 1 : 0);
+  const std::uint64_t pinned = p.memory.pinned_activations;
+  if (std::find(asked.begin(), asked.end(), 1) != asked.end() && !checkpoint_nvme_path().empty()) {
+    in.checkpoints_on_nvme = true;
+    p = zero3::plan_memory(in, cfg.zero_optimization);
+    if (comm->rank() == 0)
+      STRATA_LOG_INFO("zero3: the checkpointed block inputs (", format_size(p.memory.nvme_activations),
+                      ") go to NVMe under ", checkpoint_nvme_path(), ", through ",
+                      format_size(p.memory.pinned_activations),
+                      " of pinned memory: with them in pinned memory (", format_size(pinned),
+                      ") the host plan would exceed 90% of the machine's ", format_size(host_memory()),
+                      too_big ? "" : " on another rank's machine");
+  }
   plan = p.memory;
   note_activations(plan, sizes, choice);
   plan.device_headroom = dev->caps().reserved;
-  // Note [Checkpoints off the device]: NVMe is the next tier where pinned memory would not hold them.
-  if (plan.activation_offload && host_need() > host_memory() / 10 * 9 && !checkpoint_nvme_path().empty()) {
-    const std::uint64_t pinned = plan.pinned_activations;
-    in.checkpoints_on_nvme = true;
-    plan = plan_with_ratio(in).memory;
-    note_activations(plan, sizes, choice);
-    plan.device_headroom = dev->caps().reserved;
-    if (comm->rank() == 0)
-      STRATA_LOG_INFO("zero3: the checkpointed block inputs (", format_size(plan.nvme_activations),
-                      ") go to NVMe under ", checkpoint_nvme_path(), ", through ",
-                      format_size(plan.pinned_activations), " of pinned memory: with them in pinned memory (",
-                      format_size(pinned), ") the host plan would exceed 90% of the machine's ",
-                      format_size(host_memory()));
-  }
   checkpoints.plan(choice.checkpoint && choice.offload ? sizes.checkpoints : 0,
                    std::size_t(sizes.checkpoint_bytes), in.checkpoints_on_nvme ? Tier::nvme : Tier::pinned);
   // How long a sequence fits this device at this micro-batch (strata config and Python show it).
@@ -289,10 +292,14 @@ std::string Engine::Impl::checkpoint_nvme_path() const {
   return {};
 }
 
-std::uint64_t Engine::Impl::host_need() const {
+bool Engine::Impl::plan_pinned_too_big(const MemoryPlan& m) const {
+  return m.activation_offload && host_need(m) > host_memory() / 10 * 9;
+}
+
+std::uint64_t Engine::Impl::host_need(const MemoryPlan& m) const {
   const DeviceCaps& caps = dev->caps();
-  return plan.pinned_state + plan.pinned_staging + plan.pinned_activations +
-         (caps.backend == BackendKind::host ? std::min(caps.capacity, plan.device_need()) : 0);
+  return m.pinned_state + m.pinned_staging + m.pinned_activations +
+         (caps.backend == BackendKind::host ? std::min(caps.capacity, m.device_need()) : 0);
 }
 
 void Engine::Impl::check_fits() const {

@@ -26,48 +26,6 @@ using namespace config_detail;
 
 namespace {
 
-nlohmann::json* find_path(nlohmann::json& root, std::string_view path) {
-  nlohmann::json* cur = &root;
-  std::size_t start = 0;
-  while (true) {
-    std::size_t dot = path.find('.', start);
-    std::string part(
-        path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
-    if (!cur->is_object()) return nullptr;
-    auto it = cur->find(part);
-    if (it == cur->end()) return nullptr;
-    cur = &*it;
-    if (dot == std::string_view::npos) return cur;
-    start = dot + 1;
-  }
-}
-
-// Sets root[a][b]...; false when an intermediate exists and is not an object (the walk reports it).
-bool set_path(nlohmann::json& root, std::string_view path, const nlohmann::json& v) {
-  nlohmann::json* cur = &root;
-  std::size_t start = 0;
-  while (true) {
-    std::size_t dot = path.find('.', start);
-    std::string part(
-        path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
-    if (dot == std::string_view::npos) {
-      (*cur)[part] = v;
-      return true;
-    }
-    nlohmann::json& next = (*cur)[part];
-    if (next.is_null()) next = nlohmann::json::object();
-    if (!next.is_object()) return false;
-    cur = &next;
-    start = dot + 1;
-  }
-}
-
-void erase_path(nlohmann::json& root, std::string_view path) {
-  std::string parent = parent_of(path);
-  nlohmann::json* p = parent.empty() ? &root : find_path(root, parent);
-  if (p && p->is_object()) p->erase(leaf_of(path));
-}
-
 const std::set<std::string, std::less<>>& sections() {
   static const std::set<std::string, std::less<>> s = [] {
     std::set<std::string, std::less<>> out;

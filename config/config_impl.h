@@ -193,5 +193,10 @@ std::size_t edit_distance(std::string_view a, std::string_view b);
 std::string nearest(std::string_view key, const std::vector<std::string>& candidates);
 std::string parent_of(std::string_view path);  // "a.b.c" -> "a.b"; "a" -> ""
 std::string leaf_of(std::string_view path);    // "a.b.c" -> "c"
+// The value at dotted `path` in `root` (null: absent, or an intermediate is no object).
+nlohmann::json* find_path(nlohmann::json& root, std::string_view path);
+// Sets root[a][b]...; false when an intermediate exists and is not an object (the walk reports it).
+bool set_path(nlohmann::json& root, std::string_view path, const nlohmann::json& v);
+void erase_path(nlohmann::json& root, std::string_view path);
 
 }  // namespace strata::config_detail

@@ -532,6 +532,47 @@ std::string leaf_of(std::string_view path) {
   return std::string(dot == std::string_view::npos ? path : path.substr(dot + 1));
 }
 
+nlohmann::json* find_path(nlohmann::json& root, std::string_view path) {
+  nlohmann::json* cur = &root;
+  std::size_t start = 0;
+  while (true) {
+    std::size_t dot = path.find('.', start);
+    std::string part(
+        path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+    if (!cur->is_object()) return nullptr;
+    auto it = cur->find(part);
+    if (it == cur->end()) return nullptr;
+    cur = &*it;
+    if (dot == std::string_view::npos) return cur;
+    start = dot + 1;
+  }
+}
+
+bool set_path(nlohmann::json& root, std::string_view path, const nlohmann::json& v) {
+  nlohmann::json* cur = &root;
+  std::size_t start = 0;
+  while (true) {
+    std::size_t dot = path.find('.', start);
+    std::string part(
+        path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+    if (dot == std::string_view::npos) {
+      (*cur)[part] = v;
+      return true;
+    }
+    nlohmann::json& next = (*cur)[part];
+    if (next.is_null()) next = nlohmann::json::object();
+    if (!next.is_object()) return false;
+    cur = &next;
+    start = dot + 1;
+  }
+}
+
+void erase_path(nlohmann::json& root, std::string_view path) {
+  std::string parent = parent_of(path);
+  nlohmann::json* p = parent.empty() ? &root : find_path(root, parent);
+  if (p && p->is_object()) p->erase(leaf_of(path));
+}
+
 }  // namespace strata::config_detail
 
 namespace strata {

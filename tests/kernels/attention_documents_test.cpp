@@ -18,25 +18,13 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/cpu/attention_fused.h"
-#include "kernels/cpu/ops.h"
-#include "tests/kernels/reference.h"
+#include "tests/kernels/attention_band.h"
 
 namespace strata::kernels::test {
 namespace {
 
-namespace kc = kernels::cpu;
-using kc::bf16_t;
-using Positions = std::vector<std::int32_t>;
-
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-struct Shape {
-  int B, T, NH, NKV, HD;
-  std::size_t nq() const { return std::size_t(B) * T * NH * HD; }
-  std::size_t nkv() const { return std::size_t(B) * T * NKV * HD; }
-  std::size_t natt() const { return std::size_t(B) * NH * T * T; }
-};
+using namespace band;
+constexpr unsigned kSeed = 71;
 
 // Positions of rows made of documents of the given lengths, one list per row (each summing to T).
 Positions packed(const std::vector<std::vector<int>>& rows) {
@@ -54,92 +42,30 @@ Positions one_document(const Shape& s) {
   return pos;
 }
 
-struct Result {
-  std::vector<float> out, dq, dk, dv;
-};
-
-struct Inputs {
-  std::vector<float> q, k, v, dout;  // each value exactly a bf16 value (both paths see the same)
-  explicit Inputs(const Shape& s)
-      : q(from_bf16(to_bf16(random_floats(s.nq(), 71)))),
-        k(from_bf16(to_bf16(random_floats(s.nkv(), 72)))),
-        v(from_bf16(to_bf16(random_floats(s.nkv(), 73)))),
-        dout(from_bf16(to_bf16(random_floats(s.nq(), 74)))) {}
-};
-
-Result run_fp32(const Shape& s, const Inputs& in, int window, const Positions* pos) {
-  Result r{std::vector<float>(s.nq(), kNaN), std::vector<float>(s.nq(), kNaN),
-           std::vector<float>(s.nkv(), kNaN), std::vector<float>(s.nkv(), kNaN)};
-  std::vector<float> att(s.natt(), kNaN), scratch(s.natt(), kNaN);
-  const std::int32_t* p = pos ? pos->data() : nullptr;
-  kc::attention_forward(r.out.data(), att.data(), in.q.data(), in.k.data(), in.v.data(), s.B, s.T, s.NH,
-                        s.NKV, s.HD, window, p);
-  kc::attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), scratch.data(), in.dout.data(), in.q.data(),
-                         in.k.data(), in.v.data(), att.data(), s.B, s.T, s.NH, s.NKV, s.HD, window, p);
-  return r;
-}
-
-Result run_fused(const Shape& s, const Inputs& in, int window, const Positions* pos) {
-  const std::vector<bf16_t> q = to_bf16(in.q), k = to_bf16(in.k), v = to_bf16(in.v), dout = to_bf16(in.dout);
-  std::vector<bf16_t> out(s.nq()), dq(s.nq()), dk(s.nkv()), dv(s.nkv());
-  std::vector<float> saved(kc::attention_fused_saved(s.B, s.T, s.NH, s.HD));
-  std::vector<float> scratch(kc::attention_fused_scratch(s.B, s.T, s.NKV, s.HD));
-  const std::int32_t* p = pos ? pos->data() : nullptr;
-  kc::attention_fused_forward(out.data(), saved.data(), q.data(), k.data(), v.data(), s.B, s.T, s.NH, s.NKV,
-                              s.HD, window, p);
-  kc::attention_fused_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(),
-                               k.data(), v.data(), saved.data(), s.B, s.T, s.NH, s.NKV, s.HD, window, p);
-  return {from_bf16(out), from_bf16(dq), from_bf16(dk), from_bf16(dv)};
-}
-
-void expect_same_bits(const Result& a, const Result& b) {
-  for (auto [x, y, what] : {std::tuple{&a.out, &b.out, "out"},
-                            {&a.dq, &b.dq, "dq"},
-                            {&a.dk, &b.dk, "dk"},
-                            {&a.dv, &b.dv, "dv"}}) {
-    ASSERT_EQ(x->size(), y->size()) << what;
-    EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0) << what;
-  }
-}
-
-void expect_matches_float64(const Shape& s, const Inputs& in, const Result& r, int window,
-                            const Positions& pos, double fwd_tol, double bwd_tol) {
-  auto f = [&](const std::vector<Vec>& x) {
-    return ref_attention(x[0], x[1], x[2], s.B, s.T, s.NH, s.NKV, s.HD, window, &pos);
-  };
-  const std::vector<Vec> x = {to_double(in.q), to_double(in.k), to_double(in.v)};
-  EXPECT_LE(rel_l2(r.out, f(x)), fwd_tol) << "out";
-  if (bwd_tol <= 0) return;
-  const Vec dout = to_double(in.dout);
-  EXPECT_LE(rel_l2(r.dq, fd_grad(f, x, 0, dout)), bwd_tol) << "dq";
-  EXPECT_LE(rel_l2(r.dk, fd_grad(f, x, 1, dout)), bwd_tol) << "dk";
-  EXPECT_LE(rel_l2(r.dv, fd_grad(f, x, 2, dout)), bwd_tol) << "dv";
-}
-
 // Two rows of 9: three documents (one of a single token), and two.
 const Shape kSmall{2, 9, 4, 2, 4};
 const Positions kSmallDocs = packed({{4, 1, 4}, {6, 3}});
 
 TEST(DocumentsFp32, MatchFloat64) {
-  const Inputs in(kSmall);
-  expect_matches_float64(kSmall, in, run_fp32(kSmall, in, 0, &kSmallDocs), 0, kSmallDocs, 1e-6, 1e-5);
+  const Inputs in(kSmall, kSeed);
+  expect_matches_float64(kSmall, in, run_fp32(kSmall, in, 0, &kSmallDocs), 0, &kSmallDocs, 1e-6, 1e-5);
 }
 
 TEST(DocumentsFp32, WithASlidingWindowMatchFloat64) {
-  const Inputs in(kSmall);
+  const Inputs in(kSmall, kSeed);
   for (int w : {2, 3}) {
     SCOPED_TRACE("window " + std::to_string(w));
-    expect_matches_float64(kSmall, in, run_fp32(kSmall, in, w, &kSmallDocs), w, kSmallDocs, 1e-6, 1e-5);
+    expect_matches_float64(kSmall, in, run_fp32(kSmall, in, w, &kSmallDocs), w, &kSmallDocs, 1e-6, 1e-5);
   }
 }
 
 TEST(DocumentsFused, MatchFloat64WithinOneBlock) {
   const Shape s{1, 20, 2, 1, 8};
   const Positions pos = packed({{7, 1, 12}});
-  const Inputs in(s);
+  const Inputs in(s, kSeed);
   for (int w : {0, 5}) {
     SCOPED_TRACE("window " + std::to_string(w));
-    expect_matches_float64(s, in, run_fused(s, in, w, &pos), w, pos, 1e-2, 3e-2);
+    expect_matches_float64(s, in, run_fused(s, in, w, &pos), w, &pos, 1e-2, 3e-2);
   }
 }
 
@@ -149,10 +75,10 @@ TEST(DocumentsFused, MatchFloat64WithinOneBlock) {
 TEST(DocumentsFused, ForwardMatchesFloat64AcrossBlocks) {
   const Shape s{2, 300, 2, 1, 16};
   const Positions pos = packed({{100, 29, 131, 40}, {200, 3, 3, 3, 1, 90}});
-  const Inputs in(s);
+  const Inputs in(s, kSeed);
   for (int w : {0, 150}) {
     SCOPED_TRACE("window " + std::to_string(w));
-    expect_matches_float64(s, in, run_fused(s, in, w, &pos), w, pos, 1e-2, 0);
+    expect_matches_float64(s, in, run_fused(s, in, w, &pos), w, &pos, 1e-2, 0);
   }
 }
 
@@ -161,7 +87,7 @@ TEST(DocumentsFused, ForwardMatchesFloat64AcrossBlocks) {
 TEST(DocumentsFused, BackwardMatchesTheFp32OracleAcrossBlocks) {
   const Shape s{1, 300, 2, 1, 16};
   const Positions pos = packed({{100, 29, 131, 40}});
-  const Inputs in(s);
+  const Inputs in(s, kSeed);
   const Result fused = run_fused(s, in, 0, &pos), oracle = run_fp32(s, in, 0, &pos);
   EXPECT_LE(rel_l2(fused.dq, oracle.dq), 3e-2);
   EXPECT_LE(rel_l2(fused.dk, oracle.dk), 3e-2);
@@ -173,7 +99,7 @@ TEST(DocumentsFused, BackwardMatchesTheFp32OracleAcrossBlocks) {
 TEST(Documents, OnePerRowIsAttentionWithoutPositionsBitForBit) {
   for (const Shape& s : {kSmall, Shape{1, 130, 4, 2, 16}}) {
     SCOPED_TRACE("T " + std::to_string(s.T));
-    const Inputs in(s);
+    const Inputs in(s, kSeed);
     const Positions pos = one_document(s);
     expect_same_bits(run_fp32(s, in, 0, &pos), run_fp32(s, in, 0, nullptr));
     expect_same_bits(run_fused(s, in, 0, &pos), run_fused(s, in, 0, nullptr));
@@ -183,7 +109,7 @@ TEST(Documents, OnePerRowIsAttentionWithoutPositionsBitForBit) {
 
 // A document of one token sees only itself: its out is its value head's row, exactly.
 TEST(Documents, OfOneTokenSeesOnlyItself) {
-  const Inputs in(kSmall);
+  const Inputs in(kSmall, kSeed);
   const Result r = run_fp32(kSmall, in, 0, &kSmallDocs);
   const int t = 4, G = kSmall.NH / kSmall.NKV;  // row 0's second document
   for (int h = 0; h < kSmall.NH; ++h)

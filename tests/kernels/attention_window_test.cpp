@@ -19,93 +19,20 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/cpu/attention_fused.h"
-#include "kernels/cpu/ops.h"
-#include "tests/kernels/reference.h"
+#include "tests/kernels/attention_band.h"
 
 namespace strata::kernels::test {
 namespace {
 
-namespace kc = kernels::cpu;
-using kc::bf16_t;
-
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-struct Shape {
-  int B, T, NH, NKV, HD;
-  std::size_t nq() const { return std::size_t(B) * T * NH * HD; }
-  std::size_t nkv() const { return std::size_t(B) * T * NKV * HD; }
-  std::size_t natt() const { return std::size_t(B) * NH * T * T; }
-};
-
-// Everything one attention computes, widened to float.
-struct Result {
-  std::vector<float> out, dq, dk, dv;
-};
-
-struct Inputs {
-  std::vector<float> q, k, v, dout;  // fp32 values, each exactly a bf16 value (both paths see the same)
-  explicit Inputs(const Shape& s)
-      : q(from_bf16(to_bf16(random_floats(s.nq(), 61)))),
-        k(from_bf16(to_bf16(random_floats(s.nkv(), 62)))),
-        v(from_bf16(to_bf16(random_floats(s.nkv(), 63)))),
-        dout(from_bf16(to_bf16(random_floats(s.nq(), 64)))) {}
-};
-
-Result run_fp32(const Shape& s, const Inputs& in, int window) {
-  Result r{std::vector<float>(s.nq(), kNaN), std::vector<float>(s.nq(), kNaN),
-           std::vector<float>(s.nkv(), kNaN), std::vector<float>(s.nkv(), kNaN)};
-  std::vector<float> att(s.natt(), kNaN), scratch(s.natt(), kNaN);
-  kc::attention_forward(r.out.data(), att.data(), in.q.data(), in.k.data(), in.v.data(), s.B, s.T, s.NH,
-                        s.NKV, s.HD, window);
-  kc::attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), scratch.data(), in.dout.data(), in.q.data(),
-                         in.k.data(), in.v.data(), att.data(), s.B, s.T, s.NH, s.NKV, s.HD, window);
-  return r;
-}
-
-Result run_fused(const Shape& s, const Inputs& in, int window) {
-  const std::vector<bf16_t> q = to_bf16(in.q), k = to_bf16(in.k), v = to_bf16(in.v), dout = to_bf16(in.dout);
-  std::vector<bf16_t> out(s.nq()), dq(s.nq()), dk(s.nkv()), dv(s.nkv());
-  std::vector<float> saved(kc::attention_fused_saved(s.B, s.T, s.NH, s.HD));
-  std::vector<float> scratch(kc::attention_fused_scratch(s.B, s.T, s.NKV, s.HD));
-  kc::attention_fused_forward(out.data(), saved.data(), q.data(), k.data(), v.data(), s.B, s.T, s.NH, s.NKV,
-                              s.HD, window);
-  kc::attention_fused_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(),
-                               k.data(), v.data(), saved.data(), s.B, s.T, s.NH, s.NKV, s.HD, window);
-  return {from_bf16(out), from_bf16(dq), from_bf16(dk), from_bf16(dv)};
-}
-
-void expect_same_bits(const Result& a, const Result& b) {
-  for (auto [x, y, what] : {std::tuple{&a.out, &b.out, "out"},
-                            {&a.dq, &b.dq, "dq"},
-                            {&a.dk, &b.dk, "dk"},
-                            {&a.dv, &b.dv, "dv"}}) {
-    ASSERT_EQ(x->size(), y->size()) << what;
-    EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0) << what;
-  }
-}
-
-// Forward against float64; backward against float64 central differences of it.
-void expect_matches_float64(const Shape& s, const Inputs& in, const Result& r, int window, double fwd_tol,
-                            double bwd_tol) {
-  auto f = [&](const std::vector<Vec>& x) {
-    return ref_attention(x[0], x[1], x[2], s.B, s.T, s.NH, s.NKV, s.HD, window);
-  };
-  const std::vector<Vec> x = {to_double(in.q), to_double(in.k), to_double(in.v)};
-  EXPECT_LE(rel_l2(r.out, f(x)), fwd_tol) << "out";
-  if (bwd_tol <= 0) return;
-  const Vec dout = to_double(in.dout);
-  EXPECT_LE(rel_l2(r.dq, fd_grad(f, x, 0, dout)), bwd_tol) << "dq";
-  EXPECT_LE(rel_l2(r.dk, fd_grad(f, x, 1, dout)), bwd_tol) << "dk";
-  EXPECT_LE(rel_l2(r.dv, fd_grad(f, x, 2, dout)), bwd_tol) << "dv";
-}
+using namespace band;
+constexpr unsigned kSeed = 61;
 
 class Fp32Window : public ::testing::TestWithParam<int> {};
 
 TEST_P(Fp32Window, MatchesFloat64) {
   const Shape s{2, 9, 4, 2, 4};
-  const Inputs in(s);
-  expect_matches_float64(s, in, run_fp32(s, in, GetParam()), GetParam(), 1e-6, 1e-5);
+  const Inputs in(s, kSeed);
+  expect_matches_float64(s, in, run_fp32(s, in, GetParam()), GetParam(), nullptr, 1e-6, 1e-5);
 }
 
 // Inside T (3, 5), each query alone (1), exactly T (9) and past it (20).
@@ -115,10 +42,10 @@ INSTANTIATE_TEST_SUITE_P(Windows, Fp32Window, ::testing::Values(1, 3, 5, 9, 20),
 // (Window 1, where dq and dk are zero, is OfOneSeesOnlyItself's: a relative error to zero says nothing.)
 TEST(FusedWindow, MatchesFloat64WithinOneBlock) {
   const Shape s{1, 20, 2, 1, 8};
-  const Inputs in(s);
+  const Inputs in(s, kSeed);
   for (int w : {3, 6, 20}) {
     SCOPED_TRACE("window " + std::to_string(w));
-    expect_matches_float64(s, in, run_fused(s, in, w), w, 1e-2, 3e-2);
+    expect_matches_float64(s, in, run_fused(s, in, w), w, nullptr, 1e-2, 3e-2);
   }
 }
 
@@ -126,17 +53,17 @@ TEST(FusedWindow, MatchesFloat64WithinOneBlock) {
 // block; window 150 starts query block 2 at block 0 (key 107), half of it masked.
 TEST(FusedWindow, ForwardMatchesFloat64AcrossBlocks) {
   const Shape s{1, 300, 2, 1, 16};
-  const Inputs in(s);
+  const Inputs in(s, kSeed);
   for (int w : {40, 150}) {
     SCOPED_TRACE("window " + std::to_string(w));
-    expect_matches_float64(s, in, run_fused(s, in, w), w, 1e-2, 0);
+    expect_matches_float64(s, in, run_fused(s, in, w), w, nullptr, 1e-2, 0);
   }
 }
 
 TEST(Window, NoShorterThanTheSequenceIsCausalBitForBit) {
   for (const Shape& s : {Shape{2, 9, 4, 2, 4}, Shape{1, 130, 4, 2, 16}}) {
     SCOPED_TRACE("T " + std::to_string(s.T));
-    const Inputs in(s);
+    const Inputs in(s, kSeed);
     expect_same_bits(run_fp32(s, in, s.T), run_fp32(s, in, 0));
     expect_same_bits(run_fp32(s, in, s.T + 7), run_fp32(s, in, 0));
     expect_same_bits(run_fused(s, in, s.T), run_fused(s, in, 0));
@@ -146,7 +73,7 @@ TEST(Window, NoShorterThanTheSequenceIsCausalBitForBit) {
 
 TEST(Window, OfOneSeesOnlyItself) {
   const Shape s{2, 130, 4, 2, 16};
-  const Inputs in(s);
+  const Inputs in(s, kSeed);
   const int G = s.NH / s.NKV;
   for (const bool fused : {false, true}) {
     SCOPED_TRACE(fused ? "fused bf16" : "fp32");

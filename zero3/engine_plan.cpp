@@ -37,6 +37,15 @@ void Engine::Impl::plan_memory() {
   const ActivationChoice choice = choose_activations(in, cfg.zero_optimization, checkpointing_mode(),
                                                      offload_asked(cfg.activation_checkpointing), sizes);
   checkpoint_activations = choice.checkpoint;
+  if (choice.checkpoint && !offload_asked(cfg.activation_checkpointing) && comm->rank() == 0) {
+    PlanInput on_device = in;
+    apply_activations(on_device, sizes, {true, false});
+    STRATA_LOG_INFO(
+        "config: activation_checkpointing.cpu_checkpointing \"auto\" = ", choice.offload ? "true" : "false",
+        ": the plan with the block inputs on the device needs ",
+        format_size(zero3::plan_memory(on_device, cfg.zero_optimization).memory.device_need()),
+        " of the device's ", format_size(in.device_capacity));
+  }
   apply_activations(in, sizes, choice);
   Plan p = plan_with_ratio(in);
   // Note [Checkpoints off the device]: NVMe is the next tier where pinned memory would not hold them. Every

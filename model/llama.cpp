@@ -172,12 +172,23 @@ Tensor LlamaModel::grad(const ChunkView& p, float* g, int index) {
   return Tensor{g + t.offset, DType::fp32, t.numel};
 }
 
+// Note [The head's buffers under checkpointing]: with one block set that every block overwrites, the head
+// needs no buffers of its own for its input (the last block's output) and the final norm's output: the last
+// block's forward reads xn1 only in the q, k and v projections, before its down projection writes the
+// block's output, so that output goes to xn1; once the last block's forward is done nothing in the set is
+// read until backward recomputes block L-1, after the head's backward, so the final norm's output goes to
+// x_mid. Both are (N, C). Without checkpointing every block keeps its set for backward: the head has its own.
 Tensor LlamaModel::resid(int l) const {
   const size_t NC = size_t(B_) * size_t(T_) * size_t(cfg_.d_model);
+  if (ckpt_ && l == int(cfg_.n_layers)) return acts_[0].xn1.t.slice(0, NC);
   if (store_ == nullptr) return resid_.t.slice(size_t(l) * NC, NC);
-  if (l == int(cfg_.n_layers)) return resid_.t.slice(0, NC);
   STRATA_CHECK(stored_[size_t(l)] != nullptr, "LlamaModel: block input ", l, " is not on the device now");
   return Tensor{stored_[size_t(l)], act_, NC};
+}
+
+Tensor LlamaModel::xf() const {
+  const size_t NC = size_t(B_) * size_t(T_) * size_t(cfg_.d_model);
+  return ckpt_ ? acts_[0].x_mid.t.slice(0, NC) : xf_.t.slice(0, NC);
 }
 
 double LlamaModel::forward_flops(int B, int T) const {
@@ -295,10 +306,13 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, const ChunkView* a
   };
   const Family& fam = cfg_.traits();  // one lookup per block
   const float w_off = fam.norm_offset;
-  const BackwardScratch sc =
-      backward_scratch(size_t(N), mlp_rows(cfg_, size_t(N), ckpt_) * size_t(F), size_t(Q), size_t(KV));
-  const Tensor dy = dblock_.t.slice(sc.dy, size_t(N) * Q);
-  const Tensor dq = dblock_.t.slice(sc.dq, size_t(N) * Q), dk = dblock_.t.slice(sc.dk, size_t(N) * KV);
+  // Note [Backward buffers] (llama_buffers.cpp): dy, dq and dk in buffers the attention's phase no longer
+  // reads.
+  const BackwardScratch sc = backward_scratch(size_t(N), mlp_rows(cfg_, size_t(N), ckpt_) * size_t(F),
+                                              size_t(C), size_t(Q), size_t(KV));
+  const Tensor dy = (sc.dy_in_dxn ? dxn_.t : dblock_.t).slice(sc.dy, size_t(N) * Q);
+  const Tensor dq = (sc.dq_in_mid ? a.x_mid.t : dblock_.t).slice(sc.dq, size_t(N) * Q);
+  const Tensor dk = (sc.dk_in_xn2 ? a.xn2.t : dblock_.t).slice(sc.dk, size_t(N) * KV);
   const Tensor dv = dblock_.t.slice(sc.dv, size_t(N) * KV);
 
   // x_out = x_mid + down_proj(h): the residual passes dresid_ to both. The MLP's rows tile by tile (one
@@ -484,7 +498,7 @@ float LlamaModel::forward(ChunkProvider& chunks, const int32_t* inputs, const in
     ChunkTimer ct(profile_, layout.head_chunk(), Phase::forward, &chunk_flops_);
     Held h(chunks, layout.head_chunk());
     timed("final_norm", Phase::forward, 0, [&] {
-      o.rmsnorm_forward(xf_.t, rstdf_.t, resid(L), weight(h.view(), kFinalNorm), N, C, cfg_.norm_eps,
+      o.rmsnorm_forward(xf(), rstdf_.t, resid(L), weight(h.view(), kFinalNorm), N, C, cfg_.norm_eps,
                         cfg_.traits().norm_offset);
     });
     std::optional<Held> e, lm;
@@ -537,7 +551,7 @@ void LlamaModel::head_forward_logits(Tensor w_head, size_t r0, size_t n, Phase p
   timed(
       "lm_head", phase, linear_flops(int(n), C, V),
       [&] {
-        ops_->linear_forward(logits_.t.slice(0, n * size_t(V)), xf_.t.slice(r0 * size_t(C), n * size_t(C)),
+        ops_->linear_forward(logits_.t.slice(0, n * size_t(V)), xf().slice(r0 * size_t(C), n * size_t(C)),
                              w_head, int(n), C, V);
       },
       int(n), C, V);
@@ -566,7 +580,7 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
       if (rows == size_t(N)) {
         timed(
             "lm_head", ph, 2 * linear_flops(N, C, V),
-            [&] { o.linear_backward(dxn_.t, dw, logits_.t, xf_.t, w, N, C, V); }, N, C, V);
+            [&] { o.linear_backward(dxn_.t, dw, logits_.t, xf(), w, N, C, V); }, N, C, V);
         return;
       }
       // Note [The loss in row chunks]: each chunk's logits again, its dlogits in place, its dx rows and
@@ -574,7 +588,7 @@ void LlamaModel::backward(ChunkProvider& chunks, float grad_scale) {
       for (size_t r0 = 0; r0 < size_t(N); r0 += rows) {
         const size_t n = std::min(rows, size_t(N) - r0);
         const Tensor lg = logits_.t.slice(0, n * size_t(V));
-        const Tensor x = xf_.t.slice(r0 * size_t(C), n * size_t(C));
+        const Tensor x = xf().slice(r0 * size_t(C), n * size_t(C));
         head_forward_logits(w, r0, n, Phase::recompute);
         timed("cross_entropy", ph, 0, [&] {
           o.cross_entropy(lg, losses_.t.slice(r0, n), loss_.t, lg, targets_.t.slice(r0, n), int(n), V,

@@ -96,7 +96,7 @@ class LlamaModel final : public TrainableModel {
   // The rows of logits a training forward and backward hold at once for N rows (Note [The loss in row
   // chunks] in model/llama.cpp): N while N x vocab_size is at most kLossChunkElements, else that many
   // elements' worth.
-  static constexpr size_t kLossChunkElements = size_t(1) << 25;
+  static constexpr size_t kLossChunkElements = size_t(1) << 24;
   static size_t loss_rows(const ModelConfig& cfg, size_t N);
   // The threshold loss_rows() uses: kLossChunkElements, or what a test sets for the whole process (0
   // restores the default). Set it before any model plans or runs.
@@ -104,7 +104,7 @@ class LlamaModel final : public TrainableModel {
   // The rows of the MLP's intermediates a checkpointed forward and backward hold at once (Note [The MLP
   // in tiles] in model/llama.cpp): N while N x ffn_dim is at most the threshold (kMlpTileElements, or what
   // a test sets), else that many elements' worth; N without checkpointing, and with LoRA dropout.
-  static constexpr size_t kMlpTileElements = size_t(1) << 24;
+  static constexpr size_t kMlpTileElements = size_t(1) << 23;
   static size_t mlp_rows(const ModelConfig& cfg, size_t N, bool checkpointed);
   static void set_mlp_tile_elements(size_t elements);
   // Multiply-adds × 2 of one forward / backward over (B, T), as the profile counts them.
@@ -168,14 +168,19 @@ class LlamaModel final : public TrainableModel {
   std::uint64_t lora_mask_key(int site) const;
   int lora_slot(int site) const;
   std::array<int, kNumLoraSites> lora_slots_{};  // site -> slot in lora_t, -1 for a site the family lacks
-  // Where dh, dy, dq, dk and dv sit in dblock_ (element offsets, each rounded up to 128
-  // elements: 512 bytes in fp32, 256 in bf16, the alignment the cuBLASLt and cuDNN paths want), and the
-  // region's size.
+  // Where the block's backward keeps dh, dy, dq, dk and dv (Note [Backward buffers] in llama_buffers.cpp):
+  // dy in dxn_, dq in the block set's x_mid and dk in its xn2 where the flags say they fit, else — and dv
+  // always — in dblock_ at these element offsets (each rounded up to 128 elements: 512 bytes in fp32, 256
+  // in bf16, the alignment the cuBLASLt and cuDNN paths want); numel: the region's size.
   struct BackwardScratch {
     size_t dh = 0, dy = 0, dq = 0, dk = 0, dv = 0, numel = 0;
+    bool dy_in_dxn = false, dq_in_mid = false, dk_in_xn2 = false;
   };
   // mlp: the elements of the MLP's phase (dh: the tile's rows x ffn_dim).
-  static BackwardScratch backward_scratch(size_t N, size_t mlp, size_t Q, size_t KV);
+  static BackwardScratch backward_scratch(size_t N, size_t mlp, size_t C, size_t Q, size_t KV);
+  // The head's input (block L's output) and the final norm's output: their own buffers, or under
+  // checkpointing buffers of the block set (Note [The head's buffers under checkpointing]).
+  kernels::Tensor xf() const;
   // logits_[0, n) = x[r0, r0 + n) W^T: n rows of logits, from row r0 of the final norm's output.
   void head_forward_logits(kernels::Tensor w_head, size_t r0, size_t n, Phase phase);
   void check_layout(const ChunkProvider& chunks) const;
@@ -216,14 +221,14 @@ class LlamaModel final : public TrainableModel {
   std::unique_ptr<Event> tokens_copied_;  // the compute stream after their copies
   Buf rope_cos_, rope_sin_;               // (T, D/2) fp32
   int rope_T_ = 0;
-  Buf resid_;  // (L + 1, N, C): resid_[l] is block l's input, [L] the head's; (N, C),
-               // the head's alone, while store_ keeps the block inputs
+  Buf resid_;  // (L + 1, N, C): resid_[l] is block l's input, [L] the head's; under checkpointing (L, N, C),
+               // or nothing while store_ keeps the block inputs (the head's is in the block set)
   // The last checkpointing forward's CheckpointStore (null: none) and the device memory of each block
   // input it gave (Note [Checkpoints off the device] in model/chunk.h).
   CheckpointStore* store_ = nullptr;
   std::vector<void*> stored_;
   std::vector<BlockActs> acts_;  // L sets, or 1 with checkpointing
-  Buf xf_, rstdf_;               // (N, C), (N) fp32: final norm output and its rstd
+  Buf xf_, rstdf_;               // (N, C), (N) fp32: final norm output (xf()) and its rstd
   Buf logits_;                   // (loss_rows(N), V); backward turns them into dlogits in place
   Buf losses_, loss_;            // (N), (1) fp32: cross-entropy per row and mean
   int n_valid_ = 0;              // the last forward's targets that count (>= 0)

@@ -68,12 +68,14 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, bo
       fn(at(&LlamaModel::positions_), N, i32);
   fn(at(&LlamaModel::rope_cos_), size_t(T) * half, f32),
       fn(at(&LlamaModel::rope_sin_), size_t(T) * half, f32);
-  fn(at(&LlamaModel::resid_), (stored ? 1 : L + 1) * N * C, act);
-  fn(at(&LlamaModel::xf_), N * C, act), fn(at(&LlamaModel::rstdf_), N, f32),
+  // Note [The head's buffers under checkpointing]: with one block set, the head's input and the final
+  // norm's output live in it.
+  fn(at(&LlamaModel::resid_), (ckpt ? (stored ? 0 : L) : L + 1) * N * C, act);
+  fn(at(&LlamaModel::xf_), ckpt ? 0 : N * C, act), fn(at(&LlamaModel::rstdf_), N, f32),
       fn(at(&LlamaModel::logits_), logit_rows * V, act);
   fn(at(&LlamaModel::losses_), N, f32), fn(at(&LlamaModel::loss_), 1, f32);
   fn(at(&LlamaModel::dresid_), N * C, act), fn(at(&LlamaModel::dxn_), N * C, act);
-  fn(at(&LlamaModel::dblock_), backward_scratch(N, MR * F, Q, KV).numel, act);
+  fn(at(&LlamaModel::dblock_), backward_scratch(N, MR * F, C, Q, KV).numel, act);
   fn(at(&LlamaModel::datt_), as.scratch, f32);
   fn(at(&LlamaModel::pad_row_), cfg.pad_token_id >= 0 ? C : 0, f32);
   fn(at(&LlamaModel::lora_u_), lora ? std::max(N * std::max({Q, KV, C}), MR * F) : 0, act);
@@ -81,19 +83,30 @@ void LlamaModel::each_buffer(const ModelConfig& cfg, int B, int T, bool ckpt, bo
   fn(at(&LlamaModel::lora_x_), lora && cfg.lora.dropout > 0 ? N * std::max({Q, C, F}) : 0, act);
 }
 
-LlamaModel::BackwardScratch LlamaModel::backward_scratch(size_t N, size_t mlp, size_t Q, size_t KV) {
+// Note [Backward buffers]: a block's backward has two phases. The MLP's (dh, from the down projection to
+// the SwiGLU backward, a tile's rows x ffn_dim) reads every buffer of the block set. The attention's
+// (dy from the o projection to the attention backward; dq, dk, dv from there to the q, k and v
+// projections' backward) starts once the MLP's and ffn_norm's backward are done, and from then on three
+// (N, C) buffers are no longer read: x_mid and xn2 (their last reader is the ffn_norm's and up/gate
+// projections' backward) and dxn_ (zeroed again before the q projection's backward). So dy goes to dxn_
+// (read only by the attention backward, before that zeroing), dq to x_mid and dk to xn2, where they fit
+// (Hq·D, or Hkv·D, at most C); dv and whatever does not fit go to the dblock_ region, after nothing: the
+// MLP's phase is over. At long context this keeps one (N, Hkv·D) buffer of scratch where there were four.
+// The values are those of separate buffers bit for bit (every op writes or zeroes its output first).
+LlamaModel::BackwardScratch LlamaModel::backward_scratch(size_t N, size_t mlp, size_t C, size_t Q,
+                                                         size_t KV) {
   constexpr size_t kAlign = 128;
   auto up = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
   BackwardScratch s;
-  // The MLP's phase: dh from the down projection to the SwiGLU backward. The attention's phase starts
-  // after it: dy from the o projection to the attention backward, dq/dk/dv from there to the q/k/v
-  // projections' backward.
   s.dh = 0;
-  s.dy = 0;
-  s.dq = up(N * Q);
-  s.dk = s.dq + up(N * Q);
-  s.dv = s.dk + up(N * KV);
-  s.numel = std::max(mlp, s.dv + N * KV);
+  s.dy_in_dxn = Q <= C, s.dq_in_mid = Q <= C, s.dk_in_xn2 = KV <= C;
+  size_t end = 0;
+  auto place = [&](size_t* at, size_t n) { *at = up(end), end = *at + n; };
+  if (!s.dy_in_dxn) place(&s.dy, N * Q);
+  if (!s.dq_in_mid) place(&s.dq, N * Q);
+  if (!s.dk_in_xn2) place(&s.dk, N * KV);
+  place(&s.dv, N * KV);
+  s.numel = std::max(mlp, end);
   return s;
 }
 
@@ -104,6 +117,10 @@ void LlamaModel::ensure_buffers(int B, int T, bool whole_logits, bool stored) {
   bool synced = false;
   // Grows a buffer (never shrinks, so repeated steps do not reallocate); contents unspecified.
   auto fit = [&](Buf* b, size_t n, DType dtype) {
+    if (n == 0 && !b->t.data) {  // not needed in this mode (and never allocated)
+      b->t = Tensor{nullptr, dtype, 0};
+      return;
+    }
     if (b->t.numel >= n && b->t.dtype == dtype && b->t.data) {
       b->t.numel = n;
       return;
@@ -153,7 +170,7 @@ size_t LlamaModel::activation_bytes(const ModelConfig& cfg, int B, int T, bool c
   each_buffer(cfg, B, T, checkpoint_activations, checkpoint_activations && checkpoints_stored,
               ops.caps().activation, as, loss_rows(cfg, size_t(B) * size_t(T)),
               static_cast<LlamaModel*>(nullptr),
-              [&](Buf*, size_t numel, DType dtype) { n += std::max<size_t>(1, numel * dtype_bytes(dtype)); });
+              [&](Buf*, size_t numel, DType dtype) { n += numel > 0 ? numel * dtype_bytes(dtype) : 0; });
   return n;
 }
 

@@ -466,6 +466,15 @@ Move TierManager::evict(TensorId id, Tier from, Tier to, const Event* after) {
   return impl_->issue(t, from, to, /*drop_source=*/true, after);
 }
 
+void TierManager::discard(TensorId id, Tier tier, const Event* after) {
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  Tensor& t = impl_->settle(lk, id, "discard");
+  STRATA_CHECK(t.pins == 0, "tiering discard: \"", t.desc.name, "\" is pinned (unpin it first)");
+  impl_->touch(t);
+  impl_->release(t, tier, impl_->fence_after(after));
+  if (t.valid == 0) t.lost = "discarded";
+}
+
 void TierManager::pin(TensorId id) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   Tensor& t = impl_->get(id, "pin");

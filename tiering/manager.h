@@ -205,6 +205,9 @@ class TierManager {
   Move fetch(TensorId id, Tier to, const Event* after = nullptr);
   // Makes `to` hold a valid copy and frees the block on `from` (copying only if `to` has none yet).
   Move evict(TensorId id, Tier from, Tier to, const Event* after = nullptr);
+  // Frees the block on `tier` after the caller's last use and forgets its data: for a tensor whose
+  // contents are dead (nothing copied). An unpinned tensor only.
+  void discard(TensorId id, Tier tier, const Event* after = nullptr);
   // Pinned tensors (a count) are never evicted. Unrelated to pinned host memory.
   void pin(TensorId id);
   void unpin(TensorId id);

@@ -81,8 +81,14 @@ void CheckpointOffload::reset() {
     Entry& e = entries_[std::size_t(i)];
     e.back = {};
     e.out = {};
-    if (last(i)) continue;  // its device block is kept (the note)
     let_go(e);
+    if (last(i)) {  // never copied out: its data is dead with the forward's
+      if (env_.tm->data(e.id, Tier::device) != nullptr) {
+        env_.compute_stream->record(*e.done);
+        env_.tm->discard(e.id, Tier::device, e.done.get());
+      }
+      continue;
+    }
     if (env_.tm->data(e.id, Tier::device) != nullptr) {
       // Free it after the compute stream's work so far; a copy with no valid home copy is kept first.
       env_.compute_stream->record(*e.done);
@@ -92,8 +98,8 @@ void CheckpointOffload::reset() {
 }
 
 void* CheckpointOffload::put(int i) {
-  // Room for this one: at most kCheckpointWindow - 1 others on the device (the one being read, and one
-  // whose copy out may still run).
+  // Room for this one: at most kCheckpointWindow - 1 others on the device (the one being read); one whose
+  // copy out may still run is waited for here (it has had the whole of the last block's forward).
   free_done(std::size_t(kCheckpointWindow) - 2);
   Entry& e = at(i);
   void* p = env_.tm->allocate(e.id, Tier::device);
@@ -143,9 +149,12 @@ void* CheckpointOffload::get(int i, int next) {
 
 void CheckpointOffload::backward_done(int i) {
   Entry& e = at(i);
-  if (last(i)) return;
   let_go(e);
   env_.compute_stream->record(*e.done);
+  if (last(i)) {  // never copied out, and read for the last time
+    env_.tm->discard(e.id, Tier::device, e.done.get());
+    return;
+  }
   // Its home copy (pinned, or on NVMe) is valid: only the device block goes.
   env_.tm->evict(e.id, Tier::device, home_, e.done.get());
 }

@@ -9,16 +9,17 @@
 //   forward   put(i) takes a device block from the pool for the tensor (pinned there: never evicted while
 //             in use); written(i) marks it written and starts its copy out on the manager's D2H stream
 //             after the compute stream's write (an event); after forward_done(i) its device block is freed
-//             (following the compute stream's last read) as soon as that copy has ended — checked at the
-//             next calls, waited for only when a further block would exceed the window (the training
-//             thread never waits for the compute stream just to free memory). So the copy runs beside
-//             block i's forward, which reads it.
+//             (following the compute stream's last read) once that copy has ended — checked at the next
+//             calls, and waited for at put(i + 2), which would otherwise pass the window. So the copy runs
+//             beside block i's forward, which reads it, and the training thread runs at most one block
+//             ahead of the compute stream while the pool is at its plan.
 //   backward  get(i, next) waits (on the compute stream) for checkpoint i's copy back, issued one block
 //             ahead, and issues next's; backward_done(i) frees the device block after block i's backward.
-// The last block's input never leaves: the first backward block reads it at once (it keeps its device
-// block from step to step). So the device holds kCheckpointWindow (placement.h) blocks at most — one being
-// read, one being written or brought back, one whose free waits for the compute stream — planned inside
-// the pool (MemoryPlan.device_checkpoint_window), and pinned memory holds L - 1 of them
+// The last block's input never leaves: the first backward block reads it at once; its device block goes,
+// uncopied, after that block's backward (TierManager::discard). So the device holds kCheckpointWindow
+// (placement.h) blocks at most — in forward the one being read and the one being written, in backward the
+// one being read and the one brought back — planned inside the pool (MemoryPlan.device_checkpoint_window),
+// and pinned memory holds L - 1 of them
 // (pinned_activations, in the pool's budget). Where that would take the host plan past 90% of the
 // machine's memory and the config names an nvme_path, NVMe is the next tier (Engine::Impl::plan_memory
 // decides, and says so): each block input goes on from pinned memory to its swap file once copied out, and

@@ -387,7 +387,7 @@ ActivationSizes activation_sizes(const model::ModelConfig& m, int B, int T, cons
 // The plan's activation fields for choice `c` (checkpoint_activations, the other choices' bytes).
 void note_activations(MemoryPlan& p, const ActivationSizes& a, ActivationChoice c);
 // Block inputs on the device at once with them off it (Note [Checkpoints off the device]).
-inline constexpr int kCheckpointWindow = 3;
+inline constexpr int kCheckpointWindow = 2;
 // Sets in.activations, in.checkpoint_window and in.checkpoint_host for choice `c`.
 void apply_activations(PlanInput& in, const ActivationSizes& a, ActivationChoice c);
 // Note [Checkpointing by choice], then the offload: a fixed choice stands; "auto" offloads the block inputs

@@ -82,6 +82,30 @@ TEST_P(Eviction, AValidCopyElsewhereIsDroppedAndTheOnlyCopyMovesOneTierDown) {
   EXPECT_EQ(read(a), only);
 }
 
+TEST_P(Eviction, ADiscardedBlockIsFreedWithoutACopyAndItsDataIsGone) {
+  make_three_slot_device();
+  TensorId a = add("dead-after-use", kMiB3, Tier::pinned);
+  write(a, Tier::device, random_bytes(kMiB3, 3));  // its only copy
+  tm->discard(a, Tier::device);
+  tm->synchronize();
+  TensorInfo ia = tm->info(a);
+  EXPECT_FALSE(has(ia.allocated, Tier::device));
+  EXPECT_EQ(ia.valid, TierMask(0));
+  EXPECT_EQ(tm->snapshot(false).moves[direction(Tier::device, Tier::pinned)].count, 0u) << "nothing copied";
+  EXPECT_EQ(tm->usage().bytes[int(Tier::device)][int(Kind::param)], 0u);
+  try {
+    tm->fetch(a, Tier::pinned);
+    FAIL() << "expected an error: the data was discarded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("discarded"), std::string::npos) << e.what();
+  }
+  write(a, Tier::device, random_bytes(kMiB3, 4));  // written again, it is valid again
+  tm->pin(a);
+  EXPECT_THROW(tm->discard(a, Tier::device), Error) << "a pinned tensor is in use";
+  tm->unpin(a);
+  expect_within_budgets("after the discard");
+}
+
 TEST_P(Eviction, PinnedTierEvictsToNvmeWhenItIsFull) {
   make({.device_budget = 8 << 20,
         .pinned_budget = 4 << 20,

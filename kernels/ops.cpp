@@ -231,14 +231,15 @@ void Ops::attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor
 }
 
 void Ops::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD, int window,
-                             Tensor positions) {
+                             Tensor v, Tensor out, Tensor saved, int B, int T, int NH, int NKV, int HD,
+                             int window, Tensor positions) {
   check_model_role("attention_backward");
   attention_operands(q, k, v, saved, B, T, NH, NKV, HD, window, positions);
   attention_operands(dout, dk, dv, saved, B, T, NH, NKV, HD, window, positions);
+  need(out, caps().activation, sz(B, T, NH, HD), "attention out");
   need(dq, caps().activation, sz(B, T, NH, HD), "attention dq");
   need(scratch, F, attention_sizes(B, T, NH, NKV, HD, window, bool(positions)).scratch, "attention scratch");
-  do_attention_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD, window, positions);
+  do_attention_backward(dq, dk, dv, scratch, dout, q, k, v, out, saved, B, T, NH, NKV, HD, window, positions);
 }
 
 void Ops::swiglu_forward(Tensor out, Tensor gate, Tensor up) {

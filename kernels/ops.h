@@ -176,9 +176,11 @@ class Ops {
   void attention_forward(Tensor out /*(B,T,NH,HD)*/, Tensor saved /*attention_sizes().saved*/, Tensor q,
                          Tensor k, Tensor v, int B, int T, int NH, int NKV, int HD, int window = 0,
                          Tensor positions = {});
+  // `out` is the forward's output (B,T,NH,HD), unchanged since: a fused backward reads it (its rowsum with
+  // dout) rather than keeping a copy in `saved`.
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                          Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD, int window = 0,
-                          Tensor positions = {});
+                          Tensor v, Tensor out, Tensor saved, int B, int T, int NH, int NKV, int HD,
+                          int window = 0, Tensor positions = {});
   // ---- SwiGLU, GeGLU, residual ----
   void swiglu_forward(Tensor out, Tensor gate, Tensor up);
   // May run in place (dgate == gate, dup == up): every implementation reads an element's inputs first.
@@ -275,8 +277,8 @@ class Ops {
   virtual void do_attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, int B, int T,
                                     int NH, int NKV, int HD, int window, Tensor positions) = 0;
   virtual void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q,
-                                     Tensor k, Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD,
-                                     int window, Tensor positions) = 0;
+                                     Tensor k, Tensor v, Tensor out, Tensor saved, int B, int T, int NH,
+                                     int NKV, int HD, int window, Tensor positions) = 0;
   virtual void do_swiglu_forward(Tensor out, Tensor gate, Tensor up) = 0;
   virtual void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) = 0;
   virtual void do_geglu_forward(Tensor out, Tensor gate, Tensor up) = 0;

@@ -367,7 +367,7 @@ void LlamaModel::block_backward(const ChunkView& p, float* g, const ChunkView* a
   lora(dy, dresid_.t, a.y.t, kWo, C);
   const int W = int(cfg_.window_of(lora_layer_));  // this block's sliding window (lora_layer_: its index)
   timed("attention", ph, 2 * attention_flops(B, T, NH, D), [&] {
-    o.attention_backward(dq, dk, dv, datt_.t, dy, a.q.t, a.k.t, a.v.t, a.att.t, B, T, NH, NKV, D, W,
+    o.attention_backward(dq, dk, dv, datt_.t, dy, a.q.t, a.k.t, a.v.t, a.y.t, a.att.t, B, T, NH, NKV, D, W,
                          positions());
   });
   timed("rope", ph, 0, [&] {

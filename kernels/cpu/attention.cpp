@@ -69,8 +69,8 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 // With a = att and p the scaled scores: da = dout_h v_g^T, dp = a (da - rowsum(a da)) (then * scale for
 // the unscaled q.k), dq_h = dp k_g, dk_g = sum over the group's heads of dp^T q_h, dv_g likewise a^T dout_h.
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
-                        const float* k, const float* v, const float* att, int B, int T, int NH, int NKV,
-                        int HD, int window, const std::int32_t* pos) {
+                        const float* k, const float* v, const float* /*out: unread*/, const float* att, int B,
+                        int T, int NH, int NKV, int HD, int window, const std::int32_t* pos) {
   check_heads("attention_backward", NH, NKV, HD, window);
   const float scale = float(1.0 / std::sqrt(double(HD)));
   const int ldq = NH * HD, ldkv = NKV * HD;

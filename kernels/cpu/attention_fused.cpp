@@ -37,10 +37,21 @@
 // Each product is a single-threaded oneDNN matmul on strided views of the heads (Note [Concurrent
 // products] in bf16_impl.h, Note [Row blocks] in linear_bf16.cpp), so nothing depends on the thread count.
 //
+// Waves: B*NKV tasks' sums, 2*T*HD fp32 elements each, would be the largest buffer of the backward at long
+// context (6144 bytes a token with 12 key/value heads), so scratch holds only `slots` of them: slots =
+// max(1, min(B*NKV, budget / (2*T*HD))), the budget kFusedScratchElements (64 MiB) unless FusedPaths says
+// otherwise. The tasks run in waves of `slots`: wave w runs tasks [w*slots, min((w+1)*slots, B*NKV)) in
+// parallel, task t summing into slot t - w*slots, and the next wave starts once it is done. A task's
+// arithmetic and order do not depend on its slot or wave, so every budget gives the same bits. The cost:
+// at long context fewer tasks run at once than B*NKV (4 at T = 32768, HD 64), so fewer threads than that
+// find work, and each wave waits for its slowest task; at training lengths up to a few thousand tokens
+// every task fits in one wave (B 4 with 12 key/value heads, 48 tasks, up to T = 2730 at HD 64).
+//
 // D: rowsum(dout * out) equals rowsum(P * dP) up to out's rounding; computing it from P would take a
-// second pass over the key blocks (two more products per block), so the forward keeps a bf16 copy of out
-// in `saved` (kernels/ops.h does not hand out to the backward; the cuDNN path does the same: Note [cuDNN
-// attention saved state]). saved is then B*NH*T*(4 + 2*HD) bytes instead of the unfused B*NH*T*T*4.
+// second pass over the key blocks (two more products per block), so the backward reads the forward's out,
+// which its caller keeps anyway (kernels/ops.h hands it over; the model's o_proj backward reads the same
+// tensor just before; the cuDNN path does the same: Note [cuDNN attention saved state]). saved is then the
+// lse alone, B*NH*T*4 bytes, instead of the unfused B*NH*T*T*4.
 //
 // Why 128: each product (128 x 128 x HD) is large enough that oneDNN's per-call cost (memory objects, an
 // argument map, a stream wait) stays small against it, while S, dP (64 KiB of fp32 each), P, dS and an
@@ -61,7 +72,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -93,7 +103,6 @@ struct Dims {
   std::size_t blocks() const { return (std::size_t(T) + kBlock - 1) / kBlock; }
   int rows(std::size_t block) const { return std::min(kBlock, T - int(block) * kBlock); }
   std::size_t q_numel() const { return std::size_t(B) * T * NH * HD; }
-  std::size_t lse_numel() const { return std::size_t(B) * NH * T; }
   // Element offsets: row t of head h of q / dout / out, of head g of k / v, and (b, h, t)'s lse.
   std::size_t q_at(std::size_t b, std::size_t t, std::size_t h) const { return (b * T + t) * ldq() + h * HD; }
   std::size_t kv_at(std::size_t b, std::size_t t, std::size_t g) const {
@@ -351,7 +360,6 @@ struct Work {
   std::vector<float> s, dp;      // (kBlock, kBlock): scores, then P; the gradient of P
   std::vector<bf16_t> p, ds;     // (kBlock, kBlock): P and dS as product operands
   std::vector<float> acc;        // (kBlock, HD): an output block's fp32 sums (out or dq)
-  std::vector<bf16_t> row;       // (HD): one row of the saved copy of out
   float m[kBlock], l[kBlock];    // forward: running max and sum per row
   float lse[kBlock], D[kBlock];  // backward: log-sum-exp and rowsum(dout * out) per row
   int key0[kBlock];              // each row's first visible key (first_keys)
@@ -365,19 +373,32 @@ Work& work(int HD) {
   w.p.resize(sq);
   w.ds.resize(sq);
   w.acc.resize(std::size_t(kBlock) * HD);
-  w.row.resize(std::size_t(HD));
   return w;
+}
+
+// The backward's waves (Note [Fused attention on the CPU]): how many tasks' dk, dv sums scratch holds.
+struct Slots {
+  std::size_t tasks;     // B*NKV, one per (batch, key/value head)
+  std::size_t per_task;  // fp32 elements of one task's sums, 2*T*HD
+  std::size_t slots;     // tasks at once: max(1, min(tasks, budget / per_task)); 0 when nothing runs
+};
+Slots slots_for(int B, int T, int NKV, int HD, std::size_t scratch_elements) {
+  const std::size_t budget = scratch_elements ? scratch_elements : kFusedScratchElements;
+  Slots s{std::size_t(B) * std::size_t(NKV), 2 * std::size_t(T) * std::size_t(HD), 0};
+  if (s.tasks > 0 && s.per_task > 0)
+    s.slots = std::max<std::size_t>(1, std::min(s.tasks, budget / s.per_task));
+  return s;
 }
 
 }  // namespace
 
-std::size_t attention_fused_saved(int B, int T, int NH, int HD) {
-  const std::size_t lse = std::size_t(B) * NH * T, out = std::size_t(B) * T * NH * HD;
-  return lse + (out + 1) / 2;  // out's copy: two bf16 values per fp32 element
+std::size_t attention_fused_saved(int B, int T, int NH, int /*HD*/) {
+  return std::size_t(B) * NH * T;  // the lse; out comes from the caller
 }
 
-std::size_t attention_fused_scratch(int B, int T, int NKV, int HD) {
-  return std::size_t(B) * NKV * 2 * T * HD;
+std::size_t attention_fused_scratch(int B, int T, int NKV, int HD, std::size_t scratch_elements) {
+  const Slots s = slots_for(B, T, NKV, HD, scratch_elements);
+  return s.slots * s.per_task;
 }
 
 FusedRows attention_fused_rows(FusedRows rows) {
@@ -399,8 +420,6 @@ void attention_fused_forward(bf16_t* out, float* saved, const bf16_t* q, const b
   const RowPasses pass = row_passes(paths.rows);
   const float scale = float(1.0 / std::sqrt(double(HD)));
   const std::size_t nb = d.blocks(), hd = std::size_t(HD);
-  // The copy of out is bf16 inside an fp32 buffer: written bytewise (memcpy), never through a float*.
-  char* out_copy = reinterpret_cast<char*>(saved + d.lse_numel());
   impl::parallel_for_each_index(std::size_t(B) * NH * nb, 1, [&](std::size_t task) {
     const std::size_t i = task % nb, h = task / nb % std::size_t(NH), b = task / nb / std::size_t(NH);
     const std::size_t g = h / d.group(), t0 = i * kBlock;
@@ -421,16 +440,15 @@ void attention_fused_forward(bf16_t* out, float* saved, const bf16_t* q, const b
     for (int r = 0; r < rows; ++r) {
       const std::size_t t = t0 + std::size_t(r), at = d.q_at(b, t, h);
       for (std::size_t e = 0; e < hd; ++e) out[at + e] = f32_to_bf16(w.acc[r * hd + e] / w.l[r]);
-      std::memcpy(out_copy + at * sizeof(bf16_t), out + at, hd * sizeof(bf16_t));
       saved[d.lse_at(b, h, t)] = w.m[r] + std::log(w.l[r]);
     }
   });
 }
 
 void attention_fused_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* scratch, const bf16_t* dout,
-                              const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* saved, int B,
-                              int T, int NH, int NKV, int HD, int window, const std::int32_t* pos,
-                              const FusedPaths& paths) {
+                              const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* out,
+                              const float* saved, int B, int T, int NH, int NKV, int HD, int window,
+                              const std::int32_t* pos, const FusedPaths& paths) {
   check_heads("attention_fused_backward", B, T, NH, NKV, HD, window);
   const Dims d{B, T, NH, NKV, HD, window};
   if (d.q_numel() == 0) return;
@@ -438,11 +456,10 @@ void attention_fused_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* scratch
   const RowPasses pass = row_passes(paths.rows);
   const float scale = float(1.0 / std::sqrt(double(HD)));
   const std::size_t nb = d.blocks(), hd = std::size_t(HD), G = d.group();
-  const char* out_copy = reinterpret_cast<const char*>(saved + d.lse_numel());
-  impl::parallel_for_each_index(std::size_t(B) * NKV, 1, [&](std::size_t task) {
+  // One (batch, key/value head) task, its dk and dv sums in `sums` (Note [Fused attention on the CPU]).
+  const auto run = [&](std::size_t task, float* sums) {
     const std::size_t b = task / std::size_t(NKV), g = task % std::size_t(NKV);
-    // This task's fp32 sums of dk_g and dv_g, (T, HD) each (Note [Fused attention on the CPU]).
-    float* dk_sum = scratch + task * 2 * std::size_t(T) * hd;
+    float* dk_sum = sums;  // (T, HD) each
     float* dv_sum = dk_sum + std::size_t(T) * hd;
     std::fill(dk_sum, dk_sum + 2 * std::size_t(T) * hd, 0.0f);
     Work& w = work(HD);
@@ -452,11 +469,10 @@ void attention_fused_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* scratch
         const int rows = d.rows(i);
         const bf16_t* qi = q + d.q_at(b, t0, h);
         const bf16_t* dout_i = dout + d.q_at(b, t0, h);
+        const bf16_t* out_i = out + d.q_at(b, t0, h);
         for (int r = 0; r < rows; ++r) {
-          const std::size_t t = t0 + std::size_t(r);
-          w.lse[r] = saved[d.lse_at(b, h, t)];
-          std::memcpy(w.row.data(), out_copy + d.q_at(b, t, h) * sizeof(bf16_t), hd * sizeof(bf16_t));
-          w.D[r] = dot_bf16(dout_i + r * d.ldq(), w.row.data(), HD);
+          w.lse[r] = saved[d.lse_at(b, h, t0 + std::size_t(r))];
+          w.D[r] = dot_bf16(dout_i + r * d.ldq(), out_i + r * d.ldq(), HD);
         }
         std::fill(w.acc.begin(), w.acc.begin() + std::ptrdiff_t(rows * hd), 0.0f);
         for (std::size_t j = first_keys(d, pos, b, t0, rows, w.key0); j <= i; ++j) {
@@ -481,7 +497,14 @@ void attention_fused_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* scratch
         dk[d.kv_at(b, t, g) + e] = f32_to_bf16(dk_sum[t * hd + e]);
         dv[d.kv_at(b, t, g) + e] = f32_to_bf16(dv_sum[t * hd + e]);
       }
-  });
+  };
+  // Waves of `slots` tasks, task t of the wave from `first` in slot t - first.
+  const Slots sl = slots_for(B, T, NKV, HD, paths.scratch_elements);
+  for (std::size_t first = 0; first < sl.tasks; first += sl.slots) {
+    const std::size_t n = std::min(sl.slots, sl.tasks - first);
+    impl::parallel_for_each_index(n, 1,
+                                  [&](std::size_t slot) { run(first + slot, scratch + slot * sl.per_task); });
+  }
 }
 
 }  // namespace strata::kernels::cpu

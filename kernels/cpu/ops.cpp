@@ -43,22 +43,24 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
                        int NH, int NKV, int HD, int window, const std::int32_t* pos) {
   kc::attention_forward(out, att, q, k, v, B, T, NH, NKV, HD, window, pos);
 }
-// bf16: the fused attention (attention_fused.h): `saved` holds its row statistics and a copy of out.
+// bf16: the fused attention (attention_fused.h): `saved` holds its row statistics (the lse).
 void attention_forward(kc::bf16_t* out, float* saved, const kc::bf16_t* q, const kc::bf16_t* k,
                        const kc::bf16_t* v, int B, int T, int NH, int NKV, int HD, int window,
                        const std::int32_t* pos) {
   kc::attention_fused_forward(out, saved, q, k, v, B, T, NH, NKV, HD, window, pos);
 }
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
-                        const float* k, const float* v, const float* att, int B, int T, int NH, int NKV,
-                        int HD, int window, const std::int32_t* pos) {
-  kc::attention_backward(dq, dk, dv, scratch, dout, q, k, v, att, B, T, NH, NKV, HD, window, pos);
+                        const float* k, const float* v, const float* out, const float* att, int B, int T,
+                        int NH, int NKV, int HD, int window, const std::int32_t* pos) {
+  kc::attention_backward(dq, dk, dv, scratch, dout, q, k, v, out, att, B, T, NH, NKV, HD, window, pos);
 }
+// bf16: D = rowsum(dout * out) from the forward's out, which the caller keeps (kernels/ops.h).
 void attention_backward(kc::bf16_t* dq, kc::bf16_t* dk, kc::bf16_t* dv, float* scratch,
                         const kc::bf16_t* dout, const kc::bf16_t* q, const kc::bf16_t* k, const kc::bf16_t* v,
-                        const float* saved, int B, int T, int NH, int NKV, int HD, int window,
-                        const std::int32_t* pos) {
-  kc::attention_fused_backward(dq, dk, dv, scratch, dout, q, k, v, saved, B, T, NH, NKV, HD, window, pos);
+                        const kc::bf16_t* out, const float* saved, int B, int T, int NH, int NKV, int HD,
+                        int window, const std::int32_t* pos) {
+  kc::attention_fused_backward(dq, dk, dv, scratch, dout, q, k, v, out, saved, B, T, NH, NKV, HD, window,
+                               pos);
 }
 
 }  // namespace typed
@@ -106,8 +108,8 @@ class CpuOps final : public Ops {
     return std::string("kernels/cpu fused attention, bf16 activations, ") + products +
            ", no (B,NH,T,T) buffer" + band + (band.empty() ? "" : " (key blocks outside it skipped)");
   }
-  // bf16: the fused attention's row statistics and out (saved), and its fp32 dk, dv sums (scratch). The
-  // window and documents change neither.
+  // bf16: the fused attention's row statistics (saved), and its fp32 dk, dv sums for as many (batch,
+  // kv head) tasks at once as the default budget holds (scratch). The window and documents change neither.
   AttentionSizes attention_sizes(int B, int T, int NH, int NKV, int HD, int window,
                                  bool documents) const override {
     if (!bf16_) return Ops::attention_sizes(B, T, NH, NKV, HD, window, documents);
@@ -184,12 +186,12 @@ class CpuOps final : public Ops {
     });
   }
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD, int window,
-                             Tensor pos) override {
+                             Tensor v, Tensor out, Tensor saved, int B, int T, int NH, int NKV, int HD,
+                             int window, Tensor pos) override {
     enqueue_typed([=]<typename A>(A*) {
       typed::attention_backward(dq.as<A>(), dk.as<A>(), dv.as<A>(), scratch.as<float>(), dout.as<A>(),
-                                q.as<A>(), k.as<A>(), v.as<A>(), saved.as<float>(), B, T, NH, NKV, HD, window,
-                                pos.as<std::int32_t>());
+                                q.as<A>(), k.as<A>(), v.as<A>(), out.as<A>(), saved.as<float>(), B, T, NH,
+                                NKV, HD, window, pos.as<std::int32_t>());
     });
   }
 

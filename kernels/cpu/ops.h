@@ -19,7 +19,7 @@
 //   // input gradient is written (=) or accumulated (+=) is stated per function below.
 //   float loss = cross_entropy_forward_backward(dlogits, nullptr, logits, targets, N, V, 1.0f);
 //   linear_backward(dy, dwo, dout_o, y, wo, N, NH * HD, C);     // dy += ..., dwo += ...
-//   attention_backward(dq, dk, dv, scratch, dy, q, k, v, att, B, T, NH, NKV, HD);  // dq, dk, dv =
+//   attention_backward(dq, dk, dv, scratch, dy, q, k, v, y, att, B, T, NH, NKV, HD);  // dq, dk, dv =
 //   rope_backward(dq, dq, cos, sin, B, T, NH, HD);
 //
 // Layouts are row-major and match Hugging Face's LlamaForCausalLM, so its weights load unchanged:
@@ -160,13 +160,15 @@ void attention_forward(float* out /*(B,T,NH,HD)*/, float* att /*(B,NH,T,T) saved
                        const float* q /*(B,T,NH,HD)*/, const float* k /*(B,T,NKV,HD)*/,
                        const float* v /*(B,T,NKV,HD)*/, int B, int T, int NH, int NKV, int HD, int window = 0,
                        const std::int32_t* pos /*(B,T) or null*/ = nullptr);
-// WRITES dq, dk, dv (=). scratch is overwritten (it holds the score gradients); it may not alias att.
+// WRITES dq, dk, dv (=). scratch is overwritten (it holds the score gradients); it may not alias att. out is
+// the forward's output, taken as every attention backward takes it (kernels/ops.h) and not read here: the
+// saved probabilities give rowsum(att * datt) directly.
 void attention_backward(float* dq /*(B,T,NH,HD)*/, float* dk /*(B,T,NKV,HD)*/, float* dv /*(B,T,NKV,HD)*/,
                         float* scratch /*(B,NH,T,T)*/, const float* dout /*(B,T,NH,HD)*/,
                         const float* q /*(B,T,NH,HD)*/, const float* k /*(B,T,NKV,HD)*/,
-                        const float* v /*(B,T,NKV,HD)*/, const float* att /*(B,NH,T,T)*/, int B, int T,
-                        int NH, int NKV, int HD, int window = 0,
-                        const std::int32_t* pos /*(B,T) or null*/ = nullptr);
+                        const float* v /*(B,T,NKV,HD)*/, const float* out /*(B,T,NH,HD) unread*/,
+                        const float* att /*(B,NH,T,T)*/, int B, int T, int NH, int NKV, int HD,
+                        int window = 0, const std::int32_t* pos /*(B,T) or null*/ = nullptr);
 // On bf16 activations the host backend runs the fused attention instead (attention_fused.h).
 
 // ---- SwiGLU: out = silu(gate) * up, silu(z) = z / (1 + exp(-z)) ------------------------------------

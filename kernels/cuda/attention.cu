@@ -182,8 +182,9 @@ void attention_forward(bf16* out, float* att, const bf16* q, const bf16* k, cons
 }
 
 void attention_backward(bf16* dq, bf16* dk, bf16* dv, float* scratch, const bf16* dout, const bf16* q,
-                        const bf16* k, const bf16* v, const float* att, int B, int T, int NH, int NKV, int HD,
-                        int window, const std::int32_t* pos, cudaStream_t stream) {
+                        const bf16* k, const bf16* v, const bf16* /*out: unread*/, const float* att, int B,
+                        int T, int NH, int NKV, int HD, int window, const std::int32_t* pos,
+                        cudaStream_t stream) {
   const Shape sh = checked_shape("attention_backward", B, T, NH, NKV, HD, window, pos);
   const std::size_t rows = std::size_t(B) * NH * T;
   if (rows == 0) return;

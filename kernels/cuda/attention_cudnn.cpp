@@ -5,12 +5,11 @@
 //
 // Note [cuDNN attention saved state]: cuDNN's backward needs the forward's output O and its softmax
 // statistics (per query row: max + ln(sum exp) of the scaled scores, fp32). kernels/ops.h hands the
-// backward q, k, v and dout but not out, so the forward keeps both in `saved`, an fp32 tensor of
-// plan().sizes.saved elements:
-//   [0, S)        the statistics, fp32 (B, NH, T); S = B*NH*T rounded up to a multiple of 64 elements, so
-//                 what follows starts 256-byte aligned (cuDNN checks its operands' alignment);
-//   [S, S + O)    a copy of out, (B, T, NH, HD) in the activation dtype, O = ceil(B*T*NH*HD*2 / 4) slots.
-// That is B*NH*T*4 + B*T*NH*HD*2 bytes (plus the padding) instead of the unfused kernel's B*NH*T*T*4.
+// backward the forward's out (its caller keeps it: the model's o_proj backward reads the same tensor), so
+// backward() gives cuDNN that pointer as O and the forward keeps only the statistics in `saved`, an fp32
+// tensor of plan().sizes.saved = B*NH*T elements, (B, NH, T): B*NH*T*4 bytes instead of the unfused
+// kernel's B*NH*T*T*4. The statistics begin `saved` and O is the pointer the forward wrote, so neither
+// sits at an offset inside a buffer (cuDNN checks its operands' alignment) and no padding is needed.
 // Backward's scratch is cuDNN's workspace for the backward plan (its size, in whole fp32 elements), so the
 // engine plans it with the other activations. The forward's workspace (often 0) is not part of `saved`
 // (which is kept per layer); the caller passes it separately (CudaOps: its grown compute scratch).
@@ -88,14 +87,9 @@ using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 // Tensor ids in the graphs' variant packs.
 enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
 
-constexpr std::size_t kStatsAlign = 64;  // fp32 elements: 256 bytes (Note [cuDNN attention saved state])
-
+// The saved state: the statistics alone (Note [cuDNN attention saved state]).
 std::size_t stats_elems(const AttentionShape& s) {
-  const std::size_t n = std::size_t(s.B) * std::size_t(s.NH) * std::size_t(s.T);
-  return (n + kStatsAlign - 1) / kStatsAlign * kStatsAlign;
-}
-std::size_t out_bytes(const AttentionShape& s) {
-  return std::size_t(s.B) * std::size_t(s.T) * std::size_t(s.NH) * std::size_t(s.HD) * dtype_bytes(s.dtype);
+  return std::size_t(s.B) * std::size_t(s.NH) * std::size_t(s.T);
 }
 std::size_t fp32_elems(std::size_t bytes) {
   return (bytes + sizeof(float) - 1) / sizeof(float);
@@ -321,8 +315,7 @@ struct CudnnAttention::Impl {
             why = "backward: " + b;
           } else {
             e.plan.supported = true;
-            e.plan.sizes = {.saved = stats_elems(s) + fp32_elems(out_bytes(s)),
-                            .scratch = fp32_elems(std::size_t(bwd_ws))};
+            e.plan.sizes = {.saved = stats_elems(s), .scratch = fp32_elems(std::size_t(bwd_ws))};
             e.plan.forward_workspace_bytes = std::size_t(fwd_ws);
           }
         } catch (const std::exception& x) {
@@ -395,19 +388,14 @@ void CudnnAttention::forward(const AttentionShape& shape, Tensor out, Tensor sav
   STRATA_CHECK(saved.dtype == DType::fp32 && saved.numel >= e.plan.sizes.saved,
                "kernels: cuDNN attention's saved state needs ", e.plan.sizes.saved, " fp32 elements, got ",
                saved.numel, " of ", dtype_name(saved.dtype));
-  float* stats = saved.as<float>();
-  void* saved_out = stats + stats_elems(shape);
   std::unordered_map<std::int64_t, void*> pack{
-      {kQ, q.data}, {kK, k.data}, {kV, v.data}, {kO, out.data}, {kStats, stats}};
+      {kQ, q.data}, {kK, k.data}, {kV, v.data}, {kO, out.data}, {kStats, saved.data}};
   detail::CudaDeviceGuard guard(impl_->stream);
   execute(*e.fwd, impl_->cache.handle(), pack, forward_workspace, impl_->stream, "forward", shape);
-  // Backward reads O from saved (Note [cuDNN attention saved state]).
-  STRATA_CUDA_CHECK(
-      cudaMemcpyAsync(saved_out, out.data, out_bytes(shape), cudaMemcpyDeviceToDevice, impl_->stream));
 }
 
 void CudnnAttention::backward(const AttentionShape& shape, Tensor dq, Tensor dk, Tensor dv, Tensor scratch,
-                              Tensor dout, Tensor q, Tensor k, Tensor v, Tensor saved) {
+                              Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor saved) {
   std::lock_guard lock(impl_->mu);
   const Impl::Entry& e = impl_->supported(shape);
   STRATA_CHECK(saved.dtype == DType::fp32 && saved.numel >= e.plan.sizes.saved,
@@ -415,11 +403,10 @@ void CudnnAttention::backward(const AttentionShape& shape, Tensor dq, Tensor dk,
                saved.numel);
   STRATA_CHECK(scratch.numel >= e.plan.sizes.scratch, "kernels: cuDNN attention's backward needs ",
                e.plan.sizes.scratch, " fp32 elements of scratch, got ", scratch.numel);
-  float* stats = saved.as<float>();
-  void* saved_out = stats + stats_elems(shape);
-  std::unordered_map<std::int64_t, void*> pack{{kQ, q.data},    {kK, k.data},     {kV, v.data},
-                                               {kO, saved_out}, {kdO, dout.data}, {kStats, stats},
-                                               {kdQ, dq.data},  {kdK, dk.data},   {kdV, dv.data}};
+  // O is the caller's out (Note [cuDNN attention saved state]).
+  std::unordered_map<std::int64_t, void*> pack{{kQ, q.data},   {kK, k.data},     {kV, v.data},
+                                               {kO, out.data}, {kdO, dout.data}, {kStats, saved.data},
+                                               {kdQ, dq.data}, {kdK, dk.data},   {kdV, dv.data}};
   detail::CudaDeviceGuard guard(impl_->stream);
   execute(*e.bwd, impl_->cache.handle(), pack, e.plan.sizes.scratch ? scratch.data : nullptr, impl_->stream,
           "backward", shape);
@@ -487,7 +474,7 @@ void CudnnAttention::forward(const AttentionShape&, Tensor, Tensor, Tensor, Tens
 }
 
 void CudnnAttention::backward(const AttentionShape&, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                              Tensor, Tensor) {
+                              Tensor, Tensor, Tensor) {
   STRATA_CHECK(false, "kernels: cuDNN attention called, but ", kNotBuilt);
 }
 

@@ -12,7 +12,7 @@
 //     // saved: p.sizes.saved fp32 elements, kept from forward to backward; scratch: p.sizes.scratch;
 //     // fwd_ws: p.forward_workspace_bytes of device memory — all from the caller, through the Device.
 //     att.forward(shape, out, saved, q, k, v, fwd_ws);
-//     att.backward(shape, dq, dk, dv, scratch, dout, q, k, v, saved);
+//     att.backward(shape, dq, dk, dv, scratch, dout, q, k, v, out, saved);   // out kept, unchanged
 //   }
 //
 // Semantics are kernels/cpu's attention_forward / attention_backward (kernels/cpu/ops.h): q (B,T,NH,HD),
@@ -83,9 +83,10 @@ class CudnnAttention {
   // out = attention(q, k, v); saved receives what backward needs. `shape` must have a supported plan.
   void forward(const AttentionShape& shape, Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v,
                void* forward_workspace);
-  // dq, dk, dv = the gradients of out (written); scratch is cuDNN's workspace (overwritten).
+  // dq, dk, dv = the gradients of out (written); scratch is cuDNN's workspace (overwritten). out is the
+  // forward's output, unchanged since: cuDNN's backward reads it (Note [cuDNN attention saved state]).
   void backward(const AttentionShape& shape, Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout,
-                Tensor q, Tensor k, Tensor v, Tensor saved);
+                Tensor q, Tensor k, Tensor v, Tensor out, Tensor saved);
 
   struct Impl;
 

@@ -184,16 +184,17 @@ class CudaOps final : public Ops {
                           v.as<ku::bf16>(), B, T, NH, NKV, HD, sh.window, pos.as<std::int32_t>(), s_);
   }
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor scratch, Tensor dout, Tensor q, Tensor k,
-                             Tensor v, Tensor saved, int B, int T, int NH, int NKV, int HD, int window,
-                             Tensor pos) override {
+                             Tensor v, Tensor out, Tensor saved, int B, int T, int NH, int NKV, int HD,
+                             int window, Tensor pos) override {
     const AttentionShape sh = shape(B, T, NH, NKV, HD, window);
     if (!pos && cudnn_->plan(sh).supported) {
-      cudnn_->backward(sh, dq, dk, dv, scratch, dout, q, k, v, saved);
+      cudnn_->backward(sh, dq, dk, dv, scratch, dout, q, k, v, out, saved);
       return;
     }
     ku::attention_backward(dq.as<ku::bf16>(), dk.as<ku::bf16>(), dv.as<ku::bf16>(), scratch.as<float>(),
                            dout.as<ku::bf16>(), q.as<ku::bf16>(), k.as<ku::bf16>(), v.as<ku::bf16>(),
-                           saved.as<float>(), B, T, NH, NKV, HD, sh.window, pos.as<std::int32_t>(), s_);
+                           out.as<ku::bf16>(), saved.as<float>(), B, T, NH, NKV, HD, sh.window,
+                           pos.as<std::int32_t>(), s_);
   }
 
   void do_swiglu_forward(Tensor out, Tensor gate, Tensor up) override {

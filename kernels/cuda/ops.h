@@ -13,7 +13,7 @@
 //   kc::rope_forward(q, q, cos, sin, B, T, NH, HD, /*pos=*/nullptr, s);
 //   kc::attention_forward(y, att, q, k, v, B, T, NH, NKV, HD, /*window=*/0, /*pos=*/nullptr, s);
 //   ...
-//   kc::attention_backward(dq, dk, dv, att_scratch, dy, q, k, v, att, B, T, NH, NKV, HD, /*window=*/0,
+//   kc::attention_backward(dq, dk, dv, att_scratch, dy, q, k, v, y, att, B, T, NH, NKV, HD, /*window=*/0,
 //                          /*pos=*/nullptr, s);
 //   kc::linear_backward(gemm, dxn, dwq, dq, xn, wq, N, C, NH * HD, s);   // dxn +=, dwq += (fp32)
 //   kc::rmsnorm_backward(dx, dw, dxn, x, w_norm, rstd, N, C, 0.0f, scratch.data(), scratch.size(), s);
@@ -134,12 +134,14 @@ void attention_forward(bf16* out /*(B,T,NH,HD)*/, float* att /*(B,NH,T,T) saved*
                        const bf16* q /*(B,T,NH,HD)*/, const bf16* k /*(B,T,NKV,HD)*/,
                        const bf16* v /*(B,T,NKV,HD)*/, int B, int T, int NH, int NKV, int HD, int window,
                        const std::int32_t* pos, cudaStream_t stream);
-// Writes dq, dk, dv; scratch is overwritten.
+// Writes dq, dk, dv; scratch is overwritten. out, the forward's output, is taken as kernels/cpu's
+// attention_backward takes it and not read: the saved probabilities give rowsum(att * datt) directly.
 void attention_backward(bf16* dq /*(B,T,NH,HD)*/, bf16* dk /*(B,T,NKV,HD)*/, bf16* dv /*(B,T,NKV,HD)*/,
                         float* scratch /*(B,NH,T,T)*/, const bf16* dout /*(B,T,NH,HD)*/,
                         const bf16* q /*(B,T,NH,HD)*/, const bf16* k /*(B,T,NKV,HD)*/,
-                        const bf16* v /*(B,T,NKV,HD)*/, const float* att /*(B,NH,T,T)*/, int B, int T, int NH,
-                        int NKV, int HD, int window, const std::int32_t* pos, cudaStream_t stream);
+                        const bf16* v /*(B,T,NKV,HD)*/, const bf16* out /*(B,T,NH,HD) unread*/,
+                        const float* att /*(B,NH,T,T)*/, int B, int T, int NH, int NKV, int HD, int window,
+                        const std::int32_t* pos, cudaStream_t stream);
 
 // ---- SwiGLU, GeGLU and residual add ----------------------------------------------------------------------
 void swiglu_forward(bf16* out /*(n)*/, const bf16* gate /*(n)*/, const bf16* up /*(n)*/, std::size_t n,

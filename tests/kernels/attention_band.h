@@ -54,7 +54,8 @@ inline Result run_fp32(const Shape& s, const Inputs& in, int window, const Posit
   kc::attention_forward(r.out.data(), att.data(), in.q.data(), in.k.data(), in.v.data(), s.B, s.T, s.NH,
                         s.NKV, s.HD, window, p);
   kc::attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), scratch.data(), in.dout.data(), in.q.data(),
-                         in.k.data(), in.v.data(), att.data(), s.B, s.T, s.NH, s.NKV, s.HD, window, p);
+                         in.k.data(), in.v.data(), r.out.data(), att.data(), s.B, s.T, s.NH, s.NKV, s.HD,
+                         window, p);
   return r;
 }
 
@@ -67,7 +68,8 @@ inline Result run_fused(const Shape& s, const Inputs& in, int window, const Posi
   kc::attention_fused_forward(out.data(), saved.data(), q.data(), k.data(), v.data(), s.B, s.T, s.NH, s.NKV,
                               s.HD, window, p);
   kc::attention_fused_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(),
-                               k.data(), v.data(), saved.data(), s.B, s.T, s.NH, s.NKV, s.HD, window, p);
+                               k.data(), v.data(), out.data(), saved.data(), s.B, s.T, s.NH, s.NKV, s.HD,
+                               window, p);
   return {from_bf16(out), from_bf16(dq), from_bf16(dk), from_bf16(dv)};
 }
 

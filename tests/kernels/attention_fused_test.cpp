@@ -1,9 +1,9 @@
 // kernels/cpu/attention_fused.cpp: the fused bf16 attention against the fp32 oracle (kc::attention_forward
 // and attention_backward on the same bf16 inputs, widened), element by element within a bound derived from
-// its bf16 rounding points; bit for bit across oneTBB thread counts; exactly the buffers its size functions
-// name. Each behaviour runs with oneDNN's products (where native here) and with the loops a build without
-// oneDNN runs, causal and in sliding windows (the oracle with the same window; attention_window_test.cpp
-// has the windows against float64).
+// its bf16 rounding points; bit for bit across oneTBB thread counts and across the backward's scratch
+// budgets (its waves); exactly the buffers its size functions name. Each behaviour runs with oneDNN's
+// products (where native here) and with the loops a build without oneDNN runs, causal and in sliding
+// windows (the oracle with the same window; attention_window_test.cpp has the windows against float64).
 #include "kernels/cpu/attention_fused.h"
 
 #include <gtest/gtest.h>
@@ -94,7 +94,7 @@ std::vector<float> sentinel_floats(std::size_t n) {
 Fused run_fused(const Shape& s, const Inputs& in, const FusedPaths& paths, int threads) {
   Fused f;
   f.n_saved = kc::attention_fused_saved(s.B, s.T, s.NH, s.HD);
-  f.n_scratch = kc::attention_fused_scratch(s.B, s.T, s.NKV, s.HD);
+  f.n_scratch = kc::attention_fused_scratch(s.B, s.T, s.NKV, s.HD, paths.scratch_elements);
   f.out.assign(s.nq() + kGuard, kSentinel16);
   f.dq.assign(s.nq() + kGuard, kSentinel16);
   f.dk.assign(s.nkv() + kGuard, kSentinel16);
@@ -108,8 +108,8 @@ Fused run_fused(const Shape& s, const Inputs& in, const FusedPaths& paths, int t
                                 s.NH, s.NKV, s.HD, s.window, nullptr, paths);
     f.saved_after_forward = f.saved;
     kc::attention_fused_backward(f.dq.data(), f.dk.data(), f.dv.data(), f.scratch.data(), in.dout.data(),
-                                 in.q.data(), in.k.data(), in.v.data(), f.saved.data(), s.B, s.T, s.NH, s.NKV,
-                                 s.HD, s.window, nullptr, paths);
+                                 in.q.data(), in.k.data(), in.v.data(), f.out.data(), f.saved.data(), s.B,
+                                 s.T, s.NH, s.NKV, s.HD, s.window, nullptr, paths);
   });
   return f;
 }
@@ -127,7 +127,8 @@ Oracle run_oracle(const Shape& s, const Inputs& in) {
   kc::attention_forward(o.out.data(), o.p.data(), in.qf.data(), in.kf.data(), in.vf.data(), s.B, s.T, s.NH,
                         s.NKV, s.HD, s.window);
   kc::attention_backward(o.dq.data(), o.dk.data(), o.dv.data(), o.ds.data(), in.doutf.data(), in.qf.data(),
-                         in.kf.data(), in.vf.data(), o.p.data(), s.B, s.T, s.NH, s.NKV, s.HD, s.window);
+                         in.kf.data(), in.vf.data(), o.out.data(), o.p.data(), s.B, s.T, s.NH, s.NKV, s.HD,
+                         s.window);
   return o;
 }
 
@@ -254,12 +255,10 @@ TEST_P(AttentionFused, BitIdenticalAcrossRowTargets) {
   ::testing::Test::RecordProperty("row_targets", ran);
 }
 
-// The size functions name what the functions touch: every element written (no NaN pattern left; out's copy
-// fills whole elements when B*T*NH*HD is even, as in every shape here), nothing past the end, and the
-// backward leaves saved as the forward left it.
+// The size functions name what the functions touch: every element written (no NaN pattern left), nothing
+// past the end, and the backward leaves saved as the forward left it.
 TEST_P(AttentionFused, TouchesExactlyTheBuffersItsSizesName) {
   const auto [s, products] = GetParam();
-  ASSERT_EQ(s.nq() % 2, 0u);
   const Inputs in(s);
   const Fused f = run_fused(s, in, {products}, 2);
   const auto sentinel = [](float x) {
@@ -321,6 +320,81 @@ TEST(AttentionFusedOneRow, OutIsVAndDvSumsTheGroup) {
           ASSERT_EQ(f.dv[(b * s.NKV + g) * s.HD + e], kc::f32_to_bf16(sum));
         }
   }
+}
+
+// ---- the backward's waves (Note [Fused attention on the CPU]) -------------------------------------------
+
+// The backward's dq, dk, dv from the forward's out and saved, with the scratch budget `budget` (0: the
+// default) and exactly the scratch attention_fused_scratch names for it.
+struct Grads {
+  std::size_t n_scratch;
+  std::vector<bf16_t> dq, dk, dv;
+};
+
+Grads run_backward(const Shape& s, const Inputs& in, const std::vector<bf16_t>& out,
+                   const std::vector<float>& saved, const std::int32_t* pos, std::size_t budget) {
+  FusedPaths paths;
+  paths.scratch_elements = budget;
+  Grads g{kc::attention_fused_scratch(s.B, s.T, s.NKV, s.HD, budget), std::vector<bf16_t>(s.nq()),
+          std::vector<bf16_t>(s.nkv()), std::vector<bf16_t>(s.nkv())};
+  std::vector<float> scratch = sentinel_floats(g.n_scratch);
+  tbb::task_arena arena(2);
+  arena.execute([&] {
+    kc::attention_fused_backward(g.dq.data(), g.dk.data(), g.dv.data(), scratch.data(), in.dout.data(),
+                                 in.q.data(), in.k.data(), in.v.data(), out.data(), saved.data(), s.B, s.T,
+                                 s.NH, s.NKV, s.HD, s.window, pos, paths);
+  });
+  return g;
+}
+
+// A budget of one task's sums runs the nine (batch, key/value head) tasks one at a time; one of two tasks'
+// sums, in waves of two with a short last wave; the default, all nine at once. A task's arithmetic does
+// not depend on its slot or wave, so dq, dk and dv are the same bits — causal, and in a sliding window
+// over packed documents (Note [Document masks] in ops.h).
+TEST(AttentionFusedWaves, BitIdenticalWhateverTheScratchBudget) {
+  Shape s{3, 200, 6, 3, 32};
+  const std::size_t tasks = std::size_t(s.B) * s.NKV, per_task = 2 * std::size_t(s.T) * s.HD;
+  ASSERT_EQ(tasks % 2, 1u);
+  // Row b's documents start at 0, 70 + 20 b and 150: query blocks that see several of them.
+  std::vector<std::int32_t> documents(std::size_t(s.B) * s.T);
+  for (int b = 0; b < s.B; ++b)
+    for (int t = 0, start = 0; t < s.T; ++t) {
+      if (t == 70 + 20 * b || t == 150) start = t;
+      documents[std::size_t(b) * s.T + t] = t - start;
+    }
+  const Inputs in(s);
+  for (const auto& [window, pos] :
+       {std::pair<int, const std::int32_t*>{0, nullptr}, {40, documents.data()}}) {
+    SCOPED_TRACE(pos ? "window 40, documents" : "causal");
+    s.window = window;
+    std::vector<bf16_t> out(s.nq());
+    std::vector<float> saved(kc::attention_fused_saved(s.B, s.T, s.NH, s.HD));
+    kc::attention_fused_forward(out.data(), saved.data(), in.q.data(), in.k.data(), in.v.data(), s.B, s.T,
+                                s.NH, s.NKV, s.HD, s.window, pos);
+    const Grads all = run_backward(s, in, out, saved, pos, 0);
+    EXPECT_EQ(all.n_scratch, tasks * per_task) << "the default budget holds every task here";
+    for (std::size_t slots : {1, 2}) {
+      SCOPED_TRACE(std::to_string(slots) + " slots");
+      const Grads g = run_backward(s, in, out, saved, pos, slots * per_task);
+      EXPECT_EQ(g.n_scratch, slots * per_task);
+      EXPECT_EQ(g.dq, all.dq);
+      EXPECT_EQ(g.dk, all.dk);
+      EXPECT_EQ(g.dv, all.dv);
+    }
+  }
+}
+
+// The scratch a budget gives: whole tasks' sums, at least one task's, at most every task's; the default
+// budget holds 4 tasks of T 32768 at HD 64, whatever B*NKV beyond that.
+TEST(AttentionFusedWaves, ScratchHoldsTheTasksItsBudgetAllows) {
+  const std::size_t per_task = 2 * std::size_t(32768) * 64;
+  EXPECT_EQ(kc::attention_fused_scratch(1, 32768, 12, 64), 4 * per_task);
+  EXPECT_EQ(kc::attention_fused_scratch(4, 32768, 12, 64), kc::kFusedScratchElements);
+  EXPECT_EQ(kc::attention_fused_scratch(1, 32768, 12, 64, 1), per_task) << "below one task: one slot";
+  EXPECT_EQ(kc::attention_fused_scratch(1, 32768, 12, 64, 3 * per_task - 1), 2 * per_task);
+  EXPECT_EQ(kc::attention_fused_scratch(2, 1024, 4, 64), 8 * 2 * std::size_t(1024) * 64) << "all 8 tasks";
+  EXPECT_EQ(kc::attention_fused_scratch(0, 1024, 4, 64), 0u);
+  EXPECT_EQ(kc::attention_fused_saved(2, 1024, 8, 64), std::size_t(2) * 8 * 1024) << "the lse alone";
 }
 
 }  // namespace

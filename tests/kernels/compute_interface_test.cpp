@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/cpu/attention_fused.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ops.h"
 #include "tests/common/stream_gate.h"
@@ -168,7 +169,7 @@ TEST_P(Compute, RopeAndAttentionMatchTheCpuOps) {
   kc::rope_forward(qr.data(), q.data(), cos.data(), sin.data(), B, T, NH, HD);
   kc::attention_forward(out.data(), att.data(), qr.data(), k.data(), v.data(), B, T, NH, NKV, HD);
   kc::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), qr.data(), k.data(),
-                         v.data(), att.data(), B, T, NH, NKV, HD);
+                         v.data(), out.data(), att.data(), B, T, NH, NKV, HD);
 
   const AttentionSizes as = ops->attention_sizes(B, T, NH, NKV, HD);
   Tensor tc = alloc(cos.size(), DType::fp32), ts = alloc(sin.size(), DType::fp32), tq = put(q, A),
@@ -179,7 +180,7 @@ TEST_P(Compute, RopeAndAttentionMatchTheCpuOps) {
   ops->rope_forward(tqr, tq, tc, ts, B, T, NH, HD);
   ops->attention_forward(to, tsaved, tqr, tk, tv, B, T, NH, NKV, HD);
   // The backward from the CPU's rotated q (as the device rounded it), so each op is compared alone.
-  ops->attention_backward(tdq, tdk, tdv, tscr, tdo, tqr, tk, tv, tsaved, B, T, NH, NKV, HD);
+  ops->attention_backward(tdq, tdk, tdv, tscr, tdo, tqr, tk, tv, to, tsaved, B, T, NH, NKV, HD);
   expect_matches(get(tc), cos, "rope cos", 1e-6);
   expect_matches(get(tqr), qr, "rope q");
   expect_matches(get(to), out, "attention out");
@@ -196,19 +197,67 @@ TEST_P(Compute, AttentionInASlidingWindowMatchesTheCpuOps) {
   std::vector<float> out(nq), att(std::size_t(B) * NH * T * T), scratch(att.size()), dq(nq), dk(nkv), dv(nkv);
   kc::attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD, W);
   kc::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(), k.data(),
-                         v.data(), att.data(), B, T, NH, NKV, HD, W);
+                         v.data(), out.data(), att.data(), B, T, NH, NKV, HD, W);
   const AttentionSizes as = ops->attention_sizes(B, T, NH, NKV, HD, W);
   Tensor tq = put(q, A), tk = put(k, A), tv = put(v, A), to = alloc(nq, A),
          tsaved = alloc(as.saved, DType::fp32), tscr = alloc(as.scratch, DType::fp32), tdo = put(dout, A),
          tdq = alloc(nq, A), tdk = alloc(nkv, A), tdv = alloc(nkv, A);
   ops->attention_forward(to, tsaved, tq, tk, tv, B, T, NH, NKV, HD, W);
-  ops->attention_backward(tdq, tdk, tdv, tscr, tdo, tq, tk, tv, tsaved, B, T, NH, NKV, HD, W);
+  ops->attention_backward(tdq, tdk, tdv, tscr, tdo, tq, tk, tv, to, tsaved, B, T, NH, NKV, HD, W);
   EXPECT_NE(ops->attention_path(B, T, NH, NKV, HD, W).find("sliding window 5"), std::string::npos)
       << ops->attention_path(B, T, NH, NKV, HD, W);
   expect_matches(get(to), out, "attention out");
   expect_matches(get(tdq), dq, "attention dq", 3e-2);
   expect_matches(get(tdk), dk, "attention dk", 3e-2);
   expect_matches(get(tdv), dv, "attention dv", 3e-2);
+}
+
+// With bf16 activations on the host backend the backward reads the forward's output from its caller:
+// saved is the row statistics alone (B*NH*T), the gradients are kernels/cpu's fused attention given that
+// output, bit for bit, and another out changes dq and dk (through D = rowsum(dout * out)) but not dv.
+TEST_P(Compute, Bf16AttentionBackwardReadsTheForwardsOutputFromTheCaller) {
+  if (!host_bf16()) GTEST_SKIP() << "the fused CPU attention runs on the host backend with bf16 activations";
+  const int B = 2, T = 150, NH = 4, NKV = 2, HD = 16;
+  const std::size_t nq = std::size_t(B) * T * NH * HD, nkv = std::size_t(B) * T * NKV * HD;
+  const AttentionSizes as = ops->attention_sizes(B, T, NH, NKV, HD);
+  EXPECT_EQ(as.saved, std::size_t(B) * NH * T) << "saved holds more than the row statistics";
+  EXPECT_EQ(as.scratch, kc::attention_fused_scratch(B, T, NKV, HD));
+  const auto q = act(nq, 30), k = act(nkv, 31), v = act(nkv, 32), dout = act(nq, 33);
+  Tensor tq = put(q, A), tk = put(k, A), tv = put(v, A), tdo = put(dout, A), to = alloc(nq, A),
+         tsaved = alloc(as.saved, DType::fp32), tscr = alloc(as.scratch, DType::fp32), tdq = alloc(nq, A),
+         tdk = alloc(nkv, A), tdv = alloc(nkv, A);
+  ops->attention_forward(to, tsaved, tq, tk, tv, B, T, NH, NKV, HD);
+  ops->attention_backward(tdq, tdk, tdv, tscr, tdo, tq, tk, tv, to, tsaved, B, T, NH, NKV, HD);
+
+  const auto bits = [](const std::vector<float>& x) {
+    std::vector<kc::bf16_t> r(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) r[i] = f32_to_bf16(x[i]);
+    return r;
+  };
+  const auto widen = [](const std::vector<kc::bf16_t>& x) {
+    std::vector<float> r(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) r[i] = bf16_to_f32(x[i]);
+    return r;
+  };
+  const std::vector<kc::bf16_t> bq = bits(q), bk = bits(k), bv = bits(v), bdo = bits(dout);
+  std::vector<kc::bf16_t> out(nq), dq(nq), dk(nkv), dv(nkv);
+  std::vector<float> saved(kc::attention_fused_saved(B, T, NH, HD)),
+      scratch(kc::attention_fused_scratch(B, T, NKV, HD));
+  kc::attention_fused_forward(out.data(), saved.data(), bq.data(), bk.data(), bv.data(), B, T, NH, NKV, HD);
+  kc::attention_fused_backward(dq.data(), dk.data(), dv.data(), scratch.data(), bdo.data(), bq.data(),
+                               bk.data(), bv.data(), out.data(), saved.data(), B, T, NH, NKV, HD);
+  const std::vector<float> got_dq = get(tdq), got_dk = get(tdk), got_dv = get(tdv);
+  EXPECT_EQ(get(to), widen(out));
+  EXPECT_EQ(got_dq, widen(dq));
+  EXPECT_EQ(got_dk, widen(dk));
+  EXPECT_EQ(got_dv, widen(dv));
+
+  // out = 0 (alloc zeroes it): D = 0.
+  Tensor zero = alloc(nq, A), tdq2 = alloc(nq, A), tdk2 = alloc(nkv, A), tdv2 = alloc(nkv, A);
+  ops->attention_backward(tdq2, tdk2, tdv2, tscr, tdo, tq, tk, tv, zero, tsaved, B, T, NH, NKV, HD);
+  EXPECT_NE(get(tdq2), got_dq) << "dq does not depend on the out it was given";
+  EXPECT_NE(get(tdk2), got_dk) << "dk does not depend on the out it was given";
+  EXPECT_EQ(get(tdv2), got_dv);
 }
 
 TEST_P(Compute, SwigluAndResidualMatchTheCpuOps) {

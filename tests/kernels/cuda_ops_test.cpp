@@ -194,7 +194,7 @@ TEST_P(CudaAttention, MatchesCpu) {
   std::vector<float> out(q.size()), att(att_n), scratch(att_n), dq(q.size()), dk(k.size()), dv(v.size());
   cpu::attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD, W);
   cpu::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(), k.data(),
-                          v.data(), att.data(), B, T, NH, NKV, HD, W);
+                          v.data(), out.data(), att.data(), B, T, NH, NKV, HD, W);
 
   DeviceBuffer<cpu::bf16_t> d_q(to_bf16(q)), d_k(to_bf16(k)), d_v(to_bf16(v)), d_dout(to_bf16(dout));
   DeviceBuffer<cpu::bf16_t> d_out(q.size()), d_dq(q.size()), d_dk(k.size()), d_dv(v.size());
@@ -205,8 +205,8 @@ TEST_P(CudaAttention, MatchesCpu) {
   kc::attention_forward(d_out.as<bf16>(), d_att.get(), d_q.as<bf16>(), d_k.as<bf16>(), d_v.as<bf16>(), B, T,
                         NH, NKV, HD, W, nullptr, stream_);
   kc::attention_backward(d_dq.as<bf16>(), d_dk.as<bf16>(), d_dv.as<bf16>(), d_scratch.get(),
-                         d_dout.as<bf16>(), d_q.as<bf16>(), d_k.as<bf16>(), d_v.as<bf16>(), d_att.get(), B, T,
-                         NH, NKV, HD, W, nullptr, stream_);
+                         d_dout.as<bf16>(), d_q.as<bf16>(), d_k.as<bf16>(), d_v.as<bf16>(), d_out.as<bf16>(),
+                         d_att.get(), B, T, NH, NKV, HD, W, nullptr, stream_);
   EXPECT_LE(rel_l2(got(d_out), out), kTol);
   EXPECT_LE(rel_l2(d_att.download(), att), kTol);
   EXPECT_LE(rel_l2(got(d_dq), dq), kTol);
@@ -232,7 +232,7 @@ TEST_F(CudaVsCpu, AttentionAndRopeWithDocuments) {
     cpu::attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD, W,
                            pos.data());
     cpu::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(), k.data(),
-                            v.data(), att.data(), B, T, NH, NKV, HD, W, pos.data());
+                            v.data(), out.data(), att.data(), B, T, NH, NKV, HD, W, pos.data());
     DeviceBuffer<cpu::bf16_t> d_q(to_bf16(q)), d_k(to_bf16(k)), d_v(to_bf16(v)), d_dout(to_bf16(dout));
     DeviceBuffer<cpu::bf16_t> d_out(q.size()), d_dq(q.size()), d_dk(k.size()), d_dv(v.size());
     DeviceBuffer<float> d_att(att_n), d_scratch(att_n);
@@ -242,8 +242,8 @@ TEST_F(CudaVsCpu, AttentionAndRopeWithDocuments) {
     kc::attention_forward(d_out.as<bf16>(), d_att.get(), d_q.as<bf16>(), d_k.as<bf16>(), d_v.as<bf16>(), B, T,
                           NH, NKV, HD, W, d_pos.get(), stream_);
     kc::attention_backward(d_dq.as<bf16>(), d_dk.as<bf16>(), d_dv.as<bf16>(), d_scratch.get(),
-                           d_dout.as<bf16>(), d_q.as<bf16>(), d_k.as<bf16>(), d_v.as<bf16>(), d_att.get(), B,
-                           T, NH, NKV, HD, W, d_pos.get(), stream_);
+                           d_dout.as<bf16>(), d_q.as<bf16>(), d_k.as<bf16>(), d_v.as<bf16>(),
+                           d_out.as<bf16>(), d_att.get(), B, T, NH, NKV, HD, W, d_pos.get(), stream_);
     EXPECT_LE(rel_l2(got(d_out), out), kTol);
     EXPECT_LE(rel_l2(d_att.download(), att), kTol);
     EXPECT_LE(rel_l2(got(d_dq), dq), kTol);

@@ -290,7 +290,7 @@ TEST_P(CudaShapes1bAttention, AttentionThroughTheInterfaceMatchesTheCpu) {
     s->ops->attention_forward(SIDE(out), SIDE(saved), SIDE(tq), SIDE(tk), SIDE(tv), c.B, c.T, c.NH, c.NKV,
                               c.HD);
     s->ops->attention_backward(SIDE(dq), SIDE(dk), SIDE(dv), SIDE(scratch), SIDE(td), SIDE(tq), SIDE(tk),
-                               SIDE(tv), SIDE(saved), c.B, c.T, c.NH, c.NKV, c.HD);
+                               SIDE(tv), SIDE(out), SIDE(saved), c.B, c.T, c.NH, c.NKV, c.HD);
   }
   EXPECT_LT(error(out), kTol) << "out (" << path << ")";
   EXPECT_LT(error(dq), kAttentionGrad) << "dq (" << path << ")";
@@ -309,16 +309,16 @@ TEST_P(CudaShapes1bAttention, TheUnfusedCudaKernelMatchesTheCpu) {
   const AttentionSizes as = cpu_.ops->attention_sizes(c.B, c.T, c.NH, c.NKV, c.HD);
   Tensor saved = cpu_.alloc(as.saved, DType::fp32), scratch = cpu_.alloc(as.scratch, DType::fp32);
   cpu_.ops->attention_forward(out.cpu, saved, tq.cpu, tk.cpu, tv.cpu, c.B, c.T, c.NH, c.NKV, c.HD);
-  cpu_.ops->attention_backward(dq.cpu, dk.cpu, dv.cpu, scratch, td.cpu, tq.cpu, tk.cpu, tv.cpu, saved, c.B,
-                               c.T, c.NH, c.NKV, c.HD);
+  cpu_.ops->attention_backward(dq.cpu, dk.cpu, dv.cpu, scratch, td.cpu, tq.cpu, tk.cpu, tv.cpu, out.cpu,
+                               saved, c.B, c.T, c.NH, c.NKV, c.HD);
   Tensor att = gpu_.alloc(natt, DType::fp32), att_scratch = gpu_.alloc(natt, DType::fp32);
   auto* s = static_cast<cudaStream_t>(gpu_.stream->native_handle());
   auto bf = [](Tensor t) { return t.as<kcu::bf16>(); };
   kcu::attention_forward(bf(out.gpu), att.as<float>(), bf(tq.gpu), bf(tk.gpu), bf(tv.gpu), c.B, c.T, c.NH,
                          c.NKV, c.HD, /*window=*/0, /*pos=*/nullptr, s);
   kcu::attention_backward(bf(dq.gpu), bf(dk.gpu), bf(dv.gpu), att_scratch.as<float>(), bf(td.gpu), bf(tq.gpu),
-                          bf(tk.gpu), bf(tv.gpu), att.as<float>(), c.B, c.T, c.NH, c.NKV, c.HD, /*window=*/0,
-                          /*pos=*/nullptr, s);
+                          bf(tk.gpu), bf(tv.gpu), bf(out.gpu), att.as<float>(), c.B, c.T, c.NH, c.NKV, c.HD,
+                          /*window=*/0, /*pos=*/nullptr, s);
   EXPECT_LT(error(out), kTol) << "out";
   EXPECT_LT(error(dq), kAttentionGrad) << "dq";
   EXPECT_LT(error(dk), kAttentionGrad) << "dk";

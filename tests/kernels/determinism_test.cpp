@@ -75,7 +75,7 @@ Outputs run_attention() {
   std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
   cpu::attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
   cpu::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(), k.data(),
-                          v.data(), att.data(), B, T, NH, NKV, HD);
+                          v.data(), out.data(), att.data(), B, T, NH, NKV, HD);
   return {out, att, dq, dk, dv};
 }
 

@@ -143,7 +143,7 @@ TEST_P(AttentionGradCheck, MatchesFloat64Reference) {
   const auto dout = random_floats(q.size(), 43);
   std::vector<float> dq(q.size(), kNaN), dk(k.size(), kNaN), dv(v.size(), kNaN), scratch(att.size(), kNaN);
   cpu::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(), k.data(),
-                          v.data(), att.data(), B, T, NH, NKV, HD);
+                          v.data(), out.data(), att.data(), B, T, NH, NKV, HD);
   EXPECT_LE(rel_l2(dq, fd_grad(f, in, 0, to_double(dout))), kBackwardTol);
   EXPECT_LE(rel_l2(dk, fd_grad(f, in, 1, to_double(dout))), kBackwardTol);
   EXPECT_LE(rel_l2(dv, fd_grad(f, in, 2, to_double(dout))), kBackwardTol);

@@ -5,6 +5,9 @@
 // and memprof's trace shows each going out and coming back.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <memory>
+
 #include "tests/zero3/engine_util.h"
 #include "tools/memprof/memprof.h"
 
@@ -48,6 +51,28 @@ std::vector<double> losses_and_norms(const Config& cfg, const model::ModelConfig
     EXPECT_GE(engine.nvme_stats().bytes_read, engine.plan().nvme_activations / std::uint64_t(m.n_layers));
   }
   return seen;
+}
+
+// The long-context budget the plan keeps (docs/train.md, "Long-context fine-tuning"): a 125m-shaped model
+// at 1 x 32768 tokens with its block inputs off the device needs at most 24 KB of device activations a
+// token (the window included), and no more with twice the layers.
+TEST(CheckpointOffload, At32768TokensA125mShapedModelPlansAtMost24KBATokenWhateverItsDepth) {
+  std::unique_ptr<Device> dev = open_device({.backend = "host", .ordinal = 0, .memory_cap = 0});
+  std::unique_ptr<Stream> s = dev->create_stream("plan");
+  std::unique_ptr<kernels::Ops> ops = kernels::make_ops(*dev, *s, {.matmul = DType::bf16});
+  constexpr int kT = 32768;
+  auto per_token = [&](const model::ModelConfig& m) {
+    PlanInput in;
+    apply_activations(in, activation_sizes(m, 1, kT, *ops), {.checkpoint = true, .offload = true});
+    return double(in.activations + in.checkpoint_window) / kT;
+  };
+  model::ModelConfig m = model::ModelConfig::preset("125m");
+  m.max_seq_len = kT;
+  model::ModelConfig deep = m;
+  deep.n_layers = 2 * m.n_layers;
+  const double twelve = per_token(m), twenty_four = per_token(deep);
+  EXPECT_LE(twelve, 24000.0);
+  EXPECT_LE(std::fabs(twenty_four - twelve) / twelve, 0.05) << twelve << " vs " << twenty_four;
 }
 
 TEST(CheckpointOffload, ThePlanKeepsAWindowOnTheDeviceAndTheRestPinned) {

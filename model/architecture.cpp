@@ -21,8 +21,10 @@ class LlamaDecoder final : public Architecture {
     return LlamaModel::op_shapes(cfg, B, T);
   }
   std::size_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
-                               const kernels::Ops& ops, bool checkpoints_stored) const override {
-    return LlamaModel::activation_bytes(cfg, B, T, checkpoint_activations, ops, checkpoints_stored);
+                               const kernels::Ops& ops, bool checkpoints_stored,
+                               bool documents) const override {
+    return LlamaModel::activation_bytes(cfg, B, T, checkpoint_activations, ops, checkpoints_stored,
+                                        documents);
   }
   Checkpoints checkpoints(const ModelConfig& cfg, int B, int T, const kernels::Ops& ops) const override {
     return {int(cfg.n_layers), LlamaModel::checkpoint_bytes(cfg, B, T, ops)};

@@ -51,8 +51,11 @@ class Architecture {
   // Device bytes of activations and scratch a forward and backward over (B, T) allocate with `ops`: the
   // engine reserves them in its device plan. `checkpoints_stored`: a checkpointing forward's block inputs
   // are kept by the provider's CheckpointStore (Note [Checkpoints off the device] in model/chunk.h).
+  // `documents`: the rows pack documents kept apart (positions given), which may take another attention
+  // path with other buffers (kernels::Ops::attention_sizes).
   virtual std::size_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
-                                       const kernels::Ops& ops, bool checkpoints_stored = false) const = 0;
+                                       const kernels::Ops& ops, bool checkpoints_stored = false,
+                                       bool documents = false) const = 0;
   // What a checkpointing forward over (B, T) gives its CheckpointStore: `count` tensors of `bytes`.
   struct Checkpoints {
     int count = 0;

@@ -85,9 +85,11 @@ class LlamaModel final : public TrainableModel {
   // Device bytes of activations and scratch a forward and backward over (B, T) allocate with `ops`
   // (what activation_bytes() reaches): the engine reserves them in its device plan. `checkpoints_stored`:
   // the block inputs are kept by the provider's CheckpointStore (Note [Checkpoints off the device] in
-  // model/chunk.h), not counted here.
+  // model/chunk.h), not counted here. `documents`: forwards with positions (packed documents kept apart),
+  // whose attention may take another path with other buffers.
   static size_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
-                                 const kernels::Ops& ops, bool checkpoints_stored = false);
+                                 const kernels::Ops& ops, bool checkpoints_stored = false,
+                                 bool documents = false);
   // The block inputs a checkpointing forward over (B, T) keeps: n_layers of checkpoint_bytes each.
   static size_t checkpoint_bytes(const ModelConfig& cfg, int B, int T, const kernels::Ops& ops);
   // The largest shapes its ops run for a micro-batch of B x T tokens, for the compute interface's

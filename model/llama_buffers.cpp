@@ -164,8 +164,8 @@ size_t LlamaModel::activation_bytes() const {
 }
 
 size_t LlamaModel::activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpoint_activations,
-                                    const kernels::Ops& ops, bool checkpoints_stored) {
-  const kernels::AttentionSizes as = layer_attention_sizes(ops, cfg, B, T, /*documents=*/false);
+                                    const kernels::Ops& ops, bool checkpoints_stored, bool documents) {
+  const kernels::AttentionSizes as = layer_attention_sizes(ops, cfg, B, T, documents);
   size_t n = 0;
   each_buffer(cfg, B, T, checkpoint_activations, checkpoint_activations && checkpoints_stored,
               ops.caps().activation, as, loss_rows(cfg, size_t(B) * size_t(T)),

@@ -133,6 +133,7 @@ Trainer build(Config& cfg, const ModelSource& source, int seq_len, const comm::R
   eo.device_memory_cap = opts.device_memory_cap;
   eo.seq_len = seq_len;
   eo.checkpoint_activations = opts.checkpoint_activations;
+  eo.documents = opts.documents;
   if (weights || adapter)
     eo.init_params = [&](const model::ChunkLayout& c, float* out) {
       if (adapter && adapter->holds(c)) {

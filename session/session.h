@@ -86,6 +86,7 @@ struct BuildOptions {
   std::string backend;                                        // "" = strata.backend
   std::uint64_t device_memory_cap = 0;                        // 0 = strata.device_memory_cap
   std::optional<bool> checkpoint_activations = std::nullopt;  // unset = strata.checkpoint_activations
+  bool documents = false;  // the data packs documents kept apart (EngineOptions.documents)
   // Start from the source's Hugging Face weights (false: fresh weights, or a checkpoint loads over them);
   // `weights_flag` names the argument in the warning about tensors the model does not use.
   bool read_weights = true;

@@ -608,7 +608,10 @@ int run_train(const TrainOpts& o) {
   session::Trainer trainer = session::build(
       cfg, src, seq_len, ri,
       // A checkpoint of adapters holds them, not the base: a resume reads the base again.
-      {.backend = o.backend, .device_memory_cap = device_cap, .read_weights = !resume || adapters});
+      {.backend = o.backend,
+       .device_memory_cap = device_cap,
+       .documents = file.docs() != nullptr,  // the plan counts the attention that keeps them apart
+       .read_weights = !resume || adapters});
   zero3::Engine& engine = *trainer.engine;
   model::TrainableModel& model = *trainer.model;
   const int rank = engine.communicator().rank(), world = engine.communicator().world_size();

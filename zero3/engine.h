@@ -117,6 +117,10 @@ struct EngineOptions {
   // would not fit the device).
   int seq_len = 0;
   std::optional<bool> checkpoint_activations = std::nullopt;
+  // The training rows pack documents kept apart (model/packed_docs.h: the model's forwards get positions):
+  // the plan counts the attention buffers of the path that keeps them apart (on cuda, kernels/cuda's own
+  // kernel: Note [attention paths] in kernels/cuda/ops.cpp).
+  bool documents = false;
   // The ranks to train over (not owned; the engine dup()s it for its streams). Null: the launcher's
   // (comm::make_communicator: MPI or NCCL under mpirun, else a single rank). Its world size must be the
   // config's world_size.

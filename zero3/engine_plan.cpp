@@ -33,7 +33,7 @@ std::uint64_t Engine::Impl::overlap_room() {
 void Engine::Impl::plan_memory() {
   PlanInput in = measured_plan_input();
   const int B = int(cfg.train_micro_batch_size_per_gpu);
-  const ActivationSizes sizes = activation_sizes(mcfg, B, planned_seq_len, *ops);
+  const ActivationSizes sizes = activation_sizes(mcfg, B, planned_seq_len, *ops, opts.documents);
   const ActivationChoice choice = choose_activations(in, cfg.zero_optimization, checkpointing_mode(),
                                                      offload_asked(cfg.activation_checkpointing), sizes);
   checkpoint_activations = choice.checkpoint;
@@ -74,8 +74,8 @@ void Engine::Impl::plan_memory() {
   plan.activation_bytes_per_token = plan.device_activations / std::uint64_t(std::max(1, B * planned_seq_len));
   plan.longest_seq_len = longest_sequence(
       in, cfg.zero_optimization, mcfg.max_seq_len,
-      [&](std::int64_t T) { return activation_sizes(mcfg, B, int(T), *ops); }, checkpointing_mode(),
-      offload_asked(cfg.activation_checkpointing));
+      [&](std::int64_t T) { return activation_sizes(mcfg, B, int(T), *ops, opts.documents); },
+      checkpointing_mode(), offload_asked(cfg.activation_checkpointing));
   lay_out_chunks(in, p);
   planned = std::move(in);
   report_ratio();

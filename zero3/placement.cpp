@@ -499,12 +499,13 @@ std::optional<bool> offload_asked(const ActivationCheckpointingConfig& a) {
   return a.cpu_checkpointing == C::on;
 }
 
-ActivationSizes activation_sizes(const model::ModelConfig& m, int B, int T, const kernels::Ops& ops) {
+ActivationSizes activation_sizes(const model::ModelConfig& m, int B, int T, const kernels::Ops& ops,
+                                 bool documents) {
   const model::Architecture& arch = model::architecture(m);
   const model::Architecture::Checkpoints k = arch.checkpoints(m, B, T, ops);
-  return {.all = arch.activation_bytes(m, B, T, false, ops),
-          .checkpointed = arch.activation_bytes(m, B, T, true, ops),
-          .offloaded = arch.activation_bytes(m, B, T, true, ops, true),
+  return {.all = arch.activation_bytes(m, B, T, false, ops, false, documents),
+          .checkpointed = arch.activation_bytes(m, B, T, true, ops, false, documents),
+          .offloaded = arch.activation_bytes(m, B, T, true, ops, true, documents),
           .checkpoints = k.count,
           .checkpoint_bytes = k.bytes};
 }

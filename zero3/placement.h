@@ -382,8 +382,10 @@ struct ActivationSizes {
 struct ActivationChoice {
   bool checkpoint = true, offload = false;
 };
-// The sizes of model `m` (its Architecture's) for a micro-batch of B x T tokens computed by `ops`.
-ActivationSizes activation_sizes(const model::ModelConfig& m, int B, int T, const kernels::Ops& ops);
+// The sizes of model `m` (its Architecture's) for a micro-batch of B x T tokens computed by `ops`, its rows
+// packing documents kept apart where `documents` says (EngineOptions.documents).
+ActivationSizes activation_sizes(const model::ModelConfig& m, int B, int T, const kernels::Ops& ops,
+                                 bool documents = false);
 // The plan's activation fields for choice `c` (checkpoint_activations, the other choices' bytes).
 void note_activations(MemoryPlan& p, const ActivationSizes& a, ActivationChoice c);
 // Block inputs on the device at once with them off it (Note [Checkpoints off the device]).

@@ -139,11 +139,15 @@ int run_eval(const EvalOpts& o) {
     // The first batch's logits, (B, T, vocab) little-endian fp32, for comparing with another
     // implementation token by token (tests/reference/check_strata_cli.py).
     const int B = int(std::min<std::int64_t>(o.batch_size, S));
-    std::vector<std::int32_t> in(std::size_t(B) * std::size_t(o.seq_len));
-    for (int b = 0; b < B; ++b)
-      data.read(std::size_t(b) * std::size_t(o.seq_len), std::size_t(o.seq_len),
-                in.data() + std::size_t(b) * o.seq_len);
-    m->forward(chunks, in.data(), nullptr, B, o.seq_len);
+    // With document boundaries, each row's documents kept apart as the loss above computed them.
+    const model::PackedDocs* docs = data.docs();
+    std::vector<std::int32_t> in(std::size_t(B) * std::size_t(o.seq_len)), pos(docs ? in.size() : 0);
+    for (int b = 0; b < B; ++b) {
+      const std::size_t begin = std::size_t(b) * std::size_t(o.seq_len);
+      data.read(begin, std::size_t(o.seq_len), in.data() + begin);
+      if (docs) docs->positions(begin, std::size_t(o.seq_len), pos.data() + begin);
+    }
+    m->forward(chunks, in.data(), nullptr, B, o.seq_len, docs ? pos.data() : nullptr);
     const std::vector<float> lg = m->logits();
     std::FILE* f = std::fopen(o.logits.c_str(), "wb");
     if (!f || std::fwrite(lg.data(), sizeof(float), lg.size(), f) != lg.size() || std::fclose(f) != 0)

@@ -532,39 +532,42 @@ std::string leaf_of(std::string_view path) {
   return std::string(dot == std::string_view::npos ? path : path.substr(dot + 1));
 }
 
-nlohmann::json* find_path(nlohmann::json& root, std::string_view path) {
-  nlohmann::json* cur = &root;
-  std::size_t start = 0;
-  while (true) {
-    std::size_t dot = path.find('.', start);
-    std::string part(
+namespace {
+// The dot-separated keys of `path`, in order ("a.b.c" -> a, b, c).
+std::vector<std::string> path_keys(std::string_view path) {
+  std::vector<std::string> keys;
+  for (std::size_t start = 0;;) {
+    const std::size_t dot = path.find('.', start);
+    keys.emplace_back(
         path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
-    if (!cur->is_object()) return nullptr;
-    auto it = cur->find(part);
-    if (it == cur->end()) return nullptr;
-    cur = &*it;
-    if (dot == std::string_view::npos) return cur;
+    if (dot == std::string_view::npos) return keys;
     start = dot + 1;
   }
 }
+}  // namespace
+
+nlohmann::json* find_path(nlohmann::json& root, std::string_view path) {
+  nlohmann::json* cur = &root;
+  for (const std::string& key : path_keys(path)) {
+    if (!cur->is_object()) return nullptr;
+    auto it = cur->find(key);
+    if (it == cur->end()) return nullptr;
+    cur = &*it;
+  }
+  return cur;
+}
 
 bool set_path(nlohmann::json& root, std::string_view path, const nlohmann::json& v) {
+  const std::vector<std::string> keys = path_keys(path);
   nlohmann::json* cur = &root;
-  std::size_t start = 0;
-  while (true) {
-    std::size_t dot = path.find('.', start);
-    std::string part(
-        path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
-    if (dot == std::string_view::npos) {
-      (*cur)[part] = v;
-      return true;
-    }
-    nlohmann::json& next = (*cur)[part];
+  for (std::size_t i = 0; i + 1 < keys.size(); ++i) {
+    nlohmann::json& next = (*cur)[keys[i]];
     if (next.is_null()) next = nlohmann::json::object();
     if (!next.is_object()) return false;
     cur = &next;
-    start = dot + 1;
   }
+  (*cur)[keys.back()] = v;
+  return true;
 }
 
 void erase_path(nlohmann::json& root, std::string_view path) {

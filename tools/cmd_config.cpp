@@ -54,7 +54,9 @@ void print_model_plan(const Config& cfg, const ConfigOpts& opts) {
   const std::uint64_t capacity = opts.device_memory.empty()
                                      ? std::uint64_t(80) << 30
                                      : parse_byte_size(opts.device_memory, "--device-memory");
-  const int T = opts.seq_len > 0 ? opts.seq_len : int(m.max_seq_len);
+  // A row longer than the model's max_seq_len is refused as strata train refuses it.
+  const int T =
+      opts.seq_len > 0 ? session::resolve_seq_len(m, opts.seq_len, "--seq-len") : int(m.max_seq_len);
   const int B = int(cfg.train_micro_batch_size_per_gpu), world = opts.world_size;
   const DType act = cuda || cfg.bf16.enabled ? DType::bf16 : DType::fp32;
   const model::Architecture& arch = model::architecture(m);

@@ -614,10 +614,19 @@ void ConfigParser::check_cross_keys() {
   if (z.offload_optimizer.device == OffloadDevice::cpu && z.stage == 0)
     error(detail::cat(shown_key("zero_optimization.offload_optimizer.device"),
                       ": \"cpu\" needs zero_optimization.stage 1, 2 or 3 (stage is 0)"));
+  if (z.offload_param.device_auto && z.stage != 3)
+    warn(detail::cat(shown_key("zero_optimization.offload_param.device"),
+                     ": \"auto\" considers \"none\" only below stage 3 (stage is ", z.stage,
+                     "): parameters are offloaded at stage 3"));
   check_offload_ratio();
-  if (z.offload_param.device == OffloadDevice::nvme)
+  // With "auto", a named nvme_path is checked as "nvme" would check it: the choice may take it.
+  if (z.offload_param.device == OffloadDevice::nvme ||
+      (z.offload_param.device_auto && z.stage == 3 && !z.offload_param.nvme_paths.empty()))
     check_nvme_path("zero_optimization.offload_param.device", "zero_optimization.offload_param.nvme_path",
                     z.offload_param.nvme_paths);
+  if (z.offload_optimizer.device_auto && z.stage == 3 && !z.offload_optimizer.nvme_paths.empty())
+    check_nvme_path("zero_optimization.offload_optimizer.device",
+                    "zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_paths);
   if (z.offload_optimizer.device == OffloadDevice::nvme)
     check_nvme_path("zero_optimization.offload_optimizer.device",
                     "zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_paths);
@@ -677,7 +686,7 @@ void ConfigParser::check_offload_ratio() {
   if (!oo.ratio_auto && oo.ratio >= 1.0) return;
   const std::string key = shown_key("zero_optimization.offload_optimizer.ratio");
   const std::string value = oo.ratio_auto ? std::string("\"auto\"") : format_number(oo.ratio);
-  if (oo.device == OffloadDevice::none) {
+  if (oo.device == OffloadDevice::none && !(oo.device_auto && z.stage == 3)) {
     error(detail::cat(key, ": ", value, " (partial offload) needs ",
                       shown_key("zero_optimization.offload_optimizer.device"), " \"cpu\" or \"nvme\"",
                       z.stage != 3 ? " and zero_optimization.stage 3" : "", " (device is \"none\"",
@@ -727,6 +736,19 @@ Config Config::parse(const nlohmann::json& doc, const Overrides& overrides, int 
     if (p.cfg.zero_optimization.offload_optimizer.ratio_auto)
       p.cfg.reasons_[i] =
           "the engine measures the device and the CPU optimizer at start-up and says what it chose";
+  }
+  for (const char* key :
+       {"zero_optimization.offload_param.device", "zero_optimization.offload_optimizer.device"}) {
+    // offload devices "auto" are resolved by the engine, which plans and predicts each placement (config.h)
+    const std::size_t i = std::size_t(option_index(key));
+    const bool chosen = p.is_auto[i] && !p.cfg.sources_[i].empty();
+    (std::string_view(key).find("param") != std::string_view::npos
+         ? p.cfg.zero_optimization.offload_param.device_auto
+         : p.cfg.zero_optimization.offload_optimizer.device_auto) = chosen;
+    if (chosen)
+      p.cfg.reasons_[i] =
+          "the engine plans every placement that fits the device and the host, predicts each one's step and "
+          "takes the fastest (printed with the table it chose from)";
   }
   p.infer_batch();
   p.resolve_schedule();

@@ -81,6 +81,9 @@ struct Bf16Config {
 
 struct OffloadParamConfig {
   OffloadDevice device = OffloadDevice::none;
+  // "auto" (device_auto; device stays none until then): the engine chooses the placement from the memory
+  // plan and the predicted step of each (zero3/step_time.h) and clears this.
+  bool device_auto = false;
   // nvme_path: one directory, or several (one per drive; swap files striped over them). Empty when
   // unset; each must be a writable directory when device is nvme.
   std::vector<std::string> nvme_paths;
@@ -92,6 +95,7 @@ struct OffloadParamConfig {
 
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::none;
+  bool device_auto = false;  // as OffloadParamConfig's
   std::vector<std::string> nvme_paths;  // as OffloadParamConfig's
   bool pin_memory = false;
   std::int64_t buffer_count = 4;

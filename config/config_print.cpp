@@ -11,12 +11,20 @@ using namespace config_detail;
 
 namespace {
 
+// offload_optimizer.ratio "auto" reads as 1, and the offload devices' "auto" as none, until the engine has
+// chosen: they are shown as what the user asked for.
+bool left_to_engine(const Option& o, const Config& cfg) {
+  const auto& z = cfg.zero_optimization;
+  const std::string_view path(o.path);
+  return (z.offload_optimizer.ratio_auto && path == "zero_optimization.offload_optimizer.ratio") ||
+         (z.offload_param.device_auto && path == "zero_optimization.offload_param.device") ||
+         (z.offload_optimizer.device_auto && path == "zero_optimization.offload_optimizer.device");
+}
+
 // A key's value in force, as the resolved table and to_json give it: offload_optimizer.ratio "auto" reads
 // as 1 until the engine has measured, and is shown as what the user asked for.
 nlohmann::json resolved_value(const Option& o, Config& cfg) {
-  if (cfg.zero_optimization.offload_optimizer.ratio_auto &&
-      std::string_view(o.path) == "zero_optimization.offload_optimizer.ratio")
-    return "auto";
+  if (left_to_engine(o, cfg)) return "auto";
   return read(o, cfg);
 }
 
@@ -67,10 +75,7 @@ std::vector<std::string> Config::auto_report() const {
       lines.push_back(detail::cat(o.path, " = (the run's): ", reasons_[i]));
       continue;
     }
-    const nlohmann::json v = copy.zero_optimization.offload_optimizer.ratio_auto &&
-                                     std::string_view(o.path) == "zero_optimization.offload_optimizer.ratio"
-                                 ? nlohmann::json("auto")
-                                 : read(o, copy);
+    const nlohmann::json v = left_to_engine(o, copy) ? nlohmann::json("auto") : read(o, copy);
     lines.push_back(
         detail::cat(o.path, " = ", v.is_string() ? v.get<std::string>() : show(v), ": ", reasons_[i]));
   }

@@ -32,6 +32,10 @@ AutoValue hidden_squared_09(const AutoContext& c) {
 AutoValue ratio_measured(const AutoContext&) {
   return {nullptr, "auto→measured at start-up"};
 }
+// offload_param.device and offload_optimizer.device: the engine chooses (device_auto), none until then.
+AutoValue placement_chosen(const AutoContext&) {
+  return {nullptr, "auto→chosen at start-up"};
+}
 AutoValue hidden_times_10(const AutoContext& c) {
   if (!c.hidden_size) return no_hidden(100000u);
   return {*c.hidden_size * 10, "auto→10·hidden_size",
@@ -63,7 +67,10 @@ void add_zero_options(std::vector<Option>& o) {
        .meaning = "Home of the working parameters: device memory, pinned host memory or NVMe (stage 3).",
        .field = STRATA_FIELD(zero_optimization.offload_param.device),
        .choices = kDevices,
-       .unsupported = {"hpu"}});
+       .unsupported = {"hpu"},
+       .auto_fallback = placement_chosen,
+       .auto_note =
+           "the fastest placement that fits, by the step-time model (printed with the table it chose from)"});
   o.push_back({.path = "zero_optimization.offload_param.nvme_path",
                .kind = Kind::paths,
                .def = nullptr,
@@ -94,14 +101,18 @@ void add_zero_options(std::vector<Option>& o) {
                    "Parameter elements kept in host memory when parameters live on NVMe (none when the "
                    "optimizer and the gradients are on NVMe too: pinned memory then holds buffers only).",
                .field = STRATA_FIELD(zero_optimization.offload_param.max_in_cpu)});
-  o.push_back({.path = "zero_optimization.offload_optimizer.device",
-               .kind = Kind::choice,
-               .def = "none",
-               .meaning = "Home of the fp32 master weights and optimizer states; cpu and nvme also run the "
-                          "optimizer on the CPU (nvme: stage 3).",
-               .field = STRATA_FIELD(zero_optimization.offload_optimizer.device),
-               .choices = kDevices,
-               .unsupported = {"hpu"}});
+  o.push_back(
+      {.path = "zero_optimization.offload_optimizer.device",
+       .kind = Kind::choice,
+       .def = "none",
+       .meaning = "Home of the fp32 master weights and optimizer states; cpu and nvme also run the "
+                  "optimizer on the CPU (nvme: stage 3).",
+       .field = STRATA_FIELD(zero_optimization.offload_optimizer.device),
+       .choices = kDevices,
+       .unsupported = {"hpu"},
+       .auto_fallback = placement_chosen,
+       .auto_note =
+           "the fastest placement that fits, by the step-time model (printed with the table it chose from)"});
   o.push_back({.path = "zero_optimization.offload_optimizer.nvme_path",
                .kind = Kind::paths,
                .def = nullptr,

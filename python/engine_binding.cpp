@@ -293,6 +293,23 @@ class Core {
     nlohmann::json j = zero3::to_json(engine().plan());
     nlohmann::json& routes = j["update_routes"] = nlohmann::json::array();
     for (const zero3::UpdateRoute& r : engine().update_routes()) routes.push_back(zero3::describe(r));
+    // The step-time model's prediction for this plan and the rates it took (zero3/step_time.h); with offload
+    // devices "auto", the placements it chose from.
+    const zero3::Engine& e = engine();
+    j["predicted_step"] = zero3::to_json(e.predicted_step());
+    j["machine"] = zero3::to_json(e.machine_rates());
+    nlohmann::json& options = j["placements"] = nlohmann::json::array();
+    for (std::size_t i = 0; i < e.placements().size(); ++i) {
+      const zero3::PlacementOption& o = e.placements()[i];
+      options.push_back({{"placement", zero3::placement_name(o)},
+                         {"fits", o.fits},
+                         {"why_not", o.why_not},
+                         {"device_need", o.device_need},
+                         {"host_need", o.host_need},
+                         {"predicted_step", o.predicted.step},
+                         {"bottleneck", o.predicted.bottleneck},
+                         {"chosen", int(i) == e.chosen_placement()}});
+    }
     return j.dump();
   }
 

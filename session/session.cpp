@@ -134,6 +134,7 @@ Trainer build(Config& cfg, const ModelSource& source, int seq_len, const comm::R
   eo.seq_len = seq_len;
   eo.checkpoint_activations = opts.checkpoint_activations;
   eo.documents = opts.documents;
+  eo.predict_step = opts.predict_step;
   if (weights || adapter)
     eo.init_params = [&](const model::ChunkLayout& c, float* out) {
       if (adapter && adapter->holds(c)) {
@@ -148,6 +149,10 @@ Trainer build(Config& cfg, const ModelSource& source, int seq_len, const comm::R
   zero3::configure_threads(cfg, ri.local_size);
   Trainer t;
   t.engine = std::make_unique<zero3::Engine>(cfg, source.config, std::move(eo));
+  // Offload devices "auto" are the engine's choice (Note [Placement auto] in zero3/engine_auto.cpp): the
+  // run's config takes it, so that what reads the config after the engine sees the placement in force.
+  cfg.zero_optimization.offload_param = t.engine->config().zero_optimization.offload_param;
+  cfg.zero_optimization.offload_optimizer = t.engine->config().zero_optimization.offload_optimizer;
   if (adapters && weights) {
     t.engine->set_base(
         {{"path", source.hf->dir.empty() ? source.hf->weights : source.hf->dir}, {"digest", digest.str()}});

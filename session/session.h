@@ -87,6 +87,8 @@ struct BuildOptions {
   std::uint64_t device_memory_cap = 0;                        // 0 = strata.device_memory_cap
   std::optional<bool> checkpoint_activations = std::nullopt;  // unset = strata.checkpoint_activations
   bool documents = false;  // the data packs documents kept apart (EngineOptions.documents)
+  // Measure the machine and predict the step (EngineOptions.predict_step; "auto" offload devices do anyway).
+  bool predict_step = true;
   // Start from the source's Hugging Face weights (false: fresh weights, or a checkpoint loads over them);
   // `weights_flag` names the argument in the warning about tensors the model does not use.
   bool read_weights = true;

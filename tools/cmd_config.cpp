@@ -12,6 +12,8 @@
 #include "config/config.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/topology.h"
+#include "cpu_optim/cpu_optim.h"
 #include "kernels/ops.h"
 #include "kernels/workspace_standin.h"
 #include "model/architecture.h"
@@ -20,7 +22,10 @@
 #include "session/adapters.h"
 #include "session/session.h"
 #include "tools/cli.h"
+#include "zero3/engine_state.h"
+#include "zero3/machine.h"
 #include "zero3/placement.h"
+#include "zero3/step_time.h"
 
 namespace strata::cli {
 namespace {
@@ -35,6 +40,9 @@ struct ConfigOpts {
   // The plan for a model (--model): on a device of `device_memory` of `backend`, `seq_len` tokens a row.
   std::string model, backend = "cuda", device_memory;
   int seq_len = 0;
+  // --machine FILE: a described machine (zero3/step_time.h) whose step is predicted; its device_memory is
+  // the device's size unless --device-memory says.
+  std::string machine;
 };
 
 // Note [The plan before the machine]: `strata config FILE --model M` plans the run as the engine would
@@ -44,16 +52,26 @@ struct ConfigOpts {
 // the CPU ops in the activation dtype the backend computes in (bf16 on cuda), which take cuda's matrix
 // workspace as a stand-in; cuDNN's fused attention saves its statistics, not (B, NH, T, T), as the CPU's
 // fused attention does. The device's capacity is what is given: a CUDA context's own memory is beside it.
-void print_model_plan(const Config& cfg, const ConfigOpts& opts) {
+//
+// Note [Predictions before the machine]: with --machine FILE the step is predicted for the described machine
+// (zero3/step_time.h: a GPU's bf16 rate, its memory's, the link's, the CPU optimizer's, the drive's); without
+// it, on the host backend, for this machine, its products, attention and elementwise ops measured here by the
+// CPU ops at the model's shapes and its link, optimizer and drives taken from strata train's cache of them
+// (zero3/machine.h, Note [Measured rates]) or measured now. A cuda plan without --machine is not predicted:
+// there is no GPU here to measure. The placements table is "auto"'s (Note [Placement auto]).
+void print_model_plan(Config cfg, const ConfigOpts& opts) {
   session::ModelSource src = session::open_model(opts.model, session::Weights::allowed);
   session::resolve_adapters(src, cfg.strata.lora, "", "--adapter");
   const model::ModelConfig& m = src.config;
   if (opts.backend != "cuda" && opts.backend != "host")
     throw ConfigError(cat("--backend ", opts.backend, ": must be cuda or host"));
   const bool cuda = opts.backend == "cuda";
-  const std::uint64_t capacity = opts.device_memory.empty()
-                                     ? std::uint64_t(80) << 30
-                                     : parse_byte_size(opts.device_memory, "--device-memory");
+  std::optional<zero3::MachineRates> rates;
+  if (!opts.machine.empty()) rates = zero3::load_machine(opts.machine);
+  const std::uint64_t capacity = !opts.device_memory.empty()
+                                     ? parse_byte_size(opts.device_memory, "--device-memory")
+                                 : rates ? rates->device_memory
+                                         : std::uint64_t(80) << 30;
   // A row longer than the model's max_seq_len is refused as strata train refuses it.
   const int T =
       opts.seq_len > 0 ? session::resolve_seq_len(m, opts.seq_len, "--seq-len") : int(m.max_seq_len);
@@ -62,7 +80,7 @@ void print_model_plan(const Config& cfg, const ConfigOpts& opts) {
   const model::Architecture& arch = model::architecture(m);
   const model::ModelLayout layout = arch.layout(m, zero3::layout_options(world));
   zero3::PlanInput in = zero3::plan_input(cfg, layout, m.tie_embeddings, world, 0, act);
-  zero3::plan_adapters(in, layout, cfg.zero_optimization);
+  zero3::plan_adapters(in, layout, cfg.zero_optimization);  // (the placement "auto" chooses: again below)
   in.device_state_by_ops = cuda;
   in.device_capacity = capacity;
   // The ops' device bytes and the activations, counted by the CPU ops computing in `act` (the note above).
@@ -77,6 +95,74 @@ void print_model_plan(const Config& cfg, const ConfigOpts& opts) {
   const zero3::ActivationSizes sizes = zero3::activation_sizes(m, B, T, *ops);
   const std::optional<bool> mode = zero3::checkpointing_asked(cfg.strata);
   const std::optional<bool> offload = zero3::offload_asked(cfg.activation_checkpointing);
+  // The rates of Note [Predictions before the machine].
+  if (!rates && !cuda) {
+    std::unique_ptr<Stream> copy = dev->create_stream("config-link");
+    cpu_optim::Optimizer optimizer(
+        {.simd = cfg.strata.cpu_optim.simd, .threads = int(cfg.strata.threads), .pin = false});
+    auto adam = [&](std::size_t n) { return zero3::adam_rate(*dev, optimizer, n); };
+    const zero3::MeasureKit kit{.dev = *dev,
+                                .compute = *stream,
+                                .copy = *copy,
+                                .ops = *ops,
+                                .activation = act,
+                                .working = act,
+                                .cpu_optimizer = adam,
+                                .device_optimizer = adam,
+                                .optimizer = &optimizer,
+                                .nvme_dirs = {},
+                                .aio = zero3::aio_options(cfg),
+                                .cores = int(allowed_cpus().size())};
+    rates = zero3::measure_machine(kit, m, B, T);
+    rates->host_memory = zero3::physical_memory();
+  }
+  const std::uint64_t host_memory = rates ? rates->host_memory : zero3::physical_memory();
+  zero3::PlacementContext ctx{
+      .cfg = &cfg,
+      .model = &m,
+      .layout = &layout,
+      .world = world,
+      .rank = 0,
+      .activation = act,
+      .base = in,
+      .frozen_chunks = {},
+      .B = B,
+      .T = T,
+      .sizes = [&](std::int64_t t) { return zero3::activation_sizes(m, B, int(t), *ops); },
+      .checkpointing = mode,
+      .activation_offload = offload,
+      .host_backend = !cuda,
+      .overlap_auto_here = cuda || cfg.strata.cpu_optim.cores > 0,
+      .checkpoints_nvme_path = !cfg.zero_optimization.offload_optimizer.nvme_paths.empty() ||
+                               !cfg.zero_optimization.offload_param.nvme_paths.empty(),
+      .host_memory = host_memory,
+      .local_ranks = 1};
+  // Every placement the stage allows, as "auto" plans them (Note [Placement auto]).
+  const auto& z = cfg.zero_optimization;
+  std::vector<zero3::PlacementOption> options = zero3::placement_candidates(z, true, true);
+  const zero3::MachineRates none_measured;
+  const int fastest = zero3::choose_placement(options, ctx, rates ? *rates : none_measured);
+  if (z.offload_param.device_auto || z.offload_optimizer.device_auto) {
+    std::vector<zero3::PlacementOption> asked =
+        zero3::placement_candidates(z, z.offload_param.device_auto, z.offload_optimizer.device_auto);
+    const int chosen = zero3::choose_placement(asked, ctx, rates ? *rates : none_measured);
+    if (chosen < 0)
+      throw OutOfMemory(cat("zero_optimization offload devices \"auto\": no placement fits:\n",
+                            zero3::placements_table(asked, -1),
+                            "The smallest change that fits: ", zero3::smallest_change(asked, ctx)));
+    cfg.zero_optimization.offload_param.device = asked[std::size_t(chosen)].param;
+    cfg.zero_optimization.offload_optimizer.device = asked[std::size_t(chosen)].optimizer;
+    cfg.zero_optimization.offload_param.device_auto = cfg.zero_optimization.offload_optimizer.device_auto =
+        false;
+    std::printf("\noffload placement \"auto\" = %s: the fastest that fits (%.3f s a step predicted)\n",
+                zero3::placement_name(asked[std::size_t(chosen)]).c_str(),
+                asked[std::size_t(chosen)].predicted.step);
+    in = zero3::plan_input(cfg, layout, m.tie_embeddings, world, 0, act);
+    zero3::plan_adapters(in, layout, cfg.zero_optimization);
+    in.device_state_by_ops = cuda;
+    in.device_capacity = capacity;
+    in.ops = ctx.base.ops;
+  }
   const zero3::ActivationChoice choice =
       zero3::choose_activations(in, cfg.zero_optimization, mode, offload, sizes);
   zero3::apply_activations(in, sizes, choice);
@@ -117,7 +203,29 @@ void print_model_plan(const Config& cfg, const ConfigOpts& opts) {
       "link_bytes_per_step)\n",
       format_size(link.total(), 1).c_str(), format_size(link.gathers, 1).c_str(),
       format_size(link.gradients, 1).c_str(), format_size(link.params, 1).c_str());
-  std::printf("update routes:\n%s", zero3::describe(p.routes, "  ").c_str());
+  std::printf("update routes:\n%s\n", zero3::describe(p.routes, "  ").c_str());
+  if (!rates) {
+    std::printf(
+        "step time: not predicted: there is no GPU here to measure; describe the machine with --machine FILE "
+        "(docs/train.md, \"Predicted step times\")\n");
+    return;
+  }
+  zero3::Plan noted = p;  // with the activations' choice (note_activations), as the engine predicts it
+  noted.memory = mp;
+  const zero3::StepPrediction pred = zero3::predict_step(zero3::step_model(m, B, T, in, noted), *rates);
+  std::printf(
+      "step time predicted: %.3f s a step on %s (%s; bottleneck %s): the pass %.3f s (compute %.3f, host "
+      "link "
+      "%.3f, NVMe %.3f), the update after it %.3f s (gradient norm %.3f, CPU optimizer %.3f, NVMe %.3f, "
+      "device "
+      "optimizer %.3f)%s\n",
+      pred.step, rates->name.c_str(), rates->source.c_str(), pred.bottleneck.c_str(), pred.pass, pred.compute,
+      pred.link, pred.nvme_pass, pred.update, pred.norm, pred.cpu_optimizer, pred.nvme_optimizer,
+      pred.device_optimizer,
+      pred.missing.empty() ? "" : cat("; ", pred.missing, " is not known: left out").c_str());
+  std::printf(
+      "placements (offload_param.device / offload_optimizer.device; \"auto\" takes the one marked *):\n%s",
+      zero3::placements_table(options, fastest).c_str());
 }
 
 int run_config(const ConfigOpts& opts) {
@@ -166,6 +274,10 @@ Command config("config", "Check a DeepSpeed-style config and print every resolve
                  sub.add_option("--device-memory", o->device_memory,
                                 "With --model: the device's memory (e.g. 24GiB; default 80GiB)");
                  sub.add_option("--seq-len", o->seq_len, "With --model: tokens a row (default: max_seq_len)");
+                 sub.add_option(
+                     "--machine", o->machine,
+                     "With --model: predict the step on the machine this JSON describes (its GPU "
+                     "memory, bf16 rate, link, cores, NVMe; docs/train.md, \"Predicted step times\")");
                  return [o] { return run_config(*o); };
                });
 

@@ -228,6 +228,7 @@ struct LoopTotals {
   std::string saved;   // the last checkpoint written
   int stopped_by = 0;  // the stop signal that ended the run before its last step; 0: it ran them all
   double wall = 0;
+  std::vector<double> step_seconds;  // each step's time (the prediction's check)
 };
 
 // Before the first step: the run in one line, the loss mask, the memory plan and each chunk's update route.
@@ -291,7 +292,7 @@ LoopTotals train_loop(TrainRun& run, std::int64_t steps, std::int64_t first, boo
   model::DataLoader& data = run.data;
   std::optional<model::TokenFile>& eval_file = run.eval_file;
   LoopTotals t;
-  auto& [losses, sum, tokens_seen, skipped, io, saved, stopped_by, wall] = t;
+  auto& [losses, sum, tokens_seen, skipped, io, saved, stopped_by, wall, step_seconds] = t;
   Progress progress(steps, first, tty, cfg.steps_per_print, out);
   const auto t0 = Clock::now();
   for (std::int64_t i = 0; i < steps; ++i) {
@@ -301,6 +302,7 @@ LoopTotals train_loop(TrainRun& run, std::int64_t steps, std::int64_t first, boo
     losses.push_back(r.loss);
     sum.forward += r.times.forward, sum.backward += r.times.backward, sum.optimizer += r.times.optimizer;
     sum.wait += r.times.wait, sum.total += r.times.total;
+    step_seconds.push_back(r.times.total);
     tokens_seen += r.tokens;
     skipped += r.applied ? 0 : 1;
     progress.update(r, session::tier_bytes(engine));
@@ -348,7 +350,7 @@ void print_summary(const TrainRun& run, const LoopTotals& t) {
   zero3::Engine& engine = run.engine;
   const int seq_len = run.seq_len, world = run.world;
   std::FILE* out = run.out;
-  const auto& [losses, sum, tokens_seen, skipped, io, saved, stopped_by, wall] = t;
+  const auto& [losses, sum, tokens_seen, skipped, io, saved, stopped_by, wall, step_seconds] = t;
   TierBytes peak;
   // Memory figures: the tier manager's peaks over the whole run (every block in use at once, gathered
   // chunks and staging included — not the state between steps), the largest over the ranks.
@@ -385,6 +387,19 @@ void print_summary(const TrainRun& run, const LoopTotals& t) {
         "  step time   %.3fs mean: forward %.3f, backward %.3f, optimizer %.3f; waiting on transfers %.3f\n",
         sum.total / double(n), sum.forward / double(n), sum.backward / double(n), sum.optimizer / double(n),
         sum.wait / double(n));
+    // The step-time model's prediction against the median of the steps after the first two (the first
+    // steps fill the caches and trace the prefetcher's order; zero3/step_time.h).
+    const zero3::StepPrediction& pred = engine.predicted_step();
+    if (pred.step > 0) {
+      std::vector<double> later(step_seconds.begin() + std::ptrdiff_t(std::min<std::size_t>(2, n - 1)),
+                                step_seconds.end());
+      std::nth_element(later.begin(), later.begin() + std::ptrdiff_t(later.size() / 2), later.end());
+      const double median = later[later.size() / 2];
+      std::fprintf(out,
+                   "  step time   predicted %.2fs, measured %.2fs (median of %zu step%s%s; bottleneck %s)\n",
+                   pred.step, median, later.size(), later.size() == 1 ? "" : "s",
+                   n > 2 ? " after the first two" : "", pred.bottleneck.c_str());
+    }
   }
   std::fprintf(out,
                "  prefetch    %llu hits, %llu late (%.3fs waited), %llu misses, %llu trace invalidations\n",

@@ -31,27 +31,6 @@ std::uint64_t physical_memory() {
   return pages > 0 && page > 0 ? std::uint64_t(pages) * std::uint64_t(page) : 0;
 }
 
-namespace {
-
-using detail::cat;
-
-DeviceOptions device_options(const Config& cfg, const EngineOptions& opts) {
-  DeviceOptions d;
-  if (!opts.backend.empty()) {
-    d.backend = opts.backend;
-  } else {
-    d.backend = cfg.strata.backend == StrataConfig::Backend::host   ? "host"
-                : cfg.strata.backend == StrataConfig::Backend::cuda ? "cuda"
-                                                                    : "auto";
-  }
-  // Each rank on a machine takes its own GPU: strata.device + the local rank, or the local rank's entry
-  // of STRATA_LOCAL_DEVICES, which `strata launch` sets (Note [STRATA_LOCAL_DEVICES] in comm/devices.h).
-  d.ordinal = comm::local_device_ordinal(int(cfg.strata.device), comm::rank_from_env().local_rank);
-  d.memory_cap = opts.device_memory_cap ? opts.device_memory_cap : cfg.strata.device_memory_cap;
-  d.check_thread_device = opts.testing.check_thread_device;
-  return d;
-}
-
 nvme::AioOptions aio_options(const Config& cfg) {
   nvme::AioOptions a;
   switch (cfg.strata.aio.backend) {
@@ -74,6 +53,27 @@ nvme::AioOptions aio_options(const Config& cfg) {
   a.single_submit = cfg.aio.single_submit;
   a.overlap_events = cfg.aio.overlap_events;
   return a;
+}
+
+namespace {
+
+using detail::cat;
+
+DeviceOptions device_options(const Config& cfg, const EngineOptions& opts) {
+  DeviceOptions d;
+  if (!opts.backend.empty()) {
+    d.backend = opts.backend;
+  } else {
+    d.backend = cfg.strata.backend == StrataConfig::Backend::host   ? "host"
+                : cfg.strata.backend == StrataConfig::Backend::cuda ? "cuda"
+                                                                    : "auto";
+  }
+  // Each rank on a machine takes its own GPU: strata.device + the local rank, or the local rank's entry
+  // of STRATA_LOCAL_DEVICES, which `strata launch` sets (Note [STRATA_LOCAL_DEVICES] in comm/devices.h).
+  d.ordinal = comm::local_device_ordinal(int(cfg.strata.device), comm::rank_from_env().local_rank);
+  d.memory_cap = opts.device_memory_cap ? opts.device_memory_cap : cfg.strata.device_memory_cap;
+  d.check_thread_device = opts.testing.check_thread_device;
+  return d;
 }
 
 }  // namespace
@@ -107,21 +107,7 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   const EngineFacts facts = engine_facts(cfg, world);
   replicated = facts.replicated;
   working_dtype = facts.working;
-  const auto& z = cfg.zero_optimization;
-  homes = shard_homes(cfg);
   by_ops = !dev->caps().host_addressable || opts.testing.device_state_by_ops;
-  // The device optimizer is the compute interface's AdamW; the others run on the CPU only.
-  const bool partial = partial_offload(z);
-  if (by_ops && !rule.adam_family() && (homes.master == Tier::device || partial))
-    throw ConfigError(
-        cat("optimizer.type ", rule.name(),
-            homes.master == Tier::device ? " with offload_optimizer.device = none"
-                                         : " with offload_optimizer.ratio below 1",
-            " needs an optimizer on the device, and the ", to_string(dev->caps().backend), " backend (",
-            dev->caps().name, ") has only Adam and AdamW there: use optimizer.type AdamW, or ",
-            homes.master == Tier::device ? "set zero_optimization.offload_optimizer.device to \"cpu\""
-                                         : "set zero_optimization.offload_optimizer.ratio to 1",
-            " (the CPU optimizers have all four)"));
   // Note [Device memory outside the pool]: everything that takes device memory of its own — the
   // communicators (NCCL's buffers), the streams, the compute interface (the matrix products' workspace,
   // the attention library's handle, the ops' scratch) — exists before the plan reads the device's
@@ -163,6 +149,10 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
       .threads = cfg.strata.cpu_optim.cores > 0 ? int(cfg.strata.cpu_optim.cores) : int(cfg.strata.threads),
       .pin = cfg.strata.cpu_optim.pin_threads,
       .cpus = optimizer_cpus});
+  // Offload devices "auto" are chosen here (Note [Placement auto] in engine_auto.cpp), with the rates
+  // measured when asked; then the homes follow from the config.
+  choose_placement();
+  settle_homes();
   plan_memory();
   share_host();
   check_fits();
@@ -183,7 +173,25 @@ Engine::Impl::Impl(const Config& c, const model::ModelConfig& m, const EngineOpt
   grads.open();
   updater.open();
   choose_overlap();
+  predict();
   overlap.open();
+}
+
+void Engine::Impl::settle_homes() {
+  const auto& z = cfg.zero_optimization;
+  homes = shard_homes(cfg);
+  // The device optimizer is the compute interface's AdamW; the others run on the CPU only.
+  const bool partial = partial_offload(z);
+  if (by_ops && !rule.adam_family() && (homes.master == Tier::device || partial))
+    throw ConfigError(
+        cat("optimizer.type ", rule.name(),
+            homes.master == Tier::device ? " with offload_optimizer.device = none"
+                                         : " with offload_optimizer.ratio below 1",
+            " needs an optimizer on the device, and the ", to_string(dev->caps().backend), " backend (",
+            dev->caps().name, ") has only Adam and AdamW there: use optimizer.type AdamW, or ",
+            homes.master == Tier::device ? "set zero_optimization.offload_optimizer.device to \"cpu\""
+                                         : "set zero_optimization.offload_optimizer.ratio to 1",
+            " (the CPU optimizers have all four)"));
 }
 
 Engine::Impl::~Impl() {

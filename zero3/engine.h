@@ -72,6 +72,7 @@
 #include "prefetch/prefetch.h"
 #include "tiering/manager.h"
 #include "zero3/placement.h"
+#include "zero3/step_time.h"
 
 namespace strata::zero3 {
 
@@ -103,6 +104,9 @@ struct EngineTestHooks {
   // the CPU optimizer and of the device optimizer) through it before choosing, so that a test can give
   // ranks different measurements. Null: not called.
   std::function<void(double& cpu_rate, double& device_rate)> measured_rates = nullptr;
+  // The step-time model's rates (zero3/step_time.h) in place of measuring this machine: a placement
+  // "auto" or a prediction then does not depend on the machine the test runs on.
+  std::optional<MachineRates> machine_rates = std::nullopt;
 };
 
 struct EngineOptions {
@@ -117,6 +121,9 @@ struct EngineOptions {
   // would not fit the device).
   int seq_len = 0;
   std::optional<bool> checkpoint_activations = std::nullopt;
+  // Measure this machine (zero3/machine.h) and predict the step of the plan (zero3/step_time.h):
+  // Engine::predicted_step. Offload devices "auto" measure and predict whatever this says.
+  bool predict_step = false;
   // The training rows pack documents kept apart (model/packed_docs.h: the model's forwards get positions):
   // the plan counts the attention buffers of the path that keeps them apart (on cuda, kernels/cuda's own
   // kernel: Note [attention paths] in kernels/cuda/ops.cpp).
@@ -318,6 +325,13 @@ class Engine final : public model::ChunkProvider {
   comm::Communicator& communicator();
   const Config& config() const;
   const MemoryPlan& plan() const;
+  // The step the step-time model predicts for the plan in force (zero3/step_time.h), the rates it took
+  // and, where offload devices were "auto", the placements it chose from (`chosen`: the index taken);
+  // step 0 and no placements when nothing was predicted (EngineOptions.predict_step).
+  const StepPrediction& predicted_step() const;
+  const MachineRates& machine_rates() const;
+  const std::vector<PlacementOption>& placements() const;
+  int chosen_placement() const;
   // Per chunk, how it is updated (Note [Update routes] in placement.cpp): describe(update_routes()) is
   // what strata train prints with the plan.
   std::vector<UpdateRoute> update_routes() const;

@@ -39,6 +39,7 @@
 #include "zero3/engine_update.h"
 #include "zero3/loss_scaler.h"
 #include "zero3/lr_schedule.h"
+#include "zero3/machine.h"
 
 namespace strata::zero3 {
 
@@ -93,6 +94,21 @@ struct Engine::Impl final : EngineEnv, private UpdateGate {
   int ranks_here = 1;
   std::uint64_t host_need_here = 0;
   void check_fits() const;
+  // ---- the step-time model (engine_auto.cpp) ----
+  // Note [Placement auto]: offload devices "auto" resolved to the fastest placement that fits (rank 0's
+  // choice on every rank), the table logged; ConfigError-like OutOfMemory naming the smallest change
+  // when none fits. Measures the rates where "auto" or EngineOptions.predict_step asks.
+  void choose_placement();
+  // The homes of the config's placement, and the refusal of an optimizer the device has not.
+  void settle_homes();
+  // The prediction for the plan in force, once the routes are final (after choose_overlap).
+  void predict();
+  void measure_rates(bool nvme);
+  bool rates_measured = false;
+  MachineRates rates;
+  StepPrediction predicted;
+  std::vector<PlacementOption> placement_options;
+  int placement_chosen = -1;
   void open_tiers();
   void init_chunks();
   // Places `bytes` from `src` as the valid copy of `id` in its home tier (through pinned memory for NVMe).

@@ -203,5 +203,7 @@ ShardNorm shard_norm(const UpdateRoute& r, cpu_optim::Optimizer& opt, const floa
 
 // Bytes of RAM (0: unknown).
 std::uint64_t physical_memory();
+// The aio settings of the config (strata.aio.backend, the aio block), as the swap files use them.
+nvme::AioOptions aio_options(const Config& cfg);
 
 }  // namespace strata::zero3

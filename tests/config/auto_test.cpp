@@ -95,6 +95,36 @@ TEST(AutoValues, OffloadRatioAutoIsLeftToTheEngine) {
       Config::parse(nlohmann::json{{"train_batch_size", 8}}).zero_optimization.offload_optimizer.ratio_auto);
 }
 
+// offload_param.device and offload_optimizer.device "auto": the engine chooses (Note [Placement auto] in
+// zero3/engine_auto.cpp); the config shows "auto" and says so, and gives "auto" back in its JSON.
+TEST(AutoValues, OffloadDevicesAutoAreLeftToTheEngine) {
+  const nlohmann::json doc = {{"train_batch_size", 8},
+                              {"zero_optimization",
+                               {{"stage", 3},
+                                {"offload_param", {{"device", "auto"}}},
+                                {"offload_optimizer", {{"device", "auto"}, {"ratio", "auto"}}}}}};
+  Config c = Config::parse(doc);
+  EXPECT_TRUE(c.zero_optimization.offload_param.device_auto);
+  EXPECT_TRUE(c.zero_optimization.offload_optimizer.device_auto);
+  EXPECT_EQ(c.source("zero_optimization.offload_param.device"), "auto→chosen at start-up");
+  const nlohmann::json out = c.to_json();
+  EXPECT_EQ(out["zero_optimization"]["offload_param"]["device"], "auto");
+  EXPECT_EQ(out["zero_optimization"]["offload_optimizer"]["device"], "auto");
+  bool said = false;
+  for (const std::string& line : c.auto_report())
+    said |= line.rfind("zero_optimization.offload_optimizer.device = auto: the engine plans every placement",
+                       0) == 0;
+  EXPECT_TRUE(said);
+  EXPECT_TRUE(Config::parse(out).zero_optimization.offload_param.device_auto);
+  // Below stage 3 parameters are not offloaded: "auto" keeps them on the device, and says so.
+  const Config two =
+      Config::parse({{"train_batch_size", 8},
+                     {"zero_optimization", {{"stage", 2}, {"offload_param", {{"device", "auto"}}}}}});
+  ASSERT_EQ(two.warnings().size(), 1u);
+  EXPECT_NE(two.warnings()[0].find("considers \"none\" only below stage 3"), std::string::npos)
+      << two.warnings()[0];
+}
+
 TEST(AutoValues, AllBatchSizesAutoWithNothingElseIsMicroBatchOne) {
   Config c = Config::load(fixture_path("hf_zero3_auto.json"), {}, 4);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1);

@@ -722,16 +722,23 @@ read_train() {
     read -r flops formula < <(flops_per_token "$params" "$model" "$seq")
     [ -z "$tps_steady" ] || tflops=$(awk -v a="$tps_steady" -v f="$flops" 'BEGIN {printf "%.1f", a * f / 1e12}')
   fi
+  # The step-time model's prediction against the median of the steps after the first two (the summary's
+  # "step time   predicted Xs, measured Ys" line; bench/RESULTS.md has what was predicted for an H100).
+  local predicted measured
+  read -r predicted measured < <(sed -n 's/^  step time   predicted \([0-9.]*\)s, measured \([0-9.]*\)s.*/\1 \2/p' \
+    "$dir/train.log" 2>/dev/null | head -1)
   note="$model on $backend, $ndone/$steps steps"
   [ -z "$tps_steady" ] || note="$note, $tps_steady tok/s steady, $tflops TFLOP/s by $formula"
+  [ -z "$predicted" ] || note="$note, step predicted ${predicted}s against ${measured}s measured"
   [ -z "$aio" ] || note="$note, aio $aio"
   [ "$status" = pass ] || note="$note; $run_status"
-  train_json[$name]=$(printf '{"status": %s, "backend": %s, "config": %s, "model": %s, "parameters": %s, "micro_batch": %s, "seq_len": %s, "steps": %s, "steps_done": %s, "seconds": %s, "aio_backend": %s, "tokens_per_s": %s, "tokens_per_s_steady": %s, "flops_per_token": %s, "flops_formula": %s, "tflops_steady": %s, "step_time_steady": {"total": %s, "forward": %s, "backward": %s, "optimizer": %s, "wait": %s}, "losses": [%s], "step_seconds": [%s]}' \
+  train_json[$name]=$(printf '{"status": %s, "backend": %s, "config": %s, "model": %s, "parameters": %s, "micro_batch": %s, "seq_len": %s, "steps": %s, "steps_done": %s, "seconds": %s, "aio_backend": %s, "tokens_per_s": %s, "tokens_per_s_steady": %s, "flops_per_token": %s, "flops_formula": %s, "tflops_steady": %s, "step_time_steady": {"total": %s, "forward": %s, "backward": %s, "optimizer": %s, "wait": %s}, "step_time_predicted": %s, "step_time_measured_median": %s, "losses": [%s], "step_seconds": [%s]}' \
     "$(json_str "$run_status")" "$(json_str "$backend")" "$(json_str "$config")" "$(json_str "$model")" \
     "$(json_num "$params")" "$mb" "$seq" "$steps" "${ndone:-0}" "$(json_num "$secs")" \
     "$([ -n "$aio" ] && json_str "$aio" || echo null)" "$(json_num "$tps")" "$(json_num "$tps_steady")" \
     "$(json_num "$flops")" "$(json_str "$formula")" "$(json_num "$tflops")" "$(json_num "$st")" "$(json_num "$fw")" \
-    "$(json_num "$bw")" "$(json_num "$op")" "$(json_num "$wt")" "$losses" "$times")
+    "$(json_num "$bw")" "$(json_num "$op")" "$(json_num "$wt")" "$(json_num "$predicted")" "$(json_num "$measured")" \
+    "$losses" "$times")
 }
 read_train-cpu() { read_train cpu; }
 read_train-nvme() {

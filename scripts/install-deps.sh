@@ -135,6 +135,7 @@ packages=(
   libopenblas-dev
   libdnnl-dev  # oneDNN: bf16 matrix products on the host backend (kernels/cpu/linear_bf16.cpp)
   fio
+  tmux  # tests/tools/config_wizard_test.sh drives `strata config new` in a terminal
   chromium
   clang libclang-rt-14-dev  # scripts/ci-sanitize.sh: the fuzz targets (libFuzzer needs clang and its runtime)
   debootstrap  # scripts/bundle-rehearsal.sh: the bare root file system the GPU archive is rehearsed in

@@ -284,7 +284,13 @@ StepPrediction predict_step(const StepModel& s, const MachineRates& m) {
                 over(double(s.nvme_grad_writes) + micro * double(s.nvme_activations), m.nvme_write,
                      "the NVMe drive's write rate");
   p.collectives = over(double(s.collective_bytes), m.collective, "the collectives' rate");
-  p.pass = std::max({p.compute, p.link, p.nvme_pass, p.collectives});
+  // Gradients crossing to a pinned shard are added into it by the CPU (the gradient stream's thread): a
+  // read of the crossing and of the shard and a write, at the rate the CPU reads fp32 (the norm's) over 3.
+  p.host_adds = over(double(s.link.gradients) / sizeof(float) * 3, m.grad_norm, "the gradient norm's rate");
+  // On the host backend the copies and the adds are the CPU's work as the compute is, on the same cores and
+  // memory: they add to it rather than run beside it (measured: bench/RESULTS.md, issue 44).
+  p.pass = m.host_backend ? std::max({p.compute + p.link + p.host_adds, p.nvme_pass, p.collectives})
+                          : std::max({p.compute, p.link, p.host_adds, p.nvme_pass, p.collectives});
   // The overlap's updates run beside backward; what backward does not hide is left for after it.
   const double overlapped = over(double(s.overlapped_elements), m.cpu_optimizer, "the CPU optimizer's rate");
   p.cpu_optimizer = over(double(s.cpu_optimizer_elements - s.overlapped_elements), m.cpu_optimizer,
@@ -309,7 +315,7 @@ StepPrediction predict_step(const StepModel& s, const MachineRates& m) {
     const char* name;
   };
   const Part parts[] = {{p.compute, "compute"},
-                        {p.link, "host link"},
+                        {p.link + p.host_adds, "host link"},
                         {p.nvme_pass, "NVMe (params, gradients)"},
                         {p.collectives, "collectives"},
                         {p.norm, "gradient norm"},

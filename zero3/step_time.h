@@ -12,10 +12,10 @@
 // Note [The step-time model]: a step at one rank is
 //   the pass   — forward, backward and the recompute (the model's products, at the device's measured rate
 //                for the model's shapes), while beside it the gathers and gradient crossings go over the host
-//                link, the parameter reads and gradient writes go to NVMe, and the collectives run, each on
-//                its own stream: the pass takes the longest of those (the prefetcher keeps them ahead of
-//                compute; the first gather of a pass and the last crossing are what stays exposed, about one
-//                chunk each way);
+//                link (the crossings added into their pinned shards by the CPU), the parameter reads and
+//                gradient writes go to NVMe, and the collectives run, each on its own stream: the pass takes
+//                the longest of those (the prefetcher keeps them ahead of compute). On the host backend the
+//                copies and adds are the CPU's work as the compute is, on the same cores: they add to it;
 //   the update — after backward: the CPU optimizer over the offloaded shards (its rate measured on this
 //                machine's cores) beside the NVMe swap of their states (reads and writes at the drive's
 //                rates), whichever is longer, and the device optimizer over the sub-groups kept on the device
@@ -114,9 +114,10 @@ StepModel step_model(const model::ModelConfig& m, int B, int T, const PlanInput&
 struct StepPrediction {
   double compute = 0;    // forward + backward + recompute, every micro-batch
   double link = 0;       // the host link's bytes at its rates
+  double host_adds = 0;  // gradients added into pinned shards by the CPU
   double nvme_pass = 0;  // NVMe during the pass: parameter reads, gradient and block-input writes
   double collectives = 0;
-  double pass = 0;  // the longest of the four
+  double pass = 0;  // the longest of those (the host backend: compute, link and adds together)
   double norm = 0;  // the gradient norm and overflow check, before the update
   double cpu_optimizer = 0, nvme_optimizer = 0, device_optimizer = 0;
   double update = 0;       // after backward: the norm, then the longest of the three

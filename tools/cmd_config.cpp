@@ -506,7 +506,7 @@ Command config(
       sub.add_option("file", o->path, "ds_config.json (or: strata config new OUT.json)");
       sub.require_subcommand(0, 1);
       CLI::App* nw = sub.add_subcommand(
-          "new", "Write a config by answering questions (Enter takes each default; docs/config.md)");
+          "new", "Write a config by answering questions (Enter takes each default; docs/train.md, \"Writing a config\")");
       auto w = std::make_shared<WizardOpts>();
       nw->add_option("out", w->out, "The config file to write")->required();
       nw->add_flag("--yes,-y", w->yes, "Take every default the flags leave");

@@ -203,6 +203,19 @@ Engine::Impl::~Impl() {
   } catch (const std::exception& e) {
     STRATA_LOG_WARN("zero3: a transfer failed while shutting down: ", e.what());
   }
+  // Note [Drive rates from the swap] (zero3/machine.h): what this run's swap got of its drives, for the
+  // next prediction, where this run predicted (measured rates, not given ones).
+  if (aio && rates_measured && !opts.testing.machine_rates) {
+    try {
+      std::vector<std::string> dirs;
+      const auto& z = cfg.zero_optimization;
+      if (homes.master == Tier::nvme || homes.grad == Tier::nvme) dirs = z.offload_optimizer.nvme_paths;
+      if (dirs.empty() && homes.param == Tier::nvme) dirs = z.offload_param.nvme_paths;
+      record_swap_rate(*dev, int(allowed_cpus().size()), dirs, aio->stats());
+    } catch (const std::exception& e) {
+      STRATA_LOG_WARN("rates: cannot record the drive's rate (", e.what(), ")");
+    }
+  }
   if (trace) {
     try {
       trace->close();

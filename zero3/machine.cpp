@@ -15,7 +15,8 @@
 //   - the optimizers: the engine's own measurements (Note [Offload ratio]) on 16 Mi elements, beyond any
 //     cache as a model's shards are (the device's on at most a quarter of the device);
 //   - each NVMe directory's drive: sequential writes then reads of a 256 MiB scratch file there for half a
-//     second each, through the aio settings the run swaps with (as strata nvme-tune measures).
+//     second each, through the aio settings the run swaps with (as strata nvme-tune measures); a run after
+//     one that swapped takes the rate the swap itself got (Note [Drive rates from the swap] in machine.h).
 // The last three do not depend on the model: they are kept in rates_cache_path() under the machine's
 // identity (backend, device, CPU model, cpus; each drive by its directory), and a later run takes them
 // from there (the log says which). Delete the file to measure again.
@@ -125,6 +126,9 @@ struct DriveRates {
   double read = 0, write = 0;
 };
 
+// Sequential writes, then reads, of a scratch file under `dir` for kNvmeSeconds each, through an engine of
+// `aio`. (Reads of one file while another was written measured 1.43 GB/s together here, where the swap
+// moved 4.11 GB/s: the swap's own rate is what later runs take, Note [Drive rates from the swap].)
 DriveRates drive_rates(const std::string& dir, const nvme::AioOptions& aio) {
   nvme::ScratchFile file(dir, kNvmeFileBytes, aio.use_direct);
   const std::size_t buf_bytes = nvme::measure_buffer_bytes(aio);
@@ -180,6 +184,19 @@ double adam_rate(Device& dev, cpu_optim::Optimizer& opt, std::size_t n) {
     if (step > 1) best = std::max(best, double(n) / t);
   }
   return best;
+}
+
+void record_swap_rate(const Device& dev, int cores, const std::vector<std::string>& dirs,
+                      const nvme::IoStats& io) {
+  const double bytes = double(io.bytes_read + io.bytes_written);
+  if (dirs.empty() || bytes < double(std::uint64_t(1) << 30) || io.busy_seconds <= 0) return;
+  const std::string path = rates_cache_path();
+  nlohmann::json cache = read_cache(path);
+  nlohmann::json& mine = cache[machine_identity(dev, cores)];
+  // A swap file striped over several drives: each drive's share.
+  for (const std::string& dir : dirs)
+    mine["nvme"][drive_key(dir)]["swap"] = bytes / io.busy_seconds / double(dirs.size());
+  write_cache(path, cache);
 }
 
 std::string cpu_model_name() {
@@ -378,8 +395,8 @@ MachineRates measure_machine(const MeasureKit& kit, const model::ModelConfig& m,
       fn();
     } catch (const OutOfMemory&) {
       kit.compute.synchronize();
-      STRATA_LOG_WARN("rates: the device has no room to measure ", what, " (",
-                      format_size(caps.capacity, 1), "); the step is predicted without it");
+      STRATA_LOG_WARN("rates: the device has no room to measure ", what, " (", format_size(caps.capacity, 1),
+                      "); the step is predicted without it");
     }
   };
   const std::vector<Product> products = forward_products(m, B, T, m.lora.active());
@@ -389,8 +406,9 @@ MachineRates measure_machine(const MeasureKit& kit, const model::ModelConfig& m,
     r.compute_flops = pr.forward;
     r.backward_flops = pr.backward;
   });
-  sampled("the attention",
-          [&] { r.attention_flops = measure_attention(kit.dev, kit.compute, kit.ops, m, T, kit.activation); });
+  sampled("the attention", [&] {
+    r.attention_flops = measure_attention(kit.dev, kit.compute, kit.ops, m, T, kit.activation);
+  });
   sampled("the elementwise ops", [&] {
     r.memory_bandwidth =
         measure_elementwise(kit.dev, kit.compute, kit.ops, m, B * T, kit.activation, kit.working);
@@ -420,9 +438,10 @@ MachineRates measure_machine(const MeasureKit& kit, const model::ModelConfig& m,
     });
     // The device's sample takes at most a quarter of the device (20 bytes an element).
     sampled("the device optimizer", [&] {
-      r.device_optimizer = kit.device_optimizer ? kit.device_optimizer(std::max<std::size_t>(
-                                                      1 << 10, std::min(kOptimizerElements, caps.capacity / 80)))
-                                                : 0.0;
+      r.device_optimizer = kit.device_optimizer
+                               ? kit.device_optimizer(std::max<std::size_t>(
+                                     1 << 10, std::min(kOptimizerElements, caps.capacity / 80)))
+                               : 0.0;
     });
     if (caps.capacity >= std::uint64_t(1) << 30 && r.link_h2d > 0 && r.device_optimizer > 0) {
       mine["link_h2d"] = r.link_h2d;
@@ -449,6 +468,8 @@ MachineRates measure_machine(const MeasureKit& kit, const model::ModelConfig& m,
     // Several directories stripe a swap file over their drives: their rates add up.
     r.nvme_read += d["read"].get<double>();
     r.nvme_write += d["write"].get<double>();
+    // The swap's own rate once a run has recorded one (Note [Drive rates from the swap]).
+    if (d.contains("swap")) r.nvme_swap += d["swap"].get<double>();
     drives += cat(drives.empty() ? "" : ", ", dir);
   }
   if (measured) write_cache(path, cache);
@@ -463,7 +484,10 @@ MachineRates measure_machine(const MeasureKit& kit, const model::ModelConfig& m,
       r.device_optimizer / 1e6, " M elements/s",
       drives.empty()
           ? ""
-          : cat(", NVMe ", r.nvme_read / 1e9, " / ", r.nvme_write / 1e9, " GB/s read / write under ", drives),
+          : cat(", NVMe ", r.nvme_read / 1e9, " / ", r.nvme_write / 1e9, " GB/s read / write",
+                r.nvme_swap > 0 ? cat(", ", r.nvme_swap / 1e9, " GB/s as an earlier run's swap moved it")
+                                : std::string(),
+                " under ", drives),
       "; ", measured ? "measured" : "cached", " in ", path.empty() ? "(none)" : path, ", ", since(t0), " s");
   return r;
 }

@@ -59,6 +59,14 @@ double measure_elementwise(Device& dev, Stream& compute, kernels::Ops& ops, cons
 // of three steps after one): strata config's measurement, where no engine is at hand.
 double adam_rate(Device& dev, cpu_optim::Optimizer& opt, std::size_t n);
 
+// Note [Drive rates from the swap]: a run whose swap moved at least 1 GiB through NVMe records the rate the
+// drive gave it while busy (reads and writes together: IoStats' bytes over busy_seconds) under its
+// directories' drives; later predictions take that rate for reads and writes sharing the drive
+// (MachineRates.nvme_swap), as the swap does, in place of the scratch file's sequential rates (the longer
+// of its reads and its writes: what the first run predicts with).
+void record_swap_rate(const Device& dev, int cores, const std::vector<std::string>& dirs,
+                      const nvme::IoStats& io);
+
 // $STRATA_RATES_CACHE, else $XDG_CACHE_HOME/strata/rates.json, else $HOME/.cache/strata/rates.json; "" when
 // none can be named.
 std::string rates_cache_path();

@@ -129,6 +129,7 @@ nlohmann::json to_json(const MachineRates& m) {
           {"device_optimizer", m.device_optimizer},
           {"nvme_read", m.nvme_read},
           {"nvme_write", m.nvme_write},
+          {"nvme_swap", m.nvme_swap},
           {"collective", m.collective},
           {"device_memory", m.device_memory},
           {"host_memory", m.host_memory},
@@ -279,10 +280,11 @@ StepPrediction predict_step(const StepModel& s, const MachineRates& m) {
                 "the host link's rate") +
            over(double(s.link.gradients) + micro * double(s.pinned_activations), m.link_d2h,
                 "the host link's rate");
-  p.nvme_pass = over(double(s.nvme_param_reads) + micro * double(s.nvme_activations), m.nvme_read,
-                     "the NVMe drive's read rate") +
-                over(double(s.nvme_grad_writes) + micro * double(s.nvme_activations), m.nvme_write,
-                     "the NVMe drive's write rate");
+  const double nvme_reads = double(s.nvme_param_reads) + micro * double(s.nvme_activations),
+               nvme_writes = double(s.nvme_grad_writes) + micro * double(s.nvme_activations);
+  p.nvme_pass = m.nvme_swap > 0 ? over(nvme_reads + nvme_writes, m.nvme_swap, "the NVMe drive's rate")
+                                : over(nvme_reads, m.nvme_read, "the NVMe drive's read rate") +
+                                      over(nvme_writes, m.nvme_write, "the NVMe drive's write rate");
   p.collectives = over(double(s.collective_bytes), m.collective, "the collectives' rate");
   // Gradients crossing to a pinned shard are added into it by the CPU (the gradient stream's thread): a
   // read of the crossing and of the shard and a write, at the rate the CPU reads fp32 (the norm's) over 3.
@@ -302,8 +304,11 @@ StepPrediction predict_step(const StepModel& s, const MachineRates& m) {
   // The swap pipeline reads the next sub-group's states while it writes the last one's, and a drive serves
   // both at once: the longer of the two (measured on the development machine: 125m's 1.9 GiB each way a
   // step kept the drive busy about as long as the reads alone take; bench/RESULTS.md, issue 44).
-  p.nvme_optimizer = std::max(over(double(s.nvme_state_reads), m.nvme_read, "the NVMe drive's read rate"),
-                              over(double(s.nvme_state_writes), m.nvme_write, "the NVMe drive's write rate"));
+  p.nvme_optimizer =
+      m.nvme_swap > 0
+          ? over(double(s.nvme_state_reads + s.nvme_state_writes), m.nvme_swap, "the NVMe drive's rate")
+          : std::max(over(double(s.nvme_state_reads), m.nvme_read, "the NVMe drive's read rate"),
+                     over(double(s.nvme_state_writes), m.nvme_write, "the NVMe drive's write rate"));
   p.device_optimizer =
       over(double(s.device_optimizer_elements), m.device_optimizer, "the device optimizer's rate");
   // On the host backend the device optimizer is the same SIMD code on the same cores: the two add up.

@@ -53,6 +53,9 @@ struct MachineRates {
   double grad_norm = 0;         // the CPU's gradient norm and overflow check over fp32 shards, elements/s
   double device_optimizer = 0;  // the device optimizer, elements/s
   double nvme_read = 0, nvme_write = 0;  // bytes/s of the swap directory's drive; 0: not known
+  // Reads and writes together as an earlier run's swap moved them (Note [Drive rates from the swap] in
+  // zero3/machine.h), bytes/s; 0: not known (the two rates above then, the longer of the two).
+  double nvme_swap = 0;
   double collective = 0;  // bytes/s a rank sends in an all-gather or reduce-scatter; 0: one rank
   std::uint64_t device_memory = 0, host_memory = 0;
   int cores = 0;

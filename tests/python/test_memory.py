@@ -99,3 +99,27 @@ def test_the_plan_lists_each_chunks_update_route(trained):
     for r in routes:
         assert "; CPU optimizer" in r, r
         assert "reduce-scattered" not in r, r
+
+
+def test_the_plan_carries_the_predicted_step(engine):
+    """memory_plan has the step-time model's prediction for the plan (docs/train.md, "Predicted step times"):
+    a positive step made of the pass and the update, its bottleneck, and the machine's rates it took."""
+    plan = engine.memory_plan
+    step = plan["predicted_step"]
+    assert step["step"] > 0
+    assert step["step"] == pytest.approx(step["pass"] + step["update"])
+    assert step["bottleneck"]
+    assert plan["machine"]["compute_flops"] > 0
+    assert plan["placements"] == []  # the config's devices are fixed: nothing to choose from
+
+
+def test_offload_devices_auto_choose_a_placement_that_fits(config):
+    """offload_param.device and offload_optimizer.device "auto": the engine plans and predicts every
+    placement, takes the fastest that fits, and the plan shows the table with the one it chose."""
+    config["zero_optimization"]["offload_param"] = {"device": "auto"}
+    config["zero_optimization"]["offload_optimizer"] = {"device": "auto"}
+    plan = sup.new_engine(config).memory_plan
+    chosen = [p for p in plan["placements"] if p["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["fits"]
+    assert chosen[0]["device_need"] <= CAP
+    assert all(p["predicted_step"] >= chosen[0]["predicted_step"] * 0.99 for p in plan["placements"] if p["fits"])

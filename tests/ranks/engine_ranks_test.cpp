@@ -435,3 +435,36 @@ INSTANTIATE_TEST_SUITE_P(StagesOneTwo, TwoRanksBelowStageThree,
 
 }  // namespace
 }  // namespace strata::zero3
+
+namespace strata::zero3 {
+namespace {
+
+// Offload devices "auto" (Note [Placement auto] in zero3/engine_auto.cpp): ranks whose rates favour other
+// placements take rank 0's choice, so that every rank plans alike.
+TEST(RanksConfig, OffloadDevicesAutoTakeRankZerosChoice) {
+  if (testing::ranks().world_size() != 2) GTEST_SKIP() << "run under mpirun -np 2 (ctest does)";
+  const int rank = testing::ranks().rank();
+  ScratchDir d("ranks-placement-auto-r" + std::to_string(rank));
+  nlohmann::json z = {{"offload_param", {{"device", "auto"}}}, {"offload_optimizer", {{"device", "auto"}}}};
+  const Config cfg = make_config(OffloadDevice::none, OffloadDevice::none, "", {{"zero_optimization", z}}, 2);
+  // Rank 0: a slow link, so everything stays on the device; rank 1: a fast link and a device optimizer far
+  // slower than the CPU's, so it would offload the optimizer.
+  MachineRates r;
+  r.compute_flops = r.backward_flops = r.attention_flops = 1e12;
+  r.memory_bandwidth = 1e11;
+  r.grad_norm = 1e10;
+  r.cpu_optimizer = 1e9;
+  r.link_h2d = r.link_d2h = rank == 0 ? 1e6 : 1e12;
+  r.device_optimizer = rank == 0 ? 1e9 : 1e3;
+  Engine e(
+      cfg, model::ModelConfig::preset("tiny"),
+      {.backend = "host", .seq_len = 32, .communicator = &testing::ranks(), .testing = {.machine_rates = r}});
+  const double param = double(e.config().zero_optimization.offload_param.device);
+  const double optimizer = double(e.config().zero_optimization.offload_optimizer.device);
+  EXPECT_EQ(testing::ranks().all_reduce_max(param), param);
+  EXPECT_EQ(testing::ranks().all_reduce_max(optimizer), optimizer);
+  EXPECT_EQ(e.config().zero_optimization.offload_optimizer.device, OffloadDevice::none);  // rank 0's
+}
+
+}  // namespace
+}  // namespace strata::zero3

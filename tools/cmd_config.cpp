@@ -209,7 +209,9 @@ PlannedPlacement print_model_plan(Config cfg, const ConfigOpts& opts) {
                         .c_str()
                   : "",
               cat(opts.backend, " device of ", format_size(capacity, 1),
-                  opts.device_memory.empty() ? " (--device-memory not given: an 80 GiB GPU)" : "")
+                  !opts.device_memory.empty() ? ""
+                  : rates                     ? " (the described machine's)"
+                                              : " (--device-memory not given: an 80 GiB GPU)")
                   .c_str(),
               B, T, opts.seq_len > 0 ? "" : " (--seq-len not given: the model's max_seq_len)");
   std::fputs(zero3::describe(mp, in.homes.grad, world > 1).c_str(), stdout);
@@ -505,8 +507,9 @@ Command config(
       auto o = std::make_shared<ConfigOpts>();
       sub.add_option("file", o->path, "ds_config.json (or: strata config new OUT.json)");
       sub.require_subcommand(0, 1);
-      CLI::App* nw = sub.add_subcommand(
-          "new", "Write a config by answering questions (Enter takes each default; docs/train.md, \"Writing a config\")");
+      CLI::App* nw = sub.add_subcommand("new",
+                                        "Write a config by answering questions (Enter takes each default; "
+                                        "docs/train.md, \"Writing a config\")");
       auto w = std::make_shared<WizardOpts>();
       nw->add_option("out", w->out, "The config file to write")->required();
       nw->add_flag("--yes,-y", w->yes, "Take every default the flags leave");

@@ -320,7 +320,7 @@ StepPrediction predict_step(const StepModel& s, const MachineRates& m) {
     const char* name;
   };
   const Part parts[] = {{p.compute, "compute"},
-                        {p.link + p.host_adds, "host link"},
+                        {m.host_backend ? p.link + p.host_adds : std::max(p.link, p.host_adds), "host link"},
                         {p.nvme_pass, "NVMe (params, gradients)"},
                         {p.collectives, "collectives"},
                         {p.norm, "gradient norm"},

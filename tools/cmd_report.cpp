@@ -27,6 +27,7 @@
 #include "core/topology.h"
 #include "tools/cli.h"
 #include "tools/report_simd.h"
+#include "zero3/machine.h"
 
 namespace strata::cli {
 namespace {
@@ -41,14 +42,6 @@ struct Row {
 
 void print(const Row& r) {
   std::printf("  %-22s %-4s %s\n", r.what.c_str(), r.ok ? "OK" : "NO", r.detail.c_str());
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
 }
 
 Row build_row() {
@@ -195,7 +188,7 @@ Row mpi_row() {
 int run_report(const std::string& nvme_path) {
   std::printf("Strata report\n");
   print(build_row());
-  print({"CPU", true, cat(cpu_model(), ", ", Topology::get().summary())});
+  print({"CPU", true, cat(zero3::cpu_model_name(), ", ", Topology::get().summary())});
   for (const auto& [what, ok, d] : simd_rows()) print({what, ok, d});
   cuda_rows();
   print(io_uring_row());

@@ -5,14 +5,14 @@
 // placement the config allows (placement_candidates: none / cpu / nvme for each "auto" device, the other as
 // given; NVMe where its nvme_path is named; stage 3 for params and NVMe) exactly as plan_memory will plan
 // the one it takes — the checkpointing and block-input choices, the overlap where it applies — then asks
-// whether it fits the device (device_need against the capacity) and the host (check_fits' 90% of RAM,
-// shared by the ranks on this machine), and predicts its step (zero3/step_time.h). The fastest that fits
-// is taken; a placement within 1% of a less offloaded one earlier in the order loses to it. Every rank takes
-// rank 0's choice (its rates may differ a little from another's), so every rank plans alike (Note [Ranks
-// agree]). Rank 0 logs the table it chose from and the choice; strata train's `train:` line then names the
-// placement as for a fixed one. When nothing fits, the refusal names the smallest change that would: an
-// nvme_path where a placement through NVMe would fit, else the longest row that fits the least demanding
-// placement, else the device it would need.
+// whether it fits the device (device_need against the capacity) and the host (85% of RAM: Note [Host room
+// for auto] in step_time.h; shared by the ranks on this machine), and predicts its step (zero3/step_time.h).
+// The fastest that fits is taken; a placement within 1% of a less offloaded one earlier in the order loses to
+// it. Every rank takes rank 0's choice (its rates may differ a little from another's), so every rank plans
+// alike (Note [Ranks agree]). Rank 0 logs the table it chose from and the choice; strata train's `train:`
+// line then names the placement as for a fixed one. When nothing fits, the refusal names the smallest change
+// that would: an nvme_path where a placement through NVMe would fit, else the longest row that fits the least
+// demanding placement, else the device it would need.
 #include <algorithm>
 #include <set>
 

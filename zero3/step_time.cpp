@@ -467,8 +467,9 @@ PlanInput plan_placement(PlacementOption& o, const PlacementContext& ctx, const 
     if (o.device_need > in.device_capacity)
       o.why_not =
           cat("device needs ", format_size(o.device_need, 1), " of ", format_size(in.device_capacity, 1));
-    else if (ram > 0 && o.host_need * local > ram / 10 * 9)
-      o.why_not = cat("host needs ", format_size(o.host_need * local, 1), " of 90% of ", format_size(ram, 1));
+    else if (ram > 0 && o.host_need * local > ram / 100 * kAutoHostPercent)
+      o.why_not = cat("host needs ", format_size(o.host_need * local, 1), " of ", kAutoHostPercent, "% of ",
+                      format_size(ram, 1));
   }
   o.fits = o.why_not.empty();
   if (rates) o.predicted = predict_step(step_model(*ctx.model, ctx.B, ctx.T, in, p), *rates);
@@ -485,7 +486,8 @@ std::string smallest_change(const std::vector<PlacementOption>& options, const P
   const std::uint64_t cap = ctx.base.device_capacity, ram = ctx.host_memory;
   // A placement through NVMe that fits but for its missing nvme_path.
   for (const PlacementOption& o : options)
-    if (o.why_not.rfind("no ", 0) == 0 && o.device_need <= cap && (ram == 0 || o.host_need <= ram / 10 * 9))
+    if (o.why_not.rfind("no ", 0) == 0 && o.device_need <= cap &&
+        (ram == 0 || o.host_need <= ram / 100 * kAutoHostPercent))
       return cat("name ", o.why_not.substr(3), ": ", placement_name(o), " would need ",
                  format_size(o.device_need, 1), " of the device and ", format_size(o.host_need, 1),
                  " of host memory");
@@ -508,8 +510,8 @@ std::string smallest_change(const std::vector<PlacementOption>& options, const P
                "a device of at least ", format_size(least->device_need, 1), " (", least->device_need,
                " bytes: strata.device_memory_cap, --device-memory-cap) for ", placement_name(*least));
   }
-  return cat("host memory of at least ", format_size(least->host_need * 10 / 9 + 1, 1), " for ",
-             placement_name(*least),
+  return cat("host memory of at least ", format_size(least->host_need * 100 / kAutoHostPercent + 1, 1),
+             " for ", placement_name(*least),
              ", or an nvme_path for the state (offload_optimizer.nvme_path, "
              "offload_param.nvme_path)");
 }

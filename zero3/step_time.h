@@ -163,10 +163,16 @@ struct PlacementContext {
   std::uint64_t host_memory = 0;       // 0: unknown
   int local_ranks = 1;                 // ranks sharing the host's memory
 };
+// Note [Host room for auto]: a placement "auto" takes must leave 15% of the host's memory to the system
+// and the page cache, where a placement given in the config may use up to check_fits' 90%. On the
+// development machine (23.5 GiB) a 1b plan taking 21.1 GiB (90%) stepped 32% slower than one taking 19.2
+// GiB (82%) and the next such run was killed by the kernel for memory (bench/RESULTS.md, issue 44).
+inline constexpr std::uint64_t kAutoHostPercent = 85;
+
 // The plan of `o`'s placement as the engine makes it (plan_input, plan_adapters, the checkpointing and
-// block-input choices, plan_memory, the overlap), whether it fits the device and 90% of the host's
-// memory (o.fits, o.why_not unless already set), its needs and, with `rates`, its predicted step. Returns
-// the plan's input (for longest_sequence).
+// block-input choices, plan_memory, the overlap), whether it fits the device and kAutoHostPercent of the
+// host's memory (o.fits, o.why_not unless already set), its needs and, with `rates`, its predicted step.
+// Returns the plan's input (for longest_sequence).
 PlanInput plan_placement(PlacementOption& o, const PlacementContext& ctx, const MachineRates* rates);
 // Plans every option (plan_placement), then the fastest that fits (fastest_placement), or -1.
 int choose_placement(std::vector<PlacementOption>& options, const PlacementContext& ctx,

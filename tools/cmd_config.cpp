@@ -57,17 +57,6 @@ struct ConfigOpts {
   std::string machine;
 };
 
-// The config's NVMe directories (offload_optimizer's, then offload_param's), each once: the drives a
-// placement through NVMe would use, whose rates the prediction takes.
-std::vector<std::string> nvme_dirs(const Config& cfg) {
-  std::vector<std::string> dirs;
-  for (const auto* paths :
-       {&cfg.zero_optimization.offload_optimizer.nvme_paths, &cfg.zero_optimization.offload_param.nvme_paths})
-    for (const std::string& d : *paths)
-      if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
-  return dirs;
-}
-
 // Note [The plan before the machine]: `strata config FILE --model M` plans the run as the engine would
 // (zero3/placement.h: plan_input, plan_adapters, plan_memory, the checkpointing choice of Note
 // [Checkpointing by choice]) for a device given by its size, so that a plan for a GPU can be made on a
@@ -138,7 +127,7 @@ PlannedPlacement print_model_plan(Config cfg, const ConfigOpts& opts) {
                                 .cpu_optimizer = adam,
                                 .device_optimizer = adam,
                                 .optimizer = &optimizer,
-                                .nvme_dirs = nvme_dirs(cfg),
+                                .nvme_dirs = zero3::nvme_dirs(cfg),
                                 .aio = zero3::aio_options(cfg),
                                 .cores = int(allowed_cpus().size())};
     rates = zero3::measure_machine(kit, m, B, T);

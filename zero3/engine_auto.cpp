@@ -14,7 +14,6 @@
 // that would: an nvme_path where a placement through NVMe would fit, else the longest row that fits the least
 // demanding placement, else the device it would need.
 #include <algorithm>
-#include <set>
 
 #include "comm/comm.h"
 #include "core/log.h"
@@ -34,15 +33,7 @@ void Engine::Impl::measure_rates(bool nvme) {
   }
   const int B = int(cfg.train_micro_batch_size_per_gpu);
   const int T = opts.seq_len > 0 ? opts.seq_len : int(mcfg.max_seq_len);
-  std::vector<std::string> dirs;
-  if (nvme) {
-    const auto& z = cfg.zero_optimization;
-    std::set<std::string> seen;
-    for (const std::vector<std::string>* paths :
-         {&z.offload_optimizer.nvme_paths, &z.offload_param.nvme_paths})
-      for (const std::string& d : *paths)
-        if (seen.insert(d).second) dirs.push_back(d);
-  }
+  const std::vector<std::string> dirs = nvme ? nvme_dirs(cfg) : std::vector<std::string>{};
   MeasureKit kit{.dev = *dev,
                  .compute = *compute_stream,
                  .copy = *gather_stream,

@@ -306,9 +306,7 @@ bool Engine::Impl::plan_pinned_too_big(const MemoryPlan& m) const {
 }
 
 std::uint64_t Engine::Impl::host_need(const MemoryPlan& m) const {
-  const DeviceCaps& caps = dev->caps();
-  return m.pinned_state + m.pinned_staging + m.pinned_activations +
-         (caps.backend == BackendKind::host ? std::min(caps.capacity, m.device_need()) : 0);
+  return zero3::host_need(m, dev->caps().backend == BackendKind::host, dev->caps().capacity);
 }
 
 void Engine::Impl::check_fits() const {

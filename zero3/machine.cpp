@@ -164,6 +164,15 @@ std::string drive_key(const std::string& dir) {
 
 }  // namespace
 
+std::vector<std::string> nvme_dirs(const Config& cfg) {
+  std::vector<std::string> dirs;
+  for (const auto* paths :
+       {&cfg.zero_optimization.offload_optimizer.nvme_paths, &cfg.zero_optimization.offload_param.nvme_paths})
+    for (const std::string& d : *paths)
+      if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+  return dirs;
+}
+
 double adam_rate(Device& dev, cpu_optim::Optimizer& opt, std::size_t n) {
   PinnedBuffer buf(dev, n * (4 * sizeof(float) + sizeof(std::uint16_t)));
   std::memset(buf.data(), 0, buf.size());

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "core/device.h"
 #include "cpu_optim/cpu_optim.h"
 #include "kernels/ops.h"
@@ -54,6 +55,10 @@ double measure_attention(Device& dev, Stream& compute, kernels::Ops& ops, const 
                          DType activation);
 double measure_elementwise(Device& dev, Stream& compute, kernels::Ops& ops, const model::ModelConfig& m,
                            int N, DType activation, DType working);
+
+// The config's NVMe directories (offload_optimizer's, then offload_param's), each once: the drives a
+// placement through NVMe would use.
+std::vector<std::string> nvme_dirs(const Config& cfg);
 
 // The CPU optimizer's AdamW over `n` fp32 elements in pinned memory of `dev`, elements a second (the best
 // of three steps after one): strata config's measurement, where no engine is at hand.

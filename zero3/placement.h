@@ -8,6 +8,7 @@
 //   zero3::Plan p = zero3::plan_memory(in, cfg);  // p.memory: bytes per tier (docs/train.md)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -137,6 +138,13 @@ struct MemoryPlan {
     return device_state + device_working_set + device_activations + device_ops;
   }
 };
+
+// Host memory the plan takes: pinned state, staging and block inputs, and on the host backend (whose
+// device is host memory) the device's need up to its `device_capacity` too.
+inline std::uint64_t host_need(const MemoryPlan& m, bool host_backend, std::uint64_t device_capacity) {
+  return m.pinned_state + m.pinned_staging + m.pinned_activations +
+         (host_backend ? std::min(device_capacity, m.device_need()) : 0);
+}
 
 // The plan as one document, every field by its name above plus device_need: what strata.initialize's
 // engine.memory_plan gives (with the update routes beside it).

@@ -441,8 +441,7 @@ PlanInput plan_placement(PlacementOption& o, const PlacementContext& ctx, const 
   const ActivationChoice choice = choose_activations(in, z, ctx.checkpointing, ctx.activation_offload, sizes);
   apply_activations(in, sizes, choice);
   auto host_need = [&](const MemoryPlan& m) {
-    return m.pinned_state + m.pinned_staging + m.pinned_activations +
-           (ctx.host_backend ? std::min(in.device_capacity, m.device_need()) : 0);
+    return zero3::host_need(m, ctx.host_backend, in.device_capacity);
   };
   const std::uint64_t ram = ctx.host_memory, local = std::uint64_t(std::max(1, ctx.local_ranks));
   Plan p = plan_memory(in, z);

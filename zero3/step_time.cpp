@@ -59,7 +59,8 @@ MachineRates machine_from_json(const nlohmann::json& doc, const std::string& ori
                                       "collective_gbps",
                                       "grad_norm_gelems",
                                       "note"};
-  for (const auto& [k, v] : doc.items())
+  for (const auto& item : doc.items()) {
+    const std::string& k = item.key();
     if (std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* s) { return k == s; }) ==
         std::end(kKeys))
       throw ConfigError(cat(origin, ": unknown key \"", k,
@@ -68,6 +69,7 @@ MachineRates machine_from_json(const nlohmann::json& doc, const std::string& ori
                             "host_memory, cores, cpu_optimizer_gelems, "
                             "device_optimizer_gelems, nvme_read_gbps, nvme_write_gbps, collective_gbps, "
                             "grad_norm_gelems, note"));
+  }
   MachineRates m;
   m.name = doc.value("name", std::string("described machine"));
   m.source = cat("described in ", origin);

@@ -475,18 +475,28 @@ int run_wizard(const WizardOpts& w) {
   z["offload_optimizer"]["device"] = offload_device_name(chosen.optimizer);
   if (chosen.param != OffloadDevice::nvme) z["offload_param"].erase("nvme_path");
   if (chosen.optimizer != OffloadDevice::nvme) z["offload_optimizer"].erase("nvme_path");
+  // The file trains as it was planned: on the host backend, host memory stands in for the device up to the
+  // answer (with no cap, all of it); on a GPU, an answer under its memory caps what Strata takes of it.
+  if (backend == "host") {
+    doc["strata"]["backend"] = "host";
+    doc["strata"]["device_memory_cap"] = device_memory;
+  } else if (device_memory != detected_memory) {
+    doc["strata"]["device_memory_cap"] = device_memory;
+  }
   {
     std::ofstream f(w.out);
     if (!f)
       throw ConfigError(cat("strata config new: cannot write ", w.out, " (", detail::errno_text(errno), ")"));
     f << doc.dump(2) << "\n";
   }
+  char predicted[64] = "";
+  if (chosen.predicted > 0)
+    std::snprintf(predicted, sizeof predicted, ", %.3g s a step predicted", chosen.predicted);
   std::printf(
       "\nwrote %s: offload param %s / optimizer %s%s\ntrain with: strata train --config %s --model %s "
       "--seq-len %d --text FILE\n",
-      w.out.c_str(), offload_device_name(chosen.param), offload_device_name(chosen.optimizer),
-      chosen.predicted > 0 ? cat(", ", chosen.predicted, " s a step predicted").c_str() : "", w.out.c_str(),
-      model.c_str(), T);
+      w.out.c_str(), offload_device_name(chosen.param), offload_device_name(chosen.optimizer), predicted,
+      w.out.c_str(), model.c_str(), T);
   return 0;
 }
 

@@ -52,6 +52,7 @@ assert c["train_micro_batch_size_per_gpu"] == 1 and c["bf16"]["enabled"] is True
 z = c["zero_optimization"]
 assert z["offload_param"]["device"] in ("none", "cpu") and z["offload_optimizer"]["device"] in ("none", "cpu"), z
 assert all(not isinstance(v, str) for k, v in z.items() if k.startswith("stage3_")), z  # sizes as numbers
+assert c["strata"] == {"backend": "host", "device_memory_cap": "1GiB"}, c  # trains on the device planned for
 PY
 "$strata" train --config out.json --model tiny --text "$text" --seq-len 32 --steps 2 --no-progress >train.log 2>&1 ||
   { cat train.log; fail "strata train refused the written config"; }

@@ -36,6 +36,7 @@
 #include "tools/cli.h"
 #include "zero3/engine_state.h"
 #include "zero3/machine.h"
+#include "zero3/offline_plan.h"
 #include "zero3/placement.h"
 #include "zero3/step_time.h"
 
@@ -57,13 +58,8 @@ struct ConfigOpts {
   std::string machine;
 };
 
-// Note [The plan before the machine]: `strata config FILE --model M` plans the run as the engine would
-// (zero3/placement.h: plan_input, plan_adapters, plan_memory, the checkpointing choice of Note
-// [Checkpointing by choice]) for a device given by its size, so that a plan for a GPU can be made on a
-// machine without one. The activations are the model's own count (Architecture::activation_bytes) with
-// the CPU ops in the activation dtype the backend computes in (bf16 on cuda), which take cuda's matrix
-// workspace as a stand-in; cuDNN's fused attention saves its statistics, not (B, NH, T, T), as the CPU's
-// fused attention does. The device's capacity is what is given: a CUDA context's own memory is beside it.
+// Note [The plan before the machine] (zero3/offline_plan.h): `strata config FILE --model M` plans the run as
+// the engine would, for a device given by its size.
 //
 // Note [Predictions before the machine]: with --machine FILE the step is predicted for the described machine
 // (zero3/step_time.h: a GPU's bf16 rate, its memory's, the link's, the CPU optimizer's, the drive's); without
@@ -93,35 +89,29 @@ PlannedPlacement print_model_plan(Config cfg, const ConfigOpts& opts) {
   const int T =
       opts.seq_len > 0 ? session::resolve_seq_len(m, opts.seq_len, "--seq-len") : int(m.max_seq_len);
   const int B = int(cfg.train_micro_batch_size_per_gpu), world = opts.world_size;
-  const DType act = cuda || cfg.bf16.enabled ? DType::bf16 : DType::fp32;
-  const model::Architecture& arch = model::architecture(m);
-  const model::ModelLayout layout = arch.layout(m, zero3::layout_options(world));
-  zero3::PlanInput in = zero3::plan_input(cfg, layout, m.tie_embeddings, world, 0, act);
-  zero3::plan_adapters(in, layout, cfg.zero_optimization);  // (the placement "auto" chooses: again below)
-  in.device_state_by_ops = cuda;
-  in.device_capacity = capacity;
-  // The ops' device bytes and the activations, counted by the CPU ops computing in `act` (the note above).
-  std::unique_ptr<Device> dev = open_device({.backend = "host", .ordinal = 0, .memory_cap = 0});
-  std::unique_ptr<Stream> stream = dev->create_stream("config-plan");
-  std::unique_ptr<kernels::Ops> ops = kernels::make_cpu_ops(
-      *dev, *stream, {.matmul = act, .workspace_bytes = cuda ? kernels::kCudaWorkspaceBytes : 0});
-  kernels::OpShapes shapes = arch.op_shapes(m, B, T);
-  for (const zero3::PlannedChunk& c : in.chunks)
-    shapes.reduce_numel = std::max<std::size_t>(shapes.reduce_numel, c.shard.numel);
-  in.ops = (cuda ? kernels::kCudaWorkspaceBytes : 0) + ops->scratch_bytes(shapes);
-  const zero3::ActivationSizes sizes = zero3::activation_sizes(m, B, T, *ops);
-  const std::optional<bool> mode = zero3::checkpointing_asked(cfg.strata);
-  const std::optional<bool> offload = zero3::offload_asked(cfg.activation_checkpointing);
+  zero3::OfflinePlan plan(cfg, m,
+                          {.B = B,
+                           .T = T,
+                           .world = world,
+                           .cuda = cuda,
+                           .capacity = capacity,
+                           .host_memory = rates ? rates->host_memory : zero3::physical_memory()});
+  const DType act = plan.activation;
+  const model::ModelLayout& layout = plan.layout;
+  zero3::PlanInput& in = plan.in;
+  const zero3::ActivationSizes& sizes = plan.sizes;
+  const std::optional<bool> mode = plan.checkpointing, offload = plan.activation_offload;
+  const zero3::PlacementContext& ctx = plan.ctx;
   // The rates of Note [Predictions before the machine].
   if (!rates && !cuda) {
-    std::unique_ptr<Stream> copy = dev->create_stream("config-link");
+    std::unique_ptr<Stream> copy = plan.dev->create_stream("config-link");
     cpu_optim::Optimizer optimizer(
         {.simd = cfg.strata.cpu_optim.simd, .threads = int(cfg.strata.threads), .pin = false});
-    auto adam = [&](std::size_t n) { return zero3::adam_rate(*dev, optimizer, n); };
-    const zero3::MeasureKit kit{.dev = *dev,
-                                .compute = *stream,
+    auto adam = [&](std::size_t n) { return zero3::adam_rate(*plan.dev, optimizer, n); };
+    const zero3::MeasureKit kit{.dev = *plan.dev,
+                                .compute = *plan.stream,
                                 .copy = *copy,
-                                .ops = *ops,
+                                .ops = *plan.ops,
                                 .activation = act,
                                 .working = act,
                                 .cpu_optimizer = adam,
@@ -133,27 +123,6 @@ PlannedPlacement print_model_plan(Config cfg, const ConfigOpts& opts) {
     rates = zero3::measure_machine(kit, m, B, T);
     rates->host_memory = zero3::physical_memory();
   }
-  const std::uint64_t host_memory = rates ? rates->host_memory : zero3::physical_memory();
-  zero3::PlacementContext ctx{
-      .cfg = &cfg,
-      .model = &m,
-      .layout = &layout,
-      .world = world,
-      .rank = 0,
-      .activation = act,
-      .base = in,
-      .frozen_chunks = {},
-      .B = B,
-      .T = T,
-      .sizes = [&](std::int64_t t) { return zero3::activation_sizes(m, B, int(t), *ops); },
-      .checkpointing = mode,
-      .activation_offload = offload,
-      .host_backend = !cuda,
-      .overlap_auto_here = cuda || cfg.strata.cpu_optim.cores > 0,
-      .checkpoints_nvme_path = !cfg.zero_optimization.offload_optimizer.nvme_paths.empty() ||
-                               !cfg.zero_optimization.offload_param.nvme_paths.empty(),
-      .host_memory = host_memory,
-      .local_ranks = 1};
   // Every placement the stage allows, as "auto" plans them (Note [Placement auto]).
   const auto& z = cfg.zero_optimization;
   std::vector<zero3::PlacementOption> options = zero3::placement_candidates(z, true, true);
@@ -210,7 +179,7 @@ PlannedPlacement print_model_plan(Config cfg, const ConfigOpts& opts) {
   // How long a sequence fits (Note [The plan before the machine]): the same plan at every length.
   const std::int64_t longest = zero3::longest_sequence(
       in, cfg.zero_optimization, m.max_seq_len,
-      [&](std::int64_t t) { return zero3::activation_sizes(m, B, int(t), *ops); }, mode, offload);
+      [&](std::int64_t t) { return zero3::activation_sizes(m, B, int(t), *plan.ops); }, mode, offload);
   std::printf(
       "longest sequence: %lld tokens a row at micro-batch %d fit the device (the model's max_seq_len %lld); "
       "activations %s a token at %d tokens\n",

@@ -319,5 +319,28 @@ INSTANTIATE_TEST_SUITE_P(Placements, EstimateAgainstARun,
                                   zero3::offload_name(info.param.second);
                          });
 
+// With a described machine each setting is planned whole on it, as "auto" plans a placement: a setting whose
+// state does not fit its device says so, one that fits has its step predicted and its bottleneck named.
+TEST(MemprofEstimate, WithAMachineEachSettingIsPlannedAndPredictedOnIt) {
+  zero3::MachineRates m;
+  m.name = "test machine";
+  m.device_memory = std::uint64_t(128) << 20;
+  m.host_memory = std::uint64_t(64) << 30;
+  m.compute_flops = m.backward_flops = m.attention_flops = 1e14;
+  m.memory_bandwidth = 1e12;
+  m.link_h2d = m.link_d2h = 2e10;
+  m.cpu_optimizer = m.grad_norm = 1e9;
+  m.device_optimizer = 1e10;
+  m.nvme_read = m.nvme_write = 3e9;
+  EstimateInput in{.model = model::ModelConfig::preset("10m"), .machine = m, .seq_len = 64};
+  const std::vector<EstimateRow> rows = estimate(in);
+  ASSERT_TRUE(rows[0].planned && rows[2].planned);
+  EXPECT_FALSE(rows[0].planned->fits);  // none / none: 18 B a parameter of 10m on 128 MiB
+  EXPECT_NE(rows[0].planned->why_not.find("device needs"), std::string::npos) << rows[0].planned->why_not;
+  EXPECT_TRUE(rows[2].planned->fits) << rows[2].planned->why_not;  // cpu / cpu
+  EXPECT_GT(rows[2].planned->predicted.step, 0.0);
+  EXPECT_FALSE(rows[2].planned->predicted.bottleneck.empty());
+}
+
 }  // namespace
 }  // namespace strata::memprof

@@ -19,7 +19,9 @@
 
 #include "core/error.h"
 #include "model/architecture.h"
+#include "session/session.h"
 #include "tools/memprof/memprof.h"
+#include "zero3/offline_plan.h"
 #include "zero3/placement.h"
 
 namespace strata::memprof {
@@ -86,11 +88,35 @@ std::vector<EstimateRow> estimate(const EstimateInput& in) {
                                             {Tier::pinned, Tier::pinned}, {Tier::nvme, Tier::pinned},
                                             {Tier::device, Tier::nvme},   {Tier::pinned, Tier::nvme},
                                             {Tier::nvme, Tier::nvme}};
+  // Note [Predicted beside the bytes]: with a described machine each row is also planned as "auto" plans a
+  // placement (zero3/offline_plan.h, plan_placement: activations, checkpointing, the device's and 85% of the
+  // host's memory) and its step predicted (zero3/step_time.h), one computation with the engine's.
+  std::unique_ptr<zero3::OfflinePlan> whole;
+  if (in.machine) {
+    if (!in.model) throw ConfigError("memprof estimate --machine: give the model with --model (its shapes)");
+    const int T = in.seq_len > 0 ? session::resolve_seq_len(*in.model, in.seq_len, "--seq-len")
+                                 : int(in.model->max_seq_len);
+    whole = std::make_unique<zero3::OfflinePlan>(
+        base, *in.model,
+        zero3::OfflineDevice{.B = int(base.train_micro_batch_size_per_gpu),
+                             .T = T,
+                             .world = in.world,
+                             .cuda = in.backend == "cuda",
+                             .capacity = in.machine->device_memory,
+                             .host_memory = in.machine->host_memory});
+  }
   std::vector<EstimateRow> rows;
   for (auto [param, optim] : settings) {
     EstimateRow r;
     r.param_home = param;
     r.optim_home = optim;
+    if (whole) {
+      zero3::PlacementOption o;
+      o.param = zero3::offload_of(param);
+      o.optimizer = zero3::offload_of(optim);
+      zero3::plan_placement(o, whole->ctx, &*in.machine);
+      r.planned = o;
+    }
     Config c = base;
     c.zero_optimization.offload_param.device = zero3::offload_of(param);
     c.zero_optimization.offload_optimizer.device = zero3::offload_of(optim);
@@ -149,6 +175,35 @@ std::string format_estimate(const std::vector<EstimateRow>& rows, const Estimate
                   format_size(r.ds_cpu).c_str());
     os << line;
   }
+  if (!rows.empty() && rows.front().planned) {
+    const zero3::MachineRates& mr = *in.machine;
+    const model::ModelConfig& m = *in.model;
+    std::snprintf(
+        line, sizeof line,
+        "\nOn %s (%s): each setting planned whole, activations and checkpointing included, at %d x %lld "
+        "tokens a micro-batch, and its step predicted (Note [Predicted beside the bytes]):\n",
+        mr.name.c_str(), mr.source.c_str(), int(in.config ? in.config->train_micro_batch_size_per_gpu : 1),
+        (long long)(in.seq_len > 0 ? in.seq_len : m.max_seq_len));
+    os << line;
+    std::snprintf(line, sizeof line, "  %-13s %-17s   %-4s  %11s  %11s  %9s  %s\n", "offload_param",
+                  "offload_optimizer", "fits", "device need", "host need", "s/step",
+                  "bottleneck, or why it does not fit");
+    os << line;
+    for (const EstimateRow& r : rows) {
+      const zero3::PlacementOption& o = *r.planned;
+      char step[32] = "-";
+      if (o.predicted.step > 0) std::snprintf(step, sizeof step, "%.3f", o.predicted.step);
+      std::snprintf(
+          line, sizeof line, "  %-13s %-17s   %-4s  %11s  %11s  %9s  %s\n", zero3::offload_name(r.param_home),
+          zero3::offload_name(r.optim_home), o.fits ? "yes" : "no", format_size(o.device_need).c_str(),
+          format_size(o.host_need).c_str(), step,
+          o.fits ? (o.predicted.missing.empty() ? o.predicted.bottleneck
+                                                : cat("no ", o.predicted.missing, " in the machine"))
+                       .c_str()
+                 : o.why_not.c_str());
+      os << line;
+    }
+  }
   os << "\nStrata (the engine's own memory plan, rank 0; host and nvme x GPUs per node; docs/train.md):\n"
         "  device = state at home there + working set (the largest chunk gathered in the compute dtype with\n"
         "  its fp32 gradient buffer): what the step peaks at with no chunk cache; activations come on top.\n"
@@ -178,6 +233,13 @@ nlohmann::json estimate_json(const std::vector<EstimateRow>& rows, const Estimat
           {{"gpu_per_gpu", r.ds_gpu},
            {"cpu_per_node_zero_init", r.ds_cpu_zero_init},
            {"cpu_per_node", r.ds_cpu}}}});
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (const auto& o = rows[i].planned)
+      out[i]["planned"] = {{"fits", o->fits},
+                           {"why_not", o->why_not},
+                           {"device_need", o->device_need},
+                           {"host_need", o->host_need},
+                           {"predicted", zero3::to_json(o->predicted)}};
   return {{"schema", kSchema},
           {"version", kSchemaVersion},
           {"type", "estimate"},

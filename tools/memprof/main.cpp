@@ -120,6 +120,13 @@ int main(int argc, char** argv) {
   est->add_option("--sub-group-size", sub_group, "zero_optimization.sub_group_size")->capture_default_str();
   est->add_option("--buffer-factor", in.buffer_factor, "DeepSpeed's additional_buffer_factor")
       ->capture_default_str();
+  std::string machine;
+  est->add_option(
+      "--machine", machine,
+      "a described machine (JSON; docs/train.md, \"Predicted step times\"): with --model, each setting "
+      "planned whole on it and its step predicted");
+  est->add_option("--seq-len", in.seq_len,
+                  "tokens a row for --machine's plans (default: the model's max_seq_len)");
   est->add_flag("--json", as_json, "print the table as JSON");
 
   try {
@@ -151,6 +158,7 @@ int main(int argc, char** argv) {
       in.model = src.config;
     }
     in.sub_group_size = parse_count(sub_group, "--sub-group-size");
+    if (!machine.empty()) in.machine = strata::zero3::load_machine(machine);
     std::vector<strata::memprof::EstimateRow> rows = strata::memprof::estimate(in);
     if (as_json)
       std::cout << strata::memprof::estimate_json(rows, in).dump(2) << "\n";

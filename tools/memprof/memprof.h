@@ -23,6 +23,7 @@
 #include "tiering/accounting.h"
 #include "tiering/snapshot.h"
 #include "tiering/types.h"
+#include "zero3/step_time.h"
 
 namespace strata::memprof {
 
@@ -109,6 +110,11 @@ struct EstimateInput {
   std::string backend = "cuda";  // cuda: chunks gathered in bf16; host: bf16 with bf16 enabled, else fp32
   std::optional<model::ModelConfig> model = {};  // its real chunk layout instead of params / largest_layer
   std::optional<Config> config = {};             // knobs (sub-groups, NVMe buffers, optimizer, dtypes)
+  // --machine FILE (zero3/step_time.h, a described machine), with `model`: each row's step predicted on it
+  // and its fit checked against its device and host memory, as "auto" plans a placement; `seq_len` tokens a
+  // row (0: the model's max_seq_len), the config's micro-batch.
+  std::optional<zero3::MachineRates> machine = {};
+  int seq_len = 0;
 };
 
 struct EstimateRow {
@@ -118,6 +124,8 @@ struct EstimateRow {
   // DeepSpeed's estimate_zero3_model_states_mem_needs: GPU per GPU, CPU per node with zero_init on
   // and off. Its estimator knows only "offload" (cpu); nvme settings show its cpu figures.
   std::uint64_t ds_gpu = 0, ds_cpu_zero_init = 0, ds_cpu = 0;
+  // With a machine: the placement planned whole (activations and checkpointing included) on it.
+  std::optional<zero3::PlacementOption> planned = {};
 };
 std::vector<EstimateRow> estimate(const EstimateInput& in);  // ConfigError for bad input
 std::string format_estimate(const std::vector<EstimateRow>& rows, const EstimateInput& in);

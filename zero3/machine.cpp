@@ -34,6 +34,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -459,7 +460,8 @@ MachineRates measure_machine(const MeasureKit& kit, const model::ModelConfig& m,
                                                                 {"elementwise", &r.memory_bandwidth}}};
     for (const auto& [key, rate] : rates) {
       if (*rate <= 0) continue;  // not measured (no room): nothing to compare
-      now += cat(now.empty() ? "" : ", ", *rate / 1e9);
+      now += cat(now.empty() ? "" : ", ", key, " ", *rate / 1e9,
+                 std::string_view(key) == "elementwise" ? " GB/s" : " GFLOP/s");
       const double kept = best.is_object() ? best.value(key, 0.0) : 0.0;
       if (*rate > kept) {
         best[key] = *rate;

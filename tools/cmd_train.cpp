@@ -395,9 +395,11 @@ void print_summary(const TrainRun& run, const LoopTotals& t) {
                                 step_seconds.end());
       std::nth_element(later.begin(), later.begin() + std::ptrdiff_t(later.size() / 2), later.end());
       const double median = later[later.size() / 2];
+      // Two decimals, three under a tenth of a second, so that a short step's figures still differ.
+      const int digits = std::min(pred.step, median) < 0.1 ? 3 : 2;
       std::fprintf(out,
-                   "  step time   predicted %.2fs, measured %.2fs (median of %zu step%s%s; bottleneck %s)\n",
-                   pred.step, median, later.size(), later.size() == 1 ? "" : "s",
+                   "  step time   predicted %.*fs, measured %.*fs (median of %zu step%s%s; bottleneck %s)\n",
+                   digits, pred.step, digits, median, later.size(), later.size() == 1 ? "" : "s",
                    n > 2 ? " after the first two" : "", pred.bottleneck.c_str());
     }
   }

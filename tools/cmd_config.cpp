@@ -446,11 +446,17 @@ int run_wizard(const WizardOpts& w) {
   if (chosen.optimizer != OffloadDevice::nvme) z["offload_optimizer"].erase("nvme_path");
   // The file trains as it was planned: on the host backend, host memory stands in for the device up to the
   // answer (with no cap, all of it); on a GPU, an answer under its memory caps what Strata takes of it.
+  std::string device_note;
   if (backend == "host") {
     doc["strata"]["backend"] = "host";
     doc["strata"]["device_memory_cap"] = device_memory;
-  } else if (device_memory != detected_memory) {
+    device_note = cat("strata.backend \"host\" and strata.device_memory_cap ", device_memory,
+                      ": the device planned for (uncapped, the host backend's device is all of the RAM)\n");
+  } else if (parse_byte_size(device_memory, "device memory") !=
+             parse_byte_size(detected_memory, "GPU memory")) {
     doc["strata"]["device_memory_cap"] = device_memory;
+    device_note = cat("strata.device_memory_cap ", device_memory, ": the GPU memory answered, under the ",
+                      detected_memory, " detected\n");
   }
   {
     std::ofstream f(w.out);
@@ -466,6 +472,7 @@ int run_wizard(const WizardOpts& w) {
       "--seq-len %d --text FILE\n",
       w.out.c_str(), offload_device_name(chosen.param), offload_device_name(chosen.optimizer), predicted,
       w.out.c_str(), model.c_str(), T);
+  std::fputs(device_note.c_str(), stdout);
   return 0;
 }
 

@@ -181,9 +181,10 @@ std::string format_estimate(const std::vector<EstimateRow>& rows, const Estimate
     std::snprintf(
         line, sizeof line,
         "\nOn %s (%s): each setting planned whole, activations and checkpointing included, at %d x %lld "
-        "tokens a micro-batch, and its step predicted (Note [Predicted beside the bytes]):\n",
+        "tokens a micro-batch%s, and its step predicted (Note [Predicted beside the bytes]):\n",
         mr.name.c_str(), mr.source.c_str(), int(in.config ? in.config->train_micro_batch_size_per_gpu : 1),
-        (long long)(in.seq_len > 0 ? in.seq_len : m.max_seq_len));
+        (long long)(in.seq_len > 0 ? in.seq_len : m.max_seq_len),
+        in.seq_len > 0 ? "" : " (--seq-len not given: the model's max_seq_len)");
     os << line;
     std::snprintf(line, sizeof line, "  %-13s %-17s   %-4s  %11s  %11s  %9s  %s\n", "offload_param",
                   "offload_optimizer", "fits", "device need", "host need", "s/step",
